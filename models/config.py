@@ -1,0 +1,66 @@
+"""The one model config dataclass. Sizes live in `models.sizes`; this holds the shape and the choices."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+ARCHS = ("llama", "tnl", "hgrn2", "cos2")
+ARCH_ALIASES = {"cosformer2": "cos2", "transnormer": "tnl", "transnormerllm": "tnl"}
+VOCAB_SIZE = 100_280  # cl100k_base has 100,277 ids; padded for tensor-core friendly shapes
+DEFAULT_NORM = {"llama": "rmsnorm", "tnl": "srmsnorm", "hgrn2": "srmsnorm", "cos2": "srmsnorm"}
+
+
+def canonical_arch(arch: str) -> str:
+    a = arch.lower()
+    a = ARCH_ALIASES.get(a, a)
+    if a not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)} "
+                         f"(aliases: {', '.join(f'{k}->{v}' for k, v in ARCH_ALIASES.items())})")
+    return a
+
+
+@dataclass
+class ModelConfig:
+    arch: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_glu: int
+    vocab_size: int = VOCAB_SIZE
+    gate_rank: int | None = None          # t of the output gate; None -> head width e
+    max_seq_len: int = 8192               # LLaMA's RoPE table; linear models have no limit
+    rope_base: float = 10000.0
+    norm_type: str | None = None          # 'rmsnorm' (learned gain) | 'srmsnorm'; None -> arch default
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+    tnl_decay_schedule: str = "code"      # 'code' (authors' released code) | 'paper' (TNL paper's formula)
+    tpe_init_bound: float = 1e-3          # cos2 TPE input weights B ~ U(-b, b): near zero, see docs
+    size: str | None = field(default=None, compare=False)  # registry name, for logs only
+
+    def __post_init__(self) -> None:
+        self.arch = canonical_arch(self.arch)
+        for name in ("n_layers", "d_model", "n_heads", "d_glu", "vocab_size", "max_seq_len"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"model config: {name} must be a positive integer, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model config: head count n_heads={self.n_heads} does not divide the width "
+                             f"d_model={self.d_model}; the head width e = d/h must be whole")
+        if self.norm_type is None:
+            self.norm_type = DEFAULT_NORM[self.arch]
+        if self.norm_type not in ("rmsnorm", "srmsnorm"):
+            raise ValueError(f"model config: norm_type {self.norm_type!r}; choose rmsnorm or srmsnorm")
+        if self.tnl_decay_schedule not in ("code", "paper"):
+            raise ValueError(f"model config: tnl_decay_schedule {self.tnl_decay_schedule!r}; choose code or paper")
+        if self.gate_rank is None:
+            self.gate_rank = self.head_dim
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})

@@ -1,0 +1,97 @@
+"""cosFormer2 token mixer and its TPE: linear attention with no decay, made position-aware twice.
+
+LRPE (cosine) on q and k:  phi(z)_t = [z * cos(t theta), z * sin(t theta)]  (theta learned per head)
+so phi(q_t) . phi(k_s) = sum_j q_j k_j cos((t - s) theta_j), then o_t = sum_{s<=t} (phi(q_t) . phi(k_s)) v_s.
+TPE, once after the embedding: a per-channel diagonal recurrence with e states per channel,
+u_{t,c,j} = a_j u_{t-1,c,j} + B_{c,j} x_{t,c},  y_{t,c} = sum_j u_{t,c,j};  x <- x + y.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.config import ModelConfig
+from models.layers import LowRankGate, Norm, split_heads
+from ops import lightning_attn
+
+
+class Tpe(nn.Module):
+    """The TPE recurrence, evaluated in parallel as a causal convolution with the kernel
+    K[n, c] = sum_j B[c, j] a_j^n (FFT, fp32); decoding carries u [batch, d, e] instead."""
+
+    def __init__(self, d: int, n_states: int, init_bound: float):
+        super().__init__()
+        self.init_bound = init_bound
+        self.decay_logit = nn.Parameter(torch.empty(n_states))
+        self.in_weight = nn.Parameter(torch.empty(d, n_states))
+        self.init_extra()
+
+    @torch.no_grad()
+    def init_extra(self) -> None:
+        # decays spread from fast (1 - a = 0.5) to slow (1 - a = 1e-3, a memory of ~1000 tokens)
+        n = self.decay_logit.numel()
+        one_minus_a = torch.logspace(torch.log10(torch.tensor(0.5)).item(), -3, n, device=self.decay_logit.device)
+        self.decay_logit.copy_(torch.log1p(-one_minus_a) - torch.log(one_minus_a))
+        self.in_weight.uniform_(-self.init_bound, self.init_bound)
+
+    def forward(self, x: Tensor, state: dict | None = None) -> Tensor:
+        B, T, d = x.shape
+        log_a = F.logsigmoid(self.decay_logit.float())                          # [e]
+        n = torch.arange(T, device=x.device, dtype=torch.float32)
+        powers = torch.exp(n[:, None] * log_a[None, :])                          # a^n, [T, e]
+        w = self.in_weight.float()                                               # [d, e]
+        xf = x.float()
+        kernel = powers @ w.t()                                                  # [T, d]
+        L = 2 * T
+        y = torch.fft.irfft(torch.fft.rfft(xf, n=L, dim=1) * torch.fft.rfft(kernel, n=L, dim=0)[None], n=L, dim=1)[:, :T]
+        if state is not None:
+            u0 = state.get("u")
+            if u0 is not None:  # carried states keep decaying: a^(t+1) u0
+                y = y + torch.einsum("tj,bcj->btc", powers * log_a.exp(), u0)
+            # u_T = a^T u0 + B * sum_s a^(T-1-s) x_s
+            u = torch.einsum("bsc,sj->bcj", xf, powers.flip(0)) * w[None]
+            if u0 is not None:
+                u = u + u0 * torch.exp(T * log_a)[None, None, :]
+            state["u"] = u
+        return y.to(x.dtype)
+
+
+class Cos2TokenMixer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        d, e = cfg.d_model, cfg.head_dim
+        self.n_heads = cfg.n_heads
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.theta = nn.Parameter(torch.empty(cfg.n_heads, e))
+        self.init_extra()
+        self.gate = LowRankGate(d, cfg.gate_rank)
+        self.norm = Norm(d, cfg.norm_type, cfg.norm_eps)
+        self.out_proj = nn.Linear(d, d, bias=False)
+
+    @torch.no_grad()
+    def init_extra(self) -> None:
+        e = self.theta.shape[1]
+        self.theta.copy_(10000.0 ** (-torch.arange(e, dtype=torch.float32, device=self.theta.device) / e))
+
+    def lrpe(self, z: Tensor, pos: int) -> Tensor:
+        """[B, T, H, e] -> [B, T, H, 2e]; angles in fp32 (t * theta reaches 8192 rad)."""
+        t = torch.arange(pos, pos + z.shape[1], device=z.device, dtype=torch.float32)
+        ang = t[:, None, None] * self.theta.float()[None]                       # [T, H, e]
+        zf = z.float()
+        return torch.cat([zf * ang.cos(), zf * ang.sin()], dim=-1).to(z.dtype)
+
+    def forward(self, x: Tensor, state: dict | None = None, pos: int = 0,
+                cu_seqlens: Tensor | None = None, **_) -> Tensor:
+        q = self.lrpe(split_heads(F.silu(self.q_proj(x)), self.n_heads), pos)
+        k = self.lrpe(split_heads(F.silu(self.k_proj(x)), self.n_heads), pos)
+        v = split_heads(self.v_proj(x), self.n_heads)
+        h0 = None if state is None else state.get("S")
+        o, S = lightning_attn(q, k, v, None, initial_state=h0, output_final_state=True,
+                              cu_seqlens=cu_seqlens, check_values=False)
+        if state is not None:
+            state["S"] = S
+        o = self.norm(o.reshape(x.shape).to(x.dtype))
+        return self.out_proj(o * self.gate(x))

@@ -1,0 +1,62 @@
+"""HGRN2 token mixer: a gated linear RNN with state expansion e and layer-wise forget-gate lower bounds.
+
+    lambda_t = beta + (1 - beta) * sigmoid(X Wfg)   (in log space);  k_t = 1 - lambda_t
+    S_t = diag(lambda_t) S_{t-1} + k_t i_t^T, i = X Wh;  o_t = S_t^T og_t, og = silu(X Wog)
+    out = Wo Norm(o)
+The lower bounds beta come from one l x d parameter shared by all layers (`HgrnLowerBounds`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.config import ModelConfig
+from models.layers import Norm, split_heads
+from ops import gated_linear_attn
+
+
+class HgrnLowerBounds(nn.Module):
+    """P = softmax(B over layers); C = cumsum(P); beta_layer = C[layer] - C[0] (layer 0 has no bound).
+    Kept and computed in fp32 whatever the module's dtype."""
+
+    def __init__(self, n_layers: int, d: int):
+        super().__init__()
+        self.bounds = nn.Parameter(torch.zeros(n_layers, d))
+
+    @torch.no_grad()
+    def init_extra(self) -> None:
+        self.bounds.zero_()  # uniform P: beta rises linearly from 0 at layer 0 to (l-1)/l
+
+    def forward(self) -> Tensor:
+        c = torch.softmax(self.bounds.float(), dim=0).cumsum(dim=0)
+        return c - c[0:1]
+
+
+class Hgrn2TokenMixer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads = cfg.n_heads
+        self.og_proj = nn.Linear(d, d, bias=False)   # output gate, the "query"
+        self.fg_proj = nn.Linear(d, d, bias=False)   # forget gate
+        self.i_proj = nn.Linear(d, d, bias=False)    # input, the "value"
+        self.norm = Norm(d, cfg.norm_type, cfg.norm_eps)
+        self.out_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x: Tensor, lower_bound: Tensor, state: dict | None = None,
+                cu_seqlens: Tensor | None = None, **_) -> Tensor:
+        og = F.silu(self.og_proj(x))
+        f = self.fg_proj(x).float()
+        i = self.i_proj(x)
+        beta = lower_bound.float()
+        # log(beta + (1-beta) sigmoid(f)) without leaving log space; log(0) = -inf is fine in logaddexp
+        log_lam = torch.logaddexp(beta.log(), torch.log1p(-beta) + F.logsigmoid(f))
+        k = -torch.expm1(log_lam)  # 1 - lambda, exact for lambda near 1
+        og, k, i, log_lam = (split_heads(t, self.n_heads) for t in (og, k.to(i.dtype), i, log_lam))
+        h0 = None if state is None else state.get("S")
+        o, S = gated_linear_attn(og, k, i, log_lam, initial_state=h0, output_final_state=True,
+                                 cu_seqlens=cu_seqlens, check_values=False)
+        if state is not None:
+            state["S"] = S
+        return self.out_proj(self.norm(o.reshape(x.shape).to(x.dtype)))

@@ -1,0 +1,60 @@
+"""LLaMA token mixer: multi-head causal softmax attention with RoPE (the softmax baseline)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.config import ModelConfig
+from models.layers import split_heads
+
+
+def rope_table(max_len: int, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate channel pairs (i, i + e/2) by position-dependent angles; x [B, T, H, e], cos/sin [T, e/2]."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads, self.max_seq_len = cfg.n_heads, cfg.max_seq_len
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.out_proj = nn.Linear(d, d, bias=False)
+        cos, sin = rope_table(cfg.max_seq_len, cfg.head_dim, cfg.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, x: Tensor, state: dict | None = None, pos: int = 0, **_) -> Tensor:
+        B, T, _ = x.shape
+        if pos + T > self.max_seq_len:
+            raise ValueError(f"llama: position {pos + T} exceeds the RoPE table (max_seq_len={self.max_seq_len}); "
+                             f"build the model with max_seq_len >= {pos + T}")
+        cos, sin = self.rope_cos[pos:pos + T].float(), self.rope_sin[pos:pos + T].float()
+        q = apply_rope(split_heads(self.q_proj(x), self.n_heads), cos, sin)
+        k = apply_rope(split_heads(self.k_proj(x), self.n_heads), cos, sin)
+        v = split_heads(self.v_proj(x), self.n_heads)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, e] for SDPA
+        mask, causal = None, True
+        if state is not None:
+            if "k" in state:
+                k = torch.cat([state["k"], k], dim=2)
+                v = torch.cat([state["v"], v], dim=2)
+                # queries sit at the end of the key sequence: query i sees keys 0 .. pos + i
+                causal = False
+                if T > 1:
+                    qi = torch.arange(T, device=x.device)[:, None] + pos
+                    mask = torch.arange(k.shape[2], device=x.device)[None, :] <= qi
+            state["k"], state["v"] = k, v
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and T > 1)
+        return self.out_proj(o.transpose(1, 2).reshape(B, T, -1))

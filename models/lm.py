@@ -1,0 +1,158 @@
+"""The language model around the token mixers: tied embedding, pre-norm blocks, final norm, LM head.
+
+    x = x + TokenMixer(Norm(x));  x = x + ChannelMixer(Norm(x))
+
+Written for one device; precision (autocast / bf16 cast) and parallelism are applied from outside.
+Incremental decoding goes through `InferenceCache`: LLaMA keeps keys and values, the linear models a
+fixed-size state per layer, so their memory per generated token is constant.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from models.config import ModelConfig
+from models.cosformer2 import Cos2TokenMixer, Tpe
+from models.hgrn2 import Hgrn2TokenMixer, HgrnLowerBounds
+from models.layers import Norm, channel_mixer
+from models.llama import LlamaAttention
+from models.tnl import TnlTokenMixer
+from ops import linear_cross_entropy
+
+TOKEN_MIXERS = {"llama": LlamaAttention, "tnl": TnlTokenMixer, "hgrn2": Hgrn2TokenMixer, "cos2": Cos2TokenMixer}
+RESIDUAL_PROJECTIONS = ("out_proj", "down_proj")  # scaled by 1/sqrt(2l) at init
+
+
+@dataclass
+class InferenceCache:
+    """Per-layer decoding state plus the number of tokens already consumed."""
+    layers: list[dict] = field(default_factory=list)
+    tpe: dict = field(default_factory=dict)
+    pos: int = 0
+
+    def nbytes(self) -> int:
+        tensors = [t for d in self.layers + [self.tpe] for t in d.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.mixer_norm = Norm(cfg.d_model, cfg.norm_type, cfg.norm_eps)
+        self.token_mixer = TOKEN_MIXERS[cfg.arch](cfg, layer)
+        self.channel_norm = Norm(cfg.d_model, cfg.norm_type, cfg.norm_eps)
+        self.channel_mixer = channel_mixer(cfg)
+
+    def forward(self, x: Tensor, **mixer_kwargs) -> Tensor:
+        x = x + self.token_mixer(self.mixer_norm(x), **mixer_kwargs)
+        return x + self.channel_mixer(self.channel_norm(x))
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tpe = Tpe(cfg.d_model, cfg.head_dim, cfg.tpe_init_bound) if cfg.arch == "cos2" else None
+        self.lower_bounds = HgrnLowerBounds(cfg.n_layers, cfg.d_model) if cfg.arch == "hgrn2" else None
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.final_norm = Norm(cfg.d_model, cfg.norm_type, cfg.norm_eps)
+        self.gradient_checkpointing = False
+        self.init_weights()
+
+    # -- init ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """normal(0, std) for linear and embedding weights; residual output projections std/sqrt(2l);
+        norm gains 1; each special parameter (TPE, LRPE angles, HGRN2 bounds) its own init."""
+        cfg = self.config
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear):
+                std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if name.split(".")[-1] in RESIDUAL_PROJECTIONS else cfg.init_std
+                nn.init.normal_(m.weight, 0.0, std)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, 0.0, cfg.init_std)
+            elif isinstance(m, Norm) and m.weight is not None:
+                m.weight.fill_(1.0)
+            if m is not self and hasattr(m, "init_extra"):
+                m.init_extra()
+
+    # -- forward ------------------------------------------------------------------------------------
+    def hidden_states(self, input_ids: Tensor, cache: InferenceCache | None = None,
+                      cu_seqlens: Tensor | None = None) -> Tensor:
+        cfg = self.config
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, time], got shape {tuple(input_ids.shape)}")
+        if input_ids.numel() and (int(input_ids.max()) >= cfg.vocab_size or int(input_ids.min()) < 0):
+            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got min {int(input_ids.min())}, "
+                             f"max {int(input_ids.max())}")
+        if cu_seqlens is not None and cfg.arch == "llama":
+            raise ValueError("cu_seqlens (state reset at document starts) is for the linear models; LLaMA "
+                             "runs documents packed with a plain causal mask")
+        pos = 0 if cache is None else cache.pos
+        if cache is not None and not cache.layers:
+            cache.layers = [{} for _ in self.blocks]
+        x = self.embed(input_ids)
+        if self.tpe is not None:
+            x = x + self.tpe(x, state=None if cache is None else cache.tpe)
+        extra = {}
+        if self.lower_bounds is not None:
+            betas = self.lower_bounds()
+        for i, block in enumerate(self.blocks):
+            if self.lower_bounds is not None:
+                extra["lower_bound"] = betas[i]
+            state = None if cache is None else cache.layers[i]
+            if self.gradient_checkpointing and self.training and cache is None:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, state=state, pos=pos,
+                                                      cu_seqlens=cu_seqlens, **extra)
+            else:
+                x = block(x, state=state, pos=pos, cu_seqlens=cu_seqlens, **extra)
+        if cache is not None:
+            cache.pos += input_ids.shape[1]
+        return self.final_norm(x)
+
+    def forward(self, input_ids: Tensor, targets: Tensor | None = None, cache: InferenceCache | None = None,
+                cu_seqlens: Tensor | None = None) -> Tensor:
+        """logits [B, T, V] (float32), or with `targets` [B, T] the mean cross-entropy, computed fused with
+        the tied head so the full logits are never held (targets of -100 are ignored)."""
+        h = self.hidden_states(input_ids, cache, cu_seqlens)
+        if targets is not None:
+            return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.embed.weight, targets.reshape(-1))
+        return (h @ self.embed.weight.to(h.dtype).t()).float()
+
+    # -- decoding -----------------------------------------------------------------------------------
+    def new_cache(self) -> InferenceCache:
+        return InferenceCache()
+
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+                 eos_id: int | None = None, generator: torch.Generator | None = None) -> Tensor:
+        """Prefill the prompt once, then decode one token at a time from the cache (greedy when
+        temperature is 0). Returns prompt + generated ids; stops early when every row has hit `eos_id`."""
+        cache = self.new_cache()
+        logits = self(input_ids, cache=cache)[:, -1]
+        out = [input_ids]
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for _ in range(max_new_tokens):
+            nxt = sample_next(logits, temperature, top_k, generator)
+            if eos_id is not None:
+                nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+                done |= nxt == eos_id
+            out.append(nxt[:, None])
+            if eos_id is not None and bool(done.all()):
+                break
+            logits = self(nxt[:, None], cache=cache)[:, -1]
+        return torch.cat(out, dim=1)
+
+
+def sample_next(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)

@@ -1,0 +1,39 @@
+"""The size registry: the one copy of the paper's model shapes (its appendix table, head width 128).
+
+1B uses h=12, g=4096: the paper prints h=16, g=5632, but its own parameter and FLOPs counts come out only
+with these (see docs/architectures.md). 410M has 26 layers for LLaMA and HGRN2, 25 for TNL and cos2.
+`tiny` and `mini` are ours, for CPU runs, tests and small scaling sweeps."""
+from __future__ import annotations
+
+from models.config import ModelConfig, canonical_arch
+
+# size -> (layers, width, heads, glu width)
+SIZES: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (2, 128, 2, 384),
+    "mini": (4, 256, 2, 768),
+    "70m": (6, 512, 4, 1536),
+    "160m": (12, 768, 6, 2048),
+    "410m": (26, 1024, 8, 2816),
+    "1b": (32, 1536, 12, 4096),
+    "3b": (35, 2560, 20, 6912),
+    "7b": (32, 4096, 32, 11008),
+}
+PAPER_SIZES = ("70m", "160m", "410m", "1b", "3b", "7b")
+LAYER_OVERRIDES = {("410m", "tnl"): 25, ("410m", "cos2"): 25}
+
+
+def model_config(arch: str, size: str, **overrides) -> ModelConfig:
+    """The config of `arch` at registry `size`; keyword overrides replace any ModelConfig field."""
+    arch = canonical_arch(arch)
+    key = size.lower()
+    if key not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+    l, d, h, g = SIZES[key]
+    l = LAYER_OVERRIDES.get((key, arch), l)
+    base = dict(arch=arch, n_layers=l, d_model=d, n_heads=h, d_glu=g, size=key)
+    bad = set(overrides) - set(ModelConfig.__dataclass_fields__)
+    if bad:
+        raise ValueError(f"unknown model config field(s) {sorted(bad)}; "
+                         f"known: {sorted(ModelConfig.__dataclass_fields__)}")
+    base.update(overrides)
+    return ModelConfig(**base)

@@ -1,0 +1,64 @@
+"""TNL (TransNormerLLM) token mixer: lightning attention with a fixed, data-independent decay per head.
+
+    q = silu(X Wq), k = silu(X Wk), v = X Wv;  o_t = sum_{s<=t} lambda^(t-s) (q_t . k_s) v_s
+    out = Wo [ Norm(o) * sigmoid(X Wgdown Wgup) ]
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.config import ModelConfig
+from models.layers import LowRankGate, Norm, split_heads
+from ops import lightning_attn
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    """ALiBi slopes 2^(-8(i+1)/h); for h not a power of two, the standard interleave."""
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+    if math.log2(n_heads).is_integer():
+        return power_of_two(n_heads)
+    m = 2 ** math.floor(math.log2(n_heads))
+    return power_of_two(m) + power_of_two(2 * m)[0::2][: n_heads - m]
+
+
+def tnl_decays(n_heads: int, layer: int, n_layers: int, schedule: str = "code") -> list[float]:
+    """lambda per head. 'code' (the authors' released code): exp(-s_i * c), c = 1 - layer/(l-1) + 1e-5.
+    'paper' (the TNL paper's formula): exp(-8i/h * (1 - layer/l))."""
+    if schedule == "paper":
+        return [math.exp(-8 * i / n_heads * (1 - layer / n_layers)) for i in range(n_heads)]
+    c = 1.0 if n_layers == 1 else 1 - layer / (n_layers - 1) + 1e-5
+    return [math.exp(-s * c) for s in alibi_slopes(n_heads)]
+
+
+class TnlTokenMixer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads = cfg.n_heads
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.gate = LowRankGate(d, cfg.gate_rank)
+        self.norm = Norm(d, cfg.norm_type, cfg.norm_eps)
+        self.out_proj = nn.Linear(d, d, bias=False)
+        # a Python constant, not a buffer: a bf16 cast of the module must not round 0.99998 to 1.0
+        self.decays = tnl_decays(cfg.n_heads, layer, cfg.n_layers, cfg.tnl_decay_schedule)
+
+    def forward(self, x: Tensor, state: dict | None = None, cu_seqlens: Tensor | None = None, **_) -> Tensor:
+        q = split_heads(F.silu(self.q_proj(x)), self.n_heads)
+        k = split_heads(F.silu(self.k_proj(x)), self.n_heads)
+        v = split_heads(self.v_proj(x), self.n_heads)
+        decay = torch.tensor(self.decays, dtype=torch.float32, device=x.device)
+        h0 = None if state is None else state.get("S")
+        o, S = lightning_attn(q, k, v, decay, initial_state=h0, output_final_state=True,
+                              cu_seqlens=cu_seqlens, check_values=False)
+        if state is not None:
+            state["S"] = S
+        o = self.norm(o.reshape(x.shape).to(x.dtype))
+        return self.out_proj(o * self.gate(x))

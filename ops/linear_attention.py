@@ -1,0 +1,96 @@
+"""Public linear-attention ops: argument checks, then dispatch to an implementation.
+
+Implementations register under a name: ``recurrent`` and ``chunked`` (plain PyTorch, `ops.reference`)
+are always there; ``triton`` is registered by `ops.triton_*` modules when Triton imports. ``auto`` picks
+Triton on CUDA, the chunked twin elsewhere, and the recurrence for a single decoding step.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from torch import Tensor
+
+from ops import reference
+from ops.checks import check_decay, check_log_f, check_qkv, check_state_and_lengths
+
+# an implementation takes (q, k, v, decay_or_log_f, initial_state, cu_seqlens) -> (o, final_state)
+Impl = Callable[..., tuple[Tensor, Tensor]]
+_IMPLS: dict[str, dict[str, Impl]] = {"lightning_attn": {}, "gated_linear_attn": {}}
+_DEFAULT_IMPL = os.environ.get("LINSCALE_OPS_IMPL", "auto")
+
+
+def register_impl(op: str, name: str, fn: Impl) -> None:
+    _IMPLS[op][name] = fn
+
+
+def available_impls(op: str) -> list[str]:
+    return sorted(_IMPLS[op])
+
+
+def set_default_impl(name: str) -> None:
+    """Process-wide choice ('auto', 'triton', 'chunked', 'recurrent'); the `--ops-impl` run flag sets it."""
+    global _DEFAULT_IMPL
+    if name != "auto" and name not in _IMPLS["lightning_attn"]:
+        raise ValueError(f"ops impl {name!r} is not available here; choose from auto, "
+                         f"{', '.join(available_impls('lightning_attn'))}")
+    _DEFAULT_IMPL = name
+
+
+def _resolve(op: str, impl: str | None, q: Tensor) -> Impl:
+    name = impl or _DEFAULT_IMPL
+    if name == "auto":
+        if q.shape[1] == 1:
+            name = "recurrent"
+        elif q.is_cuda and "triton" in _IMPLS[op]:
+            name = "triton"
+        else:
+            name = "chunked"
+    if name not in _IMPLS[op]:
+        raise ValueError(f"{op}: implementation {name!r} is not available; choose from auto, "
+                         f"{', '.join(available_impls(op))}")
+    return _IMPLS[op][name]
+
+
+def _with_varlen(fn: Callable[..., tuple[Tensor, Tensor]], per_token: bool) -> Impl:
+    """Lift a dense (q, k, v, x, h0) reference into one that also takes cu_seqlens."""
+    def run(q, k, v, x, initial_state, cu_seqlens):
+        if cu_seqlens is None:
+            return fn(q, k, v, x, initial_state)
+        return reference.run_varlen(fn, cu_seqlens, q, k, v, x if per_token else None,
+                                    None if per_token else x, initial_state)
+    return run
+
+
+register_impl("lightning_attn", "recurrent", _with_varlen(reference.lightning_attn_recurrent, per_token=False))
+register_impl("lightning_attn", "chunked", _with_varlen(reference.lightning_attn_chunked, per_token=False))
+register_impl("gated_linear_attn", "recurrent", _with_varlen(reference.gated_linear_attn_recurrent, per_token=True))
+register_impl("gated_linear_attn", "chunked", _with_varlen(reference.gated_linear_attn_chunked, per_token=True))
+
+
+def lightning_attn(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None = None,
+                   initial_state: Tensor | None = None, output_final_state: bool = False,
+                   cu_seqlens: Tensor | None = None, *, impl: str | None = None,
+                   check_values: bool = True) -> Tensor | tuple[Tensor, Tensor]:
+    """o_t = sum_{s<=t} decay^(t-s) (q_t . k_s) v_s per head; q, k [B,T,H,Dk], v [B,T,H,Dv], decay [H]
+    in (0, 1] or None (no decay). Returns o [B,T,H,Dv] (dtype of v), and the final state
+    [B or N, H, Dk, Dv] in fp32 when `output_final_state`. `check_values=False` skips the checks that
+    read tensor values (they synchronise a GPU); the models pass it since they build valid values."""
+    check_qkv("lightning_attn", q, k, v)
+    check_decay("lightning_attn", q, decay, check_values)
+    check_state_and_lengths("lightning_attn", q, v, initial_state, cu_seqlens, check_values)
+    o, state = _resolve("lightning_attn", impl, q)(q, k, v, decay, initial_state, cu_seqlens)
+    return (o, state) if output_final_state else o
+
+
+def gated_linear_attn(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
+                      initial_state: Tensor | None = None, output_final_state: bool = False,
+                      cu_seqlens: Tensor | None = None, *, impl: str | None = None,
+                      check_values: bool = True) -> Tensor | tuple[Tensor, Tensor]:
+    """S_t = diag(exp(log_f_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t; log_f [B,T,H,Dk] <= 0.
+    Returns as `lightning_attn`."""
+    check_qkv("gated_linear_attn", q, k, v)
+    check_log_f("gated_linear_attn", q, log_f, check_values)
+    check_state_and_lengths("gated_linear_attn", q, v, initial_state, cu_seqlens, check_values)
+    o, state = _resolve("gated_linear_attn", impl, q)(q, k, v, log_f, initial_state, cu_seqlens)
+    return (o, state) if output_final_state else o
