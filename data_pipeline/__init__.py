@@ -1,0 +1,46 @@
+"""Data pipeline: sources -> filters -> dedup -> tokenize -> token shards -> the resumable loader.
+
+The trainer needs only build_loader(); see docs/data.md."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .loader import Loader, ShardProvider, doc_boundaries
+from .tokenizer import EOT_ID, ENCODING_NAME, encode_batch, encode_document, get_tokenizer
+
+SPLITS = ("train", "val")
+
+
+def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch: int,
+                 rank: int = 0, world_size: int = 1, seed: int = 0, doc_starts: bool = False,
+                 split: str = "train") -> Loader:
+    """The loader of one rank.
+
+    data: None for the embedded default corpus; a folder written by launch/prepare_data.py (its
+    `train`/`val` split, or the folder itself if it holds meta.json); or a data config `*.yaml`,
+    streamed (filter -> tokenize -> pack on the fly, no prepare step).
+    split: "train" or "val" (held-out documents, for validation loss).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if data is None:
+        from .default_corpus import default_corpus_dir
+        provider = ShardProvider(default_corpus_dir() / split, seed)
+    elif str(data).endswith((".yaml", ".yml")):
+        from .streaming import StreamProvider
+        provider = StreamProvider.from_config(data, seed, split)
+    else:
+        root = Path(data)
+        if not root.exists():
+            raise FileNotFoundError(f"--data {data}: no such file or folder (give a prepared dataset "
+                                    f"folder, a data config .yaml, or nothing for the default corpus)")
+        if (root / split / "meta.json").is_file():
+            root = root / split
+        elif split != "train" or not (root / "meta.json").is_file():
+            raise FileNotFoundError(f"{data} has no {split!r} split ({root / split / 'meta.json'} missing)")
+        provider = ShardProvider(root, seed)
+    return Loader(provider, seq_len, global_batch, micro_batch, rank, world_size, seed, doc_starts)
+
+
+__all__ = ["build_loader", "Loader", "doc_boundaries", "EOT_ID", "ENCODING_NAME", "encode_batch",
+           "encode_document", "get_tokenizer"]

@@ -1,0 +1,184 @@
+"""The resumable distributed loader: a deterministic global stream of windows, sliced per rank.
+
+The global stream is a sequence of samples; sample k is window j of source i, where i comes from the
+token-share schedule (mixing.py) and j counts that source's windows so far. Window j of a source is the
+tokens [j*seq_len, j*seq_len + seq_len + 1) of the source's stream (consecutive windows overlap by one
+token, so every token is a target exactly once). Each optimizer step consumes `global_batch`
+consecutive samples; rank r of W takes samples [r*B/W, (r+1)*B/W) of the step, in B/(W*micro_batch)
+micro-batches. Nothing here depends on W or workers, so a run resumed on another world size continues
+the identical global stream.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from .mixing import assign_sources, normalise_weights
+from .shards import SourceMeta, TokenStore, read_meta
+from .tokenizer import EOT_ID
+
+STATE_VERSION = 1
+
+
+class WindowProvider(Protocol):
+    """Fills one window of a source's token stream. Requests for one source come in increasing
+    window order within a loader's life (streaming providers rely on it)."""
+    names: list[str]
+    languages: list[str]
+    weights: list[float]
+    fingerprint: str
+
+    def window(self, source: int, index: int, seq_len: int, out: np.ndarray) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+class ShardProvider:
+    """Windows read from a prepared dataset's memory-mapped token shards."""
+
+    def __init__(self, root: Path, seed: int, weights: dict[str, float] | None = None):
+        self.root = Path(root)
+        meta = read_meta(self.root)
+        srcs = [SourceMeta(**s) for s in meta["sources"] if s["tokens"] > 0]
+        if not srcs:
+            raise ValueError(f"prepared dataset {root} holds no tokens")
+        self.names = [s.name for s in srcs]
+        self.languages = [s.language for s in srcs]
+        weights = weights or {}
+        unknown = set(weights) - set(self.names)
+        if unknown:
+            raise ValueError(f"weights name unknown sources {sorted(unknown)}; {root} has {self.names}")
+        self.weights = [float(weights.get(s.name, s.weight)) for s in srcs]
+        # stream ids come from the source name, so adding or removing another source leaves its order alone
+        self.stores = [TokenStore(self.root, s, seed, _stable_id(s.name)) for s in srcs]
+        self.fingerprint = _digest({"sources": [(s.name, s.tokens, s.documents) for s in srcs],
+                                    "weights": self.weights})
+        self.label = meta.get("label", str(self.root))
+
+    def window(self, source: int, index: int, seq_len: int, out: np.ndarray) -> None:
+        self.stores[source].read(index * seq_len, seq_len + 1, out)
+
+    def describe(self) -> str:
+        w = normalise_weights(self.weights, self.names)
+        parts = [f"{n}({lang}) {share:.1%} of {st.total / 1e6:.2f}M tok"
+                 for n, lang, share, st in zip(self.names, self.languages, w, self.stores)]
+        return f"{self.label}: " + ", ".join(parts)
+
+
+class Loader:
+    """See the module docstring. Use build_loader() rather than constructing this directly."""
+
+    def __init__(self, provider: WindowProvider, seq_len: int, global_batch: int, micro_batch: int,
+                 rank: int = 0, world_size: int = 1, seed: int = 0, doc_starts: bool = False):
+        _check_batching(seq_len, global_batch, micro_batch, rank, world_size)
+        self.provider = provider
+        self.seq_len, self.global_batch, self.micro_batch = seq_len, global_batch, micro_batch
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.doc_starts = doc_starts
+        self.per_rank = global_batch // world_size
+        self.accum = self.per_rank // micro_batch
+        self.weights = normalise_weights(provider.weights, provider.names)
+        # position at the start of the current step: global samples consumed and samples per source
+        self.samples = 0
+        self.counts = [0] * len(provider.names)
+        self.micro = 0
+        self._plan: list[tuple[int, int]] = []
+        self._next_counts: list[int] = []
+        self._buf = np.empty((micro_batch, seq_len + 1), dtype=np.uint32)
+        self.tokens_read = [0] * len(provider.names)  # this rank, this process: for logs only
+
+    def _start_step(self) -> None:
+        counts = list(self.counts)
+        plan = assign_sources(self.weights, counts, self.global_batch)
+        self._plan = plan[self.rank * self.per_rank:(self.rank + 1) * self.per_rank]
+        self._next_counts = counts
+
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        if self.micro == 0:
+            self._start_step()
+        chunk = self._plan[self.micro * self.micro_batch:(self.micro + 1) * self.micro_batch]
+        for row, (src, idx) in enumerate(chunk):
+            self.provider.window(src, idx, self.seq_len, self._buf[row])
+            self.tokens_read[src] += self.seq_len
+        self.micro += 1
+        if self.micro == self.accum:
+            self.micro = 0
+            self.samples += self.global_batch
+            self.counts = self._next_counts
+        window = torch.from_numpy(self._buf.astype(np.int64))
+        batch = {"input_ids": window[:, :-1].contiguous(), "targets": window[:, 1:].contiguous()}
+        if self.doc_starts:
+            batch["cu_seqlens"] = doc_boundaries(batch["input_ids"])
+        return batch
+
+    def __iter__(self):
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict:
+        return {"version": STATE_VERSION, "fingerprint": self.provider.fingerprint, "seed": self.seed,
+                "seq_len": self.seq_len, "samples": self.samples, "counts": list(self.counts),
+                "micro": self.micro, "global_batch": self.global_batch, "micro_batch": self.micro_batch,
+                "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
+        for key, mine in (("fingerprint", self.provider.fingerprint), ("seed", self.seed),
+                          ("seq_len", self.seq_len)):
+            if state[key] != mine:
+                raise ValueError(f"loader state was saved with {key}={state[key]!r} but this loader has "
+                                 f"{mine!r}: resume with the same data, seed and seq_len")
+        if len(state["counts"]) != len(self.counts) or sum(state["counts"]) != state["samples"]:
+            raise ValueError("loader state is inconsistent (per-source counts do not add up)")
+        if state["micro"] and (state["world_size"], state["global_batch"], state["micro_batch"]) != \
+                (self.world_size, self.global_batch, self.micro_batch):
+            raise ValueError("loader state was saved in the middle of an optimizer step; it can only be "
+                             "resumed with the same world size, global batch and micro batch")
+        self.samples = int(state["samples"])
+        self.counts = [int(c) for c in state["counts"]]
+        self.micro = 0
+        if state["micro"]:
+            self._start_step()
+            self.micro = int(state["micro"])
+
+    def describe(self) -> str:
+        return (f"{self.provider.describe()} | seq_len {self.seq_len}, global batch {self.global_batch} "
+                f"= {self.world_size} ranks x {self.accum} x {self.micro_batch}, seed {self.seed}")
+
+
+def doc_boundaries(input_ids: torch.Tensor) -> torch.Tensor:
+    """cu_seqlens over the flattened [B*T] input: int32 offsets where a segment starts, plus B*T at the
+    end. A segment starts at every row start and after every <|endoftext|>; a row that begins
+    mid-document starts a segment too (the state is reset there, as at a row start anyway)."""
+    b, t = input_ids.shape
+    starts = torch.zeros_like(input_ids, dtype=torch.bool)
+    starts[:, 0] = True
+    starts[:, 1:] = input_ids[:, :-1] == EOT_ID
+    flat = torch.nonzero(starts.reshape(-1), as_tuple=False).reshape(-1)
+    return torch.cat([flat, torch.tensor([b * t])]).to(torch.int32)
+
+
+def _check_batching(seq_len: int, global_batch: int, micro_batch: int, rank: int, world_size: int) -> None:
+    if seq_len < 1 or micro_batch < 1 or global_batch < 1 or world_size < 1:
+        raise ValueError(f"seq_len, global_batch, micro_batch and world_size must be positive, got "
+                         f"{seq_len}, {global_batch}, {micro_batch}, {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside [0, {world_size})")
+    if global_batch % (world_size * micro_batch):
+        raise ValueError(f"global batch {global_batch} is not a multiple of world size x micro batch "
+                         f"= {world_size} x {micro_batch}; choose a micro batch that divides "
+                         f"{global_batch // world_size if global_batch % world_size == 0 else 'it'}")
+
+
+def _stable_id(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]

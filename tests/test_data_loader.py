@@ -1,0 +1,166 @@
+"""The loader contract: windows, determinism, resume, world-size independence, mixing, doc starts."""
+import json
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from data_pipeline import build_loader
+from data_pipeline.shards import ShardWriter, SourceMeta, write_meta
+from data_pipeline.tokenizer import EOT_ID
+
+SEQ = 32
+
+
+def _make_dataset(root, n_docs=(60, 45), seed=0):
+    """Two sources of synthetic documents whose tokens say where they come from: token
+    1000*(1+doc) + position in doc for source "a", plus 70_000 for source "b"
+    (never equal to <|endoftext|>)."""
+    rng = random.Random(seed)
+    metas = []
+    for s, (name, lang, w) in enumerate([("a", "en", 2.0), ("b", "zh", 1.0)]):
+        writer = ShardWriter(root, name, shard_tokens=300)  # several shards per source
+        for d in range(n_docs[s]):
+            n = rng.randint(1, 120)
+            writer.add([70_000 * s + 1000 * (1 + d) + k for k in range(n)] + [EOT_ID])
+        writer.close()
+        assert len(writer.stems) > 1
+        metas.append(SourceMeta(name, lang, w, writer.stems, writer.documents, writer.tokens))
+    write_meta(root, metas)
+    return root
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    return str(_make_dataset(tmp_path / "ds"))
+
+
+def _global_stream(data, steps, global_batch, world_size, micro, seed=0, start_state=None):
+    """Per step, the global batch assembled from all ranks' micro-batches in rank order."""
+    loaders = [build_loader(data, SEQ, global_batch, micro, r, world_size, seed) for r in range(world_size)]
+    if start_state is not None:
+        for ld in loaders:
+            ld.load_state_dict(json.loads(json.dumps(start_state)))
+    out = []
+    for _ in range(steps):
+        parts = []
+        for ld in loaders:
+            for _ in range(global_batch // (world_size * micro)):
+                parts.append(ld.next_batch()["input_ids"])
+        out.append(torch.cat(parts))
+    return out, loaders[0].state_dict()
+
+
+def test_windows_are_shifted_targets(dataset):
+    ld = build_loader(dataset, SEQ, 8, 4)
+    for _ in range(5):
+        b = ld.next_batch()
+        assert b["input_ids"].shape == (4, SEQ) and b["input_ids"].dtype == torch.long
+        assert torch.equal(b["input_ids"][:, 1:], b["targets"][:, :-1])
+
+
+def test_world_size_and_micro_batch_do_not_change_global_stream(dataset):
+    ref, _ = _global_stream(dataset, 6, 8, 1, 8)
+    for world, micro in [(1, 2), (2, 4), (2, 1), (4, 2), (8, 1)]:
+        got, _ = _global_stream(dataset, 6, 8, world, micro)
+        assert all(torch.equal(a, b) for a, b in zip(ref, got)), (world, micro)
+
+
+def test_global_order_independent_of_global_batch(dataset):
+    a, _ = _global_stream(dataset, 4, 12, 1, 4)
+    b, _ = _global_stream(dataset, 12, 4, 1, 4)
+    assert torch.equal(torch.cat(a), torch.cat(b))
+
+
+@pytest.mark.parametrize("new_world", [1, 2, 4])
+def test_resume_at_random_step(dataset, new_world):
+    rng = random.Random(new_world)
+    for _ in range(3):
+        k = rng.randint(1, 15)
+        ref, _ = _global_stream(dataset, k + 5, 8, 2, 2)
+        _, state = _global_stream(dataset, k, 8, 2, 2)
+        got, _ = _global_stream(dataset, 5, 8, new_world, 8 // (new_world * 2) or 1, start_state=state)
+        assert all(torch.equal(a, b) for a, b in zip(ref[k:], got))
+
+
+def test_resume_mid_step_same_world(dataset):
+    ld = build_loader(dataset, SEQ, 8, 2, rank=1, world_size=2)
+    ref = [ld.next_batch()["input_ids"] for _ in range(7)]
+    ld2 = build_loader(dataset, SEQ, 8, 2, rank=1, world_size=2)
+    for _ in range(3):
+        ld2.next_batch()
+    state = ld2.state_dict()
+    assert state["micro"] == 1
+    ld3 = build_loader(dataset, SEQ, 8, 2, rank=1, world_size=2)
+    ld3.load_state_dict(state)
+    assert all(torch.equal(a, ld3.next_batch()["input_ids"]) for a in ref[3:])
+    with pytest.raises(ValueError, match="middle of an optimizer step"):
+        build_loader(dataset, SEQ, 8, 1, rank=0, world_size=4).load_state_dict(state)
+
+
+def test_state_rejects_other_data_or_seq_len(dataset, tmp_path):
+    state = build_loader(dataset, SEQ, 8, 4).state_dict()
+    with pytest.raises(ValueError, match="seq_len"):
+        build_loader(dataset, SEQ + 1, 8, 4).load_state_dict(state)
+    other = str(_make_dataset(tmp_path / "other", n_docs=(61, 45)))
+    with pytest.raises(ValueError, match="fingerprint"):
+        build_loader(other, SEQ, 8, 4).load_state_dict(state)
+
+
+def test_seed_changes_order_and_same_seed_repeats(dataset):
+    a, _ = _global_stream(dataset, 3, 8, 1, 8, seed=1)
+    b, _ = _global_stream(dataset, 3, 8, 1, 8, seed=1)
+    c, _ = _global_stream(dataset, 3, 8, 1, 8, seed=2)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_each_document_once_per_epoch_and_token_mix(dataset):
+    """Source "a" read to the end of its first epoch holds every document exactly once, whole and in
+    order; the window counts of the two sources follow the 2:1 weights."""
+    ld = build_loader(dataset, SEQ, 4, 4)
+    meta = json.load(open(f"{dataset}/meta.json"))["sources"]
+    tokens_a = meta[0]["tokens"]
+    stream = {0: [], 1: []}
+    while len(stream[0]) * SEQ < tokens_a + SEQ:
+        w = ld.next_batch()
+        full = torch.cat([w["input_ids"], w["targets"][:, -1:]], 1).numpy()
+        for row in full:
+            first = row[1] if row[0] == EOT_ID else row[0]  # a window may start on a document end
+            src = int(first >= 65_000)
+            stream[src].append(row)
+    ratio = len(stream[0]) / len(stream[1])
+    assert abs(ratio - 2.0) / 2.0 < 0.02, ratio
+    # consecutive windows of a source overlap by one token
+    assert all(a[-1] == b[0] for a, b in zip(stream[0], stream[0][1:]))
+    flat = np.concatenate([stream[0][0]] + [w[1:] for w in stream[0][1:]])[:tokens_a]
+    docs = np.split(flat, np.nonzero(flat == EOT_ID)[0] + 1)[:-1]
+    firsts = Counter(int(d[0]) // 1000 for d in docs)
+    assert sorted(firsts) == list(range(1, meta[0]["documents"] + 1)) and set(firsts.values()) == {1}
+    for d in docs:  # each document whole: positions 0..n-1 then EOT
+        assert list(d[:-1] % 1000) == list(range(len(d) - 1))
+
+
+def test_doc_starts_match_eot_positions(dataset):
+    ld = build_loader(dataset, SEQ, 4, 4, doc_starts=True)
+    for _ in range(3):
+        b = ld.next_batch()
+        ids = b["input_ids"].tolist()
+        want = []
+        for r, row in enumerate(ids):
+            for t in range(SEQ):
+                if t == 0 or row[t - 1] == EOT_ID:
+                    want.append(r * SEQ + t)
+        want.append(len(ids) * SEQ)
+        assert b["cu_seqlens"].dtype == torch.int32 and b["cu_seqlens"].tolist() == want
+
+
+def test_bad_batching_is_a_clear_error(dataset):
+    with pytest.raises(ValueError, match="not a multiple of world size x micro batch"):
+        build_loader(dataset, SEQ, 10, 4, world_size=2)
+    with pytest.raises(ValueError, match="rank 2 is outside"):
+        build_loader(dataset, SEQ, 8, 2, rank=2, world_size=2)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        build_loader(dataset + "_missing", SEQ, 8, 2)
