@@ -1,0 +1,219 @@
+"""The `triton` implementation of `lightning_attn` and `gated_linear_attn`: one autograd Function per op
+around the kernels of `ops.triton_scan` and `ops.triton_gla_intra`. Importing this module registers it
+(`ops/__init__.py` does so when Triton imports); the public ops in `ops.linear_attention` check the
+arguments before they get here.
+
+Gradients flow to q, k, v, log_f and the initial state (and from the final state, when it is used).
+A lightning `decay` is a fixed per-head constant (TNL does not learn it): it gets no gradient.
+float64 inputs take the chunked plain-PyTorch twin (Triton's float64 dot is not what these kernels are
+tuned for, and float64 is only ever a reference).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from torch import Tensor
+
+from ops.linear_attention import register_impl
+from ops.triton_gla_intra import gla_A_kernel, gla_dg_kernel, gla_dqk_intra_kernel
+from ops.triton_scan import dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel
+
+BT = 64  # chunk length
+BC = 16  # sub-chunk length of the gated intra-chunk products
+BK_INTRA = 32  # key block of the element-wise [BC, BC, BK] tiles
+
+
+def _np2(x: int) -> int:
+    return triton.next_power_of_2(max(int(x), 16))
+
+
+def _prec(x: Tensor) -> str:
+    # fp32 inputs (the CPU tests, fp32 runs) want full-precision dots, not tf32's 10-bit mantissa
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def _blocks(K: int, V: int) -> dict[str, int]:
+    """Per-kernel tile widths: the dimension a kernel reduces over is held whole, the other is split
+    so that each (sequence, head) gets a few programs."""
+    Kp, Vp = _np2(K), _np2(V)
+    return {"fwd_BV": min(64, Vp), "dq_BK": min(64, Kp), "dk_BK": min(64, Kp), "dv_BV": min(64, Vp),
+            "Kp": Kp, "Vp": Vp}
+
+
+def _num_warps(K: int, V: int) -> int:
+    return 8 if max(K, V) >= 128 else 4
+
+
+def _check_device(q: Tensor) -> None:
+    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("the `triton` ops implementation needs CUDA tensors (or TRITON_INTERPRET=1 for the "
+                         "CPU interpreter); use impl='chunked' on CPU")
+
+
+def _layout(q: Tensor, cu_seqlens: Tensor | None) -> tuple[int, int, int, Tensor]:
+    """(sequences N, padded length T, max chunks per sequence, cu as int32 or a dummy)."""
+    B, T = q.shape[:2]
+    if cu_seqlens is None:
+        return B, T, triton.cdiv(T, BT), q.new_zeros(1, dtype=torch.int32)
+    return cu_seqlens.numel() - 1, T, 0, cu_seqlens.to(torch.int32).contiguous()
+
+
+def _chunk_table(cu_seqlens: Tensor | None, N: int, T: int) -> tuple[int, Tensor | None]:
+    """Number of chunks and, for packed input, the (sequence, chunk) pair of each (host sync)."""
+    if cu_seqlens is None:
+        return N * triton.cdiv(T, BT), None
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    pairs = [(n, c) for n, ln in enumerate(lens) for c in range(triton.cdiv(ln, BT))]
+    table = torch.tensor(pairs, dtype=torch.int32, device=cu_seqlens.device).reshape(-1, 2).contiguous()
+    return len(pairs), table
+
+
+# ----------------------------------------------------------------------------------------------------
+# shared launches
+# ----------------------------------------------------------------------------------------------------
+
+def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated):
+    H, K, V = q.shape[2], q.shape[3], v.shape[3]
+    b = _blocks(K, V)
+    o = torch.empty_like(v)
+    ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(V, b["fwd_BV"]), N * H)
+    fwd_scan_kernel[grid](q, k, v, g, log_lam, A, o, h0 if h0 is not None else ht, ht, cu, T,
+                          H=H, K=K, V=V, BT=BT, BK=b["Kp"], BV=b["fwd_BV"], GATED=gated,
+                          HAS_DECAY=log_lam is not None or gated, HAS_H0=h0 is not None,
+                          VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=_num_warps(K, V))
+    return o, ht
+
+
+def _bwd_scans(q, k, v, g, log_lam, A, do, h0, dht, cu, N, T, gated):
+    """dq, dk (intra included unless gated: then fp32 inter-chunk parts), dv, dh0."""
+    H, K, V = q.shape[2], q.shape[3], v.shape[3]
+    b = _blocks(K, V)
+    common = dict(H=H, K=K, V=V, BT=BT, GATED=gated, HAS_DECAY=log_lam is not None or gated,
+                  VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=_num_warps(K, V))
+    gdt = torch.float32 if gated else q.dtype
+    dq = torch.empty(q.shape, dtype=gdt, device=q.device)
+    dk = torch.empty(k.shape, dtype=gdt, device=q.device)
+    dv = torch.empty_like(v)
+    dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if h0 is not None else None
+    dq_scan_kernel[(triton.cdiv(K, b["dq_BK"]), N * H)](
+        k, v, g, log_lam, do, dq, h0 if h0 is not None else dq, cu, T,
+        BK=b["dq_BK"], BV=b["Vp"], HAS_H0=h0 is not None, **common)
+    dk_scan_kernel[(triton.cdiv(K, b["dk_BK"]), N * H)](
+        q, v, g, log_lam, do, dk, dht if dht is not None else dk, dh0 if dh0 is not None else dk, cu, T,
+        BK=b["dk_BK"], BV=b["Vp"], HAS_DHT=dht is not None, STORE_DH0=dh0 is not None, **common)
+    dv_scan_kernel[(triton.cdiv(V, b["dv_BV"]), N * H)](
+        q, k, g, log_lam, A, do, dv, dht if dht is not None else dv, cu, T,
+        BK=b["Kp"], BV=b["dv_BV"], HAS_DHT=dht is not None, **common)
+    return dq, dk, dv, dh0
+
+
+def _contig(*xs):
+    return tuple(None if x is None else x.contiguous() for x in xs)
+
+
+# ----------------------------------------------------------------------------------------------------
+# lightning attention
+# ----------------------------------------------------------------------------------------------------
+
+class LightningAttnFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, decay, h0, cu_seqlens):
+        q, k, v, h0 = _contig(q, k, v, h0)
+        N, T, _, cu = _layout(q, cu_seqlens)
+        log_lam = None if decay is None else decay.float().log().contiguous()
+        o, ht = _fwd(q, k, v, None, log_lam, None, h0, cu, N, T, gated=False)
+        ctx.save_for_backward(q, k, v, log_lam, h0, cu)
+        ctx.N, ctx.T = N, T
+        ctx.set_materialize_grads(False)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, log_lam, h0, cu = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(v)
+        do, dht = _contig(do, dht)
+        dq, dk, dv, dh0 = _bwd_scans(q, k, v, None, log_lam, None, do.to(v.dtype), h0, dht, cu,
+                                     ctx.N, ctx.T, gated=False)
+        return dq, dk, dv, None, dh0, None
+
+
+def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
+                          initial_state: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
+    _check_device(q)
+    if q.dtype == torch.float64:
+        return _registered_fallback("lightning_attn")(q, k, v, decay, initial_state, cu_seqlens)
+    return LightningAttnFn.apply(q, k, v, decay, initial_state, cu_seqlens)
+
+
+# ----------------------------------------------------------------------------------------------------
+# gated linear attention
+# ----------------------------------------------------------------------------------------------------
+
+def _gla_A(q, k, g, cu, N, T, chunks):
+    H, K = q.shape[2], q.shape[3]
+    n_chunks, table = chunks
+    A = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
+    gla_A_kernel[(n_chunks, BT // BC, H)](
+        q, k, g, A, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+        H=H, K=K, BT=BT, BC=BC, BK=min(BK_INTRA, _np2(K)), VARLEN=table is not None, PREC=_prec(q),
+        num_warps=4)
+    return A
+
+
+class GatedLinearAttnFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, h0, cu_seqlens):
+        q, k, v, g, h0 = _contig(q, k, v, g, h0)
+        N, T, _, cu = _layout(q, cu_seqlens)
+        chunks = _chunk_table(cu_seqlens, N, T)
+        A = _gla_A(q, k, g, cu, N, T, chunks)
+        o, ht = _fwd(q, k, v, g, None, A, h0, cu, N, T, gated=True)
+        ctx.save_for_backward(q, k, v, g, h0, cu, A, ht, chunks[1])
+        ctx.N, ctx.T, ctx.n_chunks = N, T, chunks[0]
+        ctx.set_materialize_grads(False)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, h0, cu, A, ht, table = ctx.saved_tensors
+        N, T = ctx.N, ctx.T
+        H, K, V = q.shape[2], q.shape[3], v.shape[3]
+        if do is None:
+            do = torch.zeros_like(v)
+        do, dht = _contig(do, dht)
+        do = do.to(v.dtype)
+        dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, do, h0, dht, cu, N, T, gated=True)
+        bk = min(BK_INTRA, _np2(K))
+        gla_dqk_intra_kernel[(ctx.n_chunks, BT // BC, H * triton.cdiv(K, bk))](
+            q, k, v, g, do, dq, dk, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+            H=H, K=K, V=V, BT=BT, BC=BC, BK=bk, BV=_np2(V), VARLEN=table is not None, PREC=_prec(q),
+            num_warps=4)
+        # the final state is exp(B_T) (h0 + ...): its gradient reaches every gate of the sequence
+        dg_T = None if dht is None else (dht * ht).sum(-1).contiguous()
+        dg = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+        bkg = min(64, _np2(K))
+        gla_dg_kernel[(triton.cdiv(K, bkg), N * H)](
+            q, k, dq, dk, dg, dg_T if dg_T is not None else dg, cu, T,
+            H=H, K=K, BT=BT, BK=bkg, HAS_DGT=dg_T is not None, VARLEN=cu.numel() > 1)
+        return dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype), dh0, None
+
+
+def gated_linear_attn_triton(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
+                             initial_state: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
+    _check_device(q)
+    if q.dtype == torch.float64:
+        return _registered_fallback("gated_linear_attn")(q, k, v, log_f, initial_state, cu_seqlens)
+    return GatedLinearAttnFn.apply(q, k, v, log_f, initial_state, cu_seqlens)
+
+
+def _registered_fallback(op: str):
+    from ops.linear_attention import _IMPLS  # the chunked twin, as registered (varlen included)
+    return _IMPLS[op]["chunked"]
+
+
+register_impl("lightning_attn", "triton", lightning_attn_triton)
+register_impl("gated_linear_attn", "triton", gated_linear_attn_triton)

@@ -1,0 +1,304 @@
+"""Chunk-scan Triton kernels shared by `lightning_attn` and `gated_linear_attn`.
+
+One program owns one (sequence, head) and a block of the state's key or value columns, and walks the
+sequence chunk by chunk carrying the fp32 state in registers, so no per-chunk state is ever written to
+memory. Per chunk of BT tokens (b = inclusive cumulative log-decay inside the chunk, b_L its last row):
+
+    o      = A v + (q * exp(b)) h                      A = intra-chunk masked weights
+    h_next = exp(b_L) h + (k * exp(b_L - b))^T v
+
+Every exponent is <= 0, so the decay factors lie in [0, 1]: strong decays underflow to exactly 0, never
+to inf or NaN, however long the sequence. Two decay kinds share the code (constexpr GATED):
+  * scalar per head (lightning / TNL; cosFormer2 passes no decay at all: HAS_DECAY=False): b_i = (i+1) log(lambda);
+    A = (q k^T) * lambda^(i-j) is formed here on tensor cores;
+  * per key channel (GLA / HGRN2): b = cumsum(log_f) per channel; A (which needs the safe sub-chunk form)
+    comes precomputed from `ops.triton_gla_intra`, as do the intra-chunk parts of dq and dk.
+
+Backward is three independent scans: dq walks forward (state h), dk and dv walk backward (state dh,
+the gradient of the state at the chunk's end); each recomputes the small products it needs instead of
+reading stored activations. Sequences come either as the rows of a [B, T] batch or packed with
+`cu_seqlens` (B == 1): `bos`/`eos` bound each program's walk, which is also the state reset.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _seq_bounds(cu, i_n, T, VARLEN: tl.constexpr):
+    if VARLEN:
+        bos = tl.load(cu + i_n).to(tl.int64)
+        eos = tl.load(cu + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+    return bos, eos
+
+
+@triton.jit
+def _decay_rows(g, ll, bos, rows, rmask, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
+                n_valid, GATED: tl.constexpr, HAS_DECAY: tl.constexpr, BT: tl.constexpr):
+    """Inclusive cumulative log-decay inside the chunk: b [BT, BK] (GATED) or [BT, 1], and b_L [1, BK]
+    or [1, 1] (its value at the chunk's last valid row). Padded rows carry g = 0."""
+    if GATED:
+        p = g + ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
+        gt = tl.load(p, mask=rmask[:, None] & kmask[None, :], other=0.).to(tl.float32)
+        b = tl.cumsum(gt, axis=0)
+        b_last = tl.sum(gt, axis=0)[None, :]
+    else:
+        if HAS_DECAY:
+            idx = tl.arange(0, BT).to(tl.float32)
+            b = (ll * (idx + 1.))[:, None]
+            b_last = tl.zeros([1, 1], dtype=tl.float32) + ll * n_valid.to(tl.float32)
+        else:
+            b = tl.zeros([BT, 1], dtype=tl.float32)
+            b_last = tl.zeros([1, 1], dtype=tl.float32)
+    return b, b_last
+
+
+@triton.jit
+def _scalar_mask(ll, BT: tl.constexpr, HAS_DECAY: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """lambda^(i-j) on i >= j, else 0 (or its transpose): the intra-chunk weights of the scalar decay."""
+    i = tl.arange(0, BT)[:, None]
+    j = tl.arange(0, BT)[None, :]
+    if TRANSPOSED:
+        keep = i <= j
+        dist = (j - i).to(tl.float32)
+    else:
+        keep = i >= j
+        dist = (i - j).to(tl.float32)
+    if HAS_DECAY:
+        return tl.where(keep, tl.exp(ll * tl.where(keep, dist, 0.)), 0.)
+    return tl.where(keep, 1., 0.)
+
+
+@triton.jit
+def _load_rows(ptr, bos, rows, rmask, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask):
+    p = ptr + ((bos + rows) * H + i_h)[:, None] * D + offs[None, :]
+    return tl.load(p, mask=rmask[:, None] & cmask[None, :], other=0.)
+
+
+@triton.jit
+def _store_rows(ptr, x, bos, rows, rmask, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask):
+    p = ptr + ((bos + rows) * H + i_h)[:, None] * D + offs[None, :]
+    tl.store(p, x.to(ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _load_A(A, bos, rows, rmask, i_h, H: tl.constexpr, BT: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """The precomputed intra-chunk weights of the rows' chunk, [BT, BT] (row = query position)."""
+    cols = tl.arange(0, BT)
+    if TRANSPOSED:
+        p = A + ((bos + rows) * H + i_h)[None, :] * BT + cols[:, None]
+        return tl.load(p, mask=rmask[None, :], other=0.)
+    p = A + ((bos + rows) * H + i_h)[:, None] * BT + cols[None, :]
+    return tl.load(p, mask=rmask[:, None], other=0.)
+
+
+@triton.jit
+def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, cu, T,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
+                    VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (cdiv(V, BV), N * H); BK >= K holds every key column."""
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    L = eos - bos
+    offs_t = tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    kmask = offs_k < K
+    vmask = offs_v < V
+    dt = q.dtype.element_ty
+    ll = 0.
+    if not GATED and HAS_DECAY:
+        ll = tl.load(log_lam + i_h).to(tl.float32)
+    hp = i_nh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
+    hmask = kmask[:, None] & vmask[None, :]
+    h = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        h += tl.load(h0 + hp, mask=hmask, other=0.).to(tl.float32)
+    for c in range(0, tl.cdiv(L, BT)):
+        rows = c * BT + offs_t
+        rmask = rows < L
+        n_valid = tl.minimum(L - c * BT, BT)
+        b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+        b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
+                                GATED, HAS_DECAY, BT)
+        if GATED:
+            b_A = _load_A(A, bos, rows, rmask, i_h, H, BT, False)
+        else:
+            b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
+        b_o = tl.dot(b_A.to(dt), b_v, input_precision=PREC)
+        if GATED or HAS_DECAY:
+            b_o += tl.dot((b_q * tl.exp(b)).to(dt), h.to(dt), input_precision=PREC)
+            k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
+            h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w), b_v, input_precision=PREC)
+        else:
+            b_o += tl.dot(b_q, h.to(dt), input_precision=PREC)
+            h += tl.dot(tl.trans(b_k), b_v, input_precision=PREC)
+        _store_rows(o, b_o, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+    tl.store(ht + hp, h, mask=hmask)
+
+
+@triton.jit
+def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, cu, T,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
+                   VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (cdiv(K, BK), N * H); BV >= V. dq = (do h^T) * exp(b) [+ intra (do v^T * D) k when scalar]."""
+    i_k = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    L = eos - bos
+    offs_t = tl.arange(0, BT)
+    offs_k = i_k * BK + tl.arange(0, BK)
+    offs_v = tl.arange(0, BV)
+    kmask = offs_k < K
+    vmask = offs_v < V
+    dt = k.dtype.element_ty
+    ll = 0.
+    if not GATED and HAS_DECAY:
+        ll = tl.load(log_lam + i_h).to(tl.float32)
+    hp = i_nh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
+    h = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        h += tl.load(h0 + hp, mask=kmask[:, None] & vmask[None, :], other=0.).to(tl.float32)
+    for c in range(0, tl.cdiv(L, BT)):
+        rows = c * BT + offs_t
+        rmask = rows < L
+        n_valid = tl.minimum(L - c * BT, BT)
+        b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+        b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+        b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
+                                GATED, HAS_DECAY, BT)
+        b_dq = tl.dot(b_do, tl.trans(h.to(dt)), input_precision=PREC)
+        if GATED or HAS_DECAY:
+            b_dq = b_dq * tl.exp(b)
+            k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
+            h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w), b_v, input_precision=PREC)
+        else:
+            h += tl.dot(tl.trans(b_k), b_v, input_precision=PREC)
+        if not GATED:
+            b_dA = tl.dot(b_do, tl.trans(b_v), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
+            b_dq += tl.dot(b_dA.to(dt), b_k, input_precision=PREC)
+        _store_rows(dq, b_dq, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+
+
+@triton.jit
+def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, cu, T,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
+                   STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (cdiv(K, BK), N * H); BV >= V; walks backward. dk = (v dh^T) * exp(b_L - b)
+    [+ intra (do v^T * D)^T q when scalar]; also writes d(initial state)."""
+    i_k = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    L = eos - bos
+    offs_t = tl.arange(0, BT)
+    offs_k = i_k * BK + tl.arange(0, BK)
+    offs_v = tl.arange(0, BV)
+    kmask = offs_k < K
+    vmask = offs_v < V
+    dt = q.dtype.element_ty
+    ll = 0.
+    if not GATED and HAS_DECAY:
+        ll = tl.load(log_lam + i_h).to(tl.float32)
+    hp = i_nh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
+    hmask = kmask[:, None] & vmask[None, :]
+    dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dh += tl.load(dht + hp, mask=hmask, other=0.).to(tl.float32)
+    NC = tl.cdiv(L, BT)
+    for cc in range(0, NC):
+        c = NC - 1 - cc
+        rows = c * BT + offs_t
+        rmask = rows < L
+        n_valid = tl.minimum(L - c * BT, BT)
+        b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+        b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+        b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
+                                GATED, HAS_DECAY, BT)
+        b_dk = tl.dot(b_v, tl.trans(dh.to(dt)), input_precision=PREC)
+        if GATED or HAS_DECAY:
+            b_dk = b_dk * tl.exp(tl.minimum(b_last - b, 0.))
+            q_w = (b_q * tl.exp(b)).to(dt)
+            dh = dh * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(q_w), b_do, input_precision=PREC)
+        else:
+            dh += tl.dot(tl.trans(b_q), b_do, input_precision=PREC)
+        if not GATED:
+            # (do v^T * D)^T = (v do^T) * D^T
+            b_dAt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
+            b_dk += tl.dot(b_dAt.to(dt), b_q, input_precision=PREC)
+        _store_rows(dk, b_dk, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+    if STORE_DH0:
+        tl.store(dh0 + hp, dh, mask=hmask)
+
+
+@triton.jit
+def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, cu, T,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
+                   VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (cdiv(V, BV), N * H); BK >= K; walks backward. dv = A^T do + (k * exp(b_L - b)) dh."""
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    L = eos - bos
+    offs_t = tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    kmask = offs_k < K
+    vmask = offs_v < V
+    dt = q.dtype.element_ty
+    ll = 0.
+    if not GATED and HAS_DECAY:
+        ll = tl.load(log_lam + i_h).to(tl.float32)
+    hp = i_nh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
+    dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dh += tl.load(dht + hp, mask=kmask[:, None] & vmask[None, :], other=0.).to(tl.float32)
+    NC = tl.cdiv(L, BT)
+    for cc in range(0, NC):
+        c = NC - 1 - cc
+        rows = c * BT + offs_t
+        rmask = rows < L
+        n_valid = tl.minimum(L - c * BT, BT)
+        b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+        b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
+                                GATED, HAS_DECAY, BT)
+        if GATED:
+            b_At = _load_A(A, bos, rows, rmask, i_h, H, BT, True)
+        else:
+            b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
+        b_dv = tl.dot(b_At.to(dt), b_do, input_precision=PREC)
+        if GATED or HAS_DECAY:
+            k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
+            b_dv += tl.dot(k_w, dh.to(dt), input_precision=PREC)
+            q_w = (b_q * tl.exp(b)).to(dt)
+            dh = dh * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(q_w), b_do, input_precision=PREC)
+        else:
+            b_dv += tl.dot(b_k, dh.to(dt), input_precision=PREC)
+            dh += tl.dot(tl.trans(b_q), b_do, input_precision=PREC)
+        _store_rows(dv, b_dv, bos, rows, rmask, i_h, H, V, offs_v, vmask)
