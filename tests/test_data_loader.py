@@ -27,7 +27,7 @@ def _make_dataset(root, n_docs=(60, 45), seed=0):
             writer.add([70_000 * s + 1000 * (1 + d) + k for k in range(n)] + [EOT_ID])
         writer.close()
         assert len(writer.stems) > 1
-        metas.append(SourceMeta(name, lang, w, writer.stems, writer.documents, writer.tokens))
+        metas.append(SourceMeta(name, lang, w, writer.shard_entries(), writer.documents, writer.tokens))
     write_meta(root, metas)
     return root
 
