@@ -1,0 +1,150 @@
+"""The lm-eval-harness model `linscale`: any exported snapshot (load_pretrained directory) as an lm-eval LM.
+
+    lm_eval --model linscale --model_args pretrained=EXPORT_DIR,dtype=bfloat16 --tasks ...   # see below
+    python -m evaluation.lm_eval_cli --model linscale --model_args pretrained=EXPORT_DIR --tasks csr_local
+
+The class registers itself under "linscale" when `evaluation` is imported; the plain `lm_eval` command
+does not import it, hence `python -m evaluation.lm_eval_cli`, which does, then runs lm-eval's CLI with
+our task folder on the include path. Tokenizer: cl100k (data_pipeline.tokenizer), <|endoftext|> as
+the prefix token for empty contexts and rolling windows. Scoring and decoding live in
+evaluation.scoring (the same code the perplexity functions use).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from data_pipeline.tokenizer import EOT_ID, get_tokenizer
+from evaluation.scoring import generate_tokens, rolling_loglikelihood, score_continuations
+from models import LanguageModel, load_pretrained
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str | None) -> str:
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return DTYPES[dtype]
+
+
+@register_model("linscale")
+class LinscaleLM(TemplateLM):
+    """model_args: pretrained=EXPORT_DIR (or model=LanguageModel from Python), device (auto|cpu|cuda:N),
+    dtype (auto|float32|bfloat16), batch_size, max_length (default: the config's max_seq_len), max_gen_toks,
+    and any model config override (e.g. max_seq_len=16384 for LLaMA past its RoPE table)."""
+
+    def __init__(self, pretrained: str | None = None, model: LanguageModel | None = None, device: str | None = "auto",
+                 dtype: str | torch.dtype | None = "auto", batch_size: int | str = 8, max_length: int | None = None,
+                 max_gen_toks: int = 256, max_batch_size: int | None = None, **overrides):
+        super().__init__()
+        device = resolve_device(device)
+        if model is None:
+            if pretrained is None:
+                raise ValueError("linscale: pass pretrained=EXPORT_DIR (a directory written by launch/export.py)")
+            model = load_pretrained(pretrained, device=device, dtype=resolve_dtype(dtype, device),
+                                    **{k: int(v) if str(v).isdigit() else v for k, v in overrides.items()})
+        elif overrides:
+            raise ValueError(f"linscale: config overrides {sorted(overrides)} need pretrained=, not model=")
+        self.model = model.eval()
+        self.pretrained = str(pretrained) if pretrained is not None else None
+        # "auto" batch-size search is a HF-model feature; a fixed size is predictable on every arch
+        self.batch_size_per_gpu = int(batch_size) if str(batch_size).isdigit() else 8
+        self._max_length = int(max_length) if max_length else model.config.max_seq_len
+        self.max_gen_toks = int(max_gen_toks)
+        self.tokenizer_obj = get_tokenizer()
+
+    # -- what TemplateLM needs ------------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return EOT_ID
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.tokenizer_obj.name
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return self.tokenizer_obj.encode_ordinary(string)
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.tokenizer_obj.decode(tokens)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        pairs = [(ctx, cont) for _, ctx, cont in requests]
+        with tqdm(total=len(pairs), disable=disable_tqdm, desc="linscale loglikelihood") as bar:
+            results = score_continuations(self.model, pairs, self.max_length, self.batch_size_per_gpu, bar.update)
+        for (key, _, _), res in zip(requests, results):
+            if key is not None:
+                self.cache_hook.add_partial("loglikelihood", key, res)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        docs = [self.tok_encode(req.args[0]) for req in requests]
+        with tqdm(disable=disable_tqdm, desc="linscale rolling windows") as bar:
+            results = rolling_loglikelihood(self.model, docs, self.prefix_token_id, self.max_length,
+                                            self.batch_size_per_gpu, bar.update)
+        for req, res in zip(requests, results):
+            self.cache_hook.add_partial("loglikelihood_rolling", (req.args[0],), res)
+        return results
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy (or sampled, with do_sample/temperature) decoding from the model's cache, batched over
+        requests that share generation settings and prompt length; stops at any `until` string or EOT."""
+        groups: dict[str, list[int]] = {}
+        for i, req in enumerate(requests):
+            groups.setdefault(repr(sorted(req.args[1].items())), []).append(i)
+        out: list[str | None] = [None] * len(requests)
+        bar = tqdm(total=len(requests), disable=disable_tqdm, desc="linscale generate_until")
+        for idx in groups.values():
+            kw = dict(requests[idx[0]].args[1])
+            until = kw.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(kw.pop("max_gen_toks", self.max_gen_toks))
+            temperature = float(kw.pop("temperature", 0.0)) if kw.pop("do_sample", False) else 0.0
+            top_k = kw.pop("top_k", None)
+            budget = self.max_length - max_new
+            prompts = [self.tok_encode(requests[i].args[0])[-budget:] or [EOT_ID] for i in idx]
+
+            def stop(new: list[int]) -> bool:
+                return any(u in self.tok_decode(new) for u in until)
+
+            gens = generate_tokens(self.model, prompts, max_new, self.batch_size_per_gpu, EOT_ID,
+                                   stop if until else None, temperature, top_k)
+            for i, toks in zip(idx, gens):
+                text = self.tok_decode(toks)
+                for u in until:
+                    text = text.split(u)[0]
+                out[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
+            bar.update(len(idx))
+        bar.close()
+        return out  # type: ignore[return-value]
+
+    def get_model_info(self) -> dict:
+        cfg = self.model.config
+        return {"linscale_arch": cfg.arch, "linscale_size": cfg.size, "pretrained": self.pretrained,
+                "model_num_parameters": sum(p.numel() for p in self.model.parameters())}
+
+
+def tasks_dir() -> Path:
+    """Our local lm-eval task configs (pass to --include_path / TaskManager(include_path=...))."""
+    return Path(__file__).resolve().parent / "tasks"

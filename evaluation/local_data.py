@@ -1,0 +1,165 @@
+"""Where the evaluation data lives and how each local file becomes the records the evaluations expect.
+
+Default layout is ../shared/data/eval next to the checkout (override with $LINSCALE_SHARED_DATA, or a
+`data_dir` argument / lm-eval `--metadata '{"data_dir": ...}'`, or an explicit file path). The commonsense
+loaders return the schema of the HF dataset that lm-eval's own task reads, so the task YAMLs under
+evaluation/tasks/ keep lm-eval's prompts; see docs/evaluation.md for the two converted formats
+(HellaSwag, WinoGrande).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+EVAL_FILES = {
+    "wikitext2_test": "wikitext-2-raw/wiki.test.raw",
+    "wikitext2_valid": "wikitext-2-raw/wiki.valid.raw",
+    "lambada_openai": "lambada/lambada_test.jsonl",
+    "piqa": "piqa/valid.jsonl",
+    "piqa_labels": "piqa/valid-labels.lst",
+    "siqa": "siqa/dev.jsonl",
+    "siqa_labels": "siqa/dev-labels.lst",
+    "arc_easy": "arc/ARC-Easy-Test.jsonl",
+    "arc_challenge": "arc/ARC-Challenge-Test.jsonl",
+    "boolq": "boolq/val.jsonl",
+    "openbookqa": "openbookqa/test.jsonl",
+    "winogrande": "winogrande/winogrande_llmfoundry_format.jsonl",
+    "hellaswag": "hellaswag/hellaswag_val_from_klosax.jsonl",
+}
+HAYSTACK_DIR = "train/en/gutenberg"
+
+
+def shared_data_dir() -> Path:
+    """../shared/data next to the checkout, or $LINSCALE_SHARED_DATA."""
+    return Path(os.environ.get("LINSCALE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+def eval_path(name: str, data_dir: str | Path | None = None) -> Path:
+    """The file of evaluation set `name` (a key of EVAL_FILES) under data_dir (default shared eval dir)."""
+    base = Path(data_dir) if data_dir is not None else shared_data_dir() / "eval"
+    path = base / EVAL_FILES[name]
+    if not path.exists():
+        raise FileNotFoundError(f"{name}: {path} not found. Point $LINSCALE_SHARED_DATA at the shared data "
+                                f"folder (holding eval/ and train/) or pass data_dir / an explicit path")
+    return path
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_labels(path: str | Path) -> list[str]:
+    return [x.strip() for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+# -- perplexity sets ------------------------------------------------------------------------------------
+
+def wikitext_documents(path: str | Path | None = None) -> list[str]:
+    """The raw WikiText pages, split as EleutherAI/wikitext_document_level (lm-eval's `wikitext` data)
+    splits wiki.*.raw: a new page starts at each level-1 heading line (' = Title = '); lines keep their
+    own text and are joined with '\\n'; an empty page before the first heading is dropped."""
+    text = Path(path or eval_path("wikitext2_test")).read_text(encoding="utf-8")
+    pages, current = [], []
+    for line in text.split("\n"):
+        heading = line.replace("= = =", "===").replace("= =", "==").strip()
+        if heading.startswith("= ") and heading.endswith(" ="):
+            page = "\n".join(current)
+            if page.strip():
+                pages.append(page)
+            current = []
+        current.append(line)
+    pages.append("\n".join(current))
+    return pages
+
+
+def lambada_texts(path: str | Path | None = None) -> list[str]:
+    return [r["text"] for r in read_jsonl(path or eval_path("lambada_openai"))]
+
+
+# -- lm-eval custom_dataset loaders (called with the task's metadata as keyword arguments) --------------
+
+def _dataset(split: str, rows: list[dict]):
+    import datasets
+    return datasets.DatasetDict({split: datasets.Dataset.from_list(rows)})
+
+
+def load_wikitext(data_dir: str | None = None, **_) -> "datasets.DatasetDict":
+    return _dataset("test", [{"page": p} for p in wikitext_documents(eval_path("wikitext2_test", data_dir))])
+
+
+def load_lambada_openai(data_dir: str | None = None, **_):
+    return _dataset("test", [{"text": t} for t in lambada_texts(eval_path("lambada_openai", data_dir))])
+
+
+def load_piqa(data_dir: str | None = None, **_):
+    rows = read_jsonl(eval_path("piqa", data_dir))
+    labels = read_labels(eval_path("piqa_labels", data_dir))
+    return _dataset("validation", [{"goal": r["goal"], "sol1": r["sol1"], "sol2": r["sol2"], "label": int(y)}
+                                   for r, y in zip(rows, labels, strict=True)])
+
+
+def load_siqa(data_dir: str | None = None, **_):
+    rows = read_jsonl(eval_path("siqa", data_dir))
+    labels = read_labels(eval_path("siqa_labels", data_dir))
+    return _dataset("validation", [{**r, "label": y} for r, y in zip(rows, labels, strict=True)])
+
+
+def _ai2_multiple_choice(name: str, data_dir: str | None, question_key: str):
+    rows = []
+    for r in read_jsonl(eval_path(name, data_dir)):
+        choices = r["question"]["choices"]
+        rows.append({"id": r["id"], question_key: r["question"]["stem"], "answerKey": r["answerKey"],
+                     "choices": {"text": [c["text"] for c in choices], "label": [c["label"] for c in choices]}})
+    return _dataset("test", rows)
+
+
+def load_arc_easy(data_dir: str | None = None, **_):
+    return _ai2_multiple_choice("arc_easy", data_dir, "question")
+
+
+def load_arc_challenge(data_dir: str | None = None, **_):
+    return _ai2_multiple_choice("arc_challenge", data_dir, "question")
+
+
+def load_openbookqa(data_dir: str | None = None, **_):
+    return _ai2_multiple_choice("openbookqa", data_dir, "question_stem")
+
+
+def load_boolq(data_dir: str | None = None, **_):
+    return _dataset("validation", [{"question": r["question"], "passage": r["passage"], "idx": r["idx"],
+                                    "label": int(bool(r["label"]))}
+                                   for r in read_jsonl(eval_path("boolq", data_dir))])
+
+
+def load_hellaswag(data_dir: str | None = None, **_):
+    """Our jsonl holds ctx = 'activity_label: ctx_a ctx_b' (klosax's conversion); it is split back into
+    lm-eval's fields with ctx_b empty, so lm-eval's own process_docs builds the query. Lost in the
+    conversion: lm-eval capitalises ctx_b, which here stays as klosax wrote it."""
+    rows = []
+    for r in read_jsonl(eval_path("hellaswag", data_dir)):
+        label, _, ctx = r["ctx"].partition(": ")
+        rows.append({"ind": r["ind"], "activity_label": label, "ctx_a": ctx, "ctx_b": "",
+                     "endings": r["endings"], "label": str(r["label"])})
+    return _dataset("validation", rows)
+
+
+def load_winogrande(data_dir: str | None = None, **_):
+    """llm-foundry's WinoGrande: context_options = sentence up to the blank with each option filled in,
+    continuation = the rest after the blank; the same partial scoring lm-eval's winogrande does."""
+    return _dataset("validation", read_jsonl(eval_path("winogrande", data_dir)))
+
+
+def winogrande_doc_to_text(doc: dict) -> int:
+    return int(doc["gold"])  # an index: lm-eval then scores the continuation after each context option
+
+
+def winogrande_doc_to_choice(doc: dict) -> list[str]:
+    return list(doc["context_options"])
+
+
+def winogrande_doc_to_target(doc: dict) -> str:
+    return doc["continuation"]
