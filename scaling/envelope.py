@@ -1,0 +1,93 @@
+"""The compute envelope: at each C, the lowest loss any run of one architecture reached with C FLOPs.
+
+Runs are logged at their own token intervals, so each run's loss is first put on a shared C grid:
+log-spaced (`points_per_decade` points per factor 10 of C), spanning the union of the runs' C ranges.
+A run's loss at C is linear interpolation of log-loss in log-C between its two neighbouring logged rows;
+a run takes part only inside its own logged C range (no extrapolation). The winner at C is the run with
+the lowest interpolated loss there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scaling.runs import Run
+
+
+def c_grid(runs: list[Run], points_per_decade: int = 20) -> np.ndarray:
+    """Log-spaced C (FLOPs) from the smallest first-logged C to the largest last-logged C over `runs`."""
+    if points_per_decade < 1:
+        raise ValueError(f"points_per_decade must be >= 1, got {points_per_decade}")
+    lo = min(float(r.compute[0]) for r in runs)
+    hi = max(float(r.compute[-1]) for r in runs)
+    n = max(2, int(np.ceil(np.log10(hi / lo) * points_per_decade)) + 1)
+    return np.logspace(np.log10(lo), np.log10(hi), n)
+
+
+def smooth_loss(tokens: np.ndarray, loss: np.ndarray, half_width_decades: float) -> np.ndarray:
+    """Mean of log-loss over a window of +-half_width_decades in log10(tokens) around each row (a box filter in
+    log-token space, so it means the same whatever the logging interval). 0 leaves the loss unchanged."""
+    if half_width_decades <= 0 or len(loss) < 3:
+        return loss
+    x = np.log10(tokens)
+    csum = np.concatenate([[0.0], np.cumsum(np.log(loss))])
+    lo = np.searchsorted(x, x - half_width_decades, side="left")
+    hi = np.searchsorted(x, x + half_width_decades, side="right")
+    return np.exp((csum[hi] - csum[lo]) / (hi - lo))
+
+
+def loss_at(run: Run, c: np.ndarray, smooth_decades: float = 0.0) -> np.ndarray:
+    """The run's loss at each C (FLOPs), NaN outside its logged C range."""
+    rc = run.compute
+    loss = smooth_loss(run.tokens, run.loss, smooth_decades)
+    c = np.asarray(c, dtype=np.float64)
+    out = np.full(c.shape, np.nan)
+    inside = (c >= rc[0]) & (c <= rc[-1])
+    if len(rc) == 1:
+        out[inside] = loss[0]
+    else:
+        out[inside] = np.exp(np.interp(np.log(c[inside]), np.log(rc), np.log(loss)))
+    return out
+
+
+@dataclass
+class Envelope:
+    runs: list[Run]
+    c: np.ndarray            # FLOPs, grid points where at least one run is present
+    loss: np.ndarray         # minimum loss over runs at each C
+    winner: np.ndarray       # index into runs of the run with that minimum
+    coverage: np.ndarray     # how many runs are present at each C
+
+    @property
+    def n_opt(self) -> np.ndarray:
+        """Non-embedding parameters (paper formula) of the winning run at each C."""
+        return np.array([self.runs[i].n_params for i in self.winner], dtype=np.float64)
+
+    @property
+    def d_opt(self) -> np.ndarray:
+        """Tokens the winning run had trained on when it reached C."""
+        return self.c / np.array([self.runs[i].flops_per_token for i in self.winner])
+
+    def mask(self, min_runs: int = 1, c_min: float | None = None, c_max: float | None = None) -> np.ndarray:
+        m = self.coverage >= min_runs
+        if c_min is not None:
+            m &= self.c >= c_min
+        if c_max is not None:
+            m &= self.c <= c_max
+        return m
+
+
+def build_envelope(runs: list[Run], points_per_decade: int = 20, smooth_decades: float = 0.0,
+                   c: np.ndarray | None = None) -> Envelope:
+    if not runs:
+        raise ValueError("build_envelope needs at least one run")
+    c = c_grid(runs, points_per_decade) if c is None else np.asarray(c, dtype=np.float64)
+    table = np.stack([loss_at(r, c, smooth_decades) for r in runs])   # [runs, C]
+    present = np.isfinite(table)
+    coverage = present.sum(axis=0)
+    keep = coverage > 0
+    table = np.where(present, table, np.inf)[:, keep]
+    winner = np.argmin(table, axis=0)
+    return Envelope(runs=runs, c=c[keep], loss=table[winner, np.arange(table.shape[1])],
+                    winner=winner, coverage=coverage[keep])

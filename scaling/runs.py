@@ -1,0 +1,209 @@
+"""Reading training runs: a run directory's config.json + metrics.jsonl -> clean (tokens, loss) series with
+compute C recomputed from the paper's FLOPs formulas (models.accounting), never read from the log, so the
+embedding term can be switched in or out.
+
+Rows that cannot be used are skipped and counted by reason; a bad row never stops a fit."""
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from models.accounting import exact_params, flops_per_step, paper_non_embedding_params
+from models.config import ARCHS, ModelConfig
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+class RunError(ValueError):
+    """A path given as a run that cannot be read as one; the message says what is missing."""
+
+
+@dataclass
+class Run:
+    path: Path
+    arch: str
+    size: str | None
+    cfg: ModelConfig
+    seq_len: int
+    n_params: int              # non-embedding, the paper's formula (models.accounting.paper_non_embedding_params)
+    n_params_exact: int        # non-embedding, every parameter the model builds (exact_params)
+    flops_per_token: float     # training FLOPs per token, paper formula, embedding term per include_embedding
+    include_embedding: bool
+    tokens: np.ndarray         # strictly increasing, > 0
+    loss: np.ndarray           # finite, > 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def label(self) -> str:
+        return self.size or f"N={self.n_params / 1e6:.1f}M"
+
+    @property
+    def compute(self) -> np.ndarray:
+        """C in FLOPs at each kept row."""
+        return self.tokens * self.flops_per_token
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+
+def compute_per_token(cfg: ModelConfig, seq_len: int, include_embedding: bool = True) -> float:
+    """C(tokens) = flops_per_token * tokens. Per token, not per step: LLaMA's n^2 terms make it depend on seq_len."""
+    return flops_per_step(cfg, 1, seq_len, include_embedding) / seq_len
+
+
+def _read_config(path: Path) -> tuple[ModelConfig, int]:
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as err:
+        raise RunError(f"{path}: {CONFIG_FILE} is not valid JSON ({err})") from err
+    if not isinstance(config.get("model"), dict):
+        raise RunError(f"{path}: {CONFIG_FILE} has no 'model' object (a ModelConfig dict)")
+    try:
+        cfg = ModelConfig.from_dict(config["model"])
+    except (TypeError, ValueError) as err:
+        raise RunError(f"{path}: {CONFIG_FILE} 'model' is not a valid ModelConfig: {err}") from err
+    seq_len = (config.get("train") or {}).get("seq_len")
+    if not isinstance(seq_len, int) or seq_len <= 0:
+        raise RunError(f"{path}: {CONFIG_FILE} needs train.seq_len (a positive int) to compute FLOPs per token, "
+                       f"got {seq_len!r}")
+    return cfg, seq_len
+
+
+def _number(row: dict, key: str) -> float | None:
+    v = row.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def read_metrics(path: Path, loss_key: str = "loss", min_tokens: float = 0.0
+                 ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """(tokens, loss, skipped-by-reason) from a metrics.jsonl. A resumed trainer appends and re-logs steps it had
+    logged before the crash; the later log of a step wins and the earlier rows from that step on are dropped."""
+    skipped: Counter = Counter()
+    kept: list[tuple[float, float, float]] = []   # (order key, tokens, loss-or-nan)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            skipped["unparseable line (e.g. truncated)"] += 1
+            continue
+        if not isinstance(row, dict):
+            skipped["not a JSON object"] += 1
+            continue
+        tokens = _number(row, "tokens")
+        if tokens is None or not math.isfinite(tokens):
+            skipped["no tokens"] += 1
+            continue
+        step = _number(row, "step")
+        key = step if step is not None else tokens
+        # drop rows a resumed run logs again (same or later step than this one)
+        while kept and kept[-1][0] >= key:
+            kept.pop()
+            skipped["superseded by a later log of the same step (resume)"] += 1
+        loss = _number(row, loss_key)
+        kept.append((key, tokens, math.nan if loss is None else loss))
+
+    toks, losses = [], []
+    for _, tokens, loss in kept:
+        if not math.isfinite(loss):
+            skipped[f"{loss_key} missing or not finite"] += 1
+        elif loss <= 0:
+            skipped[f"{loss_key} <= 0"] += 1
+        elif tokens <= 0:
+            skipped["tokens <= 0 (no compute yet)"] += 1
+        elif tokens < min_tokens:
+            skipped["below --skip-tokens"] += 1
+        elif toks and tokens <= toks[-1]:
+            skipped["tokens not increasing"] += 1
+        else:
+            toks.append(tokens)
+            losses.append(loss)
+    return np.asarray(toks, dtype=np.float64), np.asarray(losses, dtype=np.float64), dict(skipped)
+
+
+def load_run(path: str | Path, include_embedding: bool = True, loss_key: str = "loss",
+             min_tokens: float = 0.0) -> Run:
+    path = Path(path)
+    missing = [f for f in (CONFIG_FILE, METRICS_FILE) if not (path / f).is_file()]
+    if missing:
+        raise RunError(f"{path}: not a run directory (missing {' and '.join(missing)}); "
+                       f"a run holds {CONFIG_FILE} and {METRICS_FILE} as written by launch/pretrain.py")
+    cfg, seq_len = _read_config(path)
+    tokens, loss, skipped = read_metrics(path / METRICS_FILE, loss_key, min_tokens)
+    return Run(path=path, arch=cfg.arch, size=cfg.size, cfg=cfg, seq_len=seq_len,
+               n_params=paper_non_embedding_params(cfg), n_params_exact=exact_params(cfg)["non_embedding"],
+               flops_per_token=compute_per_token(cfg, seq_len, include_embedding),
+               include_embedding=include_embedding, tokens=tokens, loss=loss, skipped=skipped)
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / CONFIG_FILE).is_file() and (path / METRICS_FILE).is_file()
+
+
+def find_run_dirs(paths: list[str | Path]) -> list[Path]:
+    """Each path is a run directory, or a directory whose immediate subdirectories hold runs (`runs/`)."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise RunError(f"{p}: no such file or directory")
+        if not p.is_dir():
+            raise RunError(f"{p}: not a directory; give run directories (each with {CONFIG_FILE} and {METRICS_FILE})")
+        if (p / CONFIG_FILE).exists() or (p / METRICS_FILE).exists():
+            found.append(p)   # load_run says which file is missing
+            continue
+        children = sorted(c for c in p.iterdir() if c.is_dir() and is_run_dir(c))
+        if not children:
+            raise RunError(f"{p}: not a run directory (no {CONFIG_FILE} / {METRICS_FILE}) and no run directories "
+                           f"inside it")
+        found.extend(children)
+    if not found:
+        raise RunError("no runs found: give one or more run directories (e.g. runs/*)")
+    return list(dict.fromkeys(found))
+
+
+def load_runs(paths: list[str | Path], include_embedding: bool = True, loss_key: str = "loss",
+              min_tokens: float = 0.0, skip_bad: bool = False) -> tuple[list[Run], list[str]]:
+    """All runs under `paths`, and the reasons for any left out (only with skip_bad; otherwise RunError)."""
+    runs, problems = [], []
+    for p in find_run_dirs(paths):
+        try:
+            run = load_run(p, include_embedding, loss_key, min_tokens)
+        except RunError as err:
+            if not skip_bad:
+                raise
+            problems.append(str(err))
+            continue
+        if len(run.tokens) == 0:
+            msg = f"{p}: no usable rows in {METRICS_FILE} (skipped: {run.skipped or 'file empty'})"
+            if not skip_bad:
+                raise RunError(msg)
+            problems.append(msg)
+            continue
+        runs.append(run)
+    if not runs:
+        raise RunError("no usable runs: " + "; ".join(problems))
+    return runs, problems
+
+
+def group_by_arch(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs per architecture, architectures in the paper's order, runs by size."""
+    out: dict[str, list[Run]] = {}
+    for r in sorted(runs, key=lambda r: (ARCHS.index(r.arch), r.n_params, r.name)):
+        out.setdefault(r.arch, []).append(r)
+    return out

@@ -1,0 +1,117 @@
+"""Synthetic runs drawn from a known loss law, written in the trainer's run-directory format, for tests and the
+worked example in docs/scaling.md:
+
+    L(N, D) = E + A / N^alpha + B / D^beta        N non-embedding params (paper formula), D tokens
+
+With C ∝ N*D (as the paper's FLOPs are, up to the attention terms) the compute-optimal frontier of this law is
+N_opt ∝ C^(beta/(alpha+beta)), D_opt ∝ C^(alpha/(alpha+beta)), and for E = 0 it is exactly
+L_opt ∝ C^(-alpha*beta/(alpha+beta)): the reference values a fit of the runs should recover.
+
+    python -m scaling.synthetic OUT_DIR [--arch llama tnl ...] [--sizes tiny mini 70m ...] [--noise 0.01]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from models.accounting import paper_non_embedding_params
+from models.config import ModelConfig
+from models.sizes import model_config
+from scaling.runs import compute_per_token
+
+
+@dataclass
+class LossLaw:
+    E: float = 1.69        # Chinchilla's published fit, a realistic shape
+    A: float = 406.4
+    B: float = 410.7
+    alpha: float = 0.34
+    beta: float = 0.28
+
+    def __call__(self, n: float | np.ndarray, d: float | np.ndarray) -> np.ndarray:
+        return self.E + self.A / np.asarray(n, dtype=np.float64) ** self.alpha + self.B / np.asarray(d, dtype=np.float64) ** self.beta
+
+    @property
+    def a(self) -> float:
+        return self.beta / (self.alpha + self.beta)
+
+    @property
+    def b(self) -> float:
+        return self.alpha / (self.alpha + self.beta)
+
+    @property
+    def loss_exponent(self) -> float:
+        """Exponent of the reducible loss along the frontier: L_opt - E ∝ C^this."""
+        return -self.alpha * self.beta / (self.alpha + self.beta)
+
+
+def write_run(out: str | Path, cfg: ModelConfig, law: LossLaw, max_tokens: float, seq_len: int = 2048,
+              global_batch: int = 8, n_rows: int = 300, noise: float = 0.0, seed: int = 0,
+              nan_every: int = 0, drop_frac: float = 0.0, truncate_last: bool = False) -> Path:
+    """One run directory with ~n_rows rows logged every k steps up to max_tokens. noise is the std of a
+    multiplicative log-normal factor on the loss; nan_every > 0 writes a NaN loss on every such row;
+    drop_frac leaves rows out at random; truncate_last cuts the final line in half (a crash mid-write)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tokens_per_step = seq_len * global_batch
+    steps = max(1, int(max_tokens // tokens_per_step))
+    log_every = max(1, steps // n_rows)
+    n = paper_non_embedding_params(cfg)
+    fpt = compute_per_token(cfg, seq_len, include_embedding=True)
+    config = {"model": cfg.to_dict(), "train": {"seq_len": seq_len, "global_batch": global_batch, "lr": 3e-4},
+              "synthetic_law": asdict(law)}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    lines = []
+    for i, step in enumerate(range(log_every, steps + 1, log_every)):
+        if drop_frac and rng.random() < drop_frac:
+            continue
+        tokens = step * tokens_per_step
+        loss = float(law(n, tokens)) * math.exp(noise * rng.standard_normal())
+        if nan_every and i % nan_every == nan_every - 1:
+            loss = float("nan")
+        lines.append(json.dumps({"step": step, "tokens": tokens, "loss": loss, "lr": 3e-4,
+                                 "flops": fpt * tokens}))
+    text = "\n".join(lines) + "\n"
+    if truncate_last and lines:
+        text = "\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2]
+    (out / "metrics.jsonl").write_text(text)
+    return out
+
+
+def write_sweep(out_root: str | Path, arch: str, sizes: list[str], law: LossLaw, tokens_per_param: float = 400.0,
+                seed: int = 0, **run_kwargs) -> list[Path]:
+    """One run per registry size, each trained to tokens_per_param * N tokens, long past its compute-optimal
+    point so neighbouring sizes overlap in C and the envelope has a crossover to find."""
+    paths = []
+    for k, size in enumerate(sizes):
+        cfg = model_config(arch, size)
+        n = paper_non_embedding_params(cfg)
+        paths.append(write_run(Path(out_root) / f"{cfg.arch}-{size}", cfg, law, tokens_per_param * n,
+                               seed=seed * 1000 + k, **run_kwargs))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", help="directory to write run directories into (one per arch and size)")
+    p.add_argument("--arch", nargs="+", default=["llama", "tnl", "hgrn2", "cos2"])
+    p.add_argument("--sizes", nargs="+", default=["tiny", "mini", "70m", "160m", "410m", "1b", "3b", "7b"])
+    p.add_argument("--noise", type=float, default=0.01, help="std of the multiplicative log-normal loss noise")
+    p.add_argument("--rows", type=int, default=300, help="about this many logged rows per run")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    for j, arch in enumerate(args.arch):
+        # a slightly different law per arch so the worked example's table has something to compare
+        law = LossLaw(E=1.69 - 0.03 * j, A=406.4, B=410.7 * (1 - 0.05 * j), alpha=0.34, beta=0.28 + 0.01 * j)
+        paths = write_sweep(args.out, arch, args.sizes, law, seed=args.seed + j, noise=args.noise, n_rows=args.rows)
+        print(f"{arch}: {len(paths)} runs, law {law} (a = {law.a:.3f}, b = {law.b:.3f})")
+
+
+if __name__ == "__main__":
+    main()
