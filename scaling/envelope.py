@@ -43,7 +43,8 @@ def loss_at(run: Run, c: np.ndarray, smooth_decades: float = 0.0) -> np.ndarray:
     loss = smooth_loss(run.tokens, run.loss, smooth_decades)
     c = np.asarray(c, dtype=np.float64)
     out = np.full(c.shape, np.nan)
-    inside = (c >= rc[0]) & (c <= rc[-1])
+    # the relative slack keeps a grid end point that logspace rounded a hair outside the run's range
+    inside = (c >= rc[0] * (1 - 1e-9)) & (c <= rc[-1] * (1 + 1e-9))
     if len(rc) == 1:
         out[inside] = loss[0]
     else:

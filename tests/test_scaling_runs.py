@@ -1,0 +1,156 @@
+"""Reading runs for the scaling fits: compute from the config, units, and logs that are messy in every way the
+trainer's can be (different intervals, missing rows, NaN losses, a resumed run re-logging, a truncated line)."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.accounting import flops_per_step
+from models.sizes import model_config
+from scaling.envelope import loss_at, smooth_loss
+from scaling.runs import RunError, find_run_dirs, load_run, load_runs
+from scaling.synthetic import LossLaw, write_run
+from scaling.units import PFLOP_DAY, coef_pflop_days_to_flops, flops_to_pflop_days, pflop_days_to_flops
+
+
+def _write(path: Path, cfg, rows_text: str, seq_len: int = 64, batch: int = 4) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"model": cfg.to_dict(),
+                                                  "train": {"seq_len": seq_len, "global_batch": batch}}))
+    (path / "metrics.jsonl").write_text(rows_text)
+    return path
+
+
+def test_pflop_day_is_1e15_flops_for_a_day():
+    assert PFLOP_DAY == 1e15 * 24 * 3600
+    assert flops_to_pflop_days(3 * 8.64e19) == pytest.approx(3.0)
+    assert pflop_days_to_flops(flops_to_pflop_days(1.234e21)) == pytest.approx(1.234e21)
+
+
+def test_coefficient_in_flops_predicts_the_same_loss():
+    beta, alpha = 3.5391, -0.0768
+    beta_flops = coef_pflop_days_to_flops(beta, alpha)
+    c_flops = 2.5e21
+    assert beta_flops * c_flops ** alpha == pytest.approx(beta * (c_flops / 8.64e19) ** alpha, rel=1e-12)
+
+
+@pytest.mark.parametrize("arch", ["llama", "tnl", "hgrn2", "cos2"])
+def test_compute_is_steps_times_the_paper_flops_per_step(tmp_path, arch):
+    cfg = model_config(arch, "tiny")
+    seq_len, batch = 64, 4
+    rows = "".join(json.dumps({"step": s, "tokens": s * seq_len * batch, "loss": 5.0}) + "\n" for s in (1, 2, 10))
+    run_dir = _write(tmp_path / arch, cfg, rows, seq_len, batch)
+    for emb in (True, False):
+        run = load_run(run_dir, include_embedding=emb)
+        expect = np.array([1, 2, 10]) * flops_per_step(cfg, batch, seq_len, include_embedding=emb)
+        # rtol: HGRN2's 12*d*l term is per step in the paper, per sequence here (1.2e-5 of this tiny step)
+        np.testing.assert_allclose(run.compute, expect, rtol=2e-5)
+    # the embedding term is 12*b*n*d*v per step, i.e. 12*d*v per token
+    diff = load_run(run_dir, True).compute - load_run(run_dir, False).compute
+    np.testing.assert_allclose(diff, 12 * cfg.d_model * cfg.vocab_size * np.array([1, 2, 10]) * seq_len * batch,
+                               rtol=1e-9)
+
+
+def test_bad_rows_are_skipped_and_counted(tmp_path):
+    cfg = model_config("tnl", "tiny")
+    good = [json.dumps({"step": s, "tokens": 256 * s, "loss": 10.0 / s}) for s in range(1, 6)]
+    lines = [
+        good[0],
+        json.dumps({"step": 2, "tokens": 512, "loss": float("nan")}),  # written by json.dumps as NaN
+        json.dumps({"step": 3, "tokens": 768}),                          # no loss
+        json.dumps({"step": 4, "tokens": 1024, "loss": "oops"}),         # loss not a number
+        "",                                                              # blank lines are not rows
+        "[1, 2, 3]",                                                     # not an object
+        json.dumps({"step": 5, "loss": 2.0}),                            # no tokens
+        good[4],
+        json.dumps({"step": 6, "tokens": 1536, "loss": float("inf")}),   # written as Infinity
+        good[4][: len(good[4]) // 2],                                    # truncated last line (crash mid-write)
+    ]
+    run = load_run(_write(tmp_path / "r", cfg, "\n".join(lines)))
+    np.testing.assert_array_equal(run.tokens, [256, 1280])
+    np.testing.assert_allclose(run.loss, [10.0, 2.0])
+    assert run.skipped == {"loss missing or not finite": 4, "not a JSON object": 1, "no tokens": 1,
+                           "unparseable line (e.g. truncated)": 1}
+    assert run.n_skipped == 7
+
+
+def test_resumed_run_keeps_the_later_log_of_each_step(tmp_path):
+    cfg = model_config("hgrn2", "tiny")
+    first = [{"step": s, "tokens": 100 * s, "loss": 9.0 - 0.1 * s} for s in range(1, 11)]
+    # crash after step 10, resume from the checkpoint at step 6: steps 6.. are logged again
+    second = [{"step": s, "tokens": 100 * s, "loss": 5.0 - 0.1 * s} for s in range(6, 13)]
+    run = load_run(_write(tmp_path / "r", cfg, "".join(json.dumps(r) + "\n" for r in first + second)))
+    np.testing.assert_array_equal(run.tokens, 100 * np.arange(1, 13))
+    np.testing.assert_allclose(run.loss[:5], 9.0 - 0.1 * np.arange(1, 6))
+    np.testing.assert_allclose(run.loss[5:], 5.0 - 0.1 * np.arange(6, 13))
+    assert run.skipped == {"superseded by a later log of the same step (resume)": 5}
+
+
+def test_skip_tokens_drops_the_warmup(tmp_path):
+    cfg = model_config("tnl", "tiny")
+    rows = "".join(json.dumps({"step": s, "tokens": 100 * s, "loss": 3.0}) + "\n" for s in range(1, 11))
+    run = load_run(_write(tmp_path / "r", cfg, rows), min_tokens=450)
+    np.testing.assert_array_equal(run.tokens, [500, 600, 700, 800, 900, 1000])
+    assert run.skipped == {"below --skip-tokens": 4}
+
+
+def test_logging_interval_does_not_change_the_loss_at_c(tmp_path):
+    cfg, law = model_config("tnl", "mini"), LossLaw()
+    dense = load_run(write_run(tmp_path / "dense", cfg, law, 2e8, n_rows=2000))
+    sparse = load_run(write_run(tmp_path / "sparse", cfg, law, 2e8, n_rows=37, drop_frac=0.3, nan_every=4, seed=3))
+    assert sparse.skipped["loss missing or not finite"] > 0
+    c = np.logspace(np.log10(sparse.compute[0]), np.log10(sparse.compute[-1]), 50)
+    truth = law(dense.n_params, c / dense.flops_per_token)
+    np.testing.assert_allclose(loss_at(dense, c), truth, rtol=2e-4)
+    np.testing.assert_allclose(loss_at(sparse, c), truth, rtol=5e-3)
+    assert np.isnan(loss_at(sparse, np.array([sparse.compute[0] / 2, sparse.compute[-1] * 2]))).all()
+
+
+def test_smoothing_is_a_box_filter_in_log_tokens():
+    rng = np.random.default_rng(0)
+    tokens = np.sort(rng.uniform(1e3, 1e7, 400))
+    loss = 3.0 * np.exp(0.05 * rng.standard_normal(400))
+    h = 0.1
+    got = smooth_loss(tokens, loss, h)
+    x = np.log10(tokens)
+    naive = np.array([np.exp(np.log(loss[np.abs(x - xi) <= h]).mean()) for xi in x])
+    np.testing.assert_allclose(got, naive, rtol=1e-10)
+    assert np.std(np.log(got)) < 0.5 * np.std(np.log(loss))
+    assert smooth_loss(tokens, loss, 0.0) is loss
+
+
+def test_missing_files_and_empty_folders_are_clear_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunError, match="no run directories inside"):
+        find_run_dirs([tmp_path / "empty"])
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "config.json").write_text(json.dumps({"model": model_config("tnl", "tiny").to_dict(),
+                                                  "train": {"seq_len": 64}}))
+    with pytest.raises(RunError, match="missing metrics.jsonl"):
+        load_runs([half])
+    with pytest.raises(RunError, match="no such file"):
+        find_run_dirs([tmp_path / "nope"])
+    with pytest.raises(RunError, match="no runs found"):
+        find_run_dirs([])
+    good = write_run(tmp_path / "runs" / "tnl-tiny", model_config("tnl", "tiny"), LossLaw(), 1e6, n_rows=10)
+    runs, problems = load_runs([good.parent, half], skip_bad=True)
+    assert [r.name for r in runs] == ["tnl-tiny"] and len(problems) == 1 and "metrics.jsonl" in problems[0]
+
+
+def test_config_without_seq_len_is_rejected(tmp_path):
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model": model_config("tnl", "tiny").to_dict(), "train": {}}))
+    (d / "metrics.jsonl").write_text("")
+    with pytest.raises(RunError, match="seq_len"):
+        load_run(d)
+
+
+def test_a_run_with_no_usable_rows_is_named(tmp_path):
+    cfg = model_config("tnl", "tiny")
+    d = _write(tmp_path / "r", cfg, json.dumps({"step": 1, "tokens": 64, "loss": math.nan}) + "\n")
+    with pytest.raises(RunError, match="no usable rows"):
+        load_runs([d])
