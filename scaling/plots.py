@@ -52,7 +52,8 @@ def plot_arch(r: ArchResult, out: Path) -> Path:
         a.set_xlabel("C (PFLOP-days)")
         a.set_ylabel(ylabel)
         a.grid(True, which="both", alpha=0.3)
-        a.legend(fontsize=7)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
     axes[0].yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     axes[0].yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
     fig.suptitle(f"{r.arch}: loss, optimal model size and data size against compute")
@@ -81,7 +82,8 @@ def plot_compare(results: list[ArchResult], out: Path) -> Path:
         a.set_xlabel("C (PFLOP-days)")
         a.set_ylabel(ylabel)
         a.grid(True, which="both", alpha=0.3)
-        a.legend(fontsize=8)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=8)
     fig.suptitle("scaling laws by architecture")
     fig.tight_layout()
     path = out / "scaling_compare.png"
