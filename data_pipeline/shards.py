@@ -75,8 +75,9 @@ class ShardWriter:
         self.doc_tables.append(docs)
         self._file = None
 
-    def add(self, ids) -> None:
-        """Append one document (token ids, already ending with <|endoftext|>)."""
+    def add(self, ids) -> tuple[int, int]:
+        """Append one document (token ids, already ending with <|endoftext|>); returns its
+        (shard number in this writer, row in that shard's index)."""
         arr = np.asarray(ids, dtype=TOKEN_DTYPE)
         if self._file is None or self._pos >= self.shard_tokens:
             self._close()
@@ -86,6 +87,7 @@ class ShardWriter:
         self._pos += len(arr)
         self.documents += 1
         self.tokens += len(arr)
+        return len(self.stems) - 1, len(self._docs) - 1
 
     def close(self) -> None:
         self._close()

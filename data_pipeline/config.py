@@ -1,0 +1,167 @@
+"""Data config: sources, filters, dedup and mixing, read from YAML (schema in docs/data.md)."""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+SOURCE_TYPES = ("text", "jsonl", "parquet", "wikiextractor", "hf")
+TEXT_UNITS = ("file", "blank_line", "line")
+LANGUAGES = ("en", "zh")
+
+
+@dataclass
+class SourceConfig:
+    name: str
+    language: str  # "en" or "zh": picks the script check and the near-dup shingles
+    type: str = "text"  # one of SOURCE_TYPES
+    paths: list[str] = field(default_factory=list)  # files or globs, relative to the config file
+    weight: float | None = None  # token share; None: the language's share split by size
+    text_unit: str = "file"  # type text: one document per file, per blank-line block, or per line
+    field: str = "text"  # type jsonl: the JSON field holding the text
+    column: str = "text"  # type parquet: the column holding the text
+    dataset: str | None = None  # type hf: name for datasets.load_dataset(..., streaming=True)
+    subset: str | None = None  # type hf: the dataset's config name
+    split: str = "train"  # type hf
+    max_documents: int | None = None  # stop after this many raw documents (small runs, tests)
+
+
+@dataclass
+class FilterConfig:
+    min_chars: int = 200  # English; Chinese carries more per character:
+    min_chars_zh: int = 60
+    max_chars: int = 20_000_000
+    max_dup_line_fraction: float = 0.3  # of non-empty lines that repeat an earlier line, by characters
+    max_dup_paragraph_fraction: float = 0.3  # of blank-line paragraphs that repeat an earlier one
+    max_top_ngram_share: float = 0.2  # characters covered by the most frequent word 2-gram (zh: 4-char)
+    min_script_ratio: float = 0.5  # en: Latin letters / (Latin + CJK); zh: CJK / (Latin + CJK)
+    max_line_bytes: int = 16 << 20  # a longer line is skipped (counted) without being read into memory
+
+
+@dataclass
+class DedupConfig:
+    exact: bool = True
+    near: bool = True
+    threshold: float = 0.8  # Jaccard similarity of shingle sets
+    num_perm: int = 128
+    bands: int = 16  # LSH bands; num_perm/bands rows each. 16x8 finds pairs at J=0.8 with p~0.95
+    ngram: int = 5  # word 5-grams for en, character 5-grams for zh
+    seed: int = 1
+
+
+@dataclass
+class DataConfig:
+    sources: list[SourceConfig]
+    mix: dict[str, float] = field(default_factory=lambda: {"en": 2.0, "zh": 1.0})  # token share by language
+    filters: FilterConfig = field(default_factory=FilterConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    val_fraction: float = 0.005  # of documents, by hash of the text, held out for validation
+    shard_tokens: int = 1 << 28
+    name: str = "data"
+    base_dir: str = "."  # where relative paths are resolved (the config file's folder)
+
+    def fingerprint(self) -> str:
+        d = dataclasses.asdict(self)
+        d.pop("base_dir")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def files(self, source: SourceConfig) -> tuple[list[Path], list[str]]:
+        """(existing files in sorted order, patterns that matched nothing) of one source."""
+        found, missing = [], []
+        for pattern in source.paths:
+            p = Path(pattern).expanduser()
+            if not p.is_absolute():
+                p = Path(self.base_dir) / p
+            hits = sorted(Path(h) for h in glob.glob(str(p), recursive=True) if Path(h).is_file())
+            if not hits:
+                missing.append(str(p))
+            found.extend(hits)
+        return list(dict.fromkeys(found)), missing
+
+
+def _build(cls, raw: dict, where: str):
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(raw) - names
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(names)}")
+    return cls(**raw)
+
+
+def load_data_config(path: str | Path) -> DataConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data config {path} not found")
+    raw = yaml.safe_load(path.read_text()) or {}
+    return parse_data_config(raw, base_dir=path.resolve().parent, where=str(path))
+
+
+def parse_data_config(raw: dict, base_dir: str | Path = ".", where: str = "data config") -> DataConfig:
+    raw = dict(raw)
+    if not raw.get("sources"):
+        raise ValueError(f"{where}: `sources` is missing or empty; list at least one source "
+                         f"(see launch/configs/data/example.yaml)")
+    sources = [_build(SourceConfig, s, f"{where}: sources[{i}]") for i, s in enumerate(raw.pop("sources"))]
+    filters = _build(FilterConfig, raw.pop("filters", {}) or {}, f"{where}: filters")
+    dedup = _build(DedupConfig, raw.pop("dedup", {}) or {}, f"{where}: dedup")
+    cfg = _build(DataConfig, {**raw, "sources": sources, "filters": filters, "dedup": dedup,
+                              "base_dir": str(base_dir)}, where)
+    _validate(cfg, where)
+    return cfg
+
+
+def _validate(cfg: DataConfig, where: str) -> None:
+    seen = set()
+    for s in cfg.sources:
+        tag = f"{where}: source {s.name!r}"
+        if not s.name or not s.name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"{tag}: name must be letters, digits, '-' or '_'")
+        if s.name in seen:
+            raise ValueError(f"{tag}: duplicate source name")
+        seen.add(s.name)
+        if s.language not in LANGUAGES:
+            raise ValueError(f"{tag}: language {s.language!r} is not one of {LANGUAGES}")
+        if s.type not in SOURCE_TYPES:
+            raise ValueError(f"{tag}: type {s.type!r} is not one of {SOURCE_TYPES}")
+        if s.type == "hf" and not s.dataset:
+            raise ValueError(f"{tag}: type hf needs `dataset` (a Hugging Face dataset name)")
+        if s.type != "hf" and not s.paths:
+            raise ValueError(f"{tag}: `paths` is empty; give files or globs")
+        if isinstance(s.paths, str):
+            s.paths = [s.paths]
+        if s.text_unit not in TEXT_UNITS:
+            raise ValueError(f"{tag}: text_unit {s.text_unit!r} is not one of {TEXT_UNITS}")
+        if s.weight is not None and not s.weight >= 0:
+            raise ValueError(f"{tag}: weight must be >= 0, got {s.weight}")
+    for lang, w in cfg.mix.items():
+        if lang not in LANGUAGES or not w >= 0:
+            raise ValueError(f"{where}: mix must map languages {LANGUAGES} to weights >= 0, got {cfg.mix}")
+    if not 0 <= cfg.val_fraction < 1:
+        raise ValueError(f"{where}: val_fraction must be in [0, 1), got {cfg.val_fraction}")
+    if not 0 < cfg.dedup.threshold <= 1:
+        raise ValueError(f"{where}: dedup.threshold must be in (0, 1], got {cfg.dedup.threshold}")
+    if cfg.dedup.num_perm % cfg.dedup.bands:
+        raise ValueError(f"{where}: dedup.bands {cfg.dedup.bands} must divide num_perm {cfg.dedup.num_perm}")
+
+
+def source_weights(cfg: DataConfig, sizes: dict[str, float]) -> dict[str, float]:
+    """Token share of each source: its explicit weight if every source has one, else the language mix
+    split among that language's sources in proportion to `sizes` (tokens, or bytes before tokenizing)."""
+    if all(s.weight is not None for s in cfg.sources):
+        return {s.name: float(s.weight) for s in cfg.sources}
+    if any(s.weight is not None for s in cfg.sources):
+        raise ValueError("give a weight to every source or to none (then `mix` splits by language)")
+    per_lang: dict[str, float] = {}
+    for s in cfg.sources:
+        per_lang[s.language] = per_lang.get(s.language, 0.0) + sizes.get(s.name, 0.0)
+    out = {}
+    for s in cfg.sources:
+        total = per_lang[s.language]
+        out[s.name] = cfg.mix.get(s.language, 0.0) * (sizes.get(s.name, 0.0) / total if total else 0.0)
+    return out

@@ -1,0 +1,369 @@
+"""Prepare a dataset: sources -> clean/filter -> tokenize -> token shards, then a merge step that dedups
+across everything and writes the train/val document indexes.
+
+Work splits in two ways. Within a part, worker processes clean, filter, hash and tokenize batches of
+documents (results come back in input order, so the output is the same for any worker count). Across
+parts (processes on several machines, or Slurm array tasks: `--part i --num-parts n`), part i takes
+files i, i+n, i+2n... of every source's sorted file list; each part writes its own token files and
+per-document keys. `merge` then reads every part's keys, removes exact and near duplicates (the first
+document in the global order (source, file, document) survives) and writes:
+
+    OUT/tokens/<source>/p<part>-<k>.tokens.bin    token files (written by the parts, shared by the splits)
+    OUT/parts/part-<i>/...                        per-part document keys and counts (merge input)
+    OUT/train/, OUT/val/                          meta.json + document indexes the loader reads
+    OUT/stats.json                                documents/tokens in and out per source and filter,
+                                                  dedup counts, skipped input, timings
+"""
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .config import DataConfig, SourceConfig, source_weights
+from .dedup import MinHasher, exact_key, near_duplicates, shingles
+from .filters import FILTER_NAMES, check, clean
+from .shards import ShardWriter, SourceMeta, write_meta
+from .sources import Counts, iter_file, iter_source
+from .tokenizer import EOT_ID, get_tokenizer
+
+log = logging.getLogger("linscale.data")
+BATCH_CHARS = 4_000_000  # documents are sent to workers in batches of about this many characters
+# order key = source << 52 | file << 32 | document in file: the global order the dedup keeps first
+_FILE_BITS, _DOC_BITS = 20, 32
+
+
+@dataclass
+class _Batch:
+    source: int
+    language: str
+    texts: list[str]
+    keys: list[int]
+
+
+@dataclass
+class _Done:
+    """A processed batch: the surviving documents and what the filters removed."""
+    source: int
+    removed: Counter = field(default_factory=Counter)
+    keys: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)
+    sigs: np.ndarray | None = None
+    bands: np.ndarray | None = None
+    tokens: list[np.ndarray] = field(default_factory=list)
+    chars_in: int = 0
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(cfg: DataConfig) -> None:
+    _WORKER["cfg"] = cfg
+    _WORKER["minhash"] = MinHasher(cfg.dedup.num_perm, cfg.dedup.bands, cfg.dedup.seed)
+    get_tokenizer()
+
+
+def _process(batch: _Batch) -> _Done:
+    """Clean, filter, hash and tokenize one batch (runs in a worker)."""
+    cfg: DataConfig = _WORKER["cfg"]
+    mh: MinHasher = _WORKER["minhash"]
+    out = _Done(batch.source)
+    kept: list[str] = []
+    sigs, bands = [], []
+    for text, key in zip(batch.texts, batch.keys):
+        out.chars_in += len(text)
+        text = clean(text)
+        reason = check(text, batch.language, cfg.filters)
+        if reason:
+            out.removed[reason] += 1
+            continue
+        kept.append(text)
+        out.keys.append(key)
+        out.hashes.append(exact_key(text))
+        if cfg.dedup.near:
+            sig = mh.signature(shingles(text, batch.language, cfg.dedup.ngram))
+            sigs.append(sig)
+            bands.append(mh.band_keys(sig))
+    if cfg.dedup.near:
+        out.sigs = np.asarray(sigs, dtype=np.uint32).reshape(-1, cfg.dedup.num_perm)
+        out.bands = np.asarray(bands, dtype=np.uint64).reshape(-1, cfg.dedup.bands)
+    ids = get_tokenizer().encode_ordinary_batch(kept, num_threads=1)
+    for x in ids:
+        x.append(EOT_ID)
+        out.tokens.append(np.asarray(x, dtype=np.uint32))
+    return out
+
+
+def _assigned_sources(cfg: DataConfig, part: int, num_parts: int):
+    """(source index, config, files of this part, file index offset/stride) for each source."""
+    for si, src in enumerate(cfg.sources):
+        if src.type == "hf":
+            if si % num_parts == part:  # a stream cannot be split by files: one part reads it all
+                yield si, src, None
+            continue
+        files, missing = cfg.files(src)
+        yield si, src, (files, missing)
+
+
+def _batches(cfg: DataConfig, part: int, num_parts: int, counts: list[Counts]):
+    for si, src, found in _assigned_sources(cfg, part, num_parts):
+        texts, keys, size = [], [], 0
+        if found is None:
+            docs = ((t, (si << 52)) for t, _ in iter_source(cfg, src, counts[si]))
+            docs = ((t, k + i) for i, (t, k) in enumerate(docs))
+        else:
+            files, missing = found
+            if part == 0:
+                for m in missing:
+                    counts[si].skip("missing_files", m, "no file matches")
+            docs = _file_docs(cfg, src, si, files, part, num_parts, counts[si])
+        for text, key in docs:
+            texts.append(text)
+            keys.append(key)
+            size += len(text)
+            if size >= BATCH_CHARS:
+                yield _Batch(si, src.language, texts, keys)
+                texts, keys, size = [], [], 0
+        if texts:
+            yield _Batch(si, src.language, texts, keys)
+
+
+def _file_docs(cfg: DataConfig, src: SourceConfig, si: int, files: list[Path], part: int, num_parts: int,
+               counts: Counts):
+    for fi in range(part, len(files), num_parts):
+        if fi >= 1 << _FILE_BITS:
+            raise ValueError(f"source {src.name!r} has more than {1 << _FILE_BITS} files")
+        counts.files += 1
+        for di, (text, _) in enumerate(iter_file(src, files[fi], counts, cfg.filters.max_line_bytes)):
+            if src.max_documents is not None and counts.raw_documents >= src.max_documents:
+                return
+            counts.raw_documents += 1
+            counts.raw_chars += len(text)
+            yield text, (si << 52) | (fi << _DOC_BITS) | di
+
+
+def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, workers: int = 0,
+                 progress: bool = True) -> dict:
+    """Filter, hash and tokenize this part's share of the input into OUT/tokens and OUT/parts/part-<i>."""
+    if not 0 <= part < num_parts:
+        raise ValueError(f"part {part} is outside [0, {num_parts})")
+    t0 = time.time()
+    out = Path(out)
+    pdir = out / "parts" / f"part-{part:05d}"
+    pdir.mkdir(parents=True, exist_ok=True)
+    workers = workers or min(os.cpu_count() or 1, 8)
+    counts = [Counts(s.name) for s in cfg.sources]
+    removed = [Counter() for _ in cfg.sources]
+    writers = [ShardWriter(out / "tokens", s.name, cfg.shard_tokens, prefix=f"p{part:05d}-")
+               for s in cfg.sources]
+    recs = [{"keys": [], "hashes": [], "sigs": [], "bands": [], "shard": [], "row": []}
+            for _ in cfg.sources]
+    seen: set[int] = set()
+    local_dups = [0] * len(cfg.sources)
+    chars_in = tokens_out = 0
+    bar = _bar(progress, f"prepare part {part}")
+    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    pool = ctx.Pool(workers, _init_worker, (cfg,)) if workers > 1 else None
+    if pool is None:
+        _init_worker(cfg)
+    try:
+        results = pool.imap(_process, _batches(cfg, part, num_parts, counts)) if pool else \
+            map(_process, _batches(cfg, part, num_parts, counts))
+        for done in results:
+            si = done.source
+            removed[si].update(done.removed)
+            chars_in += done.chars_in
+            r, w = recs[si], writers[si]
+            for j, (key, h, toks) in enumerate(zip(done.keys, done.hashes, done.tokens)):
+                if cfg.dedup.exact and h in seen:
+                    local_dups[si] += 1
+                    continue
+                seen.add(h)
+                shard, row = w.add(toks)
+                r["keys"].append(key)
+                r["hashes"].append(h)
+                r["shard"].append(shard)
+                r["row"].append(row)
+                if cfg.dedup.near:
+                    r["sigs"].append(done.sigs[j])
+                    r["bands"].append(done.bands[j])
+                tokens_out += len(toks)
+            if bar is not None:
+                bar.update(done.chars_in)
+                bar.set_postfix_str(f"{tokens_out / 1e6:.1f}M tok")
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+        if bar is not None:
+            bar.close()
+    sources = []
+    for si, src in enumerate(cfg.sources):
+        writers[si].close()
+        r = recs[si]
+        np.savez(pdir / f"{src.name}.npz", keys=np.asarray(r["keys"], np.int64),
+                 hashes=np.asarray(r["hashes"], np.uint64), shard=np.asarray(r["shard"], np.int32),
+                 row=np.asarray(r["row"], np.int64),
+                 sigs=np.asarray(r["sigs"], np.uint32).reshape(-1, cfg.dedup.num_perm),
+                 bands=np.asarray(r["bands"], np.uint64).reshape(-1, cfg.dedup.bands))
+        sources.append({"name": src.name, "shards": writers[si].stems, "raw_documents": counts[si].raw_documents,
+                        "raw_chars": counts[si].raw_chars, "files": counts[si].files,
+                        "skipped_input": dict(counts[si].skipped), "removed_by_filter": dict(removed[si]),
+                        "exact_duplicates_in_part": local_dups[si], "documents": writers[si].documents,
+                        "tokens": writers[si].tokens})
+    info = {"part": part, "num_parts": num_parts, "config_fingerprint": cfg.fingerprint(),
+            "seconds": time.time() - t0, "workers": workers, "chars_in": chars_in, "tokens": tokens_out,
+            "sources": sources}
+    (pdir / "part.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def merge(cfg: DataConfig, out: Path) -> dict:
+    """Global dedup over all parts, the train/val split, and the loader's indexes and stats.json."""
+    t0 = time.time()
+    out = Path(out)
+    parts = []
+    for pj in sorted((out / "parts").glob("part-*/part.json")):
+        parts.append((pj.parent, json.loads(pj.read_text())))
+    if not parts:
+        raise FileNotFoundError(f"no prepared parts under {out / 'parts'}; run the parts first")
+    n_parts = parts[0][1]["num_parts"]
+    have = sorted(p["part"] for _, p in parts)
+    if have != list(range(n_parts)):
+        raise ValueError(f"{out}: parts {sorted(set(range(n_parts)) - set(have))} of {n_parts} are missing")
+    if any(p["config_fingerprint"] != cfg.fingerprint() for _, p in parts):
+        raise ValueError(f"{out}: parts were prepared with another data config; prepare them again")
+    # every document of every part, in one table
+    cols = {k: [] for k in ("keys", "hashes", "shard", "row", "sigs", "bands", "part", "source")}
+    for pdir, info in parts:
+        for si, src in enumerate(cfg.sources):
+            z = np.load(pdir / f"{src.name}.npz")
+            n = len(z["keys"])
+            for k in ("keys", "hashes", "shard", "row", "sigs", "bands"):
+                cols[k].append(z[k])
+            cols["part"].append(np.full(n, info["part"], np.int32))
+            cols["source"].append(np.full(n, si, np.int32))
+    t = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()}
+    n = len(t["keys"])
+    drop_exact = np.zeros(n, bool)
+    if cfg.dedup.exact and n:
+        order = np.lexsort((t["keys"], t["hashes"]))
+        h = t["hashes"][order]
+        drop_exact[order[1:][h[1:] == h[:-1]]] = True
+    drop_near = np.zeros(n, bool)
+    if cfg.dedup.near and n:
+        live = np.nonzero(~drop_exact)[0]
+        drop_near[live] = near_duplicates(t["keys"][live], t["bands"][live], t["sigs"][live],
+                                          cfg.dedup.threshold)
+    keep = ~(drop_exact | drop_near)
+    is_val = (t["hashes"] % np.uint64(1_000_000)) < np.uint64(round(cfg.val_fraction * 1_000_000))
+    # token counts of kept documents decide the language split of the mix
+    lengths = np.zeros(n, np.int64)
+    part_shards: dict[tuple[int, int], list[str]] = {}
+    for pdir, info in parts:
+        for si, s in enumerate(info["sources"]):
+            part_shards[(info["part"], si)] = s["shards"]
+    doc_tables: dict[str, np.ndarray] = {}
+    for i in range(n):
+        stem = part_shards[(int(t["part"][i]), int(t["source"][i]))][int(t["shard"][i])]
+        if stem not in doc_tables:
+            doc_tables[stem] = np.load(out / "tokens" / f"{stem}.docs.npy")
+        lengths[i] = doc_tables[stem][t["row"][i], 1]
+    train_tokens = {s.name: int(lengths[keep & ~is_val & (t["source"] == si)].sum())
+                    for si, s in enumerate(cfg.sources)}
+    weights = source_weights(cfg, train_tokens)
+    for split, mask in (("train", keep & ~is_val), ("val", keep & is_val)):
+        metas = []
+        for si, src in enumerate(cfg.sources):
+            sel = np.nonzero(mask & (t["source"] == si))[0]
+            sel = sel[np.argsort(t["keys"][sel], kind="stable")]
+            entries, docs_n, tok_n = [], 0, 0
+            for (p, sh), idx in _group(sel, t["part"], t["shard"]).items():
+                stem = part_shards[(p, si)][sh]
+                rows = doc_tables[stem][t["row"][idx]]
+                (out / split / src.name).mkdir(parents=True, exist_ok=True)
+                rel = f"{src.name}/{Path(stem).name}.docs.npy"
+                np.save(out / split / rel, rows)
+                entries.append({"tokens": f"../tokens/{stem}.tokens.bin", "docs": rel})
+                docs_n += len(rows)
+                tok_n += int(rows[:, 1].sum())
+            metas.append(SourceMeta(src.name, src.language, weights[src.name], entries, docs_n, tok_n))
+        write_meta(out / split, metas, {"label": f"{cfg.name} [{split}]", "config_fingerprint": cfg.fingerprint()})
+    stats = _stats(cfg, parts, t, drop_exact, drop_near, keep, is_val, lengths, weights, time.time() - t0)
+    (out / "stats.json").write_text(json.dumps(stats, indent=1))
+    return stats
+
+
+def _group(sel: np.ndarray, part: np.ndarray, shard: np.ndarray) -> dict:
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i in sel:
+        groups.setdefault((int(part[i]), int(shard[i])), []).append(int(i))
+    return {k: np.asarray(v, np.int64) for k, v in groups.items()}
+
+
+def _stats(cfg, parts, t, drop_exact, drop_near, keep, is_val, lengths, weights, merge_s) -> dict:
+    per_source = []
+    for si, src in enumerate(cfg.sources):
+        infos = [p["sources"][si] for _, p in parts]
+        mine = t["source"] == si
+        skipped, removed = Counter(), Counter()
+        for s in infos:
+            skipped.update(s["skipped_input"])
+            removed.update(s["removed_by_filter"])
+        per_source.append({
+            "name": src.name, "language": src.language, "weight": weights[src.name],
+            "files": sum(s["files"] for s in infos),
+            "documents_in": sum(s["raw_documents"] for s in infos),
+            "chars_in": sum(s["raw_chars"] for s in infos),
+            "skipped_input": dict(skipped),
+            "removed_by_filter": {k: removed.get(k, 0) for k in FILTER_NAMES},
+            "exact_duplicates": int(drop_exact[mine].sum()) + sum(s["exact_duplicates_in_part"] for s in infos),
+            "near_duplicates": int(drop_near[mine].sum()),
+            "documents_out": {"train": int((keep & ~is_val & mine).sum()), "val": int((keep & is_val & mine).sum())},
+            "tokens_out": {"train": int(lengths[keep & ~is_val & mine].sum()),
+                           "val": int(lengths[keep & is_val & mine].sum())},
+            "tokens_written_before_global_dedup": sum(s["tokens"] for s in infos),
+        })
+    return {"config": cfg.name, "config_fingerprint": cfg.fingerprint(), "parts": len(parts),
+            "seconds": {"parts": [p["seconds"] for _, p in parts], "merge": merge_s},
+            "dedup": {"exact": cfg.dedup.exact, "near": cfg.dedup.near, "threshold": cfg.dedup.threshold},
+            "sources": per_source}
+
+
+def summary(stats: dict) -> str:
+    """A short human-readable table of stats.json."""
+    lines = [f"{'source':<16}{'lang':<5}{'docs in':>10}{'filtered':>10}{'exact dup':>10}{'near dup':>10}"
+             f"{'docs out':>10}{'tokens out':>14}{'share':>8}  skipped input"]
+    wsum = sum(s["weight"] for s in stats["sources"]) or 1.0
+    for s in stats["sources"]:
+        lines.append(f"{s['name']:<16}{s['language']:<5}{s['documents_in']:>10}"
+                     f"{sum(s['removed_by_filter'].values()):>10}{s['exact_duplicates']:>10}"
+                     f"{s['near_duplicates']:>10}{sum(s['documents_out'].values()):>10}"
+                     f"{sum(s['tokens_out'].values()):>14,}{s['weight'] / wsum:>8.1%}  "
+                     f"{s['skipped_input'] or ''}")
+    return "\n".join(lines)
+
+
+def prepare(cfg: DataConfig, out: Path, workers: int = 0, part: int | None = None, num_parts: int = 1,
+            do_merge: bool = True, progress: bool = True) -> dict | None:
+    """One-machine default: every part in turn (usually one), then merge."""
+    parts = range(num_parts) if part is None else [part]
+    for p in parts:
+        prepare_part(cfg, out, p, num_parts, workers, progress)
+    return merge(cfg, out) if do_merge else None
+
+
+def _bar(progress: bool, desc: str):
+    if not progress:
+        return None
+    from tqdm import tqdm
+    return tqdm(desc=desc, unit="ch", unit_scale=True, unit_divisor=1000, mininterval=1.0,
+                disable=None, file=sys.stderr)

@@ -1,0 +1,237 @@
+"""Reading raw documents from a source: jsonl, parquet, text files, WikiExtractor <doc> files, gzip/zstd,
+Hugging Face datasets streaming.
+
+Malformed input never stops a run: a missing file, a binary file, a line that is not valid UTF-8 or
+not valid JSON, an overlong line, a record without the text field are skipped, counted in
+`Counts` under a named reason, and warned about with the file and line (the first few of each kind per
+source, then a summary), while every good document around them is kept.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from .config import DataConfig, SourceConfig
+
+log = logging.getLogger("linscale.data")
+WARN_LIMIT = 5  # warnings per (source, reason); all are counted
+
+
+@dataclass
+class Counts:
+    """What a reader skipped, by reason, for stats.json."""
+    source: str
+    skipped: Counter = field(default_factory=Counter)
+    files: int = 0
+    raw_documents: int = 0
+    raw_chars: int = 0
+
+    def skip(self, reason: str, where: str, detail: str = "") -> None:
+        self.skipped[reason] += 1
+        if self.skipped[reason] <= WARN_LIMIT:
+            log.warning("%s: skipped %s at %s%s", self.source, reason.replace("_", " "), where,
+                        f" ({detail})" if detail else "")
+            if self.skipped[reason] == WARN_LIMIT:
+                log.warning("%s: further '%s' are counted, not shown", self.source, reason)
+
+
+def open_binary(path: Path) -> BinaryIO:
+    """Decompressing reader by suffix (.gz, .zst/.zstd), plain otherwise."""
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if name.endswith((".zst", ".zstd")):
+        import zstandard
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"),
+                                                                            closefd=True))
+    return open(path, "rb")
+
+
+def _is_binary(head: bytes) -> bool:
+    # NUL bytes never occur in text; a high share of other control bytes means a binary format
+    if b"\x00" in head:
+        return True
+    ctrl = sum(1 for b in head if b < 9 or 13 < b < 32)
+    return len(head) > 0 and ctrl / len(head) > 0.1
+
+
+def _lines(f: BinaryIO, limit: int, counts: Counts, where: str) -> Iterator[tuple[int, str]]:
+    """(1-based line number, decoded line without newline); lines over `limit` bytes and lines that are
+    not UTF-8 are skipped and counted. An overlong line is drained in chunks, never held whole."""
+    lineno = 0
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            size = len(raw)
+            while True:  # drain the rest of this line
+                more = f.readline(1 << 20)
+                size += len(more)
+                if not more or more.endswith(b"\n"):
+                    break
+            counts.skip("overlong_lines", f"{where}:{lineno}", f"{size} bytes > {limit}")
+            continue
+        try:
+            yield lineno, raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as err:
+            counts.skip("invalid_utf8_lines", f"{where}:{lineno}", str(err.reason))
+
+
+def _text_docs(lines: Iterator[tuple[int, str]], unit: str, where: str) -> Iterator[tuple[str, str]]:
+    if unit == "line":
+        for n, line in lines:
+            yield line, f"{where}:{n}"
+        return
+    buf: list[str] = []
+    start = 1
+    for n, line in lines:
+        if unit == "blank_line" and not line.strip():
+            if buf:
+                yield "\n".join(buf), f"{where}:{start}"
+            buf = []
+            continue
+        if not buf:
+            start = n
+        buf.append(line)
+    if buf:
+        yield "\n".join(buf), f"{where}:{start}" if unit == "blank_line" else where
+
+
+_DOC_OPEN = re.compile(r'^<doc\b[^>]*>\s*$')
+
+
+def _wikiextractor_docs(lines: Iterator[tuple[int, str]], where: str, counts: Counts
+                        ) -> Iterator[tuple[str, str]]:
+    buf: list[str] | None = None
+    start = 0
+    for n, line in lines:
+        if _DOC_OPEN.match(line):
+            if buf is not None:
+                counts.skip("unclosed_doc_tags", f"{where}:{start}")
+                yield "\n".join(buf), f"{where}:{start}"
+            buf, start = [], n
+        elif line.strip() == "</doc>":
+            if buf is None:
+                counts.skip("stray_closing_tags", f"{where}:{n}")
+            else:
+                yield "\n".join(buf), f"{where}:{start}"
+            buf = None
+        elif buf is not None:
+            buf.append(line)
+    if buf:
+        counts.skip("unclosed_doc_tags", f"{where}:{start}")
+        yield "\n".join(buf), f"{where}:{start}"
+
+
+def _jsonl_docs(lines: Iterator[tuple[int, str]], key: str, where: str, counts: Counts
+                ) -> Iterator[tuple[str, str]]:
+    for n, line in lines:
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as err:
+            counts.skip("bad_json_lines", f"{where}:{n}", str(err)[:80])
+            continue
+        text = rec.get(key) if isinstance(rec, dict) else None
+        if not isinstance(text, str):
+            counts.skip("records_without_text", f"{where}:{n}", f"no string field {key!r}")
+            continue
+        yield text, f"{where}:{n}"
+
+
+def _parquet_docs(path: Path, column: str, counts: Counts) -> Iterator[tuple[str, str]]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    if column not in pf.schema_arrow.names:
+        counts.skip("files_without_column", str(path), f"no column {column!r}; has {pf.schema_arrow.names}")
+        return
+    row = 0
+    for batch in pf.iter_batches(columns=[column], batch_size=4096):
+        for text in batch.column(0).to_pylist():
+            row += 1
+            if isinstance(text, str):
+                yield text, f"{path}:row {row}"
+            else:
+                counts.skip("records_without_text", f"{path}:row {row}", "null or not a string")
+
+
+def _hf_docs(src: SourceConfig, counts: Counts) -> Iterator[tuple[str, str]]:
+    try:
+        import datasets  # heavy; only for this source type
+    except ImportError as err:
+        raise RuntimeError(f"source {src.name!r} is type hf: install `datasets` "
+                           f"(pip install -c constraints.txt datasets)") from err
+    ds = datasets.load_dataset(src.dataset, src.subset, split=src.split, streaming=True)
+    for i, rec in enumerate(ds):
+        text = rec.get(src.field)
+        if isinstance(text, str):
+            yield text, f"hf:{src.dataset}#{i}"
+        else:
+            counts.skip("records_without_text", f"hf:{src.dataset}#{i}", f"no string field {src.field!r}")
+
+
+def iter_file(src: SourceConfig, path: Path, counts: Counts, max_line_bytes: int
+              ) -> Iterator[tuple[str, str]]:
+    """(text, where) of every raw document in one file."""
+    where = str(path)
+    if src.type == "parquet":
+        try:
+            yield from _parquet_docs(path, src.column, counts)
+        except Exception as err:  # pyarrow raises several types for a corrupt file
+            counts.skip("unreadable_files", where, f"{type(err).__name__}: {err}"[:160])
+        return
+    try:
+        with open_binary(path) as f:
+            head = f.peek(8192)[:8192] if hasattr(f, "peek") else b""
+            if _is_binary(head):
+                counts.skip("binary_files", where)
+                return
+            lines = _lines(f, max_line_bytes, counts, where)
+            if src.type == "jsonl":
+                yield from _jsonl_docs(lines, src.field, where, counts)
+            elif src.type == "wikiextractor":
+                yield from _wikiextractor_docs(lines, where, counts)
+            else:
+                yield from _text_docs(lines, src.text_unit, where)
+    except (OSError, EOFError, ValueError) as err:  # truncated gzip, corrupt zstd, unreadable
+        counts.skip("unreadable_files", where, f"{type(err).__name__}: {err}"[:160])
+
+
+def iter_source(cfg: DataConfig, src: SourceConfig, counts: Counts, files: list[Path] | None = None
+                ) -> Iterator[tuple[str, str]]:
+    """(text, where) of every raw document of a source, files in the given (default: sorted) order."""
+    limit = src.max_documents
+    if src.type == "hf":
+        gen = _hf_docs(src, counts)
+    else:
+        if files is None:
+            files, missing = cfg.files(src)
+            for m in missing:
+                counts.skip("missing_files", m, "no file matches")
+        gen = _iter_files(cfg, src, files, counts)
+    for text, where in gen:
+        if limit is not None and counts.raw_documents >= limit:
+            return
+        counts.raw_documents += 1
+        counts.raw_chars += len(text)
+        yield text, where
+
+
+def _iter_files(cfg: DataConfig, src: SourceConfig, files: list[Path], counts: Counts):
+    for path in files:
+        if not path.is_file():
+            counts.skip("missing_files", str(path), "no such file")
+            continue
+        counts.files += 1
+        yield from iter_file(src, path, counts, cfg.filters.max_line_bytes)

@@ -1,0 +1,45 @@
+"""Prepare a dataset from a data config: filter, dedup, tokenize into token shards for the loader.
+
+    python launch/prepare_data.py --config launch/configs/data/shared_2to1.yaml --out data/shared_2to1
+    # on a Slurm array (one part per task), then once:  --merge-only
+    python launch/prepare_data.py --config C.yaml --out D --part $SLURM_ARRAY_TASK_ID --num-parts N --no-merge
+    python launch/prepare_data.py --config C.yaml --out D --merge-only
+"""
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from data_pipeline.config import load_data_config  # noqa: E402
+from data_pipeline.prepare import merge, prepare, summary  # noqa: E402
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="data config YAML (see docs/data.md)")
+    p.add_argument("--out", required=True, help="output folder (use a fresh one per config)")
+    p.add_argument("--workers", type=int, default=0, help="worker processes (default: CPU count, max 8)")
+    p.add_argument("--part", type=int, default=None, help="prepare only this part (0-based)")
+    p.add_argument("--num-parts", type=int, default=1, help="how many parts the input is split into")
+    p.add_argument("--no-merge", action="store_true", help="do not run the merge (dedup + indexes) step")
+    p.add_argument("--merge-only", action="store_true", help="only merge parts prepared earlier")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    cfg = load_data_config(a.config)
+    if a.merge_only:
+        stats = merge(cfg, Path(a.out))
+    else:
+        stats = prepare(cfg, Path(a.out), a.workers, a.part, a.num_parts, not a.no_merge, not a.no_progress)
+    if stats is not None:
+        print(summary(stats))
+        print(f"wrote {a.out}/train, {a.out}/val and {a.out}/stats.json")
+    else:
+        print(json.dumps({"part": a.part, "out": a.out}))
+
+
+if __name__ == "__main__":
+    main()
