@@ -1,0 +1,254 @@
+"""Needle in a haystack, as the paper ran it (DESIGN §7), and its metrics.
+
+A haystack of real text (user files, or the Gutenberg books under ../shared/data/train/en) hides a needle
+that pairs a random key with a random 7-digit value, so the answer cannot be guessed:
+- standard mode: the needle states only the answer ("The special magic number for K is V."); the question
+  comes at the end of the prompt;
+- easy mode: the needle holds question and answer ("Question: ... Answer: ... is V."), and the same
+  question is asked again at the end.
+The prompt ends with "... The special magic number for K is", the model continues greedily, and a
+deterministic scorer maps the reply to s in [1, 10] (`score_reply`). Each cell (depth, context length)
+averages `trials` needles; every prompt of one length has exactly that many tokens, so a whole column
+decodes as one batch. `summarize` turns the score matrix into the paper's metrics.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data_pipeline.tokenizer import EOT_ID, get_tokenizer
+from evaluation import local_data
+
+DEFAULT_LENGTHS = (1024, 2048, 4096, 6144, 8192, 10240, 12288, 14336, 16384)
+DEFAULT_DEPTHS = tuple(range(0, 101, 10))  # percent of the haystack before the needle
+
+
+# -- metrics --------------------------------------------------------------------------------------------
+
+def runs_down(column: Sequence[bool]) -> int:
+    """Number of maximal runs of equal values in a sequence (e.g. [1,1,0,1] -> 3)."""
+    return 1 + sum(1 for a, b in zip(column, column[1:]) if a != b) if len(column) else 0
+
+
+def column_penalty(success: Sequence[bool]) -> float:
+    """p = 1 if every depth succeeds, 0 if none does, else 2^((1-n)/2), n = runs of equal values."""
+    if all(success):
+        return 1.0
+    if not any(success):
+        return 0.0
+    return 2.0 ** ((1 - runs_down(success)) / 2)
+
+
+def summarize(scores, depths: Sequence[float], lengths: Sequence[int], alpha_d: float = 1.5,
+              alpha_c: float = 1.5, threshold: float = 5.5) -> dict:
+    """The paper's NIAH metrics from scores[depth i, length j], each s in [1, 10]; accuracy a = (s-1)/9.
+
+    acc_at_length[j]   mean over depths of a[:, j]
+    acc_upto_length[j] mean of a[:, :j+1]
+    acc_avg            mean of a
+    weighted_avg_acc   Σ W·a / Σ W with W = outer(α_d^i, α_c^j) (later depths, longer contexts weigh more)
+    niah_score         Σ W·a·p_j / Σ W, p_j = column_penalty(s[:, j] >= threshold)
+    Lengths and depths must be in increasing order (the weights follow the index)."""
+    s = np.asarray(scores, dtype=np.float64)
+    if s.shape != (len(depths), len(lengths)):
+        raise ValueError(f"scores must be [depths={len(depths)}, lengths={len(lengths)}], got {s.shape}")
+    if alpha_d <= 1 or alpha_c <= 1:
+        raise ValueError(f"alpha_d and alpha_c must be > 1 (geometric weights), got {alpha_d}, {alpha_c}")
+    if np.isnan(s).any() or (s < 1).any() or (s > 10).any():
+        raise ValueError("scores must lie in [1, 10]")
+    a = (s - 1) / 9
+    w = np.outer(alpha_d ** np.arange(len(depths)), alpha_c ** np.arange(len(lengths)))
+    p = np.array([column_penalty(list(s[:, j] >= threshold)) for j in range(len(lengths))])
+    return {
+        "acc_at_length": {int(L): float(a[:, j].mean()) for j, L in enumerate(lengths)},
+        "acc_upto_length": {int(L): float(a[:, :j + 1].mean()) for j, L in enumerate(lengths)},
+        "acc_avg": float(a.mean()),
+        "weighted_avg_acc": float((w * a).sum() / w.sum()),
+        "niah_score": float((w * a * p[None, :]).sum() / w.sum()),
+        "penalty": {int(L): float(p[j]) for j, L in enumerate(lengths)},
+        "alpha_d": alpha_d, "alpha_c": alpha_c, "threshold": threshold,
+    }
+
+
+# -- the task -------------------------------------------------------------------------------------------
+
+def score_reply(reply: str, value: str) -> float:
+    """Deterministic 1-10: 10 when the first number in the reply is exactly the value; otherwise
+    1 + 9·k/len(value) with k the number of leading digits it gets right (capped below 10)."""
+    found = re.search(r"\d+", reply)
+    if found is None:
+        return 1.0
+    digits = found.group(0)
+    if digits == value:
+        return 10.0
+    k = 0
+    while k < min(len(digits), len(value)) and digits[k] == value[k]:
+        k += 1
+    return 1.0 + 9.0 * min(k, len(value) - 1) / len(value)
+
+
+@dataclass
+class Needle:
+    key: str
+    value: str
+
+    def text(self, mode: str) -> tuple[str, str]:
+        """(needle inserted into the haystack, question appended at the end)."""
+        q = f"What is the special magic number for {self.key}?"
+        a = f"The special magic number for {self.key} is"
+        if mode == "standard":
+            return f" {a} {self.value}.", f"\n\n{q} {a}"
+        if mode == "easy":
+            return f" Question: {q} Answer: {a} {self.value}.", f"\n\nQuestion: {q} Answer: {a}"
+        raise ValueError(f"NIAH mode {mode!r}; choose standard or easy")
+
+
+def random_needle(rng: random.Random) -> Needle:
+    key = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(6))
+    return Needle(key=key, value=str(rng.randrange(1_000_000, 10_000_000)))
+
+
+def default_haystack_files() -> list[Path]:
+    d = local_data.shared_data_dir() / local_data.HAYSTACK_DIR
+    files = sorted(d.glob("*.txt.gz")) + sorted(d.glob("*.txt"))
+    if not files:
+        raise FileNotFoundError(f"no haystack text under {d}: pass haystack files (plain or .gz text)")
+    return files
+
+
+def strip_gutenberg(text: str) -> str:
+    """The book without Project Gutenberg's licence header and footer (kept as is if there are none)."""
+    start = re.search(r"\*\*\* ?START OF[^\n]*\n", text)
+    end = re.search(r"\n[^\n]*\*\*\* ?END OF", text)
+    return text[start.end() if start else 0:end.start() if end and (not start or end.start() > start.end()) else None]
+
+
+def haystack_tokens(files: Sequence[str | Path] | None, n_tokens: int) -> list[int]:
+    """At least n_tokens of real text, documents joined by blank lines (cycled if the files are short)."""
+    files = [Path(f) for f in (files or default_haystack_files())]
+    tok = get_tokenizer()
+    out: list[int] = []
+    for _ in range(1000):
+        for f in files:
+            opener = gzip.open if f.suffix == ".gz" else open
+            with opener(f, "rt", encoding="utf-8", errors="replace") as fh:
+                text = strip_gutenberg(fh.read())
+            out += tok.encode_ordinary(text.strip() + "\n\n")
+            if len(out) >= n_tokens:
+                return out
+    raise ValueError("haystack files hold no text")
+
+
+def insertion_point(hay: list[int], depth: float, window: int = 256) -> int:
+    """Token index for the needle at `depth` percent, moved back to just after a sentence end when one is
+    within `window` tokens (so the needle does not split a sentence); 0 and 100 are the ends."""
+    idx = round(depth / 100 * len(hay))
+    if idx <= 0 or idx >= len(hay):
+        return max(0, min(idx, len(hay)))
+    tok = get_tokenizer()
+    for j in range(idx - 1, max(-1, idx - 1 - window), -1):
+        if tok.decode([hay[j]]).rstrip().endswith((".", "!", "?")):
+            return j + 1
+    return idx
+
+
+@dataclass
+class NiahConfig:
+    mode: str = "standard"
+    lengths: tuple[int, ...] = DEFAULT_LENGTHS
+    depths: tuple[float, ...] = DEFAULT_DEPTHS
+    trials: int = 1
+    seed: int = 0
+    haystack: tuple[str, ...] = ()          # files; empty -> ../shared/data/train/en/gutenberg
+    max_new_tokens: int = 12
+    batch_size: int = 8
+    alpha_d: float = 1.5
+    alpha_c: float = 1.5
+    threshold: float = 5.5
+
+
+def build_prompt(hay: list[int], needle: Needle, mode: str, length: int, depth: float) -> list[int]:
+    """<|endoftext|> + haystack with the needle at `depth` + question: exactly `length` tokens."""
+    tok = get_tokenizer()
+    needle_text, question = needle.text(mode)
+    n_ids, q_ids = tok.encode_ordinary(needle_text), tok.encode_ordinary(question)
+    n_hay = length - 1 - len(n_ids) - len(q_ids)
+    if n_hay < 0:
+        raise ValueError(f"context length {length} is too short for the needle and question")
+    h = hay[:n_hay]
+    at = insertion_point(h, depth)
+    return [EOT_ID] + h[:at] + n_ids + h[at:] + q_ids
+
+
+def run_niah(model, cfg: NiahConfig, progress: Callable[[str], None] | None = None) -> dict:
+    """Scores of every cell, the metrics and each reply. The needle and the haystack offset of a trial
+    are drawn from `seed`, so a rerun asks exactly the same questions."""
+    from evaluation.scoring import generate_tokens
+    tok = get_tokenizer()
+    lengths, depths = sorted(cfg.lengths), sorted(cfg.depths)
+    stride = 997  # haystack offset between trials: different text, same books
+    hay = haystack_tokens(cfg.haystack or None, max(lengths) + stride * cfg.trials)
+    rng = random.Random(cfg.seed)
+    needles = {(t, i, j): random_needle(rng) for t in range(cfg.trials)
+               for i in range(len(depths)) for j in range(len(lengths))}
+    scores = np.zeros((len(depths), len(lengths)))
+    cells = []
+    for j, L in enumerate(lengths):
+        keys = [(t, i, j) for t in range(cfg.trials) for i in range(len(depths))]
+        prompts = [build_prompt(hay[stride * t:], needles[(t, i, j)], cfg.mode, L, depths[i]) for t, i, _ in keys]
+        replies = generate_tokens(model, prompts, cfg.max_new_tokens, cfg.batch_size, eos_id=EOT_ID,
+                                  stop=lambda new: re.search(r"\d\D", tok.decode(new)) is not None)
+        for (t, i, _), r in zip(keys, replies):
+            text = tok.decode(r)
+            s = score_reply(text, needles[(t, i, j)].value)
+            scores[i, j] += s / cfg.trials
+            cells.append({"length": L, "depth": depths[i], "trial": t, "key": needles[(t, i, j)].key,
+                          "value": needles[(t, i, j)].value, "reply": text, "score": s})
+        if progress is not None:
+            progress(f"niah {cfg.mode} length {L}: mean score {scores[:, j].mean():.2f}")
+    metrics = summarize(scores, depths, lengths, cfg.alpha_d, cfg.alpha_c, cfg.threshold)
+    return {"mode": cfg.mode, "depths": list(depths), "lengths": list(lengths), "scores": scores.tolist(),
+            "metrics": metrics, "cells": cells, "config": asdict(cfg)}
+
+
+def plot_heatmap(result: dict, path: str | Path, title: str | None = None) -> Path:
+    """The paper's heatmap: depth (rows, 0% at top) by context length, colour = score 1 (red) .. 10 (green)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LinearSegmentedColormap
+    s = np.asarray(result["scores"])
+    depths, lengths, m = result["depths"], result["lengths"], result["metrics"]
+    cmap = LinearSegmentedColormap.from_list("niah", ["#F0496E", "#EBB839", "#0CD79F"])
+    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(lengths), 1.2 + 0.4 * len(depths)))
+    im = ax.imshow(s, cmap=cmap, vmin=1, vmax=10, aspect="auto")
+    ax.set_xticks(range(len(lengths)), [f"{L // 1024}K" if L % 1024 == 0 else str(L) for L in lengths])
+    ax.set_yticks(range(len(depths)), [f"{d:g}%" for d in depths])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth")
+    ax.set_xticks(np.arange(-0.5, len(lengths)), minor=True)
+    ax.set_yticks(np.arange(-0.5, len(depths)), minor=True)
+    ax.grid(which="minor", color="white", linewidth=1)
+    ax.tick_params(which="minor", length=0)
+    fig.colorbar(im, ax=ax, label="score")
+    head = title or f"NIAH ({result['mode']})"
+    ax.set_title(f"{head}\navg acc {m['acc_avg']:.3f} · weighted {m['weighted_avg_acc']:.3f} · "
+                 f"NIAH score {m['niah_score']:.3f}", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def save_result(result: dict, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(result, indent=1))
+

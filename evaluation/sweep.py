@@ -1,0 +1,298 @@
+"""Evaluate every exported snapshot of one or more runs: `python launch/evaluate.py RUN_DIR... --suite paper`.
+
+Snapshots are RUN/exports/*/ (each loadable by models.load_pretrained, config.json holding step, tokens,
+flops) or export directories given directly. Each (snapshot, task) result is cached as JSON under
+OUT/cache/<run>/<snapshot>/<task>.json together with the settings and the snapshot's fingerprint (size and
+mtime of its weights), so a rerun skips finished work and redoes only what changed. The table is written
+as OUT/results.csv and OUT/results.json, with one plot per metric against FLOPs and against tokens under
+OUT/plots/, and NIAH heatmaps under OUT/niah/.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CSR_TASKS = ("boolq", "piqa", "siqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
+# the metric the paper reports for each commonsense task
+CSR_METRIC = {"boolq": "acc", "piqa": "acc", "siqa": "acc", "hellaswag": "acc_norm", "winogrande": "acc",
+              "arc_easy": "acc", "arc_challenge": "acc_norm", "openbookqa": "acc_norm"}
+# lm-eval's SCROLLS tasks: they download tau/scrolls from the HF hub, so they run only where it is reachable
+SCROLLS_TASKS = ("scrolls_qasper", "scrolls_quality", "scrolls_narrativeqa", "scrolls_qmsum",
+                 "scrolls_contractnli", "scrolls_govreport", "scrolls_summscreenfd")
+COUNTS = {"examples", "documents", "words", "bytes", "tokens", "windows", "loglikelihood"}  # table only, not plotted
+SUITES = {
+    "quick": ("wikitext2", "lambada_openai"),
+    "paper": ("wikitext2", "lambada_openai", *CSR_TASKS, "niah_easy", "niah_standard", *SCROLLS_TASKS),
+}
+
+
+@dataclass
+class SweepConfig:
+    runs: list[str]
+    suite: str = "quick"
+    tasks: list[str] | None = None          # overrides the suite's task list
+    out: str | None = None                  # default: <first run>/eval
+    device: str = "auto"
+    dtype: str = "auto"
+    batch_size: int = 8
+    limit: int | None = None                # examples (documents for WikiText-2) per task, for smoke runs
+    max_length: int | None = None           # scoring window; default the model's max_seq_len
+    niah_lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 6144, 8192, 10240, 12288, 14336, 16384])
+    niah_depths: list[float] = field(default_factory=lambda: [float(d) for d in range(0, 101, 10)])
+    niah_trials: int = 1
+    niah_haystack: list[str] = field(default_factory=list)
+    valid_shards: list[str] = field(default_factory=list)   # flat uint32 token files -> task valid_loss
+    valid_seq_len: int = 2048
+    valid_windows: int = 256
+    force: bool = False
+
+
+# -- discovery --------------------------------------------------------------------------------------------
+
+def is_export(path: Path) -> bool:
+    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def find_snapshots(paths: list[str]) -> list[dict]:
+    """One record per exported snapshot (run name, path, arch, size, step, tokens, flops), in step order."""
+    found = []
+    for p in map(Path, paths):
+        if is_export(p):
+            exports, run = [p], p.parent.parent.name if p.parent.name == "exports" else p.parent.name
+        else:
+            exports = sorted(Path(c).parent for c in glob.glob(str(p / "exports" / "*" / "config.json")))
+            exports = [e for e in exports if is_export(e)]
+            run = p.name
+            if not exports:
+                raise FileNotFoundError(f"{p}: neither an export directory (config.json + model.safetensors) "
+                                        f"nor a run directory with exports/*/ (run launch/export.py first)")
+        for e in exports:
+            meta = json.loads((e / "config.json").read_text())
+            model = meta.get("model", {})
+            found.append({"run": run, "snapshot": e.name, "path": str(e.resolve()), "arch": model.get("arch"),
+                          "size": model.get("size"), "step": meta.get("step"), "tokens": meta.get("tokens"),
+                          "flops": meta.get("flops")})
+    found.sort(key=lambda r: (r["run"], r["step"] if r["step"] is not None else -1, r["snapshot"]))
+    return found
+
+
+def fingerprint(export: str) -> dict:
+    st = (Path(export) / "model.safetensors").stat()
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+# -- tasks ------------------------------------------------------------------------------------------------
+
+def task_settings(task: str, cfg: SweepConfig) -> dict:
+    """Everything a cached result depends on besides the weights."""
+    s = {"task": task, "limit": cfg.limit, "max_length": cfg.max_length}
+    if task.startswith("niah_"):
+        s.update(lengths=cfg.niah_lengths, depths=cfg.niah_depths, trials=cfg.niah_trials,
+                 haystack=cfg.niah_haystack)
+    if task == "valid_loss":
+        s.update(shards=cfg.valid_shards, seq_len=cfg.valid_seq_len, windows=cfg.valid_windows)
+    return s
+
+
+def run_tasks(tasks: list[str], model, snap: dict, cfg: SweepConfig, out: Path) -> dict[str, dict]:
+    """Metrics (a flat dict of numbers, plus detail) for each task, run on an already loaded model."""
+    from evaluation import perplexity
+    results: dict[str, dict] = {}
+    lm_eval_tasks = [t for t in tasks if t in CSR_TASKS or t in SCROLLS_TASKS]
+    for t in tasks:
+        if t == "wikitext2":
+            results[t] = perplexity.wikitext_perplexity(model, max_length=cfg.max_length, batch_size=cfg.batch_size,
+                                                        limit=cfg.limit)
+        elif t == "lambada_openai":
+            results[t] = perplexity.lambada_openai(model, max_length=cfg.max_length, batch_size=cfg.batch_size,
+                                                   limit=cfg.limit)
+        elif t == "valid_loss":
+            files = sorted(f for pat in cfg.valid_shards for f in glob.glob(pat))
+            results[t] = perplexity.validation_loss(model, perplexity.token_windows(files, cfg.valid_seq_len + 1),
+                                                    cfg.batch_size, cfg.valid_windows)
+        elif t.startswith("niah_"):
+            from evaluation import niah
+            ncfg = niah.NiahConfig(mode=t.removeprefix("niah_"), lengths=tuple(cfg.niah_lengths),
+                                   depths=tuple(cfg.niah_depths), trials=cfg.niah_trials,
+                                   haystack=tuple(cfg.niah_haystack), batch_size=cfg.batch_size)
+            res = niah.run_niah(model, ncfg, progress=lambda msg: print(f"    {msg}", flush=True))
+            png = niah.plot_heatmap(res, out / "niah" / snap["run"] / f"{snap['snapshot']}_{t}.png",
+                                    title=f"{snap['run']} {snap['snapshot']} {t}")
+            m = res["metrics"]
+            results[t] = {"acc_avg": m["acc_avg"], "weighted_avg_acc": m["weighted_avg_acc"],
+                          "niah_score": m["niah_score"], "heatmap": str(png), "detail": res}
+    if lm_eval_tasks:
+        results.update(run_lm_eval(model, lm_eval_tasks, cfg))
+    return results
+
+
+def run_lm_eval(model, tasks: list[str], cfg: SweepConfig) -> dict[str, dict]:
+    """The commonsense tasks (local configs) and SCROLLS through lm-eval, with the adapter around the
+    loaded model. A task whose data cannot be had is reported with its error and not cached."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from evaluation.lm_eval_adapter import LinscaleLM, tasks_dir
+    lm = LinscaleLM(model=model, batch_size=cfg.batch_size, max_length=cfg.max_length)
+    tm = TaskManager(include_path=str(tasks_dir()))
+    names = {t: (f"{t}_local" if t in CSR_TASKS else t) for t in tasks}
+    out: dict[str, dict] = {}
+    runnable = []
+    for t, name in names.items():  # SCROLLS fails offline at download: keep it from sinking the others
+        try:
+            if t in SCROLLS_TASKS:
+                tm.load_task_or_group([name])
+            runnable.append(t)
+        except Exception as err:  # noqa: BLE001  (any download/config failure means "unavailable")
+            out[t] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+    if runnable:
+        res = lm_eval.simple_evaluate(model=lm, tasks=[names[t] for t in runnable], limit=cfg.limit,
+                                      task_manager=tm, num_fewshot=0, log_samples=False)
+        for t in runnable:
+            r = res["results"].get(names[t], {})
+            metrics = {k.split(",")[0]: v for k, v in r.items()
+                       if "," in k and "stderr" not in k and isinstance(v, (int, float))}
+            if t in CSR_METRIC:
+                metrics["paper"] = metrics.get(CSR_METRIC[t])
+            out[t] = metrics
+    return out
+
+
+# -- the sweep ------------------------------------------------------------------------------------------
+
+def load_model(snap: dict, cfg: SweepConfig, tasks: list[str]):
+    from evaluation.lm_eval_adapter import resolve_device, resolve_dtype
+    from models import load_pretrained
+    device = resolve_device(cfg.device)
+    overrides = {}
+    need = max(cfg.niah_lengths) + 64 if any(t.startswith("niah_") for t in tasks) else 0
+    meta = json.loads((Path(snap["path"]) / "config.json").read_text())
+    if need > meta["model"].get("max_seq_len", 0):
+        overrides["max_seq_len"] = need  # LLaMA's RoPE table must cover the longest NIAH prompt
+    return load_pretrained(snap["path"], device=device, dtype=resolve_dtype(cfg.dtype, device), **overrides)
+
+
+def sweep(cfg: SweepConfig) -> list[dict]:
+    tasks = list(cfg.tasks or SUITES[cfg.suite])
+    if cfg.valid_shards and "valid_loss" not in tasks:
+        tasks.insert(0, "valid_loss")
+    unknown = [t for t in tasks if t not in {"wikitext2", "lambada_openai", "valid_loss", "niah_easy",
+                                              "niah_standard", *CSR_TASKS, *SCROLLS_TASKS}]
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}")
+    snaps = find_snapshots(cfg.runs)
+    out = Path(cfg.out) if cfg.out else (Path(snaps[0]["path"]).parent.parent / "eval" if snaps else Path("eval"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"evaluating {len(snaps)} snapshot(s) x {len(tasks)} task(s) -> {out}", flush=True)
+    rows = []
+    for n, snap in enumerate(snaps, 1):
+        cache_dir = out / "cache" / snap["run"] / snap["snapshot"]
+        fp = fingerprint(snap["path"])
+        cached, todo = {}, []
+        for t in tasks:
+            f = cache_dir / f"{t}.json"
+            key = {"settings": task_settings(t, cfg), "weights": fp}
+            if f.exists() and not cfg.force:
+                rec = json.loads(f.read_text())
+                if rec.get("key") == key:
+                    cached[t] = rec["metrics"]
+                    continue
+            todo.append(t)
+        label = f"[{n}/{len(snaps)}] {snap['run']}/{snap['snapshot']} (step {snap['step']})"
+        print(f"{label}: {len(cached)} cached, {len(todo)} to run {todo if todo else ''}", flush=True)
+        if todo:
+            t0 = time.time()
+            model = load_model(snap, cfg, todo)
+            for t in todo:
+                t1 = time.time()
+                res = run_tasks([t], model, snap, cfg, out).get(t, {"error": "no result"})
+                secs = time.time() - t1
+                if "error" not in res:
+                    cache_dir.mkdir(parents=True, exist_ok=True)
+                    key = {"settings": task_settings(t, cfg), "weights": fp}
+                    tmp = cache_dir / f".{t}.json.tmp"
+                    tmp.write_text(json.dumps({"key": key, "metrics": res, "seconds": secs}, indent=1))
+                    tmp.rename(cache_dir / f"{t}.json")
+                print(f"    {t}: {short(res)} ({secs:.1f}s)", flush=True)
+                cached[t] = res
+            del model
+            print(f"    done in {time.time() - t0:.1f}s", flush=True)
+        rows.append({**snap, "results": cached})
+    write_tables(rows, tasks, out)
+    plot_metrics(rows, out)
+    return rows
+
+
+def short(res: dict) -> str:
+    keys = [k for k, v in res.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return ", ".join(f"{k}={res[k]:.4g}" for k in keys[:4]) or str(res.get("error", ""))[:120]
+
+
+def flat_metrics(row: dict) -> dict[str, float]:
+    """task/metric -> number, numbers only (details such as NIAH cells stay in the JSON)."""
+    flat = {}
+    for t, res in row["results"].items():
+        for k, v in res.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None:
+                flat[f"{t}/{k}"] = float(v)
+    csr = [row["results"][t]["paper"] for t in CSR_TASKS
+           if isinstance(row["results"].get(t, {}).get("paper"), (int, float))]
+    if len(csr) == len(CSR_TASKS):
+        flat["csr/avg"] = sum(csr) / len(csr)
+    return flat
+
+
+def write_tables(rows: list[dict], tasks: list[str], out: Path) -> None:
+    base = ["run", "snapshot", "arch", "size", "step", "tokens", "flops", "path"]
+    flats = [flat_metrics(r) for r in rows]
+    cols = sorted({k for f in flats for k in f})
+    with open(out / "results.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(base + cols)
+        for r, f in zip(rows, flats):
+            w.writerow([r.get(b) for b in base] + [f.get(c, "") for c in cols])
+    (out / "results.json").write_text(json.dumps({"tasks": tasks, "snapshots": rows}, indent=1, default=str))
+
+
+def plot_metrics(rows: list[dict], out: Path) -> list[Path]:
+    """One PNG per metric and x axis (FLOPs, tokens): a line per run through its snapshots."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    flats = [flat_metrics(r) for r in rows]
+    metrics = sorted({k for f in flats for k in f if k.split("/")[-1] not in COUNTS})
+    written = []
+    for x in ("flops", "tokens"):
+        for m in metrics:
+            fig, ax = plt.subplots(figsize=(5, 3.5))
+            drew = False
+            for run in sorted({r["run"] for r in rows}):
+                pts = sorted((r[x], f[m]) for r, f in zip(rows, flats)
+                             if r["run"] == run and m in f and isinstance(r.get(x), (int, float)) and r[x] > 0
+                             and math.isfinite(f[m]))
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ms=3, label=run)
+                    drew = True
+            if not drew:
+                plt.close(fig)
+                continue
+            ax.set_xscale("log")
+            if "perplexity" in m:
+                ax.set_yscale("log")
+            ax.set_xlabel("training FLOPs" if x == "flops" else "training tokens")
+            ax.set_ylabel(m)
+            ax.legend(fontsize=7)
+            ax.grid(alpha=0.3)
+            fig.tight_layout()
+            path = out / "plots" / f"{m.replace('/', '__')}_vs_{x}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            written.append(path)
+    return written
+

@@ -1,0 +1,46 @@
+"""Evaluate every exported snapshot of one or more runs (see docs/evaluation.md).
+
+    python launch/evaluate.py runs/tnl-1b --suite paper
+    python launch/evaluate.py runs/*/ --suite quick --out eval_all
+    python launch/evaluate.py runs/tnl-1b/exports/step_00010000 --tasks wikitext2 niah_standard --limit 8
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# replace (not prepend) this folder on the path: as "evaluate.py" it would shadow HF's `evaluate`
+# package, which lm-eval's SCROLLS tasks import
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from evaluation.sweep import SUITES, SweepConfig, sweep  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> SweepConfig:
+    d = SweepConfig(runs=[])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="run directories (with exports/*/) or export directories")
+    p.add_argument("--suite", choices=sorted(SUITES), default=d.suite)
+    p.add_argument("--tasks", nargs="+", help="instead of the suite: wikitext2 lambada_openai valid_loss "
+                                              "niah_easy niah_standard boolq piqa ... scrolls_qasper ...")
+    p.add_argument("--out", help="results folder (default: <first run>/eval)")
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--limit", type=int, help="examples per task (smoke runs)")
+    p.add_argument("--max-length", type=int, help="scoring window (default: the model's max_seq_len)")
+    p.add_argument("--niah-lengths", type=int, nargs="+", default=d.niah_lengths)
+    p.add_argument("--niah-depths", type=float, nargs="+", default=d.niah_depths)
+    p.add_argument("--niah-trials", type=int, default=d.niah_trials)
+    p.add_argument("--niah-haystack", nargs="+", default=d.niah_haystack, help="text files (default: Gutenberg books)")
+    p.add_argument("--valid-shards", nargs="+", default=d.valid_shards, help="uint32 token files (globs)")
+    p.add_argument("--valid-seq-len", type=int, default=d.valid_seq_len)
+    p.add_argument("--valid-windows", type=int, default=d.valid_windows)
+    p.add_argument("--force", action="store_true", help="ignore cached results")
+    a = p.parse_args(argv)
+    return SweepConfig(**{k: v for k, v in vars(a).items()})
+
+
+if __name__ == "__main__":
+    sweep(parse_args())
