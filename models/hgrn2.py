@@ -50,8 +50,10 @@ class Hgrn2TokenMixer(nn.Module):
         f = self.fg_proj(x).float()
         i = self.i_proj(x)
         beta = lower_bound.float()
-        # log(beta + (1-beta) sigmoid(f)) without leaving log space; log(0) = -inf is fine in logaddexp
-        log_lam = torch.logaddexp(beta.log(), torch.log1p(-beta) + F.logsigmoid(f))
+        # log(beta + (1-beta) sigmoid(f)) without leaving log space. Layer 0 has beta = 0 exactly: clamping
+        # to the smallest normal keeps log(beta) finite, so its gradient is 0 instead of 0 * inf = NaN.
+        log_beta = beta.clamp_min(torch.finfo(torch.float32).tiny).log()
+        log_lam = torch.logaddexp(log_beta, torch.log1p(-beta) + F.logsigmoid(f))
         k = -torch.expm1(log_lam)  # 1 - lambda, exact for lambda near 1
         og, k, i, log_lam = (split_heads(t, self.n_heads) for t in (og, k.to(i.dtype), i, log_lam))
         h0 = None if state is None else state.get("S")

@@ -1,0 +1,41 @@
+"""Parameters and training FLOPs of a model by the paper's formulas:
+`python launch/model_info.py --arch tnl --size 7b [--batch 480] [--seq-len 8192] [--json]`."""
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models import model_config, model_info  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--arch", required=True)
+    p.add_argument("--size", required=True)
+    p.add_argument("--batch", type=int, default=480, help="sequences per step")
+    p.add_argument("--seq-len", type=int, default=8192)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    try:
+        info = model_info(model_config(a.arch, a.size), a.batch, a.seq_len)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(dataclasses.asdict(info), indent=2))
+        return 0
+    print(f"{info.arch} {info.size} (batch {info.batch} x seq {info.seq_len})")
+    print(f"  non-embedding parameters: {info.params_non_embedding / 1e6:,.1f}M "
+          f"(paper formula {info.params_non_embedding_paper / 1e6:,.1f}M)")
+    print(f"  total parameters:         {info.params_total / 1e6:,.1f}M")
+    print(f"  training FLOPs per step:  {info.flops_per_step / 1e15:,.2f} PFLOPs "
+          f"({info.flops_per_step_non_embedding / 1e15:,.2f} without the embedding term)")
+    print(f"  training FLOPs per token: {info.flops_per_token:,.4g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

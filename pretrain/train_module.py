@@ -1,0 +1,112 @@
+"""The train module: one optimizer step over a list of micro-batches, in plain PyTorch (one process, or
+DDP when there are several and no ZeRO). Parallelism and precision are applied here, from outside the
+model. `pretrain.deepspeed_module` offers the same interface on a DeepSpeed engine."""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from pretrain.config import OptimConfig
+
+
+
+@dataclass
+class StepResult:
+    loss: float          # mean loss over the step's micro-batches (all ranks)
+    grad_norm: float     # before clipping
+    skipped: bool        # the update was skipped (non-finite loss or gradient norm)
+
+
+def lr_at(step: int, cfg: OptimConfig) -> float:
+    """Linear warm-up from 0 to lr over warmup_steps, then constant (the paper's schedule). A pure
+    function of the step, so a resumed run has nothing to restore."""
+    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    return cfg.lr
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on linear and embedding matrices only; norm gains, HGRN2 lower bounds, LRPE angles and
+    TPE parameters are left undecayed."""
+    decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if id(p) in decay_ids else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    kw = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    if device.type == "cuda":
+        kw["fused"] = True
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), **kw)
+
+
+class TorchTrainModule:
+    def __init__(self, model: nn.Module, optim_cfg: OptimConfig, device: torch.device, precision: str,
+                 ddp: bool = False):
+        self.device = device
+        self.optim_cfg = optim_cfg
+        self.model = model.to(device)
+        self.precision = precision
+        self.wrapped = self.model
+        if ddp:
+            self.wrapped = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.optimizer = build_optimizer(self.model, optim_cfg, device)
+
+    def autocast(self):
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def forward_loss(self, batch: dict) -> Tensor:
+        with self.autocast():
+            return self.wrapped(batch["input_ids"].to(self.device, non_blocking=True),
+                                targets=batch["targets"].to(self.device, non_blocking=True),
+                                cu_seqlens=batch.get("cu_seqlens"))
+
+    def train_step(self, micro_batches: list[dict], step: int, inject_nonfinite: bool = False) -> StepResult:
+        lr = lr_at(step, self.optim_cfg)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.model.train()
+        total = torch.zeros((), device=self.device)
+        n = len(micro_batches)
+        for i, mb in enumerate(micro_batches):
+            sync = i == n - 1 or not isinstance(self.wrapped, nn.parallel.DistributedDataParallel)
+            ctx = contextlib.nullcontext() if sync else self.wrapped.no_sync()
+            with ctx:
+                loss = self.forward_loss(mb)
+                if inject_nonfinite:
+                    loss = loss * float("nan")
+                (loss / n).backward()
+            total += loss.detach() / n
+        from pretrain.distributed import all_reduce_mean
+        total = all_reduce_mean(total)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
+        loss_v, gn = float(total), float(grad_norm)
+        skipped = not (math.isfinite(loss_v) and math.isfinite(gn))
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss_v, gn, skipped)
+
+    @torch.no_grad()
+    def eval_loss(self, batches: list[dict]) -> float:
+        self.model.eval()
+        losses = [float(self.forward_loss(b)) for b in batches]
+        self.model.train()
+        return sum(losses) / max(1, len(losses))
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,267 @@
+"""The training loop: data -> train module -> metrics, with the stopping, skipping and spike rules of the
+recipe. Checkpointing and the DeepSpeed engine plug in through `pretrain.train_module`-style modules and
+the `checkpoints` package; the loop itself knows nothing about ZeRO."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import ops
+from models import LanguageModel, build_from_config, flops_per_step, model_info
+from pretrain.config import RunConfig, gradient_accumulation, save_config
+from pretrain.distributed import DistEnv, barrier, dist_env, init_process_group
+from pretrain.metrics import MetricsLogger, Progress, peak_flops
+from pretrain.train_module import TorchTrainModule, lr_at
+
+
+def log(msg: str, env: DistEnv | None = None) -> None:
+    if env is None or env.is_main:
+        print(f"[linscale] {msg}", flush=True)
+
+
+def prepare_run_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write_probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise PermissionError(f"run directory {path} is not writable ({err.strerror}); pass --out to a "
+                              f"directory you can write") from err
+    return path
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def decay_table(model: LanguageModel) -> list[list[float]] | None:
+    """TNL's fixed per-layer, per-head decays (logged at start, as DESIGN asks)."""
+    if model.config.arch != "tnl":
+        return None
+    return [b.token_mixer.decays for b in model.blocks]
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig):
+        from data_pipeline import build_loader
+
+        self.cfg = cfg
+        self.env = env = dist_env(cfg.train.device)
+        ops.set_default_impl(cfg.train.ops_impl)
+        self.run_dir = prepare_run_dir(cfg.run_dir)
+        self.model_cfg = cfg.model()
+        t = cfg.train
+        self.precision = t.precision if t.precision != "auto" else ("bf16" if env.device.type == "cuda" else "fp32")
+        self.global_batch = cfg.global_batch
+        self.accum = gradient_accumulation(self.global_batch, env.world_size, t.micro_batch, t.allow_inexact_batch)
+        self.tokens_per_step = env.world_size * t.micro_batch * self.accum * t.seq_len
+        self.flops_per_step = flops_per_step(self.model_cfg, self.tokens_per_step // t.seq_len, t.seq_len)
+        self.flops_per_step_ne = flops_per_step(self.model_cfg, self.tokens_per_step // t.seq_len, t.seq_len, False)
+        seed_everything(t.seed + env.rank)
+
+        init_process_group(env, cfg.dist.backend)
+        model = build_from_config(self.model_cfg)
+        model.gradient_checkpointing = t.activation_checkpointing
+        self.model = model
+        if cfg.dist.zero > 0:
+            from pretrain.deepspeed_module import DeepSpeedTrainModule
+            self.module = DeepSpeedTrainModule(model, cfg, env, self.precision, self.accum)
+        else:
+            self.module = TorchTrainModule(model, cfg.optim, env.device, self.precision, ddp=env.world_size > 1)
+        if t.compile:
+            self.module.wrapped = torch.compile(self.module.wrapped)
+
+        self.loader = build_loader(cfg.data, t.seq_len, self.global_batch, t.micro_batch,
+                                   rank=env.rank, world_size=env.world_size, seed=t.seed, doc_starts=t.doc_reset)
+        self.val_batches = self._validation_batches(build_loader) if t.eval_every else []
+
+        self.step = 0
+        self.tokens = 0
+        self.flops = 0.0
+        self.bad_steps_in_row = 0
+        self.bad_steps_total = 0
+        self.loss_ema: float | None = None
+        self.inject_nonfinite_steps: set[int] = {int(s) for s in os.environ.get("LINSCALE_INJECT_NONFINITE", "").split(",") if s}
+        self.checkpointer = None  # set by the checkpoints package when available
+        self._maybe_attach_checkpointer()
+
+        if env.is_main:
+            save_config(cfg, self.run_dir / "config.json")
+        self.metrics = MetricsLogger(self.run_dir, enabled=env.is_main)
+        self.peak = peak_flops(env.device)
+
+    # -- setup helpers ------------------------------------------------------------------------------
+    def _validation_batches(self, build_loader) -> list[dict]:
+        t = self.cfg.train
+        try:
+            val = build_loader(self.cfg.data, t.seq_len, t.micro_batch, t.micro_batch, rank=0, world_size=1,
+                               seed=t.seed, split="val")
+        except (TypeError, ValueError, FileNotFoundError) as err:
+            log(f"no validation split ({err}); validation loss disabled", self.env)
+            return []
+        return [val.next_batch() for _ in range(t.eval_batches)]
+
+    def _maybe_attach_checkpointer(self) -> None:
+        try:
+            from checkpoints import attach_to_trainer
+        except ImportError:
+            return
+        attach_to_trainer(self)
+
+    # -- state for checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything of the trainer's own that an exact resume needs (the module holds model + optimizer)."""
+        return {"step": self.step, "tokens": self.tokens, "flops": self.flops, "loader": self.loader.state_dict(),
+                "rng": rng_state(), "bad_steps_total": self.bad_steps_total, "loss_ema": self.loss_ema}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.tokens, self.flops = state["step"], state["tokens"], state["flops"]
+        self.loader.load_state_dict(state["loader"])
+        if state.get("rng") is not None:
+            set_rng_state(state["rng"])
+        self.bad_steps_total = state.get("bad_steps_total", 0)
+        self.loss_ema = state.get("loss_ema")
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def done(self) -> bool:
+        t = self.cfg.train
+        return (t.max_steps is not None and self.step >= t.max_steps) or \
+               (t.max_tokens is not None and self.tokens >= t.max_tokens)
+
+    def total_steps(self) -> int | None:
+        t = self.cfg.train
+        candidates = [t.max_steps] if t.max_steps is not None else []
+        if t.max_tokens is not None:
+            candidates.append(math.ceil(t.max_tokens / self.tokens_per_step))
+        return min(candidates) if candidates else None
+
+    def announce(self) -> None:
+        info = model_info(self.model_cfg, self.tokens_per_step // self.cfg.train.seq_len, self.cfg.train.seq_len)
+        e = self.env
+        log(f"{self.model_cfg.arch} {self.model_cfg.size}: {info.params_non_embedding / 1e6:.1f}M non-embedding, "
+            f"{info.params_total / 1e6:.1f}M total parameters; {self.flops_per_step / 1e12:.3g} TFLOPs/step", e)
+        log(f"batch: {self.global_batch} x {self.cfg.train.seq_len} tokens = {e.world_size} ranks x micro "
+            f"{self.cfg.train.micro_batch} x accumulation {self.accum}; precision {self.precision}; device {e.device}", e)
+        log(f"data: {self.loader.describe()}", e)
+        table = decay_table(self.model)
+        if table is not None:
+            log(f"TNL decay schedule '{self.model_cfg.tnl_decay_schedule}' (lambda per layer x head):", e)
+            for i, row in enumerate(table):
+                log(f"  layer {i:2d}: " + " ".join(f"{x:.5f}" for x in row), e)
+        if self.total_steps() is None:
+            log("no --max-steps/--max-tokens given: training until stopped (checkpoints keep the progress)", e)
+        log(f"run directory: {self.run_dir}", e)
+
+    def fit(self) -> dict:
+        self.announce()
+        progress = Progress(self.total_steps(), self.env.is_main)
+        t = self.cfg.train
+        steps_this_session = 0
+        last_time = time.time()
+        last_log_step = self.step
+        last = {}
+        stop_reason = "finished"
+        while not self.done():
+            if self.checkpointer is not None and self.checkpointer.stop_requested():
+                stop_reason = "signal"
+                break
+            micro = [self.loader.next_batch() for _ in range(self.accum)]
+            inject = self.step in self.inject_nonfinite_steps
+            res = self.module.train_step(micro, self.step, inject_nonfinite=inject)
+            lr = lr_at(self.step, self.cfg.optim)
+            self.step += 1
+            steps_this_session += 1
+            self.tokens += self.tokens_per_step
+            self.flops += self.flops_per_step
+            if res.skipped:
+                self.bad_steps_in_row += 1
+                self.bad_steps_total += 1
+                log(f"step {self.step}: non-finite loss ({res.loss}) or gradient norm ({res.grad_norm}); update "
+                    f"skipped ({self.bad_steps_in_row} in a row, {self.bad_steps_total} in total)", self.env)
+                if self.bad_steps_in_row > t.max_bad_steps:
+                    if self.checkpointer is not None:
+                        self.checkpointer.save(blocking=True)
+                    raise RuntimeError(f"{self.bad_steps_in_row} non-finite steps in a row (limit --max-bad-steps "
+                                       f"{t.max_bad_steps}); stopped at step {self.step}. Lower --lr, check the data, "
+                                       f"or resume from the last checkpoint in {self.run_dir}")
+            else:
+                self.bad_steps_in_row = 0
+            spike = False
+            if not res.skipped:
+                if self.loss_ema is not None and res.loss > t.spike_factor * self.loss_ema:
+                    spike = True
+                    log(f"step {self.step}: loss spike {res.loss:.4f} (running mean {self.loss_ema:.4f})", self.env)
+                self.loss_ema = res.loss if self.loss_ema is None else 0.98 * self.loss_ema + 0.02 * res.loss
+            is_log = self.step % t.log_every == 0 or self.done() or res.skipped or spike
+            is_eval = bool(self.val_batches) and t.eval_every and (self.step % t.eval_every == 0 or self.done())
+            if is_log or is_eval:
+                if self.env.device.type == "cuda":
+                    torch.cuda.synchronize()
+                now = time.time()
+                dt = (now - last_time) / max(1, self.step - last_log_step)
+                last_time, last_log_step = now, self.step
+                row = {"step": self.step, "tokens": self.tokens, "loss": res.loss, "lr": lr,
+                       "flops": self.flops, "flops_non_embedding": self.step * self.flops_per_step_ne,
+                       "tokens_per_s": self.tokens_per_step / dt, "grad_norm": res.grad_norm,
+                       "step_time_s": dt, "skipped": res.skipped, "bad_steps_total": self.bad_steps_total}
+                if spike:
+                    row["loss_spike"] = True
+                if self.peak:
+                    row["mfu"] = self.flops_per_step / dt / (self.peak * self.env.world_size)
+                if self.env.device.type == "cuda":
+                    row["max_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+                if is_eval:
+                    row["val_loss"] = self.module.eval_loss(self.val_batches)
+                self.metrics.log(row)
+                progress.line(self.step, row, steps_this_session)
+                last = row
+            if self.checkpointer is not None:
+                self.checkpointer.after_step()
+        if self.checkpointer is not None:
+            self.checkpointer.at_end(stop_reason)
+        barrier()
+        self.metrics.close()
+        summary = {"step": self.step, "tokens": self.tokens, "flops": self.flops, "final_loss": last.get("loss"),
+                   "val_loss": last.get("val_loss"), "bad_steps_total": self.bad_steps_total, "stop": stop_reason}
+        if self.env.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            log(f"done: {summary}", self.env)
+        return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pretrain.config import parse_config
+    try:
+        cfg = parse_config(argv)
+        trainer = Trainer(cfg)
+    except (ValueError, FileNotFoundError, PermissionError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    trainer.fit()
+    return 0
