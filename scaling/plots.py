@@ -84,6 +84,8 @@ def plot_compare(results: list[ArchResult], out: Path) -> Path:
         a.grid(True, which="both", alpha=0.3)
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=8)
+    axes[0].yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axes[0].yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
     fig.suptitle("scaling laws by architecture")
     fig.tight_layout()
     path = out / "scaling_compare.png"
