@@ -68,7 +68,8 @@ def chinchilla_points(runs: list[Run], c: np.ndarray, smooth_decades: float = 0.
     return np.concatenate(n), np.concatenate(d), np.concatenate(l)
 
 
-def analyze_arch(arch: str, runs: list[Run], s: FitSettings = FitSettings()) -> ArchResult:
+def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> ArchResult:
+    s = s or FitSettings()
     res = ArchResult(arch=arch, runs=runs)
     n_sizes = len({r.n_params for r in runs})
     if n_sizes < 2:

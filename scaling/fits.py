@@ -140,7 +140,7 @@ def fit_offset_power_law(x: np.ndarray, y: np.ndarray, n_boot: int = 200, seed: 
             q, _ = _offset_fit_once(lx[idx], ly[idx], np.minimum(p, [y[idx].min() * (1 - 1e-6), np.inf, np.inf]),
                                     float(y[idx].min()))
             samples.append(q)
-        s = np.array(samples)
+        s = np.array(samples).reshape(-1, 3)
         eps_ci, coef_ci, exp_ci = _interval(s[:, 0], ci), _interval(np.exp(s[:, 1]), ci), _interval(s[:, 2], ci)
     return OffsetPowerLawFit(eps=float(p[0]), coef=float(np.exp(p[1])), exponent=float(p[2]), eps_ci=eps_ci,
                              coef_ci=coef_ci, exponent_ci=exp_ci, n_points=len(x), rmse_log=err)

@@ -69,9 +69,20 @@ def arch_record(r: ArchResult) -> dict:
     return rec
 
 
+def _strict(x):
+    """NaN/inf (an interval that could not be computed) -> null, so the file is standard JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    return x
+
+
 def to_json(results: list[ArchResult], settings: FitSettings, include_embedding: bool) -> dict:
-    return {"units": UNITS, "include_embedding_flops": include_embedding, "settings": asdict(settings),
-            "paper_unit": PAPER_UNIT, "archs": {r.arch: arch_record(r) for r in results}}
+    return _strict({"units": UNITS, "include_embedding_flops": include_embedding, "settings": asdict(settings),
+                    "paper_unit": PAPER_UNIT, "archs": {r.arch: arch_record(r) for r in results}})
 
 
 def markdown_tables(results: list[ArchResult], include_embedding: bool) -> str:

@@ -144,11 +144,11 @@ def test_cli_writes_table_json_and_plots(sweep, tmp_path, capsys):
     write_run(root.parent / "single" / "llama-mini", model_config("llama", "mini"), LossLaw(), 1e8, n_rows=30)
     out = tmp_path / "fits.json"
     rc = _cli()([str(root), str(root.parent / "single"), "--json", str(out), "--plots", str(tmp_path / "plots"),
-                 "--no-embedding-flops", "--n-boot", "50"])
+                 "--no-embedding-flops", "--n-boot", "0"])   # no intervals: NaN internally, null in the JSON
     text = capsys.readouterr().out
     assert rc == 0
     assert "PFLOP-days" in text and "| tnl |" in text and ">= 2 sizes" in text
-    rec = json.loads(out.read_text())
+    rec = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
     tnl = rec["archs"]["tnl"]
     for key in ("alpha", "beta", "a", "b", "n_coef", "d_coef", "beta_flops", "eps_power_law", "paper"):
         assert key in tnl
@@ -158,6 +158,7 @@ def test_cli_writes_table_json_and_plots(sweep, tmp_path, capsys):
     c_flops = 1e20
     assert tnl["beta_flops"] * c_flops ** tnl["alpha"] == pytest.approx(tnl["beta"] * (c_flops / 8.64e19) ** tnl["alpha"])
     assert "alpha" not in rec["archs"]["llama"]
+    assert tnl["alpha_ci"] == [None, None]
     pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
     assert pngs == ["scaling_compare.png", "scaling_llama.png", "scaling_tnl.png"]
     assert all((tmp_path / "plots" / p).stat().st_size > 10_000 for p in pngs)
