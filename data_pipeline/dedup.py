@@ -10,18 +10,15 @@ depend on how the work was split.
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import xxhash
 
-_SPACE = re.compile(r"\s+")
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def exact_key(text: str) -> int:
     """Hash of the text with case and whitespace runs normalised (after clean())."""
-    return xxhash.xxh3_64_intdigest(_SPACE.sub(" ", text.lower()).encode("utf-8"))
+    return xxhash.xxh3_64_intdigest(" ".join(text.lower().split()).encode("utf-8"))
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -38,34 +35,46 @@ _POS = _rng.integers(1, 2**63, size=64, dtype=np.uint64) | np.uint64(1)  # per o
 _GRAM = _rng.integers(1, 2**63, size=16, dtype=np.uint64) | np.uint64(1)  # per offset in a shingle
 
 
-def shingles(text: str, language: str, n: int = 5) -> np.ndarray:
-    """uint64 hashes of the document's n-gram shingles (unique). Words: maximal runs of letters/digits,
-    lowercased; characters: non-space code points."""
+def units(text: str, language: str) -> tuple[np.ndarray, np.ndarray]:
+    """The document as hashed units and their lengths in characters: lowercased words (maximal runs of
+    letters/digits) for en, non-space characters for zh."""
     cp = np.frombuffer(text.lower().encode("utf-32-le"), dtype=np.uint32)
     with np.errstate(over="ignore"):
         if language == "zh":
-            units = cp[~np.isin(cp, _WHITESPACE)].astype(np.uint64)
-        else:
-            is_word = _is_word(cp)
-            if not is_word.any():
-                return np.zeros(0, np.uint64)
-            edges = np.diff(np.concatenate([[0], is_word.astype(np.int8), [0]]))
-            starts = np.nonzero(edges == 1)[0]
-            ends = np.nonzero(edges == -1)[0]
-            idx = np.nonzero(is_word)[0]
-            word_id = np.repeat(np.arange(len(starts)), ends - starts)
-            offset = idx - starts[word_id]
-            vals = (cp[idx].astype(np.uint64) + np.uint64(1)) * _POS[offset % 64]
-            units = _mix(np.add.reduceat(vals, np.concatenate([[0], np.cumsum(ends - starts)[:-1]])))
-        if len(units) < n:
-            if len(units) == 0:
-                return np.zeros(0, np.uint64)
-            n = len(units)
-        m = len(units) - n + 1
-        acc = np.zeros(m, np.uint64)
+            u = cp[~np.isin(cp, _WHITESPACE)].astype(np.uint64)
+            return u, np.ones(len(u), np.int64)
+        is_word = _is_word(cp)
+        if not is_word.any():
+            return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        edges = np.diff(np.concatenate([[0], is_word.astype(np.int8), [0]]))
+        starts = np.nonzero(edges == 1)[0]
+        lengths = np.nonzero(edges == -1)[0] - starts
+        idx = np.nonzero(is_word)[0]
+        offset = idx - np.repeat(starts, lengths)
+        vals = (cp[idx].astype(np.uint64) + np.uint64(1)) * _POS[offset % 64]
+        return _mix(np.add.reduceat(vals, np.concatenate([[0], np.cumsum(lengths)[:-1]]))), lengths
+
+
+def gram_hashes(u: np.ndarray, n: int) -> np.ndarray:
+    """Hash of every run of n consecutive units (not deduplicated)."""
+    m = len(u) - n + 1
+    acc = np.zeros(max(m, 0), np.uint64)
+    with np.errstate(over="ignore"):
         for j in range(n):
-            acc += units[j:j + m] * _GRAM[j]
-        return _sorted_unique(_mix(acc))
+            acc += u[j:j + m] * _GRAM[j]
+        return _mix(acc)
+
+
+def shingles(text: str, language: str, n: int = 5) -> np.ndarray:
+    """uint64 hashes of the document's n-gram shingles (unique): word n-grams for en, character
+    n-grams for zh. A document shorter than n units is one shingle."""
+    units_, _ = units(text, language)
+    with np.errstate(over="ignore"):
+        if len(units_) < n:
+            if len(units_) == 0:
+                return np.zeros(0, np.uint64)
+            n = len(units_)
+        return _sorted_unique(gram_hashes(units_, n))
 
 
 def _sorted_unique(x: np.ndarray) -> np.ndarray:

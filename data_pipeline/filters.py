@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections import Counter
+import numpy as np
 
 from .config import FilterConfig
+from .dedup import gram_hashes, units
 
 # C0/C1 controls except tab and newline, plus BOM, zero-width no-break space and other format marks that
 # carry no text
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff\ufffe\u200b]")
-_CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
-_LATIN = re.compile("[A-Za-z\u00c0-\u024f]")
-_WORD = re.compile(r"\w+")
 _PARA = re.compile(r"\n\s*\n")
 
 FILTER_NAMES = ("too_short", "too_long", "dup_lines", "dup_paragraphs", "top_ngram", "wrong_script")
@@ -29,10 +27,13 @@ def clean(text: str) -> str:
 
 
 def script_ratio(text: str, language: str) -> float:
-    """Share of the source language's script among Latin and CJK letters (1.0 when there are none)."""
-    sample = text[:100_000]  # the head of a long document decides; counting all of a book costs time
-    cjk = len(_CJK.findall(sample))
-    latin = len(_LATIN.findall(sample))
+    """Share of the source language's script among Latin and CJK letters (1.0 when there are none),
+    over the first 100k characters."""
+    cp = np.frombuffer(text[:100_000].encode("utf-32-le"), dtype=np.uint32)
+    cjk = int(np.count_nonzero(((cp >= 0x3400) & (cp <= 0x9FFF)) | ((cp >= 0xF900) & (cp <= 0xFAFF))
+                               | ((cp >= 0x20000) & (cp <= 0x2FA1F))))
+    latin = int(np.count_nonzero(((cp | 0x20) >= 0x61) & ((cp | 0x20) <= 0x7A))
+                + np.count_nonzero((cp >= 0xC0) & (cp <= 0x24F)))
     if cjk + latin == 0:
         return 1.0
     return (cjk if language == "zh" else latin) / (cjk + latin)
@@ -53,20 +54,21 @@ def _dup_fraction(parts: list[str]) -> float:
 
 
 def top_ngram_share(text: str, language: str) -> float:
-    """Characters covered by the most frequent n-gram: word 2-grams (en) or character 4-grams (zh)."""
-    sample = text[:200_000]
-    if language == "zh":
-        chars = [c for c in sample if not c.isspace()]
-        grams = Counter("".join(chars[i:i + 4]) for i in range(len(chars) - 3))
-        if not grams:
-            return 0.0
-        return grams.most_common(1)[0][1] * 4 / len(chars)
-    words = _WORD.findall(sample)
-    if len(words) < 2:
+    """Characters covered by the most frequent n-gram (counting every occurrence): word 2-grams (en) or
+    character 4-grams (zh), over the first 200k characters."""
+    n = 4 if language == "zh" else 2
+    u, lengths = units(text[:200_000], language)
+    if len(u) < n + 1:
         return 0.0
-    grams = Counter(zip(words, words[1:]))
-    (a, b), count = grams.most_common(1)[0]
-    return count * (len(a) + len(b)) / max(sum(map(len, words)), 1)
+    g = gram_hashes(u, n)
+    order = np.argsort(g, kind="stable")
+    gs = g[order]
+    run_starts = np.concatenate([[0], np.nonzero(gs[1:] != gs[:-1])[0] + 1, [len(gs)]])
+    counts = np.diff(run_starts)
+    top = int(np.argmax(counts))
+    first = order[run_starts[top]]  # one occurrence of the top gram: its length in characters
+    gram_chars = int(lengths[first:first + n].sum())
+    return float(counts[top] * gram_chars / lengths.sum())
 
 
 def check(text: str, language: str, cfg: FilterConfig) -> str | None:

@@ -101,6 +101,7 @@ def write_meta(root: Path, sources: list[SourceMeta], extra: dict | None = None)
     meta = {"format_version": FORMAT_VERSION, "tokenizer": ENCODING_NAME, "eot_id": EOT_ID,
             "token_dtype": "uint32", "sources": [vars(s) for s in sources]}
     meta.update(extra or {})
+    Path(root).mkdir(parents=True, exist_ok=True)
     tmp = Path(root) / "meta.json.tmp"
     tmp.write_text(json.dumps(meta, indent=1))
     os.replace(tmp, Path(root) / "meta.json")  # meta.json last: its presence marks a complete dataset

@@ -1,0 +1,116 @@
+"""Streaming mode: a data config read, filtered, tokenized and packed on the fly, no prepare step.
+
+Each source is an endless stream of epochs; epoch e reads the source's files in a permutation seeded by
+(seed, source, e) (a Hugging Face stream in its own order), cleans and filters every document, keeps the
+ones of the requested split (val: the documents whose text hash falls in `val_fraction`, as in
+prepare), and appends their tokens. Window j of a source is stream tokens [j*seq_len, j*seq_len+seq_len+1),
+the same rule as for prepared shards, so the loader's order, mixing and resume are the same; resuming
+replays the source streams up to the saved position (tokenizing what is skipped), which suits the small
+runs streaming mode is for. Dedup needs a view of the whole corpus: use prepare_data for it.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from .config import DataConfig, SourceConfig, load_data_config, source_weights
+from .dedup import exact_key
+from .filters import check, clean
+from .loader import _digest, _stable_id
+from .mixing import normalise_weights
+from .sources import Counts, iter_file, iter_source
+from .tokenizer import encode_document
+
+
+class _SourceStream:
+    def __init__(self, cfg: DataConfig, src: SourceConfig, seed: int, split: str):
+        self.cfg, self.src, self.seed, self.split = cfg, src, seed, split
+        self.counts = Counts(src.name)
+        self.removed: Counter = Counter()
+        self.files, missing = cfg.files(src) if src.type != "hf" else ([], [])
+        for m in missing:
+            self.counts.skip("missing_files", m, "no file matches")
+        if src.type != "hf" and not self.files:
+            raise FileNotFoundError(f"source {src.name!r}: no input files match {src.paths}")
+        self.buf = np.zeros(0, np.uint32)
+        self.base = 0  # stream position of buf[0]
+        self.epoch = 0
+        self._docs = self._epoch_docs()
+
+    def _epoch_docs(self):
+        while True:
+            got = 0
+            if self.src.type == "hf":
+                raw = iter_source(self.cfg, self.src, self.counts)
+            else:
+                perm = np.random.default_rng([self.seed, _stable_id(self.src.name), self.epoch]
+                                             ).permutation(len(self.files))
+                raw = iter_source(self.cfg, self.src, self.counts, [self.files[i] for i in perm])
+            threshold = round(self.cfg.val_fraction * 1_000_000)
+            for text, _ in raw:
+                text = clean(text)
+                reason = check(text, self.src.language, self.cfg.filters)
+                if reason:
+                    self.removed[reason] += 1
+                    continue
+                if ((exact_key(text) % 1_000_000) < threshold) != (self.split == "val"):
+                    continue
+                got += 1
+                yield encode_document(text)
+            if got == 0:
+                raise ValueError(f"source {self.src.name!r} yields no {self.split} documents after filtering "
+                                 f"(removed: {dict(self.removed)}, skipped: {dict(self.counts.skipped)})")
+            self.epoch += 1
+
+    def read(self, pos: int, n: int, out: np.ndarray) -> None:
+        """Copy stream positions [pos, pos+n) into out; positions only move forward."""
+        if pos < self.base:
+            raise RuntimeError("streaming sources are read forward only")
+        base, have_end = self.base, self.base + len(self.buf)
+        pieces = [self.buf]
+        if have_end <= pos:  # all buffered tokens are behind the window
+            pieces, base = [], have_end
+        while have_end < pos + n:
+            ids = np.asarray(next(self._docs), dtype=np.uint32)
+            if have_end + len(ids) <= pos:  # skipping forward (resume): never hold what is passed
+                have_end += len(ids)
+                pieces, base = [], have_end
+                continue
+            pieces.append(ids)
+            have_end += len(ids)
+        buf = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
+        start = pos - base
+        out[:n] = buf[start:start + n]
+        self.buf, self.base = buf[start:], pos  # the next window starts at or after pos
+
+
+class StreamProvider:
+    """WindowProvider over a data config, streamed (see module docstring)."""
+
+    def __init__(self, cfg: DataConfig, seed: int, split: str = "train", label: str = "stream"):
+        self.cfg = cfg
+        self.names = [s.name for s in cfg.sources]
+        self.languages = [s.language for s in cfg.sources]
+        sizes = {}
+        for s in cfg.sources:
+            files, _ = cfg.files(s) if s.type != "hf" else ([], [])
+            sizes[s.name] = float(sum(f.stat().st_size for f in files)) if files else 1.0
+        w = source_weights(cfg, sizes)
+        self.weights = [w[n] for n in self.names]
+        self.streams = [_SourceStream(cfg, s, seed, split) for s in cfg.sources]
+        self.fingerprint = _digest({"config": cfg.fingerprint(), "split": split, "weights": self.weights})
+        self.label = f"{label} [{split}, streaming]"
+
+    @classmethod
+    def from_config(cls, path: str | Path, seed: int, split: str = "train") -> "StreamProvider":
+        return cls(load_data_config(path), seed, split, label=str(path))
+
+    def window(self, source: int, index: int, seq_len: int, out: np.ndarray) -> None:
+        self.streams[source].read(index * seq_len, seq_len + 1, out)
+
+    def describe(self) -> str:
+        w = normalise_weights(self.weights, self.names)
+        return f"{self.label}: " + ", ".join(f"{n}({lang}) {share:.1%}"
+                                             for n, lang, share in zip(self.names, self.languages, w))

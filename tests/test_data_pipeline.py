@@ -1,0 +1,215 @@
+"""prepare + loader on real text (small subsets of ../shared/data): mix, dedup, malformed input, formats,
+streaming resume."""
+import gzip
+import json
+import logging
+import random
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from data_pipeline import build_loader
+from data_pipeline.config import parse_data_config
+from data_pipeline.config import FilterConfig
+from data_pipeline.filters import check, clean
+from data_pipeline.prepare import prepare
+from data_pipeline.shards import read_meta
+from data_pipeline.sources import _wikiextractor_docs, Counts
+from data_pipeline.tokenizer import EOT_ID, decode
+
+EN_WIKI = "train/en/wikipedia_2014_wikiextractor"
+ZH_WIKI = "train/zh/wikipedia_zh_wikiextractor"
+
+
+def _wiki_docs(path, min_len, n, language="en"):
+    """Documents that pass the default filters, so that what dedup does is all that is measured."""
+    lines = ((i + 1, ln.rstrip("\n")) for i, ln in enumerate(gzip.open(path, "rt", encoding="utf-8")))
+    docs = [clean(t) for t, _ in _wikiextractor_docs(lines, str(path), Counts("x"))]
+    return [d for d in docs if len(d) >= min_len and check(d, language, FilterConfig()) is None][:n]
+
+
+def _output_docs(split_dir):
+    out = {}
+    for s in read_meta(split_dir)["sources"]:
+        for sh in s["shards"]:
+            toks = np.fromfile(split_dir / sh["tokens"], dtype=np.uint32)
+            for off, n in np.load(split_dir / sh["docs"]):
+                assert toks[off + n - 1] == EOT_ID
+                out.setdefault(s["name"], []).append(decode(toks[off:off + n - 1].tolist()))
+    return out
+
+
+def _cjk_share(ids):
+    text = decode(ids)
+    cjk = len(re.findall(r"[\u4e00-\u9fff]", text))
+    latin = len(re.findall(r"[A-Za-z]", text))
+    return cjk / max(cjk + latin, 1)
+
+
+def test_token_mix_is_two_to_one(shared_data, tmp_path):
+    cfg = parse_data_config({"name": "mix", "sources": [
+        {"name": "en_wiki", "language": "en", "type": "wikiextractor", "paths": [str(shared_data / EN_WIKI / "AA_wiki_01.txt.gz")]},
+        {"name": "gutenberg", "language": "en", "type": "text", "paths": [str(shared_data / "train/en/gutenberg/pg35_*.txt.gz")]},
+        {"name": "zh_wiki", "language": "zh", "type": "wikiextractor", "paths": [str(shared_data / ZH_WIKI / "AA_wiki_00.txt.gz")]},
+        {"name": "luxun", "language": "zh", "type": "text", "paths": [str(shared_data / "train/zh/luxun/yecao.txt.gz")]},
+    ], "dedup": {"near": False}})
+    prepare(cfg, tmp_path / "ds", workers=2, progress=False)
+    ld = build_loader(str(tmp_path / "ds"), 256, 30, 10)
+    en = zh = 0
+    for _ in range(60):  # 1800 windows; each is one source, told apart here by its script alone
+        for row in ld.next_batch()["input_ids"]:
+            if _cjk_share(row.tolist()) > 0.5:
+                zh += 256
+            else:
+                en += 256
+    assert abs(en / zh - 2.0) / 2.0 < 0.02, (en, zh)
+
+
+def _planted_corpus(shared_data, tmp_path, rng):
+    en = [d for f in ("02", "03", "04") for d in _wiki_docs(shared_data / EN_WIKI / f"AA_wiki_{f}.txt.gz",
+                                                            1500, 200)][:200]
+    zh = _wiki_docs(shared_data / ZH_WIKI / "AA_wiki_01.txt.gz", 500, 100, "zh")
+    assert len(en) == 200 and len(zh) == 100
+    exact, near = [], []
+    for docs, lang in ((en, "en"), (zh, "zh")):
+        for d in rng.sample(docs, len(docs) // 5):
+            exact.append((lang, d))
+        for d in rng.sample(docs, len(docs) // 5):
+            if lang == "en":  # a few words changed
+                words = d.split(" ")
+                for i in rng.sample(range(len(words)), 3):
+                    words[i] = rng.choice(["blue", "seven", "river", "quietly"])
+                near.append((lang, " ".join(words)))
+            else:  # a few characters changed
+                chars = list(d)
+                for i in rng.sample(range(len(chars)), 3):
+                    chars[i] = rng.choice("天地人和")
+                near.append((lang, "".join(chars)))
+    for lang, docs in (("en", en), ("zh", zh)):
+        with open(tmp_path / f"a_{lang}.jsonl", "w") as f:
+            for d in docs:
+                f.write(json.dumps({"text": d}) + "\n")
+        with open(tmp_path / f"b_{lang}.jsonl", "w") as f:
+            for l2, d in exact + near:
+                if l2 == lang:
+                    f.write(json.dumps({"text": d}) + "\n")
+    return en, zh, exact, near
+
+
+@pytest.mark.parametrize("num_parts", [1, 2])
+def test_dedup_removes_planted_duplicates(shared_data, tmp_path, num_parts):
+    en, zh, exact, near = _planted_corpus(shared_data, tmp_path, random.Random(0))
+    cfg = parse_data_config({"name": "dedup", "val_fraction": 0, "sources": [
+        {"name": lang, "language": lang, "type": "jsonl", "paths": [str(tmp_path / f"?_{lang}.jsonl")]}
+        for lang in ("en", "zh")]})
+    for p in range(num_parts):  # as separate processes / array tasks would, then the merge
+        prepare(cfg, tmp_path / "ds", workers=1, part=p, num_parts=num_parts, do_merge=p == num_parts - 1,
+                progress=False)
+    out = _output_docs(tmp_path / "ds" / "train")
+    kept = out["en"] + out["zh"]
+    kept_set = set(kept)
+    distinct = en + zh
+    assert len(kept) == len(kept_set)  # every exact duplicate removed
+    lost = [d for d in distinct if d not in kept_set]
+    assert len(lost) < 0.01 * len(distinct), len(lost)
+    near_left = [d for _, d in near if d in kept_set]
+    assert len(near_left) <= 0.1 * len(near), len(near_left)
+    stats = json.loads((tmp_path / "ds" / "stats.json").read_text())
+    assert sum(s["exact_duplicates"] for s in stats["sources"]) == len(exact)
+
+
+def test_malformed_input_is_skipped_and_counted(tmp_path, caplog):
+    rng = random.Random(5)
+    words = "the river ran past seven old mills where millers ground wheat for bread and sold flour".split()
+    good = [f"Document {i}: " + " ".join(rng.choice(words) for _ in range(80)) for i in range(6)]
+    with open(tmp_path / "a.jsonl", "wb") as f:
+        f.write(json.dumps({"text": good[0]}).encode() + b"\n")
+        f.write(b'{"text": "unterminated\n')  # line 2: bad JSON
+        f.write(json.dumps({"text": good[1]}).encode() + b"\n")
+        f.write(b'{"text": "bad utf8 \xff\xfe here"}\n')  # line 4: invalid UTF-8
+        f.write(json.dumps({"text": ""}).encode() + b"\n")  # line 5: empty document
+        f.write(json.dumps({"other": "no text field"}).encode() + b"\n")  # line 6
+        f.write(json.dumps({"text": good[2]}).encode() + b"\n")
+    with open(tmp_path / "b.jsonl", "wb") as f:  # a 100 MB single line between good documents
+        f.write(json.dumps({"text": good[3]}).encode() + b"\n")
+        f.write(b'{"text": "' + b"x" * (100 << 20) + b'"}\n')
+        f.write(json.dumps({"text": good[4]}).encode() + b"\n")
+    (tmp_path / "c.jsonl").write_bytes(bytes(random.Random(0).randrange(256) for _ in range(20000)))
+    with open(tmp_path / "d.jsonl", "w") as f:
+        f.write(json.dumps({"text": good[5]}) + "\n")
+    raw = {"name": "bad", "val_fraction": 0, "dedup": {"near": False}, "filters": {"min_chars": 50},
+           "sources": [{"name": "s", "language": "en", "type": "jsonl",
+                        "paths": [str(tmp_path / "*.jsonl"), str(tmp_path / "missing.jsonl")]}]}
+    cfg = parse_data_config(raw)
+    with caplog.at_level(logging.WARNING, logger="linscale.data"):
+        stats = prepare(cfg, tmp_path / "ds", workers=2, progress=False)
+    src = stats["sources"][0]
+    assert src["skipped_input"] == {"bad_json_lines": 1, "invalid_utf8_lines": 1, "records_without_text": 1,
+                                    "overlong_lines": 1, "binary_files": 1, "missing_files": 1}
+    assert src["removed_by_filter"]["too_short"] == 1  # the empty document
+    assert sorted(_output_docs(tmp_path / "ds" / "train")["s"]) == sorted(clean(g) for g in good)
+    log = caplog.text
+    assert "a.jsonl:2" in log and "a.jsonl:4" in log and "b.jsonl:2" in log and "c.jsonl" in log
+    assert "missing.jsonl" in log
+    # streaming mode reads the same input without crashing and yields the good documents' tokens
+    cfg_path = tmp_path / "bad.yaml"
+    cfg_path.write_text(json.dumps(raw))
+    ld = build_loader(str(cfg_path), 64, 4, 4)
+    assert ld.next_batch()["input_ids"].shape == (4, 64)
+
+
+def test_formats_text_blocks_zstd_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+    rng = random.Random(6)
+    words = "a plain text file holds paragraphs of words long enough to pass every filter we set".split()
+    docs = [f"Paragraph {i}: " + " ".join(rng.choice(words) for _ in range(60)) for i in range(9)]
+    (tmp_path / "blocks.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(
+        ("\r\n\r\n".join(docs[:3]) + "\r\n").encode()))
+    pq.write_table(pa.table({"body": docs[3:6]}), tmp_path / "t.parquet")
+    (tmp_path / "wiki.txt").write_text("".join(f'<doc id="{i}" url="u" title="t">\n{d}\n</doc>\n'
+                                               for i, d in enumerate(docs[6:])))
+    cfg = parse_data_config({"name": "fmt", "val_fraction": 0, "filters": {"min_chars": 50}, "sources": [
+        {"name": "blocks", "language": "en", "type": "text", "text_unit": "blank_line",
+         "paths": [str(tmp_path / "*.zst")]},
+        {"name": "pq", "language": "en", "type": "parquet", "column": "body", "paths": [str(tmp_path / "*.parquet")]},
+        {"name": "wiki", "language": "en", "type": "wikiextractor", "paths": [str(tmp_path / "wiki.txt")]}]})
+    prepare(cfg, tmp_path / "ds", workers=1, progress=False)
+    out = _output_docs(tmp_path / "ds" / "train")
+    assert sorted(out["blocks"]) == sorted(clean(d) for d in docs[:3])
+    assert sorted(out["pq"]) == sorted(clean(d) for d in docs[3:6])
+    assert sorted(out["wiki"]) == sorted(clean(d) for d in docs[6:])
+
+
+def test_bad_config_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown keys"):
+        parse_data_config({"sources": [{"name": "a", "language": "en", "paths": ["x"], "colour": 1}]})
+    with pytest.raises(ValueError, match="language 'fr'"):
+        parse_data_config({"sources": [{"name": "a", "language": "fr", "paths": ["x"]}]})
+    with pytest.raises(ValueError, match="sources"):
+        parse_data_config({})
+
+
+def test_streaming_resume_random_step_and_world_size(shared_data, tmp_path):
+    cfg = {"name": "s", "sources": [
+        {"name": "en", "language": "en", "type": "wikiextractor", "paths": [str(shared_data / EN_WIKI / "AA_wiki_03.txt.gz")]},
+        {"name": "zh", "language": "zh", "type": "text", "paths": [str(shared_data / "train/zh/luxun/yecao.txt.gz")]}]}
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(cfg))
+    data = str(path)
+    ref_loader = build_loader(data, 128, 8, 8)
+    ref = [ref_loader.next_batch()["input_ids"] for _ in range(30)]
+    k = random.Random(1).randint(3, 20)
+    ld = build_loader(data, 128, 8, 4)
+    for _ in range(2 * k):
+        ld.next_batch()
+    state = json.loads(json.dumps(ld.state_dict()))
+    ranks = [build_loader(data, 128, 8, 2, rank=r, world_size=2) for r in range(2)]
+    for r in ranks:
+        r.load_state_dict(state)
+    for step in range(k, 30):
+        got = torch.cat([r.next_batch()["input_ids"] for r in ranks for _ in range(2)])
+        assert torch.equal(got, ref[step])
