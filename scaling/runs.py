@@ -156,24 +156,31 @@ def is_run_dir(path: Path) -> bool:
     return (path / CONFIG_FILE).is_file() and (path / METRICS_FILE).is_file()
 
 
-def find_run_dirs(paths: list[str | Path]) -> list[Path]:
-    """Each path is a run directory, or a directory whose immediate subdirectories hold runs (`runs/`)."""
+def find_run_dirs(paths: list[str | Path], problems: list[str] | None = None) -> list[Path]:
+    """Each path is a run directory, or a directory whose immediate subdirectories hold runs (`runs/`).
+    A path that is neither raises RunError, or is noted in `problems` when a list is given (`--skip-bad`)."""
     found: list[Path] = []
     for p in map(Path, paths):
+        msg = None
         if not p.exists():
-            raise RunError(f"{p}: no such file or directory")
-        if not p.is_dir():
-            raise RunError(f"{p}: not a directory; give run directories (each with {CONFIG_FILE} and {METRICS_FILE})")
-        if (p / CONFIG_FILE).exists() or (p / METRICS_FILE).exists():
+            msg = f"{p}: no such file or directory"
+        elif not p.is_dir():
+            msg = f"{p}: not a directory; give run directories (each with {CONFIG_FILE} and {METRICS_FILE})"
+        elif (p / CONFIG_FILE).exists() or (p / METRICS_FILE).exists():
             found.append(p)   # load_run says which file is missing
-            continue
-        children = sorted(c for c in p.iterdir() if c.is_dir() and is_run_dir(c))
-        if not children:
-            raise RunError(f"{p}: not a run directory (no {CONFIG_FILE} / {METRICS_FILE}) and no run directories "
-                           f"inside it")
-        found.extend(children)
+        else:
+            children = sorted(c for c in p.iterdir() if c.is_dir() and is_run_dir(c))
+            if not children:
+                msg = (f"{p}: not a run directory (no {CONFIG_FILE} / {METRICS_FILE}) and no run directories "
+                       f"inside it")
+            found.extend(children)
+        if msg is not None:
+            if problems is None:
+                raise RunError(msg)
+            problems.append(msg)
     if not found:
-        raise RunError("no runs found: give one or more run directories (e.g. runs/*)")
+        raise RunError("no runs found: give one or more run directories (e.g. runs/*)"
+                       + (f" ({'; '.join(problems)})" if problems else ""))
     return list(dict.fromkeys(found))
 
 
@@ -181,7 +188,7 @@ def load_runs(paths: list[str | Path], include_embedding: bool = True, loss_key:
               min_tokens: float = 0.0, skip_bad: bool = False) -> tuple[list[Run], list[str]]:
     """All runs under `paths`, and the reasons for any left out (only with skip_bad; otherwise RunError)."""
     runs, problems = [], []
-    for p in find_run_dirs(paths):
+    for p in find_run_dirs(paths, problems if skip_bad else None):
         try:
             run = load_run(p, include_embedding, loss_key, min_tokens)
         except RunError as err:

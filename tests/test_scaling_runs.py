@@ -136,8 +136,10 @@ def test_missing_files_and_empty_folders_are_clear_errors(tmp_path):
     with pytest.raises(RunError, match="no runs found"):
         find_run_dirs([])
     good = write_run(tmp_path / "runs" / "tnl-tiny", model_config("tnl", "tiny"), LossLaw(), 1e6, n_rows=10)
-    runs, problems = load_runs([good.parent, half], skip_bad=True)
-    assert [r.name for r in runs] == ["tnl-tiny"] and len(problems) == 1 and "metrics.jsonl" in problems[0]
+    (tmp_path / "runs" / "README.md").write_text("a file among the runs")
+    runs, problems = load_runs([good.parent, half, tmp_path / "runs" / "README.md"], skip_bad=True)
+    assert [r.name for r in runs] == ["tnl-tiny"] and len(problems) == 2
+    assert "metrics.jsonl" in problems[1] and "not a directory" in problems[0]
 
 
 def test_config_without_seq_len_is_rejected(tmp_path):
