@@ -35,87 +35,96 @@ def _chunk_of(chunks, pid, T, NT, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _sub_b(g, bos, t0, s, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
-           BT: tl.constexpr, BC: tl.constexpr):
-    """Cumulative log-decay (from the chunk start at t0) of sub-chunk s's rows: [BC, BK] fp32."""
-    rows_all = t0 + tl.arange(0, BT)
-    before = (rows_all < t0 + s * BC) & (rows_all < L)
-    p = g + ((bos + rows_all) * H + i_h)[:, None] * K + offs_k[None, :]
-    offset = tl.sum(tl.load(p, mask=before[:, None] & kmask[None, :], other=0.).to(tl.float32), axis=0)
-    rows = t0 + s * BC + tl.arange(0, BC)
-    rmask = rows < L
-    p = g + ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
-    gs = tl.load(p, mask=rmask[:, None] & kmask[None, :], other=0.).to(tl.float32)
-    return offset[None, :] + tl.cumsum(gs, axis=0)
+def gla_cumsum_kernel(g, bc, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                      BK: tl.constexpr, VARLEN: tl.constexpr):
+    """grid (chunks, H): bc = cumulative log-decay from each chunk's start (fp32), read by the intra
+    kernels so every sub-chunk gets its rows without re-summing the chunk."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_h = tl.program_id(1)
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    rows = i_c * BT + tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
+    m = (rows < eos - bos)[:, None] & (offs_k < K)[None, :]
+    p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
+    tl.store(bc + p, tl.cumsum(tl.load(g + p, mask=m, other=0.).to(tl.float32), axis=0), mask=m)
 
 
 @triton.jit
-def _sub_rows(x, bos, t0, s, L, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask, BC: tl.constexpr):
-    rows = t0 + s * BC + tl.arange(0, BC)
-    rmask = rows < L
+def _tile(x, bos, rows, L, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask):
     p = x + ((bos + rows) * H + i_h)[:, None] * D + offs[None, :]
-    return tl.load(p, mask=rmask[:, None] & cmask[None, :], other=0.).to(tl.float32)
+    return tl.load(p, mask=(rows < L)[:, None] & cmask[None, :], other=0.)
 
 
 @triton.jit
-def _first_row(b, BC: tl.constexpr):
-    return tl.sum(tl.where(tl.arange(0, BC)[:, None] == 0, b, 0.), axis=0)[None, :]
+def _exp0(x):
+    """exp of an exponent that is <= 0 on every real row; padded rows (b loaded as 0) could make it
+    positive, and their inf times a zero input would be NaN, so clamp."""
+    return tl.exp(tl.minimum(x, 0.))
 
 
 @triton.jit
-def gla_A_kernel(q, k, g, A, cu, chunks, T, NT,
+def _row_of(b, r: tl.constexpr, N: tl.constexpr):
+    return tl.sum(tl.where(tl.arange(0, N)[:, None] == r, b, 0.), axis=0)[None, :]
+
+
+@triton.jit
+def gla_A_kernel(q, k, bc, A, cu, chunks, T, NT,
                  H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                  BK: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, BT // BC, H): rows of sub-chunk I of A, every column of the chunk."""
-    pid = tl.program_id(0)
-    i_I = tl.program_id(1)
+    """grid (chunks, BT // BC, H): the rows of sub-chunk S of A, every column of the chunk. Columns of
+    earlier sub-chunks in one tensor-core product with the reference r = b at S's first row (all
+    exponents <= 0 once the columns from S on are masked), the diagonal block element-wise."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_S = tl.program_id(1)
     i_h = tl.program_id(2)
-    i_n, i_c = _chunk_of(chunks, pid, T, NT, VARLEN)
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
     L = eos - bos
     t0 = i_c * BT
-    rows = t0 + i_I * BC + tl.arange(0, BC)
-    rmask = rows < L
+    rows_S = t0 + i_S * BC + tl.arange(0, BC)
+    rows_c = t0 + tl.arange(0, BT)
+    before = (tl.arange(0, BT) < i_S * BC)[:, None]
+    causal = tl.arange(0, BC)[:, None] >= tl.arange(0, BC)[None, :]
     dt = q.dtype.element_ty
-    cols = tl.arange(0, BC)
-    a_row = A + ((bos + rows) * H + i_h)[:, None] * BT + cols[None, :]
-    causal = tl.arange(0, BC)[:, None] >= cols[None, :]
-    for J in range(0, BT // BC):
-        acc = tl.zeros([BC, BC], dtype=tl.float32)
-        if J <= i_I:
-            for kb in range(0, tl.cdiv(K, BK)):
-                offs_k = kb * BK + tl.arange(0, BK)
-                kmask = offs_k < K
-                b_q = _sub_rows(q, bos, t0, i_I, L, i_h, H, K, offs_k, kmask, BC)
-                b_I = _sub_b(g, bos, t0, i_I, L, i_h, H, K, offs_k, kmask, BT, BC)
-                if J < i_I:
-                    b_k = _sub_rows(k, bos, t0, J, L, i_h, H, K, offs_k, kmask, BC)
-                    b_J = _sub_b(g, bos, t0, J, L, i_h, H, K, offs_k, kmask, BT, BC)
-                    r = _first_row(b_I, BC)
-                    acc += tl.dot((b_q * tl.exp(b_I - r)).to(dt), tl.trans((b_k * tl.exp(r - b_J)).to(dt)),
-                                  input_precision=PREC)
-                else:
-                    b_k = _sub_rows(k, bos, t0, i_I, L, i_h, H, K, offs_k, kmask, BC)
-                    d = b_I[:, None, :] - b_I[None, :, :]
-                    w = tl.where(causal[:, :, None], tl.exp(tl.where(causal[:, :, None], d, 0.)), 0.)
-                    acc += tl.sum(b_q[:, None, :] * b_k[None, :, :] * w, axis=2)
-        tl.store(a_row + J * BC, acc.to(A.dtype.element_ty), mask=rmask[:, None])
+    acc = tl.zeros([BC, BT], dtype=tl.float32)
+    acc_d = tl.zeros([BC, BC], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        offs_k = kb * BK + tl.arange(0, BK)
+        kmask = offs_k < K
+        b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+        q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+        k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+        k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+        b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
+        r = _row_of(b_S, 0, BC)
+        k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
+        acc += tl.dot((q_S * _exp0(b_S - r)).to(dt), tl.trans(k_w.to(dt)), input_precision=PREC)
+        d = b_S[:, None, :] - b_S[None, :, :]
+        w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.)
+        acc_d += tl.sum(q_S[:, None, :] * k_S[None, :, :] * w, axis=2)
+    rmask = (rows_S < L)[:, None]
+    cols = tl.arange(0, BT)[None, :]
+    a_row = A + ((bos + rows_S) * H + i_h)[:, None] * BT
+    # three stores to disjoint columns: earlier sub-chunks, the diagonal block, zeros after it
+    tl.store(a_row + cols, acc, mask=rmask & (cols < i_S * BC))
+    tl.store(a_row + cols, tl.zeros([BC, BT], dtype=tl.float32), mask=rmask & (cols >= (i_S + 1) * BC))
+    tl.store(a_row + i_S * BC + tl.arange(0, BC)[None, :], acc_d, mask=rmask)
 
 
 @triton.jit
-def gla_dqk_intra_kernel(q, k, v, g, do, dq, dk, cu, chunks, T, NT,
+def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, cu, chunks, T, NT,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                          BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                          VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, BT // BC, H * cdiv(K, BK)); dq, dk hold the inter-chunk parts (fp32) and are
-    updated in place for sub-chunk S's rows and key block kb."""
-    pid = tl.program_id(0)
+    updated in place for sub-chunk S's rows and key block kb. dA = do v^T. dq_S takes the keys of earlier
+    sub-chunks (reference: b at S's first row), dk_S the queries of later ones (reference: b at S's
+    last row): one tensor-core product each, then the diagonal block element-wise."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_S = tl.program_id(1)
     i_hk = tl.program_id(2)
     NKB = tl.cdiv(K, BK)
     i_h = i_hk // NKB
     kb = i_hk % NKB
-    i_n, i_c = _chunk_of(chunks, pid, T, NT, VARLEN)
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
     L = eos - bos
     t0 = i_c * BT
@@ -124,41 +133,40 @@ def gla_dqk_intra_kernel(q, k, v, g, do, dq, dk, cu, chunks, T, NT,
     offs_v = tl.arange(0, BV)
     vmask = offs_v < V
     dt = do.dtype.element_ty
-    NCS = BT // BC
-    b_S = _sub_b(g, bos, t0, i_S, L, i_h, H, K, offs_k, kmask, BT, BC)
-    b_q = _sub_rows(q, bos, t0, i_S, L, i_h, H, K, offs_k, kmask, BC)
-    b_k = _sub_rows(k, bos, t0, i_S, L, i_h, H, K, offs_k, kmask, BC)
-    b_do = _sub_rows(do, bos, t0, i_S, L, i_h, H, V, offs_v, vmask, BC).to(dt)
-    b_v = _sub_rows(v, bos, t0, i_S, L, i_h, H, V, offs_v, vmask, BC).to(dt)
-    r = _first_row(b_S, BC)
-    acc_q = tl.zeros([BC, BK], dtype=tl.float32)
-    for J in range(0, i_S):
-        b_vJ = _sub_rows(v, bos, t0, J, L, i_h, H, V, offs_v, vmask, BC).to(dt)
-        b_kJ = _sub_rows(k, bos, t0, J, L, i_h, H, K, offs_k, kmask, BC)
-        b_J = _sub_b(g, bos, t0, J, L, i_h, H, K, offs_k, kmask, BT, BC)
-        dA = tl.dot(b_do, tl.trans(b_vJ), input_precision=PREC)
-        acc_q += tl.dot(dA.to(dt), (b_kJ * tl.exp(r - b_J)).to(dt), input_precision=PREC)
-    acc_q = acc_q * tl.exp(b_S - r)
-    # diagonal sub-chunk, element-wise
-    i_ = tl.arange(0, BC)[:, None]
-    j_ = tl.arange(0, BC)[None, :]
-    causal = i_ >= j_
-    dA = tl.where(causal, tl.dot(b_do, tl.trans(b_v), input_precision=PREC), 0.)
+    rows_S = t0 + i_S * BC + tl.arange(0, BC)
+    rows_c = t0 + tl.arange(0, BT)
+    idx_c = tl.arange(0, BT)
+    before = (idx_c < i_S * BC)[:, None]
+    after = (idx_c >= (i_S + 1) * BC)[:, None]
+    b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+    q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    do_S = _tile(do, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
+    v_S = _tile(v, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
+    b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
+    q_c = _tile(q, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    do_c = _tile(do, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
+    v_c = _tile(v, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
+    # dq_S += exp(b_S - r) * (dA[S, :S] @ (k * exp(r - b))[:S])
+    r = _row_of(b_S, 0, BC)
+    dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
+    k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
+    acc_q = tl.dot(dA_row.to(dt), k_w.to(dt), input_precision=PREC) * _exp0(b_S - r)
+    # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
+    r2 = _row_of(b_S, BC - 1, BC)
+    dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
+    q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
+    acc_k = tl.dot(tl.trans(dA_col.to(dt)), q_w.to(dt), input_precision=PREC) * _exp0(r2 - b_S)
+    # diagonal block
+    causal = tl.arange(0, BC)[:, None] >= tl.arange(0, BC)[None, :]
+    dA = tl.where(causal, tl.dot(do_S, tl.trans(v_S), input_precision=PREC), 0.)
     d = b_S[:, None, :] - b_S[None, :, :]
-    w = tl.where(causal[:, :, None], tl.exp(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
-    acc_q += tl.sum(w * b_k[None, :, :], axis=1)
-    acc_k = tl.sum(w * b_q[:, None, :], axis=0)
-    for I in range(i_S + 1, NCS):
-        b_doI = _sub_rows(do, bos, t0, I, L, i_h, H, V, offs_v, vmask, BC).to(dt)
-        b_qI = _sub_rows(q, bos, t0, I, L, i_h, H, K, offs_k, kmask, BC)
-        b_I = _sub_b(g, bos, t0, I, L, i_h, H, K, offs_k, kmask, BT, BC)
-        rI = _first_row(b_I, BC)
-        dAt = tl.dot(b_v, tl.trans(b_doI), input_precision=PREC)  # [S rows, I rows] = dA_IS^T
-        acc_k += tl.exp(rI - b_S) * tl.dot(dAt.to(dt), (b_qI * tl.exp(b_I - rI)).to(dt), input_precision=PREC)
-    rows = t0 + i_S * BC + tl.arange(0, BC)
-    rmask = rows < L
-    p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
-    m = rmask[:, None] & kmask[None, :]
+    w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
+    acc_q += tl.sum(w * k_S[None, :, :], axis=1)
+    acc_k += tl.sum(w * q_S[:, None, :], axis=0)
+    p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
+    m = (rows_S < L)[:, None] & kmask[None, :]
     tl.store(dq + p, tl.load(dq + p, mask=m, other=0.) + acc_q, mask=m)
     tl.store(dk + p, tl.load(dk + p, mask=m, other=0.) + acc_k, mask=m)
 

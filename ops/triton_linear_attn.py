@@ -17,7 +17,7 @@ import triton
 from torch import Tensor
 
 from ops.linear_attention import register_impl
-from ops.triton_gla_intra import gla_A_kernel, gla_dg_kernel, gla_dqk_intra_kernel
+from ops.triton_gla_intra import gla_A_kernel, gla_cumsum_kernel, gla_dg_kernel, gla_dqk_intra_kernel
 from ops.triton_scan import dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel
 
 BT = 64  # chunk length
@@ -34,16 +34,24 @@ def _prec(x: Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
-def _blocks(K: int, V: int) -> dict[str, int]:
-    """Per-kernel tile widths: the dimension a kernel reduces over is held whole, the other is split
-    so that each (sequence, head) gets a few programs."""
+# Tile width of the split dimension, warps and pipeline stages per scan kernel (H200-tuned, see
+# docs/kernels.md). Each scan holds whole the dimension it reduces over and splits the other, so each
+# (sequence, head) gets a few programs. `TUNE[kernel] = {...}` overrides (used by the tuning sweep).
+TUNE: dict[str, dict[str, int]] = {}
+
+
+def _cfg(kernel: str, K: int, V: int) -> dict[str, int]:
     Kp, Vp = _np2(K), _np2(V)
-    return {"fwd_BV": min(64, Vp), "dq_BK": min(64, Kp), "dk_BK": min(64, Kp), "dv_BV": min(64, Vp),
-            "Kp": Kp, "Vp": Vp}
-
-
-def _num_warps(K: int, V: int) -> int:
-    return 8 if max(K, V) >= 128 else 4
+    split = Vp if kernel in ("fwd", "dv") else Kp
+    wide = max(Kp, Vp) >= 128
+    if kernel in ("fwd", "dv"):  # hold all of K: 8 warps, 3 stages fit in shared memory up to K = 128
+        cfg = {"block": 64, "num_warps": 8 if wide and (kernel == "fwd" or Kp <= 128) else 4,
+               "num_stages": 3 if Kp <= 128 else 2}
+    else:  # hold all of V: narrow key blocks, more programs
+        cfg = {"block": 32 if Kp <= 128 else 64, "num_warps": 4, "num_stages": 2}
+    cfg.update(TUNE.get(kernel, {}))
+    cfg["block"] = min(cfg["block"], split)
+    return cfg
 
 
 def _check_device(q: Tensor) -> None:
@@ -76,38 +84,68 @@ def _chunk_table(cu_seqlens: Tensor | None, N: int, T: int) -> tuple[int, Tensor
 
 def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated):
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
-    b = _blocks(K, V)
+    c = _cfg("fwd", K, V)
     o = torch.empty_like(v)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(V, b["fwd_BV"]), N * H)
+    grid = (triton.cdiv(V, c["block"]), N * H)
     fwd_scan_kernel[grid](q, k, v, g, log_lam, A, o, h0 if h0 is not None else ht, ht, cu, T,
-                          H=H, K=K, V=V, BT=BT, BK=b["Kp"], BV=b["fwd_BV"], GATED=gated,
+                          H=H, K=K, V=V, BT=BT, BK=_np2(K), BV=c["block"], GATED=gated,
                           HAS_DECAY=log_lam is not None or gated, HAS_H0=h0 is not None,
-                          VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=_num_warps(K, V))
+                          VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=c["num_warps"],
+                          num_stages=c["num_stages"])
     return o, ht
 
 
 def _bwd_scans(q, k, v, g, log_lam, A, do, h0, dht, cu, N, T, gated):
     """dq, dk (intra included unless gated: then fp32 inter-chunk parts), dv, dh0."""
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
-    b = _blocks(K, V)
     common = dict(H=H, K=K, V=V, BT=BT, GATED=gated, HAS_DECAY=log_lam is not None or gated,
-                  VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=_num_warps(K, V))
+                  VARLEN=cu.numel() > 1, PREC=_prec(q))
+    cq, ck, cv = _cfg("dq", K, V), _cfg("dk", K, V), _cfg("dv", K, V)
+    launch = lambda c: dict(num_warps=c["num_warps"], num_stages=c["num_stages"])  # noqa: E731
     gdt = torch.float32 if gated else q.dtype
     dq = torch.empty(q.shape, dtype=gdt, device=q.device)
     dk = torch.empty(k.shape, dtype=gdt, device=q.device)
     dv = torch.empty_like(v)
     dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if h0 is not None else None
-    dq_scan_kernel[(triton.cdiv(K, b["dq_BK"]), N * H)](
-        k, v, g, log_lam, do, dq, h0 if h0 is not None else dq, cu, T,
-        BK=b["dq_BK"], BV=b["Vp"], HAS_H0=h0 is not None, **common)
-    dk_scan_kernel[(triton.cdiv(K, b["dk_BK"]), N * H)](
-        q, v, g, log_lam, do, dk, dht if dht is not None else dk, dh0 if dh0 is not None else dk, cu, T,
-        BK=b["dk_BK"], BV=b["Vp"], HAS_DHT=dht is not None, STORE_DH0=dh0 is not None, **common)
-    dv_scan_kernel[(triton.cdiv(V, b["dv_BV"]), N * H)](
+    # the three scans are independent and each is latency-bound with few programs: on CUDA run
+    # dq and dk on side streams, concurrently with dv
+    side = _side_streams(q.device)
+    cur = torch.cuda.current_stream(q.device) if side else None
+    for st in side:
+        st.wait_stream(cur)
+    with _on(side, 0):
+        dq_scan_kernel[(triton.cdiv(K, cq["block"]), N * H)](
+            k, v, g, log_lam, do, dq, h0 if h0 is not None else dq, cu, T,
+            BK=cq["block"], BV=_np2(V), HAS_H0=h0 is not None, **common, **launch(cq))
+    with _on(side, 1):
+        dk_scan_kernel[(triton.cdiv(K, ck["block"]), N * H)](
+            q, v, g, log_lam, do, dk, dht if dht is not None else dk, dh0 if dh0 is not None else dk, cu, T,
+            BK=ck["block"], BV=_np2(V), HAS_DHT=dht is not None, STORE_DH0=dh0 is not None, **common,
+            **launch(ck))
+    dv_scan_kernel[(triton.cdiv(V, cv["block"]), N * H)](
         q, k, g, log_lam, A, do, dv, dht if dht is not None else dv, cu, T,
-        BK=b["Kp"], BV=b["dv_BV"], HAS_DHT=dht is not None, **common)
+        BK=_np2(K), BV=cv["block"], HAS_DHT=dht is not None, **common, **launch(cv))
+    for st in side:
+        cur.wait_stream(st)  # every later use of dq, dk (and of freed inputs) orders after the scans
     return dq, dk, dv, dh0
+
+
+_STREAMS: dict[int, tuple] = {}
+
+
+def _side_streams(device: torch.device) -> tuple:
+    if device.type != "cuda" or os.environ.get("LINSCALE_SCAN_STREAMS", "1") == "0":
+        return ()
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _STREAMS:
+        _STREAMS[idx] = (torch.cuda.Stream(idx), torch.cuda.Stream(idx))
+    return _STREAMS[idx]
+
+
+def _on(side: tuple, i: int):
+    import contextlib
+    return torch.cuda.stream(side[i]) if side else contextlib.nullcontext()
 
 
 def _contig(*xs):
@@ -153,12 +191,21 @@ def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
 # gated linear attention
 # ----------------------------------------------------------------------------------------------------
 
-def _gla_A(q, k, g, cu, N, T, chunks):
+def _gla_cumsum(g, cu, T, chunks):
+    H, K = g.shape[2], g.shape[3]
+    n_chunks, table = chunks
+    bc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+    gla_cumsum_kernel[(n_chunks, H)](g, bc, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+                                     H=H, K=K, BT=BT, BK=_np2(K), VARLEN=table is not None)
+    return bc
+
+
+def _gla_A(q, k, bc, cu, N, T, chunks):
     H, K = q.shape[2], q.shape[3]
     n_chunks, table = chunks
     A = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
     gla_A_kernel[(n_chunks, BT // BC, H)](
-        q, k, g, A, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+        q, k, bc, A, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
         H=H, K=K, BT=BT, BC=BC, BK=min(BK_INTRA, _np2(K)), VARLEN=table is not None, PREC=_prec(q),
         num_warps=4)
     return A
@@ -170,7 +217,7 @@ class GatedLinearAttnFn(torch.autograd.Function):
         q, k, v, g, h0 = _contig(q, k, v, g, h0)
         N, T, _, cu = _layout(q, cu_seqlens)
         chunks = _chunk_table(cu_seqlens, N, T)
-        A = _gla_A(q, k, g, cu, N, T, chunks)
+        A = _gla_A(q, k, _gla_cumsum(g, cu, T, chunks), cu, N, T, chunks)
         o, ht = _fwd(q, k, v, g, None, A, h0, cu, N, T, gated=True)
         ctx.save_for_backward(q, k, v, g, h0, cu, A, ht, chunks[1])
         ctx.N, ctx.T, ctx.n_chunks = N, T, chunks[0]
@@ -188,8 +235,9 @@ class GatedLinearAttnFn(torch.autograd.Function):
         do = do.to(v.dtype)
         dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, do, h0, dht, cu, N, T, gated=True)
         bk = min(BK_INTRA, _np2(K))
+        bc = _gla_cumsum(g, cu, T, (ctx.n_chunks, table))
         gla_dqk_intra_kernel[(ctx.n_chunks, BT // BC, H * triton.cdiv(K, bk))](
-            q, k, v, g, do, dq, dk, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+            q, k, v, bc, do, dq, dk, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
             H=H, K=K, V=V, BT=BT, BC=BC, BK=bk, BV=_np2(V), VARLEN=table is not None, PREC=_prec(q),
             num_warps=4)
         # the final state is exp(B_T) (h0 + ...): its gradient reaches every gate of the sequence
