@@ -28,6 +28,7 @@ class SourceConfig:
     dataset: str | None = None  # type hf: name for datasets.load_dataset(..., streaming=True)
     subset: str | None = None  # type hf: the dataset's config name
     split: str = "train"  # type hf
+    data_files: list[str] | None = None  # type hf: for the file-backed builders ("json", "parquet", "text")
     max_documents: int | None = None  # stop after this many raw documents (small runs, tests)
 
 

@@ -61,12 +61,11 @@ def top_ngram_share(text: str, language: str) -> float:
     if len(u) < n + 1:
         return 0.0
     g = gram_hashes(u, n)
-    order = np.argsort(g, kind="stable")
-    gs = g[order]
+    gs = np.sort(g)
     run_starts = np.concatenate([[0], np.nonzero(gs[1:] != gs[:-1])[0] + 1, [len(gs)]])
     counts = np.diff(run_starts)
     top = int(np.argmax(counts))
-    first = order[run_starts[top]]  # one occurrence of the top gram: its length in characters
+    first = int(np.argmax(g == gs[run_starts[top]]))  # one occurrence: its length in characters
     gram_chars = int(lengths[first:first + n].sum())
     return float(counts[top] * gram_chars / lengths.sum())
 

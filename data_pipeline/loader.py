@@ -90,7 +90,6 @@ class Loader:
         self._plan: list[tuple[int, int]] = []
         self._next_counts: list[int] = []
         self._buf = np.empty((micro_batch, seq_len + 1), dtype=np.uint32)
-        self.tokens_read = [0] * len(provider.names)  # this rank, this process: for logs only
 
     def _start_step(self) -> None:
         counts = list(self.counts)
@@ -104,7 +103,6 @@ class Loader:
         chunk = self._plan[self.micro * self.micro_batch:(self.micro + 1) * self.micro_batch]
         for row, (src, idx) in enumerate(chunk):
             self.provider.window(src, idx, self.seq_len, self._buf[row])
-            self.tokens_read[src] += self.seq_len
         self.micro += 1
         if self.micro == self.accum:
             self.micro = 0

@@ -16,6 +16,7 @@ document in the global order (source, file, document) survives) and writes:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -95,10 +96,11 @@ def _process(batch: _Batch) -> _Done:
     if cfg.dedup.near:
         out.sigs = np.asarray(sigs, dtype=np.uint32).reshape(-1, cfg.dedup.num_perm)
         out.bands = np.asarray(bands, dtype=np.uint64).reshape(-1, cfg.dedup.bands)
-    ids = get_tokenizer().encode_ordinary_batch(kept, num_threads=1)
-    for x in ids:
+    enc = get_tokenizer()
+    for text in kept:  # one call a document: encode_ordinary_batch adds a thread pool per call
+        x = enc.encode_ordinary(text)
         x.append(EOT_ID)
-        out.tokens.append(np.asarray(x, dtype=np.uint32))
+        out.tokens.append(np.array(x, dtype=np.uint32))
     return out
 
 
@@ -277,10 +279,13 @@ def merge(cfg: DataConfig, out: Path) -> dict:
         if stem not in doc_tables:
             doc_tables[stem] = np.load(out / "tokens" / f"{stem}.docs.npy")
         lengths[i] = doc_tables[stem][t["row"][i], 1]
-    train_tokens = {s.name: int(lengths[keep & ~is_val & (t["source"] == si)].sum())
-                    for si, s in enumerate(cfg.sources)}
-    weights = source_weights(cfg, train_tokens)
+    weights = {}
     for split, mask in (("train", keep & ~is_val), ("val", keep & is_val)):
+        # each split's mix by language holds among the sources it has (a small source may have no val)
+        tokens = {s.name: int(lengths[mask & (t["source"] == si)].sum()) for si, s in enumerate(cfg.sources)}
+        present = [s for s in cfg.sources if tokens[s.name] > 0]
+        w = source_weights(dataclasses.replace(cfg, sources=present), tokens) if present else {}
+        weights.setdefault("train", w)
         metas = []
         for si, src in enumerate(cfg.sources):
             sel = np.nonzero(mask & (t["source"] == si))[0]
@@ -295,9 +300,9 @@ def merge(cfg: DataConfig, out: Path) -> dict:
                 entries.append({"tokens": f"../tokens/{stem}.tokens.bin", "docs": rel})
                 docs_n += len(rows)
                 tok_n += int(rows[:, 1].sum())
-            metas.append(SourceMeta(src.name, src.language, weights[src.name], entries, docs_n, tok_n))
+            metas.append(SourceMeta(src.name, src.language, w.get(src.name, 0.0), entries, docs_n, tok_n))
         write_meta(out / split, metas, {"label": f"{cfg.name} [{split}]", "config_fingerprint": cfg.fingerprint()})
-    stats = _stats(cfg, parts, t, drop_exact, drop_near, keep, is_val, lengths, weights, time.time() - t0)
+    stats = _stats(cfg, parts, t, drop_exact, drop_near, keep, is_val, lengths, weights["train"], time.time() - t0)
     (out / "stats.json").write_text(json.dumps(stats, indent=1))
     return stats
 
@@ -319,7 +324,7 @@ def _stats(cfg, parts, t, drop_exact, drop_near, keep, is_val, lengths, weights,
             skipped.update(s["skipped_input"])
             removed.update(s["removed_by_filter"])
         per_source.append({
-            "name": src.name, "language": src.language, "weight": weights[src.name],
+            "name": src.name, "language": src.language, "weight": weights.get(src.name, 0.0),
             "files": sum(s["files"] for s in infos),
             "documents_in": sum(s["raw_documents"] for s in infos),
             "chars_in": sum(s["raw_chars"] for s in infos),

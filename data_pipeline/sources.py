@@ -109,6 +109,19 @@ def _lines(f: BinaryIO, limit: int, counts: Counts, where: str) -> Iterator[tupl
             counts.skip("invalid_utf8_lines", f"{where}:{lineno + 1}", str(err.reason))
 
 
+def _whole_file(f: BinaryIO, limit: int, counts: Counts, where: str) -> str | None:
+    """A one-document file read at once (the fast path); None when it needs the line-by-line reader
+    (invalid UTF-8 somewhere, or a line over the limit), which then skips and counts the bad lines."""
+    data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if len(data) > limit and max(map(len, data.split(b"\n"))) > limit:
+        return None
+    return text
+
+
 def _text_docs(lines: Iterator[tuple[int, str]], unit: str, where: str) -> Iterator[tuple[str, str]]:
     if unit == "line":
         for n, line in lines:
@@ -195,7 +208,8 @@ def _hf_docs(src: SourceConfig, counts: Counts) -> Iterator[tuple[str, str]]:
     except ImportError as err:
         raise RuntimeError(f"source {src.name!r} is type hf: install `datasets` "
                            f"(pip install -c constraints.txt datasets)") from err
-    ds = datasets.load_dataset(src.dataset, src.subset, split=src.split, streaming=True)
+    kwargs = {"data_files": src.data_files} if src.data_files else {}
+    ds = datasets.load_dataset(src.dataset, src.subset, split=src.split, streaming=True, **kwargs)
     for i, rec in enumerate(ds):
         text = rec.get(src.field)
         if isinstance(text, str):
@@ -220,6 +234,12 @@ def iter_file(src: SourceConfig, path: Path, counts: Counts, max_line_bytes: int
             if _is_binary(head):
                 counts.skip("binary_files", where)
                 return
+            if src.type == "text" and src.text_unit == "file":
+                doc = _whole_file(f, max_line_bytes, counts, where)
+                if doc is not None:
+                    yield doc, where
+                    return
+                f.seek(0)
             lines = _lines(f, max_line_bytes, counts, where)
             if src.type == "jsonl":
                 yield from _jsonl_docs(lines, src.field, where, counts)

@@ -10,6 +10,7 @@ runs streaming mode is for. Dedup needs a view of the whole corpus: use prepare_
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -38,6 +39,12 @@ class _SourceStream:
         self.base = 0  # stream position of buf[0]
         self.epoch = 0
         self._docs = self._epoch_docs()
+
+    def prime(self) -> None:
+        """Pull the first document now, so that a source without any (of this split) fails at
+        construction, not in the middle of training. ValueError if there is none."""
+        if self.base == 0 and len(self.buf) == 0:
+            self.buf = np.asarray(next(self._docs), dtype=np.uint32)
 
     def _epoch_docs(self):
         while True:
@@ -97,9 +104,26 @@ class StreamProvider:
         for s in cfg.sources:
             files, _ = cfg.files(s) if s.type != "hf" else ([], [])
             sizes[s.name] = float(sum(f.stat().st_size for f in files)) if files else 1.0
-        w = source_weights(cfg, sizes)
-        self.weights = [w[n] for n in self.names]
-        self.streams = [_SourceStream(cfg, s, seed, split) for s in cfg.sources]
+        self.streams, self.dropped = [], []
+        for s in cfg.sources:
+            stream = _SourceStream(cfg, s, seed, split)
+            try:
+                stream.prime()
+            except ValueError:
+                if split == "train":
+                    raise
+                self.dropped.append(s.name)  # too few documents for a held-out share: no val data
+                continue
+            self.streams.append(stream)
+        if not self.streams:
+            raise ValueError(f"no source of {label} has {split} documents (val_fraction "
+                             f"{cfg.val_fraction}); raise val_fraction or prepare the data")
+        kept = [s for s in cfg.sources if s.name not in self.dropped]
+        # the language mix holds among the sources that remain (a val split may lack some)
+        w = source_weights(dataclasses.replace(cfg, sources=kept), sizes)
+        self.weights = [w[s.name] for s in kept]
+        self.names = [s.name for s in kept]
+        self.languages = [s.language for s in kept]
         self.fingerprint = _digest({"config": cfg.fingerprint(), "split": split, "weights": self.weights})
         self.label = f"{label} [{split}, streaming]"
 

@@ -213,3 +213,20 @@ def test_streaming_resume_random_step_and_world_size(shared_data, tmp_path):
     for step in range(k, 30):
         got = torch.cat([r.next_batch()["input_ids"] for r in ranks for _ in range(2)])
         assert torch.equal(got, ref[step])
+
+
+def test_hf_datasets_streaming_source(tmp_path):
+    """type hf goes through datasets.load_dataset(..., streaming=True); the local `json` builder
+    exercises that path without a download."""
+    pytest.importorskip("datasets")
+    rng = random.Random(7)
+    words = "streamed records come from a hugging face dataset builder in streaming mode today".split()
+    docs = [f"Record {i}: " + " ".join(rng.choice(words) for _ in range(50)) for i in range(5)]
+    with open(tmp_path / "d.jsonl", "w") as f:
+        for d in docs:
+            f.write(json.dumps({"content": d}) + "\n")
+    cfg = parse_data_config({"name": "hf", "val_fraction": 0, "filters": {"min_chars": 50}, "sources": [
+        {"name": "hub", "language": "en", "type": "hf", "dataset": "json", "field": "content",
+         "data_files": [str(tmp_path / "d.jsonl")]}]})
+    prepare(cfg, tmp_path / "ds", workers=1, progress=False)
+    assert sorted(_output_docs(tmp_path / "ds" / "train")["hub"]) == sorted(clean(d) for d in docs)

@@ -1,0 +1,46 @@
+"""Throughput of prepare (filter + dedup + tokenize + write) and of the loader reading shards."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .config import load_data_config
+from .prepare import prepare
+
+
+def bench_prepare(config: str, near: bool, workers: int = 0) -> dict:
+    cfg = load_data_config(config)
+    cfg.dedup.near = near
+    out = Path(tempfile.mkdtemp(prefix="linscale-bench-"))
+    try:
+        t0 = time.perf_counter()
+        stats = prepare(cfg, out, workers=workers, progress=False)
+        dt = time.perf_counter() - t0
+        chars = sum(s["chars_in"] for s in stats["sources"])
+        tokens = sum(s["tokens_written_before_global_dedup"] for s in stats["sources"])
+        mb = sum(f.stat().st_size for src in cfg.sources for f in cfg.files(src)[0]) / 1e6
+        return {"seconds": dt, "tokens": tokens, "chars": chars, "tokens_per_s": tokens / dt,
+                "compressed_mb_per_s": mb / dt, "chars_m_per_s": chars / dt / 1e6, "out": None}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def bench_loader(config: str, seq_len: int = 2048, micro_batch: int = 16, steps: int = 200) -> dict:
+    from . import build_loader
+    cfg = load_data_config(config)
+    cfg.dedup.near = False
+    out = Path(tempfile.mkdtemp(prefix="linscale-bench-"))
+    try:
+        prepare(cfg, out, progress=False)
+        ld = build_loader(str(out), seq_len, micro_batch, micro_batch)
+        ld.next_batch()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            ld.next_batch()
+        dt = time.perf_counter() - t0
+        return {"seconds": dt, "tokens": steps * micro_batch * seq_len,
+                "tokens_per_s": steps * micro_batch * seq_len / dt}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
