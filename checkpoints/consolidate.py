@@ -1,0 +1,42 @@
+"""Full fp32 weights from what a run saved, on one process and without a process group: a snapshot
+(model.safetensors), a plain-PyTorch resume checkpoint (module/model.pt) or a DeepSpeed ZeRO one
+(module/deepspeed/, consolidated with DeepSpeed's zero_to_fp32). The one place that knows these layouts
+for reading; the writers are CheckpointManager and the train modules' save_state."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from checkpoints.manager import META, MODULE_DIR, SNAPSHOT_WEIGHTS
+
+TORCH_MODEL_FILE = "model.pt"          # TorchTrainModule.save_state
+DEEPSPEED_DIR = "deepspeed"            # DeepSpeedTrainModule.save_state (DeepSpeed tag)
+
+
+def read_meta(path: Path) -> dict:
+    return json.loads((Path(path) / META).read_text())
+
+
+def consolidated_state_dict(path: Path) -> dict[str, Tensor]:
+    """Weights of the snapshot or resume checkpoint at `path` as {name: fp32 CPU tensor}."""
+    path = Path(path)
+    if (path / SNAPSHOT_WEIGHTS).is_file():
+        from safetensors.torch import load_file
+        return load_file(str(path / SNAPSHOT_WEIGHTS))
+    module_dir = path / MODULE_DIR
+    if (module_dir / TORCH_MODEL_FILE).is_file():
+        state = torch.load(module_dir / TORCH_MODEL_FILE, map_location="cpu", weights_only=True)
+        return {k: v.float() for k, v in state.items()}
+    if (module_dir / DEEPSPEED_DIR).is_dir():
+        try:
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        except ImportError as err:
+            raise ImportError(f"{path} is a DeepSpeed ZeRO checkpoint; consolidating it needs deepspeed "
+                              f"(pip install -c constraints.txt deepspeed), or export a snapshot instead") from err
+        state = get_fp32_state_dict_from_zero_checkpoint(str(module_dir), tag=DEEPSPEED_DIR)
+        return {k: v.float() for k, v in state.items()}
+    raise FileNotFoundError(f"{path}: no {SNAPSHOT_WEIGHTS} (snapshot), {MODULE_DIR}/{TORCH_MODEL_FILE} (PyTorch "
+                            f"checkpoint) or {MODULE_DIR}/{DEEPSPEED_DIR}/ (DeepSpeed checkpoint) found")

@@ -1,0 +1,126 @@
+"""Export snapshots and resume checkpoints to self-contained model directories,
+RUN/exports/step_XXXXXXXX/{model.safetensors, config.json}, in the format of `models.save_pretrained`
+(loaded by `models.load_pretrained` on one device without DeepSpeed). config.json carries the model
+config (arch, size, dimensions), the tokenizer, and step / tokens / FLOPs trained."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from checkpoints.consolidate import consolidated_state_dict, read_meta
+from checkpoints.layout import CHECKPOINTS, EXPORTS, SNAPSHOTS, step_dirs, step_name
+from checkpoints.manifest import MANIFEST, verify
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Source:
+    step: int
+    kind: str   # 'snapshot' | 'checkpoint'
+    path: Path
+
+
+def find_sources(run_dir: Path) -> dict[str, list[Source]]:
+    """Complete (manifest present) snapshots and resume checkpoints of a run, oldest first."""
+    run_dir = Path(run_dir)
+    out = {}
+    for kind, sub in (("snapshot", SNAPSHOTS), ("checkpoint", CHECKPOINTS)):
+        out[kind] = [Source(s, kind, p) for s, p in step_dirs(run_dir / sub) if (p / MANIFEST).is_file()]
+    return out
+
+
+def select(run_dir: Path, which: str | int) -> list[Source]:
+    """which: 'default' (every snapshot; the newest checkpoint when the run has none), 'all' (every
+    snapshot and every retained checkpoint), or a step number. A snapshot wins over a checkpoint of the
+    same step (it is smaller to read)."""
+    found = find_sources(run_dir)
+    snaps, ckpts = found["snapshot"], found["checkpoint"]
+    if not snaps and not ckpts:
+        raise FileNotFoundError(f"{run_dir}: no complete snapshot ({run_dir}/{SNAPSHOTS}/step_N) or checkpoint "
+                                f"({run_dir}/{CHECKPOINTS}/step_N) to export; is it a run directory?")
+    by_step: dict[int, Source] = {}
+    for s in ckpts + snaps:  # snapshots last: they replace a checkpoint of the same step
+        by_step[s.step] = s
+    if isinstance(which, int):
+        if which not in by_step:
+            raise ValueError(f"--step {which}: {run_dir} has no complete snapshot or checkpoint of that step; "
+                             f"available: {', '.join(map(str, sorted(by_step)))}")
+        return [by_step[which]]
+    if which == "all":
+        return [by_step[s] for s in sorted(by_step)]
+    if which == "default":
+        return snaps if snaps else [ckpts[-1]]
+    raise ValueError(f"which={which!r}; expected 'default', 'all' or a step number")
+
+
+def export_config(meta: dict, source: Source, dtype: str) -> dict:
+    """The extra fields of config.json (save_pretrained adds model, tokenizer and dtype)."""
+    from models import ModelConfig, exact_params
+    model = ModelConfig.from_dict(meta["model"])
+    extra = {"arch": model.arch, "size": model.size, "step": meta["step"], "tokens": meta["tokens"],
+             "flops": meta["flops"], "flops_non_embedding": meta.get("flops_non_embedding"),
+             "source": {"kind": source.kind, "path": str(source.path.resolve()), "run": source.path.parents[1].name},
+             "export_dtype": dtype, "code": meta.get("code")}
+    try:
+        extra["params"] = exact_params(model)
+    except Exception:  # accounting is informative only; never block an export on it
+        pass
+    return extra
+
+
+def already_exported(out: Path, step: int, dtype: str) -> bool:
+    cfg = out / "config.json"
+    if not (cfg.is_file() and (out / "model.safetensors").is_file()):
+        return False
+    try:
+        meta = json.loads(cfg.read_text())
+    except ValueError:
+        return False
+    return meta.get("step") == step and meta.get("export_dtype") == dtype
+
+
+def export_one(source: Source, out: Path, dtype: str = "fp32") -> Path:
+    from models import LanguageModel, ModelConfig, save_pretrained
+    meta = read_meta(source.path)
+    state = consolidated_state_dict(source.path)
+    with torch.device("meta"):
+        model = LanguageModel(ModelConfig.from_dict(meta["model"]))
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(f"{source.path}: weights do not fit the model config (missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]})")
+    return save_pretrained(model, out, DTYPES[dtype], extra=export_config(meta, source, dtype))
+
+
+def export_run(run_dir: Path, which: str | int = "default", dtype: str = "fp32", force: bool = False,
+               log: Callable[[str], None] = print) -> list[Path]:
+    """Export the selected snapshots/checkpoints of a run; already exported ones are skipped (unless
+    force). A corrupt source is skipped with a warning. Returns the export directories written or found."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r}; choose {' or '.join(DTYPES)}")
+    run_dir = Path(run_dir)
+    sources = select(run_dir, which)
+    done = []
+    n = len(sources)
+    for i, src in enumerate(sources, 1):
+        out = run_dir / EXPORTS / step_name(src.step)
+        label = f"[{i}/{n}] step {src.step} ({src.kind})"
+        if not force and already_exported(out, src.step, dtype):
+            log(f"{label}: already exported at {out}, skipped")
+            done.append(out)
+            continue
+        problem = verify(src.path)
+        if problem is not None:
+            log(f"{label}: WARNING: {src.path} is incomplete or corrupt ({problem}); skipped")
+            continue
+        t0 = time.perf_counter()
+        export_one(src, out, dtype)
+        log(f"{label} -> {out} ({dtype}, {time.perf_counter() - t0:.1f} s)")
+        done.append(out)
+    return done

@@ -1,0 +1,414 @@
+"""The checkpoint manager: resume checkpoints (full state, kept k at a time), weights-only snapshots on a
+schedule (never removed), background saving, graceful stop on signals, and resume.
+
+How a save stays crash-safe with several ranks: every rank writes its files into `step_N.tmp/` and then
+drops a marker `parts/rank_R.done`; rank 0 waits for all markers, checksums every file into the
+manifest (written last), renames the directory to `step_N`, and only then rewrites the `latest`
+pointer and applies retention. A kill at any instant leaves either no `step_N` (the `.tmp` is ignored
+and cleaned up at the next start) or a complete one; the previous checkpoint is untouched until a newer
+one is complete. Coordination goes through the file system, not collectives, so the background threads
+never issue a collective alongside the training thread's.
+
+The train module contract (TorchTrainModule, DeepSpeedTrainModule; see docs/checkpoints.md):
+  save_state(dir)          model + optimizer, every rank calls it (ZeRO-partitioned under DeepSpeed)
+  load_state(dir)          the inverse, every rank
+  full_state_dict()        consolidated weights on rank 0 (a collective under ZeRO-3: every rank calls it)
+  stage_state() [optional] copy model + optimizer to host memory now and return `write(dir)`, which the
+                           background thread calls; without it the module part is saved synchronously.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from checkpoints.atomic import atomic_write_text, publish_dir
+from checkpoints.layout import (CHECKPOINTS, LATEST, SNAPSHOTS, TMP_SUFFIX, step_dirs, step_name, tmp_dirs)
+from checkpoints.manifest import MANIFEST, verify, write_manifest
+from checkpoints.schedule import SnapshotSchedule
+from checkpoints.signals import StopSignal
+from checkpoints.staging import StagingBuffers
+from checkpoints.writer import BackgroundWriter
+
+MODULE_DIR = "module"
+TRAINER_DIR = "trainer"
+PARTS_DIR = "parts"
+META = "meta.json"
+SNAPSHOT_WEIGHTS = "model.safetensors"
+MARKER_TIMEOUT_S = 3600.0  # rank 0 waits this long for the other ranks' files before giving up on a save
+
+
+def info(msg: str) -> None:
+    print(f"[linscale] {msg}", flush=True)
+
+
+def warn(msg: str) -> None:
+    print(f"[linscale] WARNING: {msg}", file=sys.stderr, flush=True)
+
+
+def code_version() -> dict | None:
+    """The git commit of the code that trained (and whether it had uncommitted changes)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit or None, "dirty": bool(dirty)}
+
+
+def rank_file(rank: int) -> str:
+    return f"rank_{rank:05d}.pt"
+
+
+# ---------------------------------------------------------------------------------------------------
+# finding and pruning checkpoints (plain functions: export and tests use them without a trainer)
+# ---------------------------------------------------------------------------------------------------
+
+def find_resume_checkpoint(ckpt_dir: Path, checksums: bool = True,
+                           on_skip: Callable[[str], None] = warn) -> Path | None:
+    """The newest complete, intact checkpoint under ckpt_dir (scanning the directories, not trusting the
+    `latest` pointer: a crash between publishing and the pointer update leaves the pointer one behind).
+    Every newer one that is partial or corrupt is reported through `on_skip`, by name and reason."""
+    ckpt_dir = Path(ckpt_dir)
+    for tmp in tmp_dirs(ckpt_dir):
+        on_skip(f"checkpoint {tmp} was never finished (a save cut short); skipped")
+    for _, path in reversed(step_dirs(ckpt_dir)):
+        problem = verify(path, checksums=checksums)
+        if problem is None:
+            return path
+        on_skip(f"checkpoint {path} is incomplete or corrupt: {problem}; skipped")
+    return None
+
+
+def read_latest(ckpt_dir: Path) -> str | None:
+    p = Path(ckpt_dir) / LATEST
+    return p.read_text().strip() if p.is_file() else None
+
+
+def apply_retention(ckpt_dir: Path, keep_last: int) -> list[Path]:
+    """Delete resume checkpoints older than the newest `keep_last` complete ones (0 keeps all); the one
+    `latest` names is always kept. Only `ckpt_dir` is touched: snapshots live elsewhere and are never
+    removed. Returns what was deleted."""
+    if keep_last <= 0:
+        return []
+    ckpt_dir = Path(ckpt_dir)
+    complete = [(s, p) for s, p in step_dirs(ckpt_dir) if (p / MANIFEST).is_file()]
+    if len(complete) <= keep_last:
+        return []
+    oldest_kept = complete[-keep_last][0]
+    latest = read_latest(ckpt_dir)
+    deleted = []
+    for step, path in step_dirs(ckpt_dir):
+        if step >= oldest_kept or path.name == latest:
+            continue
+        trash = path.with_name(path.name + ".trash")  # renamed first: a half-deleted dir must not look loadable
+        os.replace(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        deleted.append(path)
+    return deleted
+
+
+def model_config_mismatch(saved: dict, current: dict) -> list[str]:
+    keys = sorted(set(saved) | set(current))
+    return [f"{k}: checkpoint {saved.get(k)!r}, this run {current.get(k)!r}" for k in keys
+            if k != "size" and saved.get(k) != current.get(k)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the manager
+# ---------------------------------------------------------------------------------------------------
+
+class CheckpointManager:
+    """Owns RUN/checkpoints and RUN/snapshots for one trainer (see the module docstring)."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self.cfg = trainer.cfg.checkpoint
+        self.env = trainer.env
+        self.module = trainer.module
+        self.ckpt_dir = Path(trainer.run_dir) / CHECKPOINTS
+        self.snap_dir = Path(trainer.run_dir) / SNAPSHOTS
+        if self.cfg.save_every < 0 or self.cfg.keep_last < 0:
+            raise ValueError(f"checkpoint: save_every={self.cfg.save_every} and keep_last={self.cfg.keep_last} "
+                             f"must be >= 0 (save_every 0: only at the end or on a signal; keep_last 0: keep all)")
+        total = trainer.total_steps()
+        self.schedule = SnapshotSchedule(self.cfg.snapshot_every_tokens, self.cfg.snapshot_log_points,
+                                         trainer.tokens_per_step,
+                                         total * trainer.tokens_per_step if total is not None else None)
+        self.writer = BackgroundWriter()
+        self.signal = StopSignal()
+        self.code = code_version() if self.env.is_main else None
+        self._module_buffers = StagingBuffers()
+        self._snapshot_buffers = StagingBuffers()
+        self.last_saved_step: int | None = None
+        self.last_snapshot_step: int | None = None
+        self.history: list[dict] = []  # one row per save: step, kind, stall_s, write_s (for logs and benchmarks)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """At trainer construction: install signal handlers, resume if asked, clean up unfinished saves."""
+        self.signal.install()
+        resume_from = self._choose_resume()  # before the cleanup, so its warnings name the unfinished saves
+        if self.env.is_main:
+            for d in (self.ckpt_dir, self.snap_dir):
+                for tmp in tmp_dirs(d):
+                    shutil.rmtree(tmp, ignore_errors=True)
+        _barrier()
+        if resume_from is not None:
+            self.load(resume_from)
+
+    def _choose_resume(self) -> Path | None:
+        target = self.trainer.cfg.resume
+        if not target:
+            return None
+        chosen: str | None = None
+        error: str | None = None
+        if self.env.is_main:  # one rank verifies (checksums read every byte) and tells the others
+            if target == "auto":
+                path = find_resume_checkpoint(self.ckpt_dir)
+                if path is None:
+                    info(f"--resume auto: no complete checkpoint in {self.ckpt_dir}; starting from scratch")
+                chosen = str(path) if path is not None else None
+            else:
+                problem = verify(Path(target))
+                if problem is not None:
+                    error = (f"--resume {target}: {problem}. Pass a complete checkpoint directory "
+                             f"({self.ckpt_dir}/step_N) or --resume auto to take the newest complete one")
+                chosen = target
+        chosen, error = _broadcast((chosen, error))
+        if error:
+            raise ValueError(error)
+        return Path(chosen) if chosen else None
+
+    def load(self, path: Path) -> None:
+        path = Path(path)
+        meta = json.loads((path / META).read_text())
+        current = self.trainer.model_cfg.to_dict()
+        diff = model_config_mismatch(meta["model"], current)
+        if diff:
+            raise ValueError(f"checkpoint {path} holds a different model ({'; '.join(diff)}); resume it with "
+                             f"the same --arch/--size/--model overrides, or train into another --out")
+        if meta.get("tokens_per_step") not in (None, self.trainer.tokens_per_step):
+            raise ValueError(f"checkpoint {path} was trained with {meta['tokens_per_step']} tokens per step but "
+                             f"this run has {self.trainer.tokens_per_step}; keep --global-batch-tokens and "
+                             f"--seq-len when resuming")
+        self.module.load_state(path / MODULE_DIR)
+        saved_world = int(meta["world_size"])
+        same_world = saved_world == self.env.world_size
+        own = path / TRAINER_DIR / rank_file(self.env.rank)
+        state = torch.load(own if same_world else path / TRAINER_DIR / rank_file(0), map_location="cpu",
+                           weights_only=False)  # our own files, checksummed; they hold numpy RNG state
+        if not same_world:
+            # The loader's state is global (samples consumed), so rank 0's resumes every rank's slice.
+            # Per-rank RNG streams cannot be carried over to a different rank count; each rank keeps the
+            # stream seeded for it (the recipe draws no random numbers during training: no dropout).
+            state["rng"] = None
+        self.trainer.load_state_dict(state)
+        self.last_saved_step = self.trainer.step
+        self.last_snapshot_step = self.trainer.step if (self.snap_dir / step_name(self.trainer.step)).is_dir() else None
+        if self.env.is_main:
+            note = "" if same_world else f" (saved by {saved_world} ranks, resumed on {self.env.world_size})"
+            info(f"resumed from {path} at step {self.trainer.step}, {self.trainer.tokens} tokens{note}")
+
+    # -- hooks the training loop calls ----------------------------------------------------------------
+    def stop_requested(self) -> bool:
+        """True once any rank got SIGTERM/SIGUSR1. All ranks must agree, or one would stop while the others
+        wait for it in a collective: the flag is reduced over ranks (one tiny all-reduce per step)."""
+        flag = self.signal.received is not None
+        if _world() > 1:
+            t = torch.tensor([1.0 if flag else 0.0], device=self.env.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flag = bool(t.item() > 0)
+        return flag
+
+    def after_step(self) -> None:
+        if not self.writer.busy:
+            self.writer.wait()  # surfaces an error from the last background save
+        tr = self.trainer
+        jobs = []
+        if self.schedule.due(tr.tokens - tr.tokens_per_step, tr.tokens):
+            jobs.append(self._stage_snapshot())
+        if self.cfg.save_every and tr.step % self.cfg.save_every == 0:
+            jobs.append(self._stage_checkpoint(blocking=not self.cfg.async_save))
+        self._run([j for j in jobs if j is not None], blocking=not self.cfg.async_save)
+
+    def save(self, blocking: bool | None = None) -> None:
+        """A resume checkpoint of the current step now (every rank must call it)."""
+        blocking = (not self.cfg.async_save) if blocking is None else blocking
+        self._run([self._stage_checkpoint(blocking)], blocking)
+        if blocking:
+            self.writer.wait()
+
+    def snapshot(self, blocking: bool = False) -> None:
+        self._run([self._stage_snapshot()], blocking)
+
+    def at_end(self, stop_reason: str) -> None:
+        """Final snapshot (finished runs with snapshots on), final checkpoint, and wait for the writer."""
+        tr = self.trainer
+        jobs = []
+        if stop_reason == "finished" and self.schedule.enabled and self.last_snapshot_step != tr.step:
+            jobs.append(self._stage_snapshot())
+        if self.last_saved_step != tr.step:
+            jobs.append(self._stage_checkpoint(blocking=False))
+        self._run([j for j in jobs if j is not None], blocking=False)
+        self.wait()
+        self.signal.uninstall()
+        if stop_reason == "signal" and self.env.is_main:
+            info(f"stopped by {self.signal.received} at step {tr.step}; checkpoint {self.ckpt_dir / step_name(tr.step)} "
+                 f"written; continue with --resume auto")
+
+    def wait(self) -> None:
+        """Block until every save of this rank is written (and, on rank 0, published)."""
+        self.writer.wait()
+        _barrier()
+
+    # -- staging (training thread) and writing (background thread) -------------------------------------
+    def _run(self, jobs: list[Callable[[], None]], blocking: bool) -> None:
+        if not jobs:
+            return
+        if blocking:
+            for job in jobs:
+                job()
+            _barrier()
+        else:
+            self.writer.submit(lambda: [job() for job in jobs])
+
+    def _stage_checkpoint(self, blocking: bool) -> Callable[[], None] | None:
+        tr, rank, world = self.trainer, self.env.rank, self.env.world_size
+        step = tr.step
+        if self.last_saved_step == step:
+            return None
+        self.writer.wait()  # one save in flight at a time: staging buffers are reused
+        t0 = time.perf_counter()
+        name = step_name(step)
+        tmp = self.ckpt_dir / (name + TMP_SUFFIX)
+        for sub in (MODULE_DIR, TRAINER_DIR, PARTS_DIR):
+            (tmp / sub).mkdir(parents=True, exist_ok=True)
+        trainer_state = copy.deepcopy(tr.state_dict())
+        write_module: Callable[[Path], None] | None = None
+        if not blocking and hasattr(self.module, "stage_state"):
+            write_module = self.module.stage_state(self._module_buffers)
+        else:
+            self.module.save_state(tmp / MODULE_DIR)
+        meta = {"kind": "checkpoint", "step": step, "tokens": tr.tokens, "flops": tr.flops,
+                "flops_non_embedding": step * tr.flops_per_step_ne, "tokens_per_step": tr.tokens_per_step, "world_size": world,
+                "module": type(self.module).__name__, "zero": tr.cfg.dist.zero,
+                "model": tr.model_cfg.to_dict(), "config": tr.cfg.to_dict(), "code": self.code,
+                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        stall = time.perf_counter() - t0
+        self.last_saved_step = step
+
+        def write() -> None:
+            t1 = time.perf_counter()
+            if write_module is not None:
+                write_module(tmp / MODULE_DIR)
+            torch.save(trainer_state, tmp / TRAINER_DIR / rank_file(rank))
+            (tmp / PARTS_DIR / f"rank_{rank:05d}.done").write_text("")
+            if rank == 0:
+                _wait_for_markers(tmp / PARTS_DIR, world)
+                shutil.rmtree(tmp / PARTS_DIR)
+                (tmp / META).write_text(json.dumps(meta, indent=1))
+                write_manifest(tmp, {"kind": "checkpoint", "step": step})
+                publish_dir(tmp, self.ckpt_dir / name)
+                atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
+                deleted = apply_retention(self.ckpt_dir, self.cfg.keep_last)
+                took = time.perf_counter() - t1
+                self.history.append({"step": step, "kind": "checkpoint", "stall_s": stall, "write_s": took,
+                                     "blocking": blocking})
+                info(f"checkpoint {name} saved ({'blocking' if blocking else f'background, stall {stall:.3f} s'}, "
+                     f"written in {took:.2f} s)" + (f"; removed {', '.join(p.name for p in deleted)}" if deleted else ""))
+        return write
+
+    def _stage_snapshot(self) -> Callable[[], None] | None:
+        tr = self.trainer
+        step = tr.step
+        if self.last_snapshot_step == step:
+            return None
+        final = self.snap_dir / step_name(step)
+        # a replayed step after a resume: the existing snapshot holds the same weights
+        skip = self.env.is_main and verify(final, checksums=False) is None
+        skip = _broadcast(skip)
+        if skip:
+            self.last_snapshot_step = step
+            return None
+        self.writer.wait()
+        t0 = time.perf_counter()
+        state = self.module.full_state_dict()  # every rank: a gather under ZeRO-3
+        self.last_snapshot_step = step
+        if not self.env.is_main:
+            return None
+        staged = self._snapshot_buffers.stage({k: v.float() for k, v in state.items()})
+        del state
+        from models import TOKENIZER_NAME
+        meta = {"kind": "snapshot", "step": step, "tokens": tr.tokens, "flops": tr.flops,
+                "flops_non_embedding": step * tr.flops_per_step_ne, "model": tr.model_cfg.to_dict(),
+                "tokenizer": TOKENIZER_NAME, "run": Path(tr.run_dir).name, "code": self.code,
+                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        stall = time.perf_counter() - t0
+
+        def write() -> None:
+            from safetensors.torch import save_file
+            t1 = time.perf_counter()
+            tmp = self.snap_dir / (final.name + TMP_SUFFIX)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+            save_file(staged, str(tmp / SNAPSHOT_WEIGHTS))
+            (tmp / META).write_text(json.dumps(meta, indent=1))
+            write_manifest(tmp, {"kind": "snapshot", "step": step})
+            publish_dir(tmp, final)
+            took = time.perf_counter() - t1
+            self.history.append({"step": step, "kind": "snapshot", "stall_s": stall, "write_s": took})
+            info(f"snapshot {final.name} saved ({tr.tokens} tokens, written in {took:.2f} s)")
+        return write
+
+
+# ---------------------------------------------------------------------------------------------------
+# small distributed helpers (no-ops in one process)
+# ---------------------------------------------------------------------------------------------------
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    if _world() > 1:
+        dist.barrier()
+
+
+def _broadcast(obj):
+    """Rank 0's value of a small picklable object, on every rank."""
+    if _world() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _wait_for_markers(parts: Path, world: int) -> None:
+    deadline = time.monotonic() + MARKER_TIMEOUT_S
+    while len(list(parts.glob("rank_*.done"))) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{parts}: only {len(list(parts.glob('rank_*.done')))} of {world} ranks finished "
+                               f"writing within {MARKER_TIMEOUT_S:.0f} s; this save is abandoned (not published)")
+        time.sleep(0.02)
+
+
+def attach_to_trainer(trainer) -> CheckpointManager:
+    """Called by pretrain.Trainer at construction: sets trainer.checkpointer and resumes if --resume asks."""
+    manager = CheckpointManager(trainer)
+    trainer.checkpointer = manager
+    manager.start()
+    return manager

@@ -1,0 +1,85 @@
+"""Shared by tests/test_checkpoint*.py and tests/test_export*.py: a small prepared dataset with a small
+vocabulary (so a tiny model trains in tens of milliseconds a step on CPU) and the flags of a tiny run."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 256
+
+
+def make_dataset(root: Path, vocab: int = VOCAB, docs: int = 400, seed: int = 0) -> Path:
+    """Train and val splits of token documents with learnable structure (each token mostly follows from
+    the one before), written in the prepared-dataset format the loader reads."""
+    from data_pipeline.shards import ShardWriter, SourceMeta, write_meta
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", docs), ("val", max(4, docs // 20))):
+        out = Path(root) / split
+        w = ShardWriter(out, "synthetic", shard_tokens=1 << 14)
+        for _ in range(n):
+            length = int(rng.integers(20, 200))
+            ids = np.empty(length, dtype=np.int64)
+            ids[0] = rng.integers(0, vocab)
+            noise = rng.random(length) < 0.3
+            jumps = rng.integers(0, vocab, length)
+            for i in range(1, length):
+                ids[i] = jumps[i] if noise[i] else (ids[i - 1] * 5 + 3) % vocab
+            w.add(ids)
+        w.close()
+        meta = SourceMeta("synthetic", "en", 1.0, w.shard_entries(), w.documents, w.tokens)
+        write_meta(out, [meta], {"label": f"synthetic vocab {vocab}"})
+    return Path(root)
+
+
+def run_flags(out: Path, data: Path, steps: int, *extra: str, seed: int = 0, arch: str = "tnl",
+              batch: int = 6, micro: int = 1, seq_len: int = 16) -> list[str]:
+    return ["--arch", arch, "--size", "tiny", "--model", f"vocab_size={VOCAB}", "--data", str(data),
+            "--out", str(out), "--seq-len", str(seq_len), "--global-batch-tokens", str(batch * seq_len),
+            "--micro-batch", str(micro), "--max-steps", str(steps), "--eval-every", "0", "--log-every", "1",
+            "--warmup-steps", "3", "--lr", "3e-3", "--seed", str(seed), "--device", "cpu", *extra]
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e.setdefault("OMP_NUM_THREADS", "1")
+    return e
+
+
+def pretrain_cmd(flags: list[str], nproc: int = 0) -> list[str]:
+    script = str(ROOT / "launch" / "pretrain.py")
+    if nproc:
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                "--master_port", str(29400 + os.getpid() % 500), script, *flags]
+    return [sys.executable, script, *flags]
+
+
+def run_pretrain(flags: list[str], nproc: int = 0, check: bool = True, timeout: int = 240) -> subprocess.CompletedProcess:
+    proc = subprocess.run(pretrain_cmd(flags, nproc), env=env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"pretrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def losses(run_dir: Path) -> dict[int, list[float]]:
+    """Every logged loss per step (a step replayed after a resume appears twice)."""
+    out: dict[int, list[float]] = {}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        out.setdefault(row["step"], []).append(row["loss"])
+    return out
+
+
+def train_in_process(flags: list[str]):
+    """A Trainer built and run in this process (faster than a subprocess); returns it after fit()."""
+    from pretrain.config import parse_config
+    from pretrain.trainer import Trainer
+    trainer = Trainer(parse_config(flags))
+    trainer.fit()
+    return trainer
