@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -110,3 +112,37 @@ class TorchTrainModule:
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+    # -- the checkpoint contract (checkpoints/manager.py, docs/checkpoints.md) ------------------------
+    # Under DDP every rank holds the same full state: rank 0 writes it, every rank reads it, so a resume
+    # on any number of ranks is a plain load.
+    def save_state(self, dir: Path) -> None:
+        if _rank() == 0:
+            torch.save(self.model.state_dict(), Path(dir) / "model.pt")
+            torch.save(self.optimizer.state_dict(), Path(dir) / "optimizer.pt")
+
+    def stage_state(self, buffers) -> Callable[[Path], None]:
+        """Copy model + optimizer to host buffers now (`checkpoints.staging.StagingBuffers`); the returned
+        function writes that copy and may run in a background thread while training goes on."""
+        if _rank() != 0:
+            return lambda dir: None
+        staged = buffers.stage(self.state_dict())
+
+        def write(dir: Path) -> None:
+            torch.save(staged["model"], Path(dir) / "model.pt")
+            torch.save(staged["optimizer"], Path(dir) / "optimizer.pt")
+        return write
+
+    def load_state(self, dir: Path) -> None:
+        self.model.load_state_dict(torch.load(Path(dir) / "model.pt", map_location=self.device, weights_only=True))
+        self.optimizer.load_state_dict(torch.load(Path(dir) / "optimizer.pt", map_location=self.device,
+                                                  weights_only=True))
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The live weights (the checkpoint manager copies them before training goes on)."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
