@@ -12,7 +12,8 @@ Nothing exceeds 1 before the products, so nothing overflows; tiny weights underf
 `gla_dqk_intra_kernel` adds the intra-chunk dq, dk (from dA = do v^T) to the inter-chunk parts that
 the scans of `ops.triton_scan` left in fp32 buffers. `gla_dg_kernel` turns dq, dk into d log_f via
 d log_f_s = sum_{t >= s} (q_t dq_t - k_t dk_t) (+ the final state's term), a reverse cumulative sum
-per sequence that involves no exponentials at all.
+per sequence that involves no exponentials at all (the diagonal i == j terms, equal on both sides,
+are left out of it and added to dq, dk only afterwards).
 """
 from __future__ import annotations
 
@@ -158,8 +159,9 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, cu, chunks, T, NT,
     dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
     q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
     acc_k = tl.dot(tl.trans(dA_col.to(dt)), q_w.to(dt), input_precision=PREC) * _exp0(r2 - b_S)
-    # diagonal block
-    causal = tl.arange(0, BC)[:, None] >= tl.arange(0, BC)[None, :]
+    # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
+    # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
+    causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]
     dA = tl.where(causal, tl.dot(do_S, tl.trans(v_S), input_precision=PREC), 0.)
     d = b_S[:, None, :] - b_S[None, :, :]
     w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
@@ -172,10 +174,12 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, cu, chunks, T, NT,
 
 
 @triton.jit
-def gla_dg_kernel(q, k, dq, dk, dg, dg_T, cu, T,
-                  H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                  HAS_DGT: tl.constexpr, VARLEN: tl.constexpr):
-    """grid (cdiv(K, BK), N * H): d log_f = reverse cumsum of (q dq - k dk) over each sequence."""
+def gla_dg_kernel(q, k, v, do, dq, dk, dg, dg_T, dq_out, dk_out, cu, T,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, HAS_DGT: tl.constexpr, VARLEN: tl.constexpr):
+    """grid (cdiv(K, BK), N * H): d log_f = reverse cumsum of (q dq - k dk) over each sequence, from dq,
+    dk without their i == j terms (those cancel exactly; left in, fp32 rounding of them swamps the
+    tiny true gradient of gates near 0). Then adds (do_t . v_t) k_t, (do_t . v_t) q_t and writes dq, dk."""
     i_k = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_n = i_nh // H
@@ -184,15 +188,27 @@ def gla_dg_kernel(q, k, dq, dk, dg, dg_T, cu, T,
     L = eos - bos
     offs_k = i_k * BK + tl.arange(0, BK)
     kmask = offs_k < K
+    offs_v = tl.arange(0, BV)
+    vmask = offs_v < V
     carry = tl.zeros([BK], dtype=tl.float32)
     if HAS_DGT:
         carry += tl.load(dg_T + i_nh.to(tl.int64) * K + offs_k, mask=kmask, other=0.)
     NC = tl.cdiv(L, BT)
     for cc in range(0, NC):
         rows = (NC - 1 - cc) * BT + tl.arange(0, BT)
-        m = (rows < L)[:, None] & kmask[None, :]
+        rmask = (rows < L)[:, None]
+        m = rmask & kmask[None, :]
         p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
-        x = (tl.load(q + p, mask=m, other=0.).to(tl.float32) * tl.load(dq + p, mask=m, other=0.)
-             - tl.load(k + p, mask=m, other=0.).to(tl.float32) * tl.load(dk + p, mask=m, other=0.))
+        pv = ((bos + rows) * H + i_h)[:, None] * V + offs_v[None, :]
+        b_q = tl.load(q + p, mask=m, other=0.).to(tl.float32)
+        b_k = tl.load(k + p, mask=m, other=0.).to(tl.float32)
+        b_dq = tl.load(dq + p, mask=m, other=0.)
+        b_dk = tl.load(dk + p, mask=m, other=0.)
+        x = b_q * b_dq - b_k * b_dk
         tl.store(dg + p, (tl.cumsum(x, axis=0, reverse=True) + carry[None, :]).to(dg.dtype.element_ty), mask=m)
         carry += tl.sum(x, axis=0)
+        mv = rmask & vmask[None, :]
+        a_tt = tl.sum(tl.load(do + pv, mask=mv, other=0.).to(tl.float32)
+                      * tl.load(v + pv, mask=mv, other=0.).to(tl.float32), axis=1)[:, None]
+        tl.store(dq_out + p, (b_dq + a_tt * b_k).to(dq_out.dtype.element_ty), mask=m)
+        tl.store(dk_out + p, (b_dk + a_tt * b_q).to(dk_out.dtype.element_ty), mask=m)

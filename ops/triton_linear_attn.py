@@ -242,12 +242,13 @@ class GatedLinearAttnFn(torch.autograd.Function):
             num_warps=4)
         # the final state is exp(B_T) (h0 + ...): its gradient reaches every gate of the sequence
         dg_T = None if dht is None else (dht * ht).sum(-1).contiguous()
-        dg = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+        dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+        dq_out, dk_out = torch.empty_like(q), torch.empty_like(k)
         bkg = min(64, _np2(K))
         gla_dg_kernel[(triton.cdiv(K, bkg), N * H)](
-            q, k, dq, dk, dg, dg_T if dg_T is not None else dg, cu, T,
-            H=H, K=K, BT=BT, BK=bkg, HAS_DGT=dg_T is not None, VARLEN=cu.numel() > 1)
-        return dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype), dh0, None
+            q, k, v, do, dq, dk, dg, dg_T if dg_T is not None else dg, dq_out, dk_out, cu, T,
+            H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V), HAS_DGT=dg_T is not None, VARLEN=cu.numel() > 1)
+        return dq_out, dk_out, dv, dg, dh0, None
 
 
 def gated_linear_attn_triton(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
