@@ -1,6 +1,8 @@
 """Throughput of prepare (filter + dedup + tokenize + write) and of the loader reading shards."""
 from __future__ import annotations
 
+import os
+import resource
 import shutil
 import tempfile
 import time
@@ -15,16 +17,25 @@ def bench_prepare(config: str, near: bool, workers: int = 0) -> dict:
     cfg.dedup.near = near
     out = Path(tempfile.mkdtemp(prefix="linscale-bench-"))
     try:
+        cpu0 = _cpu()
         t0 = time.perf_counter()
         stats = prepare(cfg, out, workers=workers, progress=False)
         dt = time.perf_counter() - t0
+        cpu = _cpu() - cpu0
         chars = sum(s["chars_in"] for s in stats["sources"])
         tokens = sum(s["tokens_written_before_global_dedup"] for s in stats["sources"])
         mb = sum(f.stat().st_size for src in cfg.sources for f in cfg.files(src)[0]) / 1e6
-        return {"seconds": dt, "tokens": tokens, "chars": chars, "tokens_per_s": tokens / dt,
-                "compressed_mb_per_s": mb / dt, "chars_m_per_s": chars / dt / 1e6, "out": None}
+        return {"seconds": dt, "cpu_seconds": cpu, "tokens": tokens, "chars": chars, "tokens_per_s": tokens / dt,
+                "tokens_per_cpu_s": tokens / cpu, "compressed_mb_per_s": mb / dt,
+                "text_mchars_per_s": chars / dt / 1e6, "load_avg_1min": os.getloadavg()[0]}
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (the prepare workers)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def bench_loader(config: str, seq_len: int = 2048, micro_batch: int = 16, steps: int = 200) -> dict:

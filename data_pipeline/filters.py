@@ -77,9 +77,9 @@ def check(text: str, language: str, cfg: FilterConfig) -> str | None:
         return "too_short"
     if n > cfg.max_chars:
         return "too_long"
-    if _dup_fraction([ln.strip() for ln in text.split("\n") if ln.strip()]) > cfg.max_dup_line_fraction:
+    if _dup_fraction([ln for ln in map(str.strip, text.split("\n")) if ln]) > cfg.max_dup_line_fraction:
         return "dup_lines"
-    paras = [p.strip() for p in _PARA.split(text) if p.strip()]
+    paras = [p for p in map(str.strip, _PARA.split(text)) if p]
     if len(paras) > 1 and _dup_fraction(paras) > cfg.max_dup_paragraph_fraction:
         return "dup_paragraphs"
     if top_ngram_share(text, language) > cfg.max_top_ngram_share:
