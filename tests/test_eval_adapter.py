@@ -1,0 +1,169 @@
+"""The lm-eval adapter and the perplexity functions against a direct forward pass of the model."""
+import json
+import math
+
+import pytest
+import torch
+
+import evaluation  # noqa: F401  (registers "linscale")
+from data_pipeline.tokenizer import EOT_ID, get_tokenizer
+from evaluation.lm_eval_adapter import LinscaleLM
+from evaluation.perplexity import encode_pair
+from models import build_model, save_pretrained
+
+ARCHS = ["llama", "tnl", "hgrn2", "cos2"]
+
+
+class Req:  # the part of lm_eval.api.instance.Instance the adapter reads
+    def __init__(self, *args):
+        self.args = args
+
+
+@pytest.fixture(scope="module")
+def models():
+    out = {}
+    for arch in ARCHS:
+        torch.manual_seed(1)
+        out[arch] = build_model(arch, "tiny", max_seq_len=64).eval()
+    return out
+
+
+def direct_logprob(model, ctx, cont, max_length):
+    """Sum of log p(cont | ctx) from one unbatched full forward pass (the reference)."""
+    ids = (ctx + cont)[-(max_length + 1):]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids[:-1]])).double(), -1)[0]
+    n = min(len(cont), len(ids) - 1)
+    tgt = ids[-n:]
+    pos = range(len(ids) - 1 - n, len(ids) - 1)
+    lp = sum(float(logp[p, t]) for p, t in zip(pos, tgt))
+    greedy = all(int(logp[p].argmax()) == t for p, t in zip(pos, tgt))
+    return lp, greedy
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_loglikelihood_equals_forward_pass(models, arch):
+    model = models[arch]
+    lm = LinscaleLM(model=model, batch_size=3, max_length=40)
+    tok = get_tokenizer()
+    pairs = [("The quick brown fox", " jumps over the lazy dog"), ("", "Hello world"),
+             ("One two three four five six", " seven"),
+             ("A much longer context " * 8, " that gets truncated on the left")]  # > max_length tokens
+    got = lm.loglikelihood([Req(c, t) for c, t in pairs], disable_tqdm=True)
+    for (c, t), (lp, greedy) in zip(pairs, got):
+        ce, te = encode_pair(c, t)  # lm-eval's context/continuation split (checked in test_eval_metrics)
+        ref_lp, ref_greedy = direct_logprob(model, ce, te, 40)
+        assert lp == pytest.approx(ref_lp, rel=1e-4, abs=1e-3)
+        assert greedy == ref_greedy
+    # the rolling log-likelihood covers every token of the document exactly once
+    text = "Rolling windows over a document that is longer than the window. " * 4
+    (rolled,) = lm.loglikelihood_rolling([Req(text)], disable_tqdm=True)
+    ids = tok.encode_ordinary(text)
+    ref = 0.0
+    for start in range(0, len(ids), 40):
+        end = min(start + 40, len(ids))
+        ctx = [EOT_ID] if start == 0 else ids[max(0, end - 41):start]
+        ref += direct_logprob(model, ctx, ids[start:end], 40)[0]
+    assert rolled == pytest.approx(ref, rel=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "hgrn2"])
+def test_generate_until_matches_greedy_recompute(models, arch):
+    model = models[arch]
+    lm = LinscaleLM(model=model, batch_size=4, max_length=64)
+    tok = get_tokenizer()
+    prompts = ["Once upon a time", "Once upon a date", "In the beginning there was"]
+    refs = []
+    for p in prompts:  # greedy decoding by recomputing the whole sequence each step (no cache)
+        ids = tok.encode_ordinary(p)
+        new = []
+        with torch.no_grad():
+            for _ in range(8):
+                new.append(int(model(torch.tensor([ids + new]))[0, -1].argmax()))
+        refs.append(tok.decode(new))
+    out = lm.generate_until([Req(p, {"until": ["\n\n\n\n"], "max_gen_toks": 8}) for p in prompts], disable_tqdm=True)
+    assert out == [r.split("\n\n\n\n")[0] for r in refs]
+    until = refs[0][3:6] or refs[0][-1]
+    out = lm.generate_until([Req(prompts[0], {"until": [until], "max_gen_toks": 8})], disable_tqdm=True)
+    assert out == [refs[0].split(until)[0]]
+
+
+def test_perplexity_functions_match_lm_eval_tasks(models, tmp_path):
+    """Our WikiText-2 and LAMBADA code and lm-eval's task pipeline (our local YAMLs, its detokenizer and
+    metrics) through the adapter give the same numbers, on user files in the shared-data layout."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from evaluation import perplexity
+    from evaluation.lm_eval_adapter import tasks_dir
+    wt = tmp_path / "wikitext-2-raw" / "wiki.test.raw"
+    wt.parent.mkdir()
+    wt.write_text(" \n = Page One = \n \n The river flows @-@ east , past 1 @,@ 000 trees . \n \n"
+                  " = = Section = = \n \n It 's \" quoted \" ( here ) . \n \n = Page Two = \n \n Short page . \n \n")
+    lam = tmp_path / "lambada" / "lambada_test.jsonl"
+    lam.parent.mkdir()
+    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in
+                           ["She opened the door and saw her old friend Tom", "He paid the bill and left the"]))
+    model = models["tnl"]
+    ours_wt = perplexity.wikitext_perplexity(model, wt, max_length=16, batch_size=2)
+    ours_lam = perplexity.lambada_openai(model, lam, max_length=16, batch_size=2)
+    assert ours_wt["documents"] == 2 and ours_lam["examples"] == 2
+    lm = LinscaleLM(model=model, batch_size=2, max_length=16)
+    res = lm_eval.simple_evaluate(model=lm, tasks=["wikitext_local", "lambada_openai_local"],
+                                  task_manager=TaskManager(include_path=str(tasks_dir()),
+                                                           metadata={"data_dir": str(tmp_path)}),
+                                  bootstrap_iters=0)["results"]
+    assert res["wikitext_local"]["word_perplexity,none"] == pytest.approx(ours_wt["word_perplexity"], rel=1e-5)
+    assert res["wikitext_local"]["bits_per_byte,none"] == pytest.approx(ours_wt["bits_per_byte"], rel=1e-5)
+    assert res["lambada_openai_local"]["perplexity,none"] == pytest.approx(ours_lam["perplexity"], rel=1e-5)
+    assert res["lambada_openai_local"]["acc,none"] == ours_lam["acc"]
+    # and the definition itself: exp(-Σ ll / Σ words) with words counted on the original pages
+    assert ours_wt["word_perplexity"] == pytest.approx(math.exp(-ours_wt["loglikelihood"] / ours_wt["words"]))
+
+
+def test_local_multiple_choice_task_through_adapter(models, tmp_path):
+    """A tiny lm-eval task (local jsonl) run by `lm_eval` machinery on a saved export: acc equals the
+    argmax of directly computed choice log-likelihoods."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    rows = [{"q": "The sky is", "choices": [" blue", " green", " loud"], "label": 0},
+            {"q": "Two plus two is", "choices": [" four", " five"], "label": 1},
+            {"q": "Fire is", "choices": [" hot", " cold"], "label": 0}]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "tiny_mc.yaml").write_text(
+        "task: tiny_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(tmp_path / "data.jsonl") +
+        "\noutput_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{q}}'\ndoc_to_target: label\n"
+        "doc_to_choice: '{{choices}}'\ntarget_delimiter: ''\nmetric_list:\n  - metric: acc\n")
+    model = models["cos2"]
+    save_pretrained(model, tmp_path / "export", extra={"step": 1, "tokens": 2, "flops": 3.0})
+    res = lm_eval.simple_evaluate(model="linscale", model_args=f"pretrained={tmp_path / 'export'},device=cpu",
+                                  tasks=["tiny_mc"], task_manager=TaskManager(include_path=str(tmp_path)))
+    tok = get_tokenizer()
+    hits = 0
+    for r in rows:
+        lps = [direct_logprob(model, tok.encode_ordinary(r["q"]), tok.encode_ordinary(c), 64)[0] for c in r["choices"]]
+        hits += int(max(range(len(lps)), key=lps.__getitem__) == r["label"])
+    assert res["results"]["tiny_mc"]["acc,none"] == pytest.approx(hits / len(rows))
+
+
+def test_commonsense_configs_load_local_data(shared_data):
+    """Every CSR loader reads ../shared/data with the published item counts; the two converted formats
+    (HellaSwag, WinoGrande) also build valid lm-eval requests through their configs."""
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    from evaluation import local_data
+    from evaluation.lm_eval_adapter import tasks_dir
+    from evaluation.sweep import CSR_TASKS
+    expected = {"boolq": 3270, "piqa": 1838, "siqa": 1954, "hellaswag": 10042, "winogrande": 1267,
+                "arc_easy": 2376, "arc_challenge": 1172, "openbookqa": 500}
+    for t in CSR_TASKS:
+        (split,) = getattr(local_data, f"load_{t}")(data_dir=shared_data / "eval").values()
+        assert len(split) == expected[t]
+    tm = TaskManager(include_path=str(tasks_dir()), metadata={"data_dir": str(shared_data / "eval")})
+    tasks = get_task_dict(["winogrande_local", "hellaswag_local"], tm)
+    wino = tasks["winogrande_local"]
+    doc = next(iter(wino.eval_docs))
+    assert wino.doc_to_choice(doc)[wino.doc_to_text(doc)].startswith("Sarah was a much better surgeon")
+    hs = tasks["hellaswag_local"]
+    doc = next(iter(hs.eval_docs))
+    assert doc["query"] == "Roof shingle removal: A man is sitting on a roof. he" and len(doc["choices"]) == 4
