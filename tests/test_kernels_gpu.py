@@ -1,6 +1,9 @@
 """GPU checks of the Triton linear-attention kernels at real shapes, bf16, against the float64 chunked
 twin (itself checked against the step-by-step recurrence in tests/test_kernels.py). Skipped without
-CUDA; run on the device machine: `pytest tests/test_kernels_gpu.py`."""
+CUDA; on a GPU machine run `TRITON_INTERPRET=0 pytest tests/test_kernels_gpu.py` (conftest turns the
+interpreter on unless told otherwise)."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,7 +11,9 @@ import torch.nn.functional as F
 from ops import gated_linear_attn, lightning_attn
 from ops import reference as R
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                 reason="compiled kernels wanted: run with TRITON_INTERPRET=0")]
 DEV = "cuda"
 
 
@@ -98,3 +103,16 @@ def test_varlen_matches_separate_runs(kind):
         xs = x[:, s:e] if kind == "gla" else x
         oi, Si = _run(kind, q[:, s:e], k[:, s:e], v[:, s:e], xs)
         assert rel(o[:, s:e], oi) < 1e-3 and rel(S[i:i + 1], Si) < 1e-3
+
+
+def test_rms_norm_bf16():
+    from ops.norm import rms_norm, rms_norm_reference
+    x = torch.randn(4096, 2048, device=DEV).to(torch.bfloat16).requires_grad_(True)
+    w = (torch.rand(2048, device=DEV) + 0.5).requires_grad_(True)
+    y = rms_norm(x, w)
+    dy = torch.randn_like(y)
+    dx, dw = torch.autograd.grad((y.float() * dy).sum(), [x, w])
+    x6, w6 = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+    y6 = rms_norm_reference(x6, w6)
+    dx6, dw6 = torch.autograd.grad((y6 * dy.double()).sum(), [x6, w6])
+    assert rel(y, y6) < 1e-2 and rel(dx, dx6) < 1e-2 and rel(dw, dw6) < 1e-2

@@ -1,0 +1,85 @@
+"""Fused RMSNorm / SRMSNorm (weightless) forward and backward in Triton, one program per row block.
+
+Statistics in fp32; the forward saves only the per-row 1/rms (4 bytes a row), the backward recomputes
+x_hat. The weight gradient is reduced per program into an fp32 partial buffer, then summed by torch.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+ROWS = 16  # rows per program in the backward (amortises the weight-gradient partials)
+
+
+@triton.jit
+def _rms_fwd_kernel(x, w, y, rstd, n_rows, D: tl.constexpr, eps, BD: tl.constexpr, HAS_W: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BD)
+    m = cols < D
+    xr = tl.load(x + row * D + cols, mask=m, other=0.).to(tl.float32)
+    r = 1. / tl.sqrt(tl.sum(xr * xr, axis=0) / D + eps)
+    out = xr * r
+    if HAS_W:
+        out = out * tl.load(w + cols, mask=m, other=0.).to(tl.float32)
+    tl.store(y + row * D + cols, out.to(y.dtype.element_ty), mask=m)
+    tl.store(rstd + row, r)
+
+
+@triton.jit
+def _rms_bwd_kernel(x, w, dy, rstd, dx, dw_part, n_rows, D: tl.constexpr, BD: tl.constexpr,
+                    ROWS: tl.constexpr, HAS_W: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BD)
+    m = cols < D
+    wr = tl.load(w + cols, mask=m, other=0.).to(tl.float32) if HAS_W else 1.
+    acc = tl.zeros([BD], dtype=tl.float32)
+    for i in range(0, ROWS):
+        row = pid.to(tl.int64) * ROWS + i
+        mm = m & ((row + cols * 0) < n_rows)
+        xr = tl.load(x + row * D + cols, mask=mm, other=0.).to(tl.float32)
+        g = tl.load(dy + row * D + cols, mask=mm, other=0.).to(tl.float32)
+        r = tl.load(rstd + row + cols * 0, mask=mm, other=0.)  # the row's 1/rms, broadcast
+        xh = xr * r
+        if HAS_W:
+            acc += g * xh
+        gw = g * wr
+        out = r * (gw - xh * (tl.sum(gw * xh, axis=0) / D))
+        tl.store(dx + row * D + cols, out.to(dx.dtype.element_ty), mask=mm)
+    if HAS_W:
+        tl.store(dw_part + pid.to(tl.int64) * D + cols, acc, mask=m)
+
+
+class RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor | None, eps: float):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        n, D = x2.shape
+        y = torch.empty_like(x2)
+        rstd = torch.empty(n, dtype=torch.float32, device=x.device)
+        BD = triton.next_power_of_2(D)
+        _rms_fwd_kernel[(n,)](x2, weight if weight is not None else x2, y, rstd, n, D, eps, BD=BD,
+                              HAS_W=weight is not None, num_warps=4 if BD <= 2048 else 8)
+        ctx.save_for_backward(x2, weight, rstd)
+        return y.view(shape)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x2, weight, rstd = ctx.saved_tensors
+        n, D = x2.shape
+        dy2 = dy.reshape(n, D).contiguous()
+        dx = torch.empty_like(x2)
+        n_prog = triton.cdiv(n, ROWS)
+        dw_part = torch.empty(n_prog, D, dtype=torch.float32, device=x2.device) if weight is not None else None
+        BD = triton.next_power_of_2(D)
+        _rms_bwd_kernel[(n_prog,)](x2, weight if weight is not None else x2, dy2, rstd, dx,
+                                   dw_part if dw_part is not None else rstd, n, D, BD=BD, ROWS=ROWS,
+                                   HAS_W=weight is not None, num_warps=4 if BD <= 2048 else 8)
+        dw = None if weight is None else dw_part.sum(0).to(weight.dtype)
+        return dx.view(dy.shape), dw, None
+
+
+def rms_norm_triton(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    return RMSNormFn.apply(x, weight, eps)
