@@ -30,7 +30,7 @@ def log(msg: str, env: DistEnv | None = None) -> None:
 def prepare_run_dir(path: Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write_probe"
+        probe = path / f".write_probe.{os.getpid()}"  # one per process: ranks share the directory
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
