@@ -247,23 +247,35 @@ def validate(cfg: RunConfig) -> None:
 
 def gradient_accumulation(global_batch: int, world_size: int, micro_batch: int, allow_inexact: bool = False) -> int:
     """Micro-steps per optimizer step so that world_size x micro_batch x accumulation == global_batch;
-    refuses combinations that cannot reach it exactly, naming micro-batches that can."""
+    refuses combinations that cannot reach it exactly, naming micro-batches (or global batches) that can.
+    With allow_inexact the nearest reachable batch is used (the trainer logs and counts the real one)."""
     per_rank, rem = divmod(global_batch, world_size)
     if rem == 0 and per_rank % micro_batch == 0:
         return per_rank // micro_batch
     if allow_inexact:
         return max(1, round(global_batch / (world_size * micro_batch)))
+    inexact = max(1, round(global_batch / (world_size * micro_batch)))
+    inexact_note = (f"or pass --allow-inexact-batch (gives {world_size} x {micro_batch} x {inexact} = "
+                    f"{world_size * micro_batch * inexact} sequences per step)")
     if rem:
-        raise ValueError(f"global batch of {global_batch} sequences cannot be split evenly over {world_size} ranks; "
-                         f"choose --global-batch-tokens as a multiple of {world_size} x seq_len, or pass "
-                         f"--allow-inexact-batch")
+        unit = world_size * micro_batch
+        lower, upper = max(1, global_batch // unit) * unit, -(-global_batch // unit) * unit
+        near = sorted({lower, upper})
+        sizes = [w for w in range(max(1, world_size // 2), 2 * world_size + 1) if global_batch % w == 0]
+        sizes = sorted(sizes, key=lambda w: abs(w - world_size))[:4]
+        raise ValueError(
+            f"global batch of {global_batch} sequences cannot be split evenly over {world_size} ranks, so no "
+            f"micro batch reaches it exactly; use a global batch of {' or '.join(map(str, near))} sequences "
+            f"(--global-batch-tokens = that x --seq-len) with --micro-batch {micro_batch}"
+            + (f", run on {' or '.join(map(str, sorted(sizes)))} ranks" if sizes else "")
+            + f", {inexact_note}")
     valid = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
     below = [m for m in valid if m <= micro_batch]
     suggest = below[-1] if below else valid[0]
     raise ValueError(f"micro batch {micro_batch} x {world_size} ranks cannot reach the global batch of {global_batch} "
                      f"sequences exactly ({per_rank} per rank); use --micro-batch {suggest} "
                      f"(valid: {', '.join(map(str, valid[:12]))}{' ...' if len(valid) > 12 else ''}) "
-                     f"or pass --allow-inexact-batch")
+                     f"{inexact_note}")
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:

@@ -62,6 +62,10 @@ class TorchTrainModule:
                 self.model, device_ids=[device.index] if device.type == "cuda" else None)
         self.optimizer = build_optimizer(self.model, optim_cfg, device)
 
+    def compile(self) -> None:
+        """torch.compile the (DDP-wrapped) model; the optimizer step stays eager."""
+        self.wrapped = torch.compile(self.wrapped)
+
     def autocast(self):
         if self.precision == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)

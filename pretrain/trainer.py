@@ -60,6 +60,18 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def memory_stats(device: torch.device) -> dict[str, float]:
+    """Peak accelerator memory of this rank (rank 0 logs), or the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return {"max_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30,
+                "max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30}
+    try:
+        import resource
+        return {"max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # KiB on Linux
+    except (ImportError, OSError):
+        return {}
+
+
 def decay_table(model: LanguageModel) -> list[list[float]] | None:
     """TNL's fixed per-layer, per-head decays (logged at start, as DESIGN asks)."""
     if model.config.arch != "tnl":
@@ -78,8 +90,9 @@ class Trainer:
         self.model_cfg = cfg.model()
         t = cfg.train
         self.precision = t.precision if t.precision != "auto" else ("bf16" if env.device.type == "cuda" else "fp32")
-        self.global_batch = cfg.global_batch
-        self.accum = gradient_accumulation(self.global_batch, env.world_size, t.micro_batch, t.allow_inexact_batch)
+        self.accum = gradient_accumulation(cfg.global_batch, env.world_size, t.micro_batch, t.allow_inexact_batch)
+        # the batch actually trained on (differs from the requested one only with --allow-inexact-batch)
+        self.global_batch = env.world_size * t.micro_batch * self.accum
         self.tokens_per_step = env.world_size * t.micro_batch * self.accum * t.seq_len
         self.flops_per_step = flops_per_step(self.model_cfg, self.tokens_per_step // t.seq_len, t.seq_len)
         self.flops_per_step_ne = flops_per_step(self.model_cfg, self.tokens_per_step // t.seq_len, t.seq_len, False)
@@ -95,7 +108,7 @@ class Trainer:
         else:
             self.module = TorchTrainModule(model, cfg.optim, env.device, self.precision, ddp=env.world_size > 1)
         if t.compile:
-            self.module.wrapped = torch.compile(self.module.wrapped)
+            self.module.compile()
 
         self.loader = build_loader(cfg.data, t.seq_len, self.global_batch, t.micro_batch,
                                    rank=env.rank, world_size=env.world_size, seed=t.seed, doc_starts=t.doc_reset)
@@ -113,6 +126,8 @@ class Trainer:
 
         if env.is_main:
             save_config(cfg, self.run_dir / "config.json")
+            if getattr(self.module, "ds_config", None) is not None:
+                (self.run_dir / "deepspeed_config.json").write_text(json.dumps(self.module.ds_config, indent=2))
         self.metrics = MetricsLogger(self.run_dir, enabled=env.is_main)
         self.peak = peak_flops(env.device)
 
@@ -166,7 +181,12 @@ class Trainer:
         e = self.env
         log(f"{self.model_cfg.arch} {self.model_cfg.size}: {info.params_non_embedding / 1e6:.1f}M non-embedding, "
             f"{info.params_total / 1e6:.1f}M total parameters; {self.flops_per_step / 1e12:.3g} TFLOPs/step", e)
-        log(f"batch: {self.global_batch} x {self.cfg.train.seq_len} tokens = {e.world_size} ranks x micro "
+        if self.global_batch != self.cfg.global_batch:
+            log(f"--allow-inexact-batch: training on {self.global_batch} sequences per step instead of the "
+                f"requested {self.cfg.global_batch}", e)
+        engine = f"DeepSpeed ZeRO-{self.cfg.dist.zero}" if self.cfg.dist.zero else \
+            ("DDP" if e.world_size > 1 else "PyTorch")
+        log(f"engine: {engine}; batch: {self.global_batch} x {self.cfg.train.seq_len} tokens = {e.world_size} ranks x micro "
             f"{self.cfg.train.micro_batch} x accumulation {self.accum}; precision {self.precision}; device {e.device}", e)
         log(f"data: {self.loader.describe()}", e)
         table = decay_table(self.model)
@@ -234,8 +254,7 @@ class Trainer:
                     row["loss_spike"] = True
                 if self.peak:
                     row["mfu"] = self.flops_per_step / dt / (self.peak * self.env.world_size)
-                if self.env.device.type == "cuda":
-                    row["max_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+                row.update(memory_stats(self.env.device))
                 if is_eval:
                     row["val_loss"] = self.module.eval_loss(self.val_batches)
                 self.metrics.log(row)

@@ -1,0 +1,201 @@
+"""The train module on a DeepSpeed engine (ZeRO stage 1/2/3): the same interface as
+`pretrain.train_module.TorchTrainModule` (`train_step`, `eval_loss`, and the checkpoint contract
+`save_state` / `load_state` / `full_state_dict`), so the trainer does not know which one it drives.
+
+Skipping a non-finite step under DeepSpeed. `engine.step()` at the accumulation boundary runs the whole
+update (clip, optimizer, zero grads) in one call, so the plain path's "look at the norm, then decide"
+cannot be done from outside. Two guards, together covering every stage:
+  1. The loss. Before the boundary `engine.step()` the step's loss is averaged over ranks (all ranks see
+     the same value). If it is not finite, our AdamW (`GuardedAdamW`, the optimizer DeepSpeed wraps) is
+     told to skip: ZeRO then copies the unchanged fp32 partitions back into the model, so weights and
+     Adam moments stay as they were. DeepSpeed's gradient accumulation counters still advance normally.
+  2. The gradient norm. DeepSpeed >= 0.19 checks the global norm itself in ZeRO-1/2/3 and skips the
+     update when it is inf/NaN (`engine.was_step_applied()` is then False). We read that back, so a
+     finite loss with a non-finite gradient is reported as skipped as well. For ZeRO-1/2 with DeepSpeed's
+     own bf16 weights this check is `bf16.check_grad_overflow` (default true): keep it on.
+The grad norm we report is `engine.get_global_grad_norm()`: the norm before clipping, as in the plain path.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from pretrain.config import RunConfig
+from pretrain.deepspeed_config import build_deepspeed_config
+from pretrain.distributed import DistEnv, all_reduce_mean
+from pretrain.train_module import StepResult, lr_at, param_groups
+
+DS_TAG = "deepspeed"          # the DeepSpeed checkpoint lives in <checkpoint dir>/deepspeed/
+META_FILE = "deepspeed_meta.json"
+
+
+class GuardedAdamW(torch.optim.AdamW):
+    """torch AdamW whose next `step()` can be vetoed (`skip_next = True`): the hook DeepSpeed leaves us to
+    keep a non-finite step from touching the weights. ZeRO-1/2 call `step()` once per parameter group,
+    so the veto stays set until the module clears it after `engine.step()`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.skip_next = False
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self.skip_next:
+            return None
+        return super().step(closure)
+
+
+def _import_deepspeed():
+    try:
+        import deepspeed
+    except ImportError as err:
+        raise ImportError("--zero > 0 needs DeepSpeed: pip install -c constraints.txt deepspeed "
+                          "(or run with --zero 0 for plain PyTorch / DDP)") from err
+    # The CPU accelerator JIT-builds a shared-memory all-reduce op on first use (~30 s); gloo does the work
+    # anyway, so skip the build (ENVIRONMENT.md). On CUDA this attribute is not used.
+    try:
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    except Exception:
+        pass
+    return deepspeed
+
+
+class DeepSpeedTrainModule:
+    def __init__(self, model: nn.Module, cfg: RunConfig, env: DistEnv, precision: str, accum: int):
+        deepspeed = _import_deepspeed()
+        self.cfg, self.env, self.precision = cfg, env, precision
+        self.device = env.device
+        self.ds_config = build_deepspeed_config(cfg, env.world_size, precision)
+        if self.ds_config["gradient_accumulation_steps"] != accum:
+            raise RuntimeError(f"DeepSpeed accumulation {self.ds_config['gradient_accumulation_steps']} != "
+                               f"trainer accumulation {accum}")  # both come from gradient_accumulation()
+        if not torch.distributed.is_initialized():
+            # one process without a launcher: DeepSpeed still wants a process group (of one)
+            for k, v in (("RANK", env.rank), ("LOCAL_RANK", env.local_rank), ("WORLD_SIZE", env.world_size),
+                         ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", 29500)):
+                os.environ.setdefault(k, str(v))
+            deepspeed.init_distributed(dist_backend=_backend(cfg, env), auto_mpi_discovery=False)
+        o = cfg.optim
+        kw = dict(lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+        if env.device.type == "cuda":
+            kw["fused"] = True
+        model = model.to(env.device)
+        self.optimizer = GuardedAdamW(param_groups(model, o.weight_decay), **kw)
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=self.ds_config)
+        self.model = self.engine.module
+        self.wrapped = self.engine
+        self.accum = accum
+
+    def compile(self) -> None:
+        """torch.compile through DeepSpeed (it compiles the module inside the engine's hooks)."""
+        self.engine.compile()
+
+    # -- one optimizer step ---------------------------------------------------------------------------
+    def _forward(self, batch: dict) -> Tensor:
+        # autocast (when the config asks for it) is applied by the engine around the module's forward
+        return self.engine(batch["input_ids"].to(self.device, non_blocking=True),
+                           targets=batch["targets"].to(self.device, non_blocking=True),
+                           cu_seqlens=_to(batch.get("cu_seqlens"), self.device))
+
+    def train_step(self, micro_batches: list[dict], step: int, inject_nonfinite: bool = False) -> StepResult:
+        if len(micro_batches) != self.accum:
+            raise ValueError(f"got {len(micro_batches)} micro-batches for a step; DeepSpeed expects {self.accum}")
+        lr = lr_at(step, self.cfg.optim)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.engine.train()
+        total = torch.zeros((), device=self.device)
+        for i, mb in enumerate(micro_batches):
+            loss = self._forward(mb)
+            if inject_nonfinite:
+                loss = loss * float("nan")
+            self.engine.backward(loss)          # DeepSpeed scales by 1/accumulation itself
+            total += loss.detach().float() / self.accum
+            if i == len(micro_batches) - 1:
+                loss_v = float(all_reduce_mean(total))   # the same value on every rank
+                self.optimizer.skip_next = not math.isfinite(loss_v)
+            self.engine.step()                  # a no-op except at the accumulation boundary
+        vetoed = self.optimizer.skip_next
+        self.optimizer.skip_next = False
+        gn = self.engine.get_global_grad_norm()
+        gn = float(gn) if gn is not None else float("nan")
+        skipped = vetoed or not self.engine.was_step_applied() or not math.isfinite(gn)
+        return StepResult(loss_v, gn, skipped)
+
+    @torch.no_grad()
+    def eval_loss(self, batches: list[dict]) -> float:
+        # every rank must run it under ZeRO-3 (parameters are gathered collectively)
+        self.engine.eval()
+        losses = [float(self._forward(b)) for b in batches]
+        self.engine.train()
+        return sum(losses) / max(1, len(losses))
+
+    # -- checkpoint contract (see checkpoints/) -------------------------------------------------------
+    def save_state(self, directory: Path) -> None:
+        """Model + optimizer, ZeRO-partitioned: every rank writes its shard into <directory>/deepspeed/.
+        All ranks must call it. The trainer's own state (step, loader, RNG) is the checkpointer's."""
+        directory = Path(directory)
+        self.engine.save_checkpoint(str(directory), tag=DS_TAG, client_state={}, save_latest=False)
+        if self.env.is_main:
+            meta = {"world_size": self.env.world_size, "zero_stage": self.cfg.dist.zero,
+                    "deepspeed_config": self.ds_config}
+            (directory / META_FILE).write_text(json.dumps(meta, indent=2))
+
+    def load_state(self, directory: Path) -> None:
+        """Load what `save_state` wrote. On the same world size the ZeRO shards load directly. On another
+        world size DeepSpeed needs a universal checkpoint: if <directory>/universal exists (made with
+        `python -m deepspeed.checkpoint.ds_to_universal --input_folder <dir>/deepspeed --output_folder
+        <dir>/universal`, see docs/training.md) it is loaded, otherwise the error says how to make it."""
+        directory = Path(directory)
+        meta_path = directory / META_FILE
+        saved_world = json.loads(meta_path.read_text())["world_size"] if meta_path.exists() else None
+        tag, load_dir = DS_TAG, directory
+        if saved_world is not None and saved_world != self.env.world_size:
+            universal = directory / "universal"
+            if not universal.is_dir():
+                raise RuntimeError(
+                    f"checkpoint {directory} was written by {saved_world} ranks, this run has "
+                    f"{self.env.world_size}. Convert it once: python -m deepspeed.checkpoint.ds_to_universal "
+                    f"--input_folder {directory / DS_TAG} --output_folder {universal} (then resume again), "
+                    f"or resume on {saved_world} ranks")
+            self.engine._config.load_universal_checkpoint = True
+            load_dir, tag = directory, "universal"
+        path, _ = self.engine.load_checkpoint(str(load_dir), tag=tag, load_optimizer_states=True,
+                                              load_lr_scheduler_states=False, load_module_strict=True)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {load_dir / tag}")
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Consolidated fp32 weights (the optimizer's master copy when DeepSpeed holds bf16 weights) on
+        rank 0; other ranks get {}. Collective under ZeRO-3: every rank must call it."""
+        from deepspeed.utils import safe_get_full_fp32_param
+        out: dict[str, Tensor] = {}
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        for name, tensor in self.model.state_dict(keep_vars=True).items():
+            p = params.get(name)
+            full = safe_get_full_fp32_param(p) if p is not None else None
+            if full is None:  # a buffer (or a parameter DeepSpeed does not track): the module's copy is whole
+                full = tensor.detach()
+            if self.env.is_main:
+                out[name] = full.detach().float().cpu().clone()
+        return out
+
+    # compatibility with the plain module's in-memory state (tests, small runs)
+    def state_dict(self) -> dict:
+        return {"model": self.full_state_dict()}
+
+
+def _backend(cfg: RunConfig, env: DistEnv) -> str:
+    if cfg.dist.backend != "auto":
+        return cfg.dist.backend
+    return "nccl" if env.device.type == "cuda" else "gloo"
+
+
+def _to(x, device):
+    return None if x is None else x.to(device, non_blocking=True)
