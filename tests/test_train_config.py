@@ -1,0 +1,162 @@
+"""Run config -> DeepSpeed config: batch arithmetic (the 7B-on-64-GPUs case), the refusals and their
+messages, the user-JSON merge, the CLI flags of issue 5, and Slurm-derived ranks. Fast: no training."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pretrain.config import PAPER_GLOBAL_BATCH_TOKENS, gradient_accumulation, parse_config
+from pretrain.deepspeed_config import build_deepspeed_config, generate_deepspeed_config, main, merge_user_config
+
+SEQ = 8192
+
+
+def cfg_7b(*flags: str):
+    return parse_config(["--arch", "tnl", "--size", "7b", "--zero", "3", *flags])
+
+
+def test_7b_paper_batch_is_refused_on_64_gpus_with_alternatives():
+    cfg = cfg_7b("--micro-batch", "1")
+    assert cfg.train.seq_len == SEQ and cfg.train.global_batch_tokens == PAPER_GLOBAL_BATCH_TOKENS == 480 * SEQ
+    with pytest.raises(ValueError) as err:
+        generate_deepspeed_config(cfg, world_size=64, precision="bf16")
+    msg = str(err.value)
+    # 480 = 64 x 7.5: no micro-batch can reach it; the message says so and names reachable batches
+    assert "cannot be split evenly over 64 ranks" in msg
+    assert "448 or 512" in msg and "--allow-inexact-batch" in msg
+    assert "60" in msg  # 480 sequences divide evenly over 60 ranks
+
+
+@pytest.mark.parametrize("micro", [1, 2, 4, 8])
+def test_7b_on_64_gpus_with_a_reachable_global_batch(micro):
+    cfg = cfg_7b("--micro-batch", str(micro), "--global-batch-tokens", str(512 * SEQ))
+    ds = generate_deepspeed_config(cfg, world_size=64, precision="bf16")
+    assert ds["train_micro_batch_size_per_gpu"] == micro
+    assert ds["gradient_accumulation_steps"] * micro * 64 == 512
+    assert ds["train_batch_size"] == 512
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["gradient_clipping"] == 1.0
+    assert ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    assert "bf16" not in ds  # fp32 parameters, bf16 compute (DESIGN §3)
+
+
+def test_7b_on_64_gpus_inexact_allowed_uses_the_nearest_batch():
+    cfg = cfg_7b("--micro-batch", "1", "--allow-inexact-batch")
+    ds = generate_deepspeed_config(cfg, world_size=64, precision="bf16")
+    assert ds["train_batch_size"] == 64 * 1 * ds["gradient_accumulation_steps"]
+    assert abs(ds["train_batch_size"] - 480) <= 32  # round(480 / 64) = 8 -> 512
+
+
+def test_7b_paper_batch_on_60_gpus_and_a_bad_micro_batch():
+    cfg = cfg_7b("--micro-batch", "2")
+    ds = generate_deepspeed_config(cfg, world_size=60, precision="bf16")
+    assert (ds["train_batch_size"], ds["gradient_accumulation_steps"]) == (480, 480 // 60 // 2)
+    with pytest.raises(ValueError, match=r"use --micro-batch 4 \(valid: 1, 2, 4, 8\)"):
+        generate_deepspeed_config(cfg_7b("--micro-batch", "5"), world_size=60, precision="bf16")
+
+
+def test_gradient_accumulation_names_a_valid_micro_batch():
+    with pytest.raises(ValueError, match=r"use --micro-batch 3 \(valid: 1, 2, 3, 6\)"):
+        gradient_accumulation(12, 2, 4)
+    assert gradient_accumulation(12, 2, 3) == 2
+
+
+def test_zero_stages_and_fp32():
+    for stage in (1, 2, 3):
+        cfg = parse_config(["--size", "tiny", "--zero", str(stage), "--micro-batch", "2"])
+        ds = generate_deepspeed_config(cfg, world_size=2, precision="fp32")
+        assert ds["zero_optimization"]["stage"] == stage
+        assert "torch_autocast" not in ds and "bf16" not in ds
+        assert ds["train_batch_size"] == cfg.global_batch
+
+
+def test_user_json_merges_and_refuses_conflicts(tmp_path):
+    cfg = parse_config(["--size", "tiny", "--zero", "2", "--micro-batch", "2"])
+    gen = generate_deepspeed_config(cfg, world_size=2, precision="bf16")
+    merged = merge_user_config(gen, {"zero_optimization": {"reduce_bucket_size": 1234},
+                                     "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": 1.0})
+    assert merged["zero_optimization"]["reduce_bucket_size"] == 1234
+    assert merged["zero_optimization"]["stage"] == 2  # untouched keys survive the merge
+    assert merged["train_micro_batch_size_per_gpu"] == 2
+    with pytest.raises(ValueError, match="--micro-batch"):
+        merge_user_config(gen, {"train_micro_batch_size_per_gpu": 4})
+    with pytest.raises(ValueError, match="--zero 3"):
+        merge_user_config(gen, {"zero_optimization": {"stage": 3}})
+    with pytest.raises(ValueError, match="optimizer"):
+        merge_user_config(gen, {"optimizer": {"type": "Adam"}})
+    # DeepSpeed's own bf16 weights replace torch autocast
+    bf16 = merge_user_config(gen, {"bf16": {"enabled": True}})
+    assert bf16["bf16"]["enabled"] and "torch_autocast" not in bf16
+    # through the flag, from a file
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"overlap_comm": False}}))
+    cfg.dist.deepspeed_config = str(path)
+    assert build_deepspeed_config(cfg, 2, "bf16")["zero_optimization"]["overlap_comm"] is False
+
+
+def test_shipped_example_json_is_accepted():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    examples = sorted((root / "launch" / "configs" / "deepspeed").glob("*.json"))
+    assert examples, "launch/configs/deepspeed/ should hold an example user JSON"
+    for ex in examples:
+        cfg = cfg_7b("--global-batch-tokens", str(512 * SEQ), "--deepspeed-config", str(ex))
+        ds = build_deepspeed_config(cfg, 64, "bf16")
+        assert ds["train_batch_size"] == 512 and ds["zero_optimization"]["stage"] == 3
+
+
+def test_print_config_cli(capsys):
+    rc = main(["--world-size", "64", "--arch", "tnl", "--size", "7b", "--zero", "3",
+               "--global-batch-tokens", str(512 * SEQ), "--micro-batch", "2"])
+    assert rc == 0
+    ds = json.loads(capsys.readouterr().out)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == \
+        (512, 2, 512 // 64 // 2)
+    assert main(["--world-size", "64", "--size", "7b", "--zero", "3"]) == 2
+    assert "--allow-inexact-batch" in capsys.readouterr().err
+
+
+def test_issue_flags_map_to_fields(tmp_path):
+    yaml_path = tmp_path / "run.yaml"
+    yaml_path.write_text("arch: hgrn2\nsize: 70m\ntrain: {seq_len: 4096, micro_batch: 2}\noptim: {lr: 1.0e-3}\n")
+    cfg = parse_config(["--config", str(yaml_path), "--lr", "2e-4", "--zero", "2", "--data", "d.yaml",
+                        "--global-batch-tokens", str(64 * 4096), "--warmup-steps", "10", "--max-steps", "7",
+                        "--max-tokens", "99", "--out", "o", "--resume", "auto", "--activation-checkpointing",
+                        "--compile", "--deepspeed-config", "x.json"])
+    assert (cfg.arch, cfg.size, cfg.data, cfg.out, cfg.resume) == ("hgrn2", "70m", "d.yaml", "o", "auto")
+    assert cfg.train.seq_len == 4096 and cfg.train.micro_batch == 2          # from YAML
+    assert cfg.optim.lr == 2e-4                                              # flag beats YAML
+    assert cfg.train.global_batch_tokens == 64 * 4096 and cfg.optim.warmup_steps == 10
+    assert (cfg.train.max_steps, cfg.train.max_tokens) == (7, 99)
+    assert cfg.train.activation_checkpointing and cfg.train.compile
+    assert cfg.dist.zero == 2 and cfg.dist.deepspeed_config == "x.json"
+    d = parse_config(["--size", "70m"])
+    assert (d.train.seq_len, d.train.global_batch_tokens, d.optim.lr) == (8192, 480 * 8192, 3e-4)
+
+
+def test_slurm_ranks_and_master_addr(monkeypatch):
+    import os
+    from pretrain.distributed import dist_env, first_host, slurm_master
+    # dist_env exports RANK/... under srun: give it a private environment so nothing leaks into other tests
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items()
+                                        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")})
+    monkeypatch.setenv("SLURM_PROCID", "13")
+    monkeypatch.setenv("SLURM_NTASKS", "64")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "64")
+    monkeypatch.setenv("SLURM_LOCALID", "5")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[007-014],login2")
+    monkeypatch.setenv("SLURM_JOB_ID", "123456")
+    env = dist_env("cpu")
+    assert (env.rank, env.world_size, env.local_rank) == (13, 64, 5)
+    addr, port = slurm_master()
+    assert addr == "gpu007" and 1024 < port < 65536
+    assert (os.environ["RANK"], os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("13", "gpu007", str(port))
+    # a plain process in an salloc shell (no srun step) stays a single process
+    del os.environ["SLURM_STEP_NUM_TASKS"]
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        del os.environ[k]
+    assert dist_env("cpu").world_size == 1
+    assert first_host("node-a1,node-b2") == "node-a1"
+    assert first_host("n[3,5-6]x") == "n3x"
+    assert first_host("rack1-[02-03]") == "rack1-02"
