@@ -65,6 +65,17 @@ class LinscaleLM(TemplateLM):
         self.max_gen_toks = int(max_gen_toks)
         self.tokenizer_obj = get_tokenizer()
 
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "LinscaleLM":
+        """model_args win over the CLI's --device/--batch_size (lm-eval would pass both and fail)."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**extra, **arg_dict})
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "LinscaleLM":
+        from lm_eval.utils import simple_parse_args_string
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
     # -- what TemplateLM needs ------------------------------------------------------------------------
     @property
     def eot_token_id(self) -> int:
