@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from array import array
 import logging
 import multiprocessing as mp
 import os
@@ -98,9 +99,9 @@ def _process(batch: _Batch) -> _Done:
         out.bands = np.asarray(bands, dtype=np.uint64).reshape(-1, cfg.dedup.bands)
     enc = get_tokenizer()
     for text in kept:  # one call a document: encode_ordinary_batch adds a thread pool per call
-        x = enc.encode_ordinary(text)
+        x = array("I", enc.encode_ordinary(text))  # array from a list: twice as fast as np.array
         x.append(EOT_ID)
-        out.tokens.append(np.array(x, dtype=np.uint32))
+        out.tokens.append(np.frombuffer(x, dtype=np.uint32))
     return out
 
 

@@ -230,3 +230,18 @@ def test_hf_datasets_streaming_source(tmp_path):
          "data_files": [str(tmp_path / "d.jsonl")]}]})
     prepare(cfg, tmp_path / "ds", workers=1, progress=False)
     assert sorted(_output_docs(tmp_path / "ds" / "train")["hub"]) == sorted(clean(d) for d in docs)
+
+
+def test_prepare_output_independent_of_worker_count(shared_data, tmp_path):
+    cfg = parse_data_config({"name": "w", "val_fraction": 0.05, "shard_tokens": 200_000, "sources": [
+        {"name": "en", "language": "en", "type": "wikiextractor", "paths": [str(shared_data / EN_WIKI / "AA_wiki_05.txt.gz")]},
+        {"name": "zh", "language": "zh", "type": "text", "paths": [str(shared_data / "train/zh/luxun/yecao.txt.gz"),
+                                                                   str(shared_data / "train/zh/luxun/refeng.txt.gz")]}]})
+    outs = []
+    for workers in (1, 2):
+        prepare(cfg, tmp_path / f"w{workers}", workers=workers, progress=False)
+        outs.append({split: _output_docs(tmp_path / f"w{workers}" / split) for split in ("train", "val")})
+    assert outs[0] == outs[1] and outs[0]["train"]["en"] and outs[0]["val"]["en"]
+    a = build_loader(str(tmp_path / "w1"), 128, 8, 8).next_batch()["input_ids"]
+    b = build_loader(str(tmp_path / "w2"), 128, 8, 8).next_batch()["input_ids"]
+    assert torch.equal(a, b)
