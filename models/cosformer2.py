@@ -7,6 +7,8 @@ u_{t,c,j} = a_j u_{t-1,c,j} + B_{c,j} x_{t,c},  y_{t,c} = sum_j u_{t,c,j};  x <-
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -18,7 +20,9 @@ from ops import lightning_attn
 
 class Tpe(nn.Module):
     """The TPE recurrence, evaluated in parallel as a causal convolution with the kernel
-    K[n, c] = sum_j B[c, j] a_j^n (FFT, fp32); decoding carries u [batch, d, e] instead."""
+    K[n, c] = sum_j B[c, j] a_j^n (by FFT in fp32, O(T log T), as Toeplitz mixers usually are; the FFT's
+    rounding reaches earlier positions at the 1e-7 level, exact zero in float64); decoding carries
+    u [batch, d, e] instead."""
 
     def __init__(self, d: int, n_states: int, init_bound: float):
         super().__init__()
@@ -31,17 +35,18 @@ class Tpe(nn.Module):
     def init_extra(self) -> None:
         # decays spread from fast (1 - a = 0.5) to slow (1 - a = 1e-3, a memory of ~1000 tokens)
         n = self.decay_logit.numel()
-        one_minus_a = torch.logspace(torch.log10(torch.tensor(0.5)).item(), -3, n, device=self.decay_logit.device)
+        one_minus_a = torch.logspace(math.log10(0.5), -3, n, device=self.decay_logit.device)
         self.decay_logit.copy_(torch.log1p(-one_minus_a) - torch.log(one_minus_a))
         self.in_weight.uniform_(-self.init_bound, self.init_bound)
 
     def forward(self, x: Tensor, state: dict | None = None) -> Tensor:
         B, T, d = x.shape
-        log_a = F.logsigmoid(self.decay_logit.float())                          # [e]
-        n = torch.arange(T, device=x.device, dtype=torch.float32)
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        log_a = F.logsigmoid(self.decay_logit.to(acc))                           # [e]
+        n = torch.arange(T, device=x.device, dtype=acc)
         powers = torch.exp(n[:, None] * log_a[None, :])                          # a^n, [T, e]
-        w = self.in_weight.float()                                               # [d, e]
-        xf = x.float()
+        w = self.in_weight.to(acc)                                               # [d, e]
+        xf = x.to(acc)
         kernel = powers @ w.t()                                                  # [T, d]
         L = 2 * T
         y = torch.fft.irfft(torch.fft.rfft(xf, n=L, dim=1) * torch.fft.rfft(kernel, n=L, dim=0)[None], n=L, dim=1)[:, :T]
@@ -78,9 +83,10 @@ class Cos2TokenMixer(nn.Module):
 
     def lrpe(self, z: Tensor, pos: int) -> Tensor:
         """[B, T, H, e] -> [B, T, H, 2e]; angles in fp32 (t * theta reaches 8192 rad)."""
-        t = torch.arange(pos, pos + z.shape[1], device=z.device, dtype=torch.float32)
-        ang = t[:, None, None] * self.theta.float()[None]                       # [T, H, e]
-        zf = z.float()
+        acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+        t = torch.arange(pos, pos + z.shape[1], device=z.device, dtype=acc)
+        ang = t[:, None, None] * self.theta.to(acc)[None]                       # [T, H, e]
+        zf = z.to(acc)
         return torch.cat([zf * ang.cos(), zf * ang.sin()], dim=-1).to(z.dtype)
 
     def forward(self, x: Tensor, state: dict | None = None, pos: int = 0,

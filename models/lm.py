@@ -116,12 +116,13 @@ class LanguageModel(nn.Module):
 
     def forward(self, input_ids: Tensor, targets: Tensor | None = None, cache: InferenceCache | None = None,
                 cu_seqlens: Tensor | None = None) -> Tensor:
-        """logits [B, T, V] (float32), or with `targets` [B, T] the mean cross-entropy, computed fused with
+        """logits [B, T, V] (float32, or float64 for a float64 model), or with `targets` [B, T] the mean cross-entropy, computed fused with
         the tied head so the full logits are never held (targets of -100 are ignored)."""
         h = self.hidden_states(input_ids, cache, cu_seqlens)
         if targets is not None:
             return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.embed.weight, targets.reshape(-1))
-        return (h @ self.embed.weight.to(h.dtype).t()).float()
+        logits = h @ self.embed.weight.to(h.dtype).t()
+        return logits if logits.dtype == torch.float64 else logits.float()
 
     # -- decoding -----------------------------------------------------------------------------------
     def new_cache(self) -> InferenceCache:

@@ -1,0 +1,272 @@
+"""The four architectures: sizes against the paper, decoding against the parallel form, causality,
+gradients, the per-architecture mechanisms against their equations, and the bad-input errors."""
+import math
+
+import pytest
+import torch
+
+from models import (PAPER_SIZES, build_model, exact_params, flops_per_step, model_config,
+                    paper_non_embedding_params)
+from models.cosformer2 import Tpe
+from models.tnl import alibi_slopes, tnl_decays
+
+ARCHS = ["llama", "tnl", "hgrn2", "cos2"]
+LINEAR = ["tnl", "hgrn2", "cos2"]
+
+# the paper's table (millions of non-embedding parameters; PFLOPs per step at b=480, n=8192, no embedding term)
+PAPER_PARAMS = {
+    "llama": [20.5, 85.0, 334.1, 906.2, 2775.8, 6476.5],
+    "tnl": [21.2, 87.3, 327.7, 918.6, 2798.4, 6509.6],
+    "hgrn2": [20.5, 84.9, 334.0, 906.0, 2775.5, 6476.1],
+    "cos2": [21.3, 87.5, 328.0, 919.1, 2799.0, 6511.0],
+}
+PAPER_PFLOPS = {
+    "llama": [1.6, 5.6, 18.0, 40.4, 99.6, 202.7],
+    "tnl": [0.5, 2.2, 7.9, 22.3, 66.6, 154.4],
+    "hgrn2": [0.5, 2.1, 8.0, 22.0, 66.0, 153.6],
+    "cos2": [0.5, 2.3, 8.1, 22.7, 67.4, 155.6],
+}
+
+
+def small(arch, **kw):
+    torch.manual_seed(0)
+    kw.setdefault("vocab_size", 97)
+    return build_model(arch, "tiny", **kw)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("i,size", list(enumerate(PAPER_SIZES)))
+def test_parameter_counts_match_paper(arch, i, size):
+    cfg = model_config(arch, size)
+    with torch.device("meta"):
+        model = build_model(arch, size)
+    numel = sum(p.numel() for p in model.parameters())
+    counted = exact_params(cfg)
+    assert numel == counted["total"], "the formula must account for every parameter built"
+    non_emb = numel - model.embed.weight.numel()
+    assert non_emb == counted["non_embedding"]
+    assert abs(non_emb / 1e6 - PAPER_PARAMS[arch][i]) / PAPER_PARAMS[arch][i] < 0.005
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("i,size", list(enumerate(PAPER_SIZES)))
+def test_flops_per_step_match_paper_table(arch, i, size):
+    """The paper prints one decimal, so the small sizes carry a rounding-sized tolerance; from 410M up our
+    formula reproduces its table within 3% (the remaining gaps are listed in docs/architectures.md)."""
+    pf = flops_per_step(model_config(arch, size), 480, 8192, include_embedding=False) / 1e15
+    paper = PAPER_PFLOPS[arch][i]
+    if size in ("70m", "160m"):
+        assert abs(pf - paper) <= 0.1
+    else:
+        assert abs(pf - paper) / paper < 0.03
+
+
+def test_llama_flops_equal_six_times_matmul_parameters_plus_attention():
+    """Independent derivation: 6 FLOPs per matmul parameter per token (fwd+bwd), plus QK^T and AV
+    (2 n^2 d multiply-adds each, x3 for the backward), plus the softmax term of the formula."""
+    cfg = model_config("llama", "410m")
+    b, n = 2, 1024
+    l, d, h, g, v = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_glu, cfg.vocab_size
+    matmul_params = l * (4 * d * d + 3 * d * g)
+    attention = l * 3 * 2 * (2 * n * n * d)
+    elementwise = l * (9 * n * n * h + 3 * n * g)
+    head = 12 * d * v  # the paper counts the tied embedding twice: 2 x 6 d v per token
+    assert flops_per_step(cfg, b, n) == pytest.approx(6 * matmul_params * b * n + head * b * n + b * (attention + elementwise))
+
+
+def test_tnl_7b_reported_numbers():
+    cfg = model_config("tnl", "7b")
+    assert round(paper_non_embedding_params(cfg) / 1e6, 1) == 6509.6
+    assert flops_per_step(cfg, 480, 8192, include_embedding=False) / 1e15 == pytest.approx(154.4, rel=0.01)
+
+
+@pytest.mark.parametrize("arch", LINEAR)
+def test_parallel_forward_equals_recurrent_decoding(arch):
+    model = small(arch).eval()
+    ids = torch.randint(0, 97, (2, 29))
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache()
+        steps = [model(ids[:, t:t + 1], cache=cache) for t in range(ids.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_chunked_prefill_then_decode(arch):
+    model = small(arch).eval()
+    ids = torch.randint(0, 97, (2, 40))
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache()
+        parts = [model(ids[:, :17], cache=cache), model(ids[:, 17:30], cache=cache)]
+        parts += [model(ids[:, t:t + 1], cache=cache) for t in range(30, 40)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generate_equals_rerunning_the_prefix(arch):
+    model = small(arch).eval()
+    prompt = torch.randint(0, 97, (2, 7))
+    out = model.generate(prompt, max_new_tokens=6)
+    assert out.shape == (2, 13)
+    with torch.no_grad():
+        for t in range(7, 13):
+            torch.testing.assert_close(model(out[:, :t])[:, -1].argmax(-1), out[:, t])
+
+
+@pytest.mark.parametrize("arch", LINEAR)
+def test_linear_models_decode_in_constant_memory(arch):
+    model = small(arch).eval()
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 5)), cache=cache)
+        first = cache.nbytes()
+        for _ in range(20):
+            model(torch.randint(0, 97, (1, 1)), cache=cache)
+    assert cache.nbytes() == first
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_causality(arch):
+    """In float64, so that cos2's FFT convolution (causal up to rounding) is held to 1e-12."""
+    model = small(arch).double().eval()
+    ids = torch.randint(0, 97, (1, 24))
+    changed = ids.clone()
+    changed[0, 15] = (ids[0, 15] + 1) % 97
+    with torch.no_grad():
+        a, b = model(ids), model(changed)
+    torch.testing.assert_close(a[:, :15], b[:, :15], rtol=0, atol=1e-12)
+    assert (a[:, 15:] - b[:, 15:]).abs().max() > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_parameter_gets_a_finite_gradient(arch):
+    model = small(arch)
+    ids = torch.randint(0, 97, (2, 21))
+    model(ids[:, :-1], targets=ids[:, 1:]).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        # HGRN2's lower-bound row 0 cancels in beta = C - C[0] only in its own column sum; all others must move
+        assert p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_loss_equals_cross_entropy_of_logits(arch):
+    model = small(arch)
+    ids = torch.randint(0, 97, (2, 16))
+    logits = model(ids[:, :-1])
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, 97), ids[:, 1:].reshape(-1))
+    torch.testing.assert_close(model(ids[:, :-1], targets=ids[:, 1:]), want, rtol=1e-5, atol=1e-5)
+
+
+# -- per-architecture mechanisms against their equations ---------------------------------------------
+
+def test_alibi_slopes_and_tnl_schedule():
+    assert alibi_slopes(4) == [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8]
+    # h = 6: the power-of-two part (4 heads) then every other slope of the 8-head sequence
+    assert alibi_slopes(6) == [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]
+    first, last = tnl_decays(4, 0, 6), tnl_decays(4, 5, 6)
+    assert first == pytest.approx([math.exp(-s * (1 + 1e-5)) for s in alibi_slopes(4)])
+    assert last == pytest.approx([math.exp(-s * 1e-5) for s in alibi_slopes(4)])
+    assert tnl_decays(4, 2, 6, "paper") == pytest.approx([math.exp(-8 * i / 4 * (1 - 2 / 6)) for i in range(4)])
+
+
+def test_tnl_token_mixer_is_decayed_linear_attention():
+    model = small("tnl", n_layers=3)
+    mixer = model.blocks[1].token_mixer
+    x = torch.randn(1, 9, 128, dtype=torch.float64)
+    mixer.double()
+    silu = torch.nn.functional.silu
+    q = silu(mixer.q_proj(x)).view(1, 9, 2, 64)
+    k = silu(mixer.k_proj(x)).view(1, 9, 2, 64)
+    v = mixer.v_proj(x).view(1, 9, 2, 64)
+    o = torch.zeros_like(v)
+    for t in range(9):
+        for s in range(t + 1):
+            lam = torch.tensor(mixer.decays, dtype=torch.float64) ** (t - s)
+            o[:, t] += (lam * (q[:, t] * k[:, s]).sum(-1))[..., None] * v[:, s]
+    o = o.reshape(1, 9, 128)
+    o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6)  # SRMSNorm
+    want = mixer.out_proj(o * torch.sigmoid(mixer.gate.up(mixer.gate.down(x))))
+    torch.testing.assert_close(mixer(x), want)
+
+
+def test_hgrn2_lower_bounds_and_gate():
+    model = small("hgrn2", n_layers=4)
+    with torch.no_grad():
+        model.lower_bounds.bounds.normal_()
+    beta = model.lower_bounds()
+    assert beta.dtype == torch.float32
+    assert (beta[0] == 0).all()
+    assert (beta[1:] >= beta[:-1]).all() and (beta < 1).all()
+    P = torch.softmax(model.lower_bounds.bounds.double(), 0)
+    torch.testing.assert_close(beta.double(), P.cumsum(0) - P[0], rtol=1e-6, atol=1e-6)
+    # lambda = beta + (1 - beta) sigmoid(f), input gate 1 - lambda, o_t = S_t^T og_t
+    mixer = model.blocks[2].token_mixer.double()
+    x = torch.randn(1, 6, 128, dtype=torch.float64)
+    b = beta[2].double()
+    lam = b + (1 - b) * torch.sigmoid(mixer.fg_proj(x))
+    og, i = torch.nn.functional.silu(mixer.og_proj(x)), mixer.i_proj(x)
+    S = torch.zeros(2, 64, 64, dtype=torch.float64)
+    outs = []
+    for t in range(6):
+        lt, kt = lam[0, t].view(2, 64), (1 - lam[0, t]).view(2, 64)
+        S = lt[..., None] * S + kt[..., None] * i[0, t].view(2, 1, 64)
+        outs.append(torch.einsum("hk,hkv->hv", og[0, t].view(2, 64), S).reshape(128))
+    o = torch.stack(outs)[None]
+    want = mixer.out_proj(o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6))
+    torch.testing.assert_close(mixer(x, lower_bound=beta[2].double()), want, rtol=1e-6, atol=1e-6)
+
+
+def test_cos2_lrpe_is_relative():
+    model = small("cos2")
+    mixer = model.blocks[0].token_mixer.double()
+    q = torch.randn(1, 12, 2, 64, dtype=torch.float64)
+    k = torch.randn(1, 12, 2, 64, dtype=torch.float64)
+    pq, pk = mixer.lrpe(q, 0), mixer.lrpe(k, 0)
+    t, s = 9, 4
+    got = (pq[0, t] * pk[0, s]).sum(-1)
+    want = (q[0, t] * k[0, s] * torch.cos((t - s) * mixer.theta.double())).sum(-1)
+    torch.testing.assert_close(got, want)
+    # shifting both positions leaves the score unchanged
+    torch.testing.assert_close((mixer.lrpe(q, 100)[0, t] * mixer.lrpe(k, 100)[0, s]).sum(-1), want)
+
+
+def test_tpe_equals_its_recurrence_and_continues_from_state():
+    torch.manual_seed(1)
+    tpe = Tpe(6, 4, init_bound=0.5).double()
+    x = torch.randn(2, 15, 6, dtype=torch.float64)
+    a = torch.sigmoid(tpe.decay_logit)
+    u = torch.zeros(2, 6, 4, dtype=torch.float64)
+    ys = []
+    for t in range(15):
+        u = a * u + tpe.in_weight * x[:, t, :, None]
+        ys.append(u.sum(-1))
+    want = torch.stack(ys, 1)
+    torch.testing.assert_close(tpe(x), want)
+    state = {}
+    y1 = tpe(x[:, :8], state)
+    y2 = tpe(x[:, 8:], state)
+    torch.testing.assert_close(torch.cat([y1, y2], 1), want)
+    torch.testing.assert_close(state["u"], u)
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+
+def test_bad_inputs_give_clear_errors():
+    with pytest.raises(ValueError, match="unknown arch 'gpt'.*llama"):
+        build_model("gpt", "tiny")
+    with pytest.raises(ValueError, match="unknown size '9b'.*7b"):
+        build_model("tnl", "9b")
+    with pytest.raises(ValueError, match="n_heads=3 does not divide.*d_model=128"):
+        build_model("tnl", "tiny", n_heads=3)
+    with pytest.raises(ValueError, match="unknown model config field"):
+        build_model("tnl", "tiny", widht=3)
+    model = small("tnl")
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 97\)"):
+        model(torch.tensor([[1, 97]]))
+    llama = small("llama", max_seq_len=16)
+    with pytest.raises(ValueError, match="RoPE table.*max_seq_len=16"):
+        llama(torch.zeros(1, 17, dtype=torch.long))
+    assert build_model("cosformer2", "tiny", vocab_size=11).config.arch == "cos2"

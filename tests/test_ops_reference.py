@@ -1,0 +1,159 @@
+"""The plain-PyTorch twins against a float64 step-by-step recurrence, and the public ops' input checks."""
+import pytest
+import torch
+
+import ops
+from ops import reference as R
+
+torch.manual_seed(0)
+
+
+def rand(*shape, dtype=torch.float64):
+    return torch.randn(*shape, dtype=dtype)
+
+
+def naive_lightning(q, k, v, decay):
+    """o_t = sum_{s<=t} decay^(t-s) (q_t . k_s) v_s, literally (the definition, O(T^2))."""
+    B, T, H, _ = q.shape
+    o = torch.zeros(B, T, H, v.shape[-1], dtype=torch.float64)
+    for t in range(T):
+        for s in range(t + 1):
+            w = (q[:, t] * k[:, s]).sum(-1)  # [B, H]
+            if decay is not None:
+                w = w * decay ** (t - s)
+            o[:, t] += w[..., None] * v[:, s]
+    return o
+
+
+@pytest.mark.parametrize("T,chunk", [(1, 4), (13, 4), (37, 8), (64, 16)])
+def test_lightning_forms_agree_with_definition(T, chunk):
+    q, k, v = rand(2, T, 3, 5), rand(2, T, 3, 5), rand(2, T, 3, 7)
+    decay = torch.tensor([0.3, 0.9, 1.0], dtype=torch.float64)
+    want = naive_lightning(q, k, v, decay)
+    o_rec, _ = R.lightning_attn_recurrent(q, k, v, decay)
+    o_chk, _ = R.lightning_attn_chunked(q, k, v, decay, chunk_size=chunk)
+    torch.testing.assert_close(o_rec, want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(o_chk, want, rtol=1e-10, atol=1e-10)
+
+
+def test_lightning_no_decay_and_states():
+    q, k, v = rand(1, 29, 2, 4), rand(1, 29, 2, 4), rand(1, 29, 2, 6)
+    h0 = rand(1, 2, 4, 6)
+    o1, s1 = R.lightning_attn_recurrent(q, k, v, None, h0)
+    o2, s2 = R.lightning_attn_chunked(q, k, v, None, h0, chunk_size=8)
+    torch.testing.assert_close(o1, o2)
+    torch.testing.assert_close(s1, s2)
+    # the final state is sum_s k_s v_s^T + h0 without decay
+    torch.testing.assert_close(s1, h0 + torch.einsum("bthk,bthv->bhkv", k, v))
+    # splitting the sequence and carrying the state changes nothing
+    oa, sa = R.lightning_attn_chunked(q[:, :11], k[:, :11], v[:, :11], None, h0, chunk_size=8)
+    ob, sb = R.lightning_attn_chunked(q[:, 11:], k[:, 11:], v[:, 11:], None, sa, chunk_size=8)
+    torch.testing.assert_close(torch.cat([oa, ob], 1), o1)
+    torch.testing.assert_close(sb, s1)
+
+
+@pytest.mark.parametrize("T,chunk", [(1, 4), (23, 5), (40, 16)])
+def test_gla_forms_agree(T, chunk):
+    q, k, v = rand(2, T, 2, 6), rand(2, T, 2, 6), rand(2, T, 2, 3)
+    log_f = -torch.rand(2, T, 2, 6, dtype=torch.float64) * 4
+    h0 = rand(2, 2, 6, 3)
+    o1, s1 = R.gated_linear_attn_recurrent(q, k, v, log_f, h0)
+    o2, s2 = R.gated_linear_attn_chunked(q, k, v, log_f, h0, chunk_size=chunk)
+    torch.testing.assert_close(o1, o2, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(s1, s2, rtol=1e-10, atol=1e-10)
+
+
+def test_gla_extreme_gates_stay_finite():
+    """Gates near 0 (log_f = -60) and exactly 1 (log_f = 0): no overflow into inf/NaN in the chunked form."""
+    T = 50
+    q, k, v = rand(1, T, 1, 4), rand(1, T, 1, 4), rand(1, T, 1, 4)
+    log_f = torch.zeros(1, T, 1, 4, dtype=torch.float64)
+    log_f[..., :2] = -60.0
+    o1, _ = R.gated_linear_attn_recurrent(q, k, v, log_f)
+    o2, _ = R.gated_linear_attn_chunked(q.float(), k.float(), v.float(), log_f.float(), chunk_size=16)
+    assert torch.isfinite(o2).all()
+    torch.testing.assert_close(o2.double(), o1, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["lightning", "gla"])
+def test_gradients_of_chunked_match_recurrence(op):
+    T = 19
+    q, k, v = (rand(1, T, 2, 4).requires_grad_() for _ in range(3))
+    if op == "lightning":
+        x = torch.tensor([0.7, 0.95], dtype=torch.float64)
+        f_rec, f_chk = R.lightning_attn_recurrent, lambda *a: R.lightning_attn_chunked(*a, chunk_size=8)
+    else:
+        x = (-torch.rand(1, T, 2, 4, dtype=torch.float64)).requires_grad_()
+        f_rec, f_chk = R.gated_linear_attn_recurrent, lambda *a: R.gated_linear_attn_chunked(*a, chunk_size=8)
+    h0 = rand(1, 2, 4, 4).requires_grad_()
+    inputs = [q, k, v, h0] + ([x] if x.requires_grad else [])
+    w_o, w_s = rand(1, T, 2, 4), rand(1, 2, 4, 4)
+
+    def grads(fn):
+        o, s = fn(q, k, v, x, h0)
+        return torch.autograd.grad((o * w_o).sum() + (s * w_s).sum(), inputs)
+
+    for g1, g2 in zip(grads(f_rec), grads(f_chk)):
+        torch.testing.assert_close(g1, g2, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["lightning_attn", "gated_linear_attn"])
+def test_varlen_equals_separate_documents(name):
+    cu = torch.tensor([0, 7, 8, 30])
+    q, k, v = rand(1, 30, 2, 4), rand(1, 30, 2, 4), rand(1, 30, 2, 3)
+    extra = torch.tensor([0.5, 0.99], dtype=torch.float64) if name == "lightning_attn" else -torch.rand(1, 30, 2, 4, dtype=torch.float64)
+    fn = getattr(ops, name)
+    o, s = fn(q, k, v, extra, cu_seqlens=cu, output_final_state=True)
+    assert s.shape == (3, 2, 4, 3)
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        e = extra if name == "lightning_attn" else extra[:, a:b]
+        o_i, s_i = fn(q[:, a:b], k[:, a:b], v[:, a:b], e, output_final_state=True, impl="recurrent")
+        torch.testing.assert_close(o[:, a:b], o_i)
+        torch.testing.assert_close(s[i:i + 1], s_i)
+
+
+def test_public_op_errors_name_the_argument():
+    q = torch.randn(1, 5, 2, 4)
+    with pytest.raises(ValueError, match="decay"):
+        ops.lightning_attn(q, q, q, torch.tensor([0.5, 1.5]))
+    with pytest.raises(ValueError, match="decay"):
+        ops.lightning_attn(q, q, q, torch.tensor([0.5]))
+    with pytest.raises(ValueError, match="log_f"):
+        ops.gated_linear_attn(q, q, q, torch.rand(1, 5, 2, 4))
+    with pytest.raises(ValueError, match="heads"):
+        ops.lightning_attn(q, q, torch.randn(1, 5, 3, 4))
+    with pytest.raises(ValueError, match="`q`"):
+        ops.lightning_attn(q[0], q[0], q[0])
+    with pytest.raises(ValueError, match="dtype"):
+        ops.lightning_attn(q.long(), q.long(), q.long())
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        ops.lightning_attn(q, q, q, cu_seqlens=torch.tensor([0, 3, 2, 5]))
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        ops.lightning_attn(q, q, q, cu_seqlens=torch.tensor([0, 3, 4]))
+    with pytest.raises(ValueError, match="initial_state"):
+        ops.lightning_attn(q, q, q, initial_state=torch.zeros(1, 2, 4, 5))
+    with pytest.raises(ValueError, match="implementation"):
+        ops.lightning_attn(q, q, q, impl="nope")
+
+
+def test_non_contiguous_inputs():
+    base = torch.randn(1, 2, 9, 4, dtype=torch.float64)
+    q = base.transpose(1, 2)  # [1, 9, 2, 4], not contiguous
+    o = ops.lightning_attn(q, q, q, torch.tensor([0.9, 0.8], dtype=torch.float64))
+    o_ref = ops.lightning_attn(q.contiguous(), q.contiguous(), q.contiguous(),
+                               torch.tensor([0.9, 0.8], dtype=torch.float64), impl="recurrent")
+    torch.testing.assert_close(o, o_ref)
+
+
+def test_linear_cross_entropy_matches_full_logits():
+    h = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(100, 16, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 100, (50,))
+    t[3] = -100
+    loss = ops.linear_cross_entropy(h, w, t, chunk_size=7)
+    gh, gw = torch.autograd.grad(loss, [h, w])
+    ref = torch.nn.functional.cross_entropy(h @ w.t(), t)
+    rh, rw = torch.autograd.grad(ref, [h, w])
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(gh, rh)
+    torch.testing.assert_close(gw, rw)
