@@ -29,11 +29,14 @@ def main(argv=None) -> None:
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    cfg = load_data_config(a.config)
-    if a.merge_only:
-        stats = merge(cfg, Path(a.out))
-    else:
-        stats = prepare(cfg, Path(a.out), a.workers, a.part, a.num_parts, not a.no_merge, not a.no_progress)
+    try:
+        cfg = load_data_config(a.config)
+        if a.merge_only:
+            stats = merge(cfg, Path(a.out))
+        else:
+            stats = prepare(cfg, Path(a.out), a.workers, a.part, a.num_parts, not a.no_merge, not a.no_progress)
+    except (FileNotFoundError, ValueError) as err:  # bad config or arguments: the message says what to do
+        p.exit(2, f"prepare_data: error: {err}\n")
     if stats is not None:
         print(summary(stats))
         print(f"wrote {a.out}/train, {a.out}/val and {a.out}/stats.json")
