@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 
 from checkpoints.manager import META, MODULE_DIR, SNAPSHOT_WEIGHTS
+from checkpoints.universal import DEEPSPEED_DIR
 
 TORCH_MODEL_FILE = "model.pt"          # TorchTrainModule.save_state
-DEEPSPEED_DIR = "deepspeed"            # DeepSpeedTrainModule.save_state (DeepSpeed tag)
 
 
 def read_meta(path: Path) -> dict:

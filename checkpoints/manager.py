@@ -37,6 +37,7 @@ from checkpoints.manifest import MANIFEST, verify, write_manifest
 from checkpoints.schedule import SnapshotSchedule
 from checkpoints.signals import StopSignal
 from checkpoints.staging import StagingBuffers
+from checkpoints.universal import make_universal, needs_universal
 from checkpoints.writer import BackgroundWriter
 
 MODULE_DIR = "module"
@@ -204,9 +205,15 @@ class CheckpointManager:
             raise ValueError(f"checkpoint {path} was trained with {meta['tokens_per_step']} tokens per step but "
                              f"this run has {self.trainer.tokens_per_step}; keep --global-batch-tokens and "
                              f"--seq-len when resuming")
-        self.module.load_state(path / MODULE_DIR)
         saved_world = int(meta["world_size"])
         same_world = saved_world == self.env.world_size
+        if needs_universal(path / MODULE_DIR, saved_world, self.env.world_size):
+            if self.env.is_main:  # ZeRO shards of another rank count: reshard once through DeepSpeed
+                info(f"{path}: ZeRO checkpoint of {saved_world} ranks, this run has {self.env.world_size}; "
+                     f"converting it to a DeepSpeed universal checkpoint")
+                make_universal(path / MODULE_DIR)
+            _barrier()
+        self.module.load_state(path / MODULE_DIR)
         own = path / TRAINER_DIR / rank_file(self.env.rank)
         state = torch.load(own if same_world else path / TRAINER_DIR / rank_file(0), map_location="cpu",
                            weights_only=False)  # our own files, checksummed; they hold numpy RNG state

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from checkpoint_utils import losses, make_dataset, run_flags, run_pretrain
 
@@ -42,3 +43,37 @@ def test_resume_on_2_then_1_then_3_ranks(dataset, tmp_path):
     assert diffs[len(diffs) // 2] > 1e-3
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["tokens"] for r in rows] == [s * TOKENS_PER_STEP for s in range(1, 13)]
+
+
+def test_deepspeed_zero2_resume_on_2_then_1_then_3_ranks_and_export(dataset, tmp_path):
+    """The same under DeepSpeed ZeRO-2: the manager converts the ZeRO shards to a universal checkpoint when
+    the rank count changes. Then the final ZeRO checkpoint, consolidated by export (zero_to_fp32), must hold
+    the same weights as the snapshot of that step (taken through DeepSpeedTrainModule.full_state_dict)."""
+    pytest.importorskip("deepspeed")
+    from safetensors.torch import load_file
+
+    from checkpoints.export import Source, export_one
+
+    reference = tmp_path / "reference"
+    run_pretrain(run_flags(reference, dataset, 12, "--save-every", "4"))
+    ref = losses(reference)
+
+    run = tmp_path / "run"
+    for nproc, steps in ((2, 4), (1, 8), (3, 12)):
+        out = run_pretrain(run_flags(run, dataset, steps, "--save-every", "4", "--resume", "auto", "--zero", "2",
+                                     "--snapshot-every-tokens", str(4 * TOKENS_PER_STEP)), nproc=nproc).stdout
+        if steps > 4:
+            assert "converting it to a DeepSpeed universal checkpoint" in out
+            assert f"at step {steps - 4}" in out
+    got = losses(run)
+    assert sorted(got) == list(range(1, 13)) and all(len(v) == 1 for v in got.values()), got
+    for step in range(1, 13):
+        assert got[step][0] == pytest.approx(ref[step][0], rel=2e-5, abs=2e-5), (step, got[step], ref[step])
+
+    ckpt = run / "checkpoints" / "step_00000012"
+    exported = export_one(Source(12, "checkpoint", ckpt), tmp_path / "export_from_zero")
+    from_zero = load_file(str(exported / "model.safetensors"))
+    from_snapshot = load_file(str(run / "snapshots" / "step_00000012" / "model.safetensors"))
+    assert from_zero.keys() == from_snapshot.keys()
+    for k in from_zero:
+        assert torch.equal(from_zero[k], from_snapshot[k]), k
