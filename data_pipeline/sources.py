@@ -72,7 +72,7 @@ def _lines(f: BinaryIO, limit: int, counts: Counts, where: str) -> Iterator[tupl
     lineno = 0
     tail = b""
     overlong = 0  # bytes of the overlong line being skipped, 0 when none
-    block_size = max(1 << 22, min(limit, 1 << 24))
+    block_size = min(1 << 18, limit + 1)  # small enough that a truncated archive loses little
     while True:
         block = f.read(block_size)
         if not block:
@@ -111,13 +111,13 @@ def _lines(f: BinaryIO, limit: int, counts: Counts, where: str) -> Iterator[tupl
 
 def _whole_file(f: BinaryIO, limit: int, counts: Counts, where: str) -> str | None:
     """A one-document file read at once (the fast path); None when it needs the line-by-line reader
-    (invalid UTF-8 somewhere, or a line over the limit), which then skips and counts the bad lines."""
-    data = f.read()
+    (invalid UTF-8 somewhere, or a file over the line limit), which then skips and counts the bad lines."""
+    data = f.read(limit + 1)
+    if len(data) > limit:  # large: the line reader streams it and skips any overlong line
+        return None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return None
-    if len(data) > limit and max(map(len, data.split(b"\n"))) > limit:
         return None
     return text
 

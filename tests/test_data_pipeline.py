@@ -123,7 +123,7 @@ def test_dedup_removes_planted_duplicates(shared_data, tmp_path, num_parts):
 def test_malformed_input_is_skipped_and_counted(tmp_path, caplog):
     rng = random.Random(5)
     words = "the river ran past seven old mills where millers ground wheat for bread and sold flour".split()
-    good = [f"Document {i}: " + " ".join(rng.choice(words) for _ in range(80)) for i in range(6)]
+    good = [f"Document {i}: " + " ".join(rng.choice(words) for _ in range(80)) for i in range(7)]
     with open(tmp_path / "a.jsonl", "wb") as f:
         f.write(json.dumps({"text": good[0]}).encode() + b"\n")
         f.write(b'{"text": "unterminated\n')  # line 2: bad JSON
@@ -137,22 +137,27 @@ def test_malformed_input_is_skipped_and_counted(tmp_path, caplog):
         f.write(b'{"text": "' + b"x" * (100 << 20) + b'"}\n')
         f.write(json.dumps({"text": good[4]}).encode() + b"\n")
     (tmp_path / "c.jsonl").write_bytes(bytes(random.Random(0).randrange(256) for _ in range(20000)))
+    # a truncated gzip archive: the documents before the cut are kept, the file is counted as unreadable
+    blob = gzip.compress((json.dumps({"text": good[6]}) + "\n" + "\n".join(
+        json.dumps({"text": f"filler {i} " + rng.choice(words)}) for i in range(60000)) + "\n").encode())
+    (tmp_path / "e.jsonl.gz").write_bytes(blob[:len(blob) // 2])
     with open(tmp_path / "d.jsonl", "w") as f:
         f.write(json.dumps({"text": good[5]}) + "\n")
     raw = {"name": "bad", "val_fraction": 0, "dedup": {"near": False}, "filters": {"min_chars": 50},
            "sources": [{"name": "s", "language": "en", "type": "jsonl",
-                        "paths": [str(tmp_path / "*.jsonl"), str(tmp_path / "missing.jsonl")]}]}
+                        "paths": [str(tmp_path / "*.jsonl*"), str(tmp_path / "missing.jsonl")]}]}
     cfg = parse_data_config(raw)
     with caplog.at_level(logging.WARNING, logger="linscale.data"):
         stats = prepare(cfg, tmp_path / "ds", workers=2, progress=False)
     src = stats["sources"][0]
     assert src["skipped_input"] == {"bad_json_lines": 1, "invalid_utf8_lines": 1, "records_without_text": 1,
-                                    "overlong_lines": 1, "binary_files": 1, "missing_files": 1}
-    assert src["removed_by_filter"]["too_short"] == 1  # the empty document
+                                    "overlong_lines": 1, "binary_files": 1, "missing_files": 1,
+                                    "unreadable_files": 1}
+    assert src["removed_by_filter"]["too_short"] > 1  # the empty document and the short fillers
     assert sorted(_output_docs(tmp_path / "ds" / "train")["s"]) == sorted(clean(g) for g in good)
     log = caplog.text
     assert "a.jsonl:2" in log and "a.jsonl:4" in log and "b.jsonl:2" in log and "c.jsonl" in log
-    assert "missing.jsonl" in log
+    assert "missing.jsonl" in log and "e.jsonl.gz" in log
     # streaming mode reads the same input without crashing and yields the good documents' tokens
     cfg_path = tmp_path / "bad.yaml"
     cfg_path.write_text(json.dumps(raw))
