@@ -255,6 +255,7 @@ def iter_source(cfg: DataConfig, src: SourceConfig, counts: Counts, files: list[
                 ) -> Iterator[tuple[str, str]]:
     """(text, where) of every raw document of a source, files in the given (default: sorted) order."""
     limit = src.max_documents
+    start = counts.raw_documents  # the limit is per call: streaming reads a source once an epoch
     if src.type == "hf":
         gen = _hf_docs(src, counts)
     else:
@@ -264,7 +265,7 @@ def iter_source(cfg: DataConfig, src: SourceConfig, counts: Counts, files: list[
                 counts.skip("missing_files", m, "no file matches")
         gen = _iter_files(cfg, src, files, counts)
     for text, where in gen:
-        if limit is not None and counts.raw_documents >= limit:
+        if limit is not None and counts.raw_documents - start >= limit:
             return
         counts.raw_documents += 1
         counts.raw_chars += len(text)

@@ -250,3 +250,18 @@ def test_prepare_output_independent_of_worker_count(shared_data, tmp_path):
     a = build_loader(str(tmp_path / "w1"), 128, 8, 8).next_batch()["input_ids"]
     b = build_loader(str(tmp_path / "w2"), 128, 8, 8).next_batch()["input_ids"]
     assert torch.equal(a, b)
+
+
+def test_streaming_epochs_repeat_with_max_documents(shared_data, tmp_path):
+    """max_documents caps each epoch (not the whole run): the source stream repeats with the period of
+    one epoch (one file, so every epoch reads the same documents)."""
+    path = tmp_path / "m.yaml"
+    path.write_text(json.dumps({"sources": [{"name": "en", "language": "en", "type": "wikiextractor",
+                                             "max_documents": 12, "paths": [str(shared_data / EN_WIKI / "AA_wiki_01.txt.gz")]}]}))
+    ld = build_loader(str(path), 64, 8, 8)
+    # one source: consecutive windows start seq_len apart, so the inputs laid end to end are the stream
+    stream = [t for _ in range(80) for r in ld.next_batch()["input_ids"].tolist() for t in r]
+    period = next((p for p in range(1, len(stream) // 3)
+                   if all(stream[i] == stream[i + p] for i in range(len(stream) - p))), None)
+    assert period is not None and stream[period - 1] == EOT_ID  # an epoch ends with a document end
+    assert stream[:period].count(EOT_ID) <= 12
