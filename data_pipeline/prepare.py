@@ -173,6 +173,7 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
     local_dups = [0] * len(cfg.sources)
     chars_in = tokens_out = 0
     bar = _bar(progress, f"prepare part {part}")
+    get_tokenizer()  # loaded once here: forked workers share it instead of each parsing the BPE file
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     pool = ctx.Pool(workers, _init_worker, (cfg,)) if workers > 1 else None
     if pool is None:
