@@ -159,8 +159,8 @@ class CheckpointManager:
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
-        """At trainer construction: install signal handlers, resume if asked, clean up unfinished saves."""
-        self.signal.install()
+        """At trainer construction: resume if asked, clean up unfinished saves, install signal handlers
+        (last, so a failed start leaves the process's handlers as they were)."""
         resume_from = self._choose_resume()  # before the cleanup, so its warnings name the unfinished saves
         if self.env.is_main:
             for d in (self.ckpt_dir, self.snap_dir):
@@ -169,6 +169,7 @@ class CheckpointManager:
         _barrier()
         if resume_from is not None:
             self.load(resume_from)
+        self.signal.install()
 
     def _choose_resume(self) -> Path | None:
         target = self.trainer.cfg.resume
