@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def exact_key(text: str) -> int:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from array import array
 import logging
 import multiprocessing as mp
 import os
 import sys
 import time
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +106,8 @@ def _process(batch: _Batch) -> _Done:
 
 
 def _assigned_sources(cfg: DataConfig, part: int, num_parts: int):
-    """(source index, config, files of this part, file index offset/stride) for each source."""
+    """(source index, config, (all files, patterns matching nothing)) for each source this part reads;
+    None instead of files for a stream (`hf`), which one part reads whole."""
     for si, src in enumerate(cfg.sources):
         if src.type == "hf":
             if si % num_parts == part:  # a stream cannot be split by files: one part reads it all
@@ -120,8 +121,7 @@ def _batches(cfg: DataConfig, part: int, num_parts: int, counts: list[Counts]):
     for si, src, found in _assigned_sources(cfg, part, num_parts):
         texts, keys, size = [], [], 0
         if found is None:
-            docs = ((t, (si << 52)) for t, _ in iter_source(cfg, src, counts[si]))
-            docs = ((t, k + i) for i, (t, k) in enumerate(docs))
+            docs = ((t, (si << 52) | i) for i, (t, _) in enumerate(iter_source(cfg, src, counts[si])))
         else:
             files, missing = found
             if part == 0:
@@ -227,6 +227,8 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
             "seconds": time.time() - t0, "workers": workers, "chars_in": chars_in, "tokens": tokens_out,
             "sources": sources}
     (pdir / "part.json").write_text(json.dumps(info, indent=1))
+    log.info("part %d/%d: %.1fM characters in, %.2fM tokens out, %.1f s (%.2fM tokens/s)", part, num_parts,
+             chars_in / 1e6, tokens_out / 1e6, info["seconds"], tokens_out / max(info["seconds"], 1e-9) / 1e6)
     return info
 
 

@@ -21,7 +21,7 @@ from .dedup import exact_key
 from .filters import check, clean
 from .loader import _digest, _stable_id
 from .mixing import normalise_weights
-from .sources import Counts, iter_file, iter_source
+from .sources import Counts, iter_source
 from .tokenizer import encode_document
 
 
