@@ -105,13 +105,17 @@ class MinHasher:
 
     def signature(self, sh: np.ndarray) -> np.ndarray:
         """uint32 [num_perm]; all-ones for a document without shingles."""
-        sig = np.full(self.num_perm, 0xFFFFFFFF, dtype=np.uint32)
+        # min of (v >> 32) is (min of v) >> 32, so the shift is done on the minima only
+        best = np.full(self.num_perm, np.iinfo(np.uint64).max, dtype=np.uint64)
+        buf = np.empty((self.num_perm, min(len(sh), 4096)), dtype=np.uint64)
         with np.errstate(over="ignore"):
-            for i in range(0, len(sh), 2048):
-                block = sh[i:i + 2048]
-                h = (self.a[:, None] * block[None, :] + self.b[:, None]) >> np.uint64(32)
-                np.minimum(sig, h.min(axis=1).astype(np.uint32), out=sig)
-        return sig
+            for i in range(0, len(sh), 4096):
+                block = sh[i:i + 4096]
+                h = buf[:, :len(block)]
+                np.multiply(self.a[:, None], block[None, :], out=h)
+                h += self.b[:, None]
+                np.minimum(best, h.min(axis=1), out=best)
+        return (best >> np.uint64(32)).astype(np.uint32)
 
     def band_keys(self, sig: np.ndarray) -> np.ndarray:
         """uint64 [bands]: one hash per band of rows (band index mixed in, so bands never collide)."""
