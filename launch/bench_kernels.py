@@ -106,6 +106,8 @@ def main() -> None:
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--D", type=int, default=128)
     ap.add_argument("--ops", nargs="+", default=["la", "gla", "nodecay", "sdpa"])
+    ap.add_argument("--skip", nargs="*", default=[], help="skip anchors whose name contains one of these "
+                    "(fla chunk_gla autotunes for minutes on first use)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_kernels needs a CUDA device")
@@ -121,6 +123,7 @@ def main() -> None:
             label, mk, ours, anchors, flops, io_f, io_b = _cases(op, a.B, T, a.H, a.D)
             flops_fb = 3 * flops if op != "sdpa" else 3.5 * flops
             floor = max((io_f + io_b) / bw, flops_fb / mm) * 1e3
+            anchors = {n: f for n, f in anchors.items() if not any(s in n for s in a.skip)}
             for name, fn in [("ours" if op != "sdpa" else "torch sdpa", ours), *anchors.items()]:
                 try:
                     r = _time(fn, mk())

@@ -40,13 +40,13 @@ def _prec(x: Tensor) -> str:
 TUNE: dict[str, dict[str, int]] = {}
 
 
-def _cfg(kernel: str, K: int, V: int) -> dict[str, int]:
+def _cfg(kernel: str, K: int, V: int, gated: bool = False) -> dict[str, int]:
     Kp, Vp = _np2(K), _np2(V)
     split = Vp if kernel in ("fwd", "dv") else Kp
     wide = max(Kp, Vp) >= 128
     if kernel in ("fwd", "dv"):  # hold all of K: 8 warps, 3 stages fit in shared memory up to K = 128
         cfg = {"block": 64, "num_warps": 8 if wide and (kernel == "fwd" or Kp <= 128) else 4,
-               "num_stages": 3 if Kp <= 128 else 2}
+               "num_stages": 3 if Kp <= 128 else 1 if gated else 2}  # gated K=256: its g tile too
     else:  # hold all of V: narrow key blocks, more programs
         cfg = {"block": 32 if Kp <= 128 else 64, "num_warps": 4, "num_stages": 2}
     cfg.update(TUNE.get(kernel, {}))
@@ -84,7 +84,7 @@ def _chunk_table(cu_seqlens: Tensor | None, N: int, T: int) -> tuple[int, Tensor
 
 def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated):
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
-    c = _cfg("fwd", K, V)
+    c = _cfg("fwd", K, V, gated)
     o = torch.empty_like(v)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(V, c["block"]), N * H)
@@ -101,7 +101,7 @@ def _bwd_scans(q, k, v, g, log_lam, A, do, h0, dht, cu, N, T, gated):
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     common = dict(H=H, K=K, V=V, BT=BT, GATED=gated, HAS_DECAY=log_lam is not None or gated,
                   VARLEN=cu.numel() > 1, PREC=_prec(q))
-    cq, ck, cv = _cfg("dq", K, V), _cfg("dk", K, V), _cfg("dv", K, V)
+    cq, ck, cv = _cfg("dq", K, V, gated), _cfg("dk", K, V, gated), _cfg("dv", K, V, gated)
     launch = lambda c: dict(num_warps=c["num_warps"], num_stages=c["num_stages"])  # noqa: E731
     gdt = torch.float32 if gated else q.dtype
     dq = torch.empty(q.shape, dtype=gdt, device=q.device)
