@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from array import array
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +38,8 @@ from .sources import Counts, iter_file, iter_source
 from .tokenizer import EOT_ID, get_tokenizer
 
 log = logging.getLogger("linscale.data")
-BATCH_CHARS = 4_000_000  # documents are sent to workers in batches of about this many characters
+BATCH_CHARS = 2_000_000  # documents are sent to workers in batches of about this many characters
+IN_FLIGHT = 4  # batches queued per worker: keeps workers busy while bounding memory
 # order key = source << 52 | file << 32 | document in file: the global order the dedup keeps first
 _FILE_BITS, _DOC_BITS = 20, 32
 
@@ -103,6 +104,17 @@ def _process(batch: _Batch) -> _Done:
         x.append(EOT_ID)
         out.tokens.append(np.frombuffer(x, dtype=np.uint32))
     return out
+
+
+def _ordered_map(pool, fn, items, window: int):
+    """pool.imap with backpressure: imap's feeder thread would read the whole input ahead into memory."""
+    pending: deque = deque()
+    for item in items:
+        pending.append(pool.apply_async(fn, (item,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
 
 
 def _assigned_sources(cfg: DataConfig, part: int, num_parts: int):
@@ -179,8 +191,8 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
     if pool is None:
         _init_worker(cfg)
     try:
-        results = pool.imap(_process, _batches(cfg, part, num_parts, counts)) if pool else \
-            map(_process, _batches(cfg, part, num_parts, counts))
+        results = _ordered_map(pool, _process, _batches(cfg, part, num_parts, counts), IN_FLIGHT * workers) \
+            if pool else map(_process, _batches(cfg, part, num_parts, counts))
         for done in results:
             si = done.source
             removed[si].update(done.removed)
