@@ -57,6 +57,7 @@ class _Done:
     """A processed batch: the surviving documents and what the filters removed."""
     source: int
     removed: Counter = field(default_factory=Counter)
+    removed_chars: Counter = field(default_factory=Counter)
     keys: list[int] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)
     sigs: np.ndarray | None = None
@@ -87,6 +88,7 @@ def _process(batch: _Batch) -> _Done:
         reason = check(text, batch.language, cfg.filters)
         if reason:
             out.removed[reason] += 1
+            out.removed_chars[reason] += len(text)
             continue
         kept.append(text)
         out.keys.append(key)
@@ -177,6 +179,7 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
     workers = workers or min(os.cpu_count() or 1, 8)
     counts = [Counts(s.name) for s in cfg.sources]
     removed = [Counter() for _ in cfg.sources]
+    removed_chars = [Counter() for _ in cfg.sources]
     writers = [ShardWriter(out / "tokens", s.name, cfg.shard_tokens, prefix=f"p{part:05d}-")
                for s in cfg.sources]
     recs = [{"keys": [], "hashes": [], "sigs": [], "bands": [], "shard": [], "row": []}
@@ -196,6 +199,7 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
         for done in results:
             si = done.source
             removed[si].update(done.removed)
+            removed_chars[si].update(done.removed_chars)
             chars_in += done.chars_in
             r, w = recs[si], writers[si]
             for j, (key, h, toks) in enumerate(zip(done.keys, done.hashes, done.tokens)):
@@ -233,6 +237,7 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
         sources.append({"name": src.name, "shards": writers[si].stems, "raw_documents": counts[si].raw_documents,
                         "raw_chars": counts[si].raw_chars, "files": counts[si].files,
                         "skipped_input": dict(counts[si].skipped), "removed_by_filter": dict(removed[si]),
+                        "chars_removed_by_filter": dict(removed_chars[si]),
                         "exact_duplicates_in_part": local_dups[si], "documents": writers[si].documents,
                         "tokens": writers[si].tokens})
     info = {"part": part, "num_parts": num_parts, "config_fingerprint": cfg.fingerprint(),
@@ -335,10 +340,11 @@ def _stats(cfg, parts, t, drop_exact, drop_near, keep, is_val, lengths, weights,
     for si, src in enumerate(cfg.sources):
         infos = [p["sources"][si] for _, p in parts]
         mine = t["source"] == si
-        skipped, removed = Counter(), Counter()
+        skipped, removed, removed_chars = Counter(), Counter(), Counter()
         for s in infos:
             skipped.update(s["skipped_input"])
             removed.update(s["removed_by_filter"])
+            removed_chars.update(s["chars_removed_by_filter"])
         per_source.append({
             "name": src.name, "language": src.language, "weight": weights.get(src.name, 0.0),
             "files": sum(s["files"] for s in infos),
@@ -346,6 +352,7 @@ def _stats(cfg, parts, t, drop_exact, drop_near, keep, is_val, lengths, weights,
             "chars_in": sum(s["raw_chars"] for s in infos),
             "skipped_input": dict(skipped),
             "removed_by_filter": {k: removed.get(k, 0) for k in FILTER_NAMES},
+            "chars_removed_by_filter": {k: removed_chars.get(k, 0) for k in FILTER_NAMES},
             "exact_duplicates": int(drop_exact[mine].sum()) + sum(s["exact_duplicates_in_part"] for s in infos),
             "near_duplicates": int(drop_near[mine].sum()),
             "documents_out": {"train": int((keep & ~is_val & mine).sum()), "val": int((keep & is_val & mine).sum())},
