@@ -39,7 +39,10 @@ class Tpe(nn.Module):
         self.decay_logit.copy_(torch.log1p(-one_minus_a) - torch.log(one_minus_a))
         self.in_weight.uniform_(-self.init_bound, self.init_bound)
 
-    def forward(self, x: Tensor, state: dict | None = None) -> Tensor:
+    def forward(self, x: Tensor, state: dict | None = None, cu_seqlens: Tensor | None = None) -> Tensor:
+        if cu_seqlens is not None:  # packed documents (batch 1): each starts from a zero state
+            bounds = cu_seqlens.tolist()
+            return torch.cat([self(x[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])], dim=1)
         B, T, d = x.shape
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         log_a = F.logsigmoid(self.decay_logit.to(acc))                           # [e]

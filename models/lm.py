@@ -97,7 +97,7 @@ class LanguageModel(nn.Module):
             cache.layers = [{} for _ in self.blocks]
         x = self.embed(input_ids)
         if self.tpe is not None:
-            x = x + self.tpe(x, state=None if cache is None else cache.tpe)
+            x = x + self.tpe(x, state=None if cache is None else cache.tpe, cu_seqlens=cu_seqlens)
         extra = {}
         if self.lower_bounds is not None:
             betas = self.lower_bounds()
@@ -117,8 +117,16 @@ class LanguageModel(nn.Module):
     def forward(self, input_ids: Tensor, targets: Tensor | None = None, cache: InferenceCache | None = None,
                 cu_seqlens: Tensor | None = None) -> Tensor:
         """logits [B, T, V] (float32, or float64 for a float64 model), or with `targets` [B, T] the mean cross-entropy, computed fused with
-        the tied head so the full logits are never held (targets of -100 are ignored)."""
+        the tied head so the full logits are never held (targets of -100 are ignored). With `cu_seqlens`
+        (int offsets of document starts in the flattened [B*T] batch, ending at B*T) the linear models
+        reset their state at each document start."""
+        B, T = input_ids.shape if input_ids.dim() == 2 else (None, None)
+        if cu_seqlens is not None:
+            # the ops take packed documents as one batch-1 row: cu_seqlens indexes the flattened batch
+            input_ids, cu_seqlens = input_ids.reshape(1, -1), cu_seqlens.to(input_ids.device)
         h = self.hidden_states(input_ids, cache, cu_seqlens)
+        if cu_seqlens is not None:
+            h = h.reshape(B, T, -1)
         if targets is not None:
             return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.embed.weight, targets.reshape(-1))
         logits = h @ self.embed.weight.to(h.dtype).t()

@@ -270,3 +270,17 @@ def test_bad_inputs_give_clear_errors():
     with pytest.raises(ValueError, match="RoPE table.*max_seq_len=16"):
         llama(torch.zeros(1, 17, dtype=torch.long))
     assert build_model("cosformer2", "tiny", vocab_size=11).config.arch == "cos2"
+
+
+@pytest.mark.parametrize("arch", LINEAR)
+def test_cu_seqlens_resets_state_at_document_starts(arch):
+    """A packed [B, T] batch with document boundaries equals running each document on its own."""
+    model = small(arch).double().eval()
+    ids = torch.randint(0, 97, (2, 10))
+    cu = torch.tensor([0, 4, 10, 13, 20], dtype=torch.int32)  # flattened offsets; row starts are boundaries
+    with torch.no_grad():
+        packed = model(ids, cu_seqlens=cu).reshape(20, -1)
+        flat = ids.reshape(-1)
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            alone = model(flat[a:b][None])[0]
+            torch.testing.assert_close(packed[a:b], alone, rtol=1e-9, atol=1e-9)
