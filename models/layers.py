@@ -21,30 +21,20 @@ class Norm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-class SwiGLU(nn.Module):
-    """LLaMA's channel mixer: W_down [(X W_u) * silu(X W_v)]."""
+class GatedMLP(nn.Module):
+    """The channel mixers: W_down [(X W_u) * act(X W_v)]. LLaMA's SwiGLU has act = silu; the linear
+    models' SGLU has no activation at all."""
 
-    def __init__(self, d: int, g: int):
+    def __init__(self, d: int, g: int, activation: bool):
         super().__init__()
+        self.activation = activation
         self.up_proj = nn.Linear(d, g, bias=False)
         self.gate_proj = nn.Linear(d, g, bias=False)
         self.down_proj = nn.Linear(g, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.up_proj(x) * F.silu(self.gate_proj(x)))
-
-
-class SGLU(nn.Module):
-    """The linear models' channel mixer: W_down [(X W_u) * (X W_v)], a GLU with no activation."""
-
-    def __init__(self, d: int, g: int):
-        super().__init__()
-        self.up_proj = nn.Linear(d, g, bias=False)
-        self.gate_proj = nn.Linear(d, g, bias=False)
-        self.down_proj = nn.Linear(g, d, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.up_proj(x) * self.gate_proj(x))
+        gate = self.gate_proj(x)
+        return self.down_proj(self.up_proj(x) * (F.silu(gate) if self.activation else gate))
 
 
 class LowRankGate(nn.Module):
@@ -60,7 +50,7 @@ class LowRankGate(nn.Module):
 
 
 def channel_mixer(cfg: ModelConfig) -> nn.Module:
-    return SwiGLU(cfg.d_model, cfg.d_glu) if cfg.arch == "llama" else SGLU(cfg.d_model, cfg.d_glu)
+    return GatedMLP(cfg.d_model, cfg.d_glu, activation=cfg.arch == "llama")  # SwiGLU | SGLU
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
