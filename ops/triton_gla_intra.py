@@ -36,10 +36,13 @@ def _chunk_of(chunks, pid, T, NT, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def gla_cumsum_kernel(g, bc, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                      BK: tl.constexpr, VARLEN: tl.constexpr):
-    """grid (chunks, H): bc = cumulative log-decay from each chunk's start (fp32), read by the intra
-    kernels so every sub-chunk gets its rows without re-summing the chunk."""
+def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                      BK: tl.constexpr, TAME_SPAN: tl.constexpr, VARLEN: tl.constexpr):
+    """grid (chunks, H): classifies each (chunk, head) and writes the flag at the chunk's first token
+    (tame[token, head]). A chunk is *tame* when no key channel decays by more than exp(-TAME_SPAN) across
+    it: then the scans form its intra-chunk products directly as (q exp(b)) (k exp(-b))^T (every factor
+    within exp(+-TAME_SPAN), far from overflow). Otherwise bc = the cumulative log-decay from the chunk's
+    start (fp32) is written for the sub-chunk kernels below, which handle that chunk instead."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
@@ -47,7 +50,16 @@ def gla_cumsum_kernel(g, bc, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr
     offs_k = tl.arange(0, BK)
     m = (rows < eos - bos)[:, None] & (offs_k < K)[None, :]
     p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
-    tl.store(bc + p, tl.cumsum(tl.load(g + p, mask=m, other=0.).to(tl.float32), axis=0), mask=m)
+    gt = tl.load(g + p, mask=m, other=0.).to(tl.float32)
+    span = -tl.min(tl.sum(gt, axis=0), axis=0)  # the largest decay (in log) of any channel
+    tl.store(tame + (bos + i_c * BT) * H + i_h, (span <= TAME_SPAN).to(tl.int32))
+    wild = tl.zeros([BT, BK], dtype=tl.int32) + (span > TAME_SPAN).to(tl.int32)
+    tl.store(bc + p, tl.cumsum(gt, axis=0), mask=m & (wild != 0))
+
+
+@triton.jit
+def _is_tame(tame, bos, t0, i_h, H: tl.constexpr):
+    return tl.load(tame + (bos + t0) * H + i_h) != 0
 
 
 @triton.jit
@@ -69,7 +81,7 @@ def _row_of(b, r: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
-def gla_A_kernel(q, k, bc, A, cu, chunks, T, NT,
+def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
                  H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                  BK: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, BT // BC, H): the rows of sub-chunk S of A, every column of the chunk. Columns of
@@ -79,40 +91,41 @@ def gla_A_kernel(q, k, bc, A, cu, chunks, T, NT,
     i_S = tl.program_id(1)
     i_h = tl.program_id(2)
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
-    t0 = i_c * BT
-    rows_S = t0 + i_S * BC + tl.arange(0, BC)
-    rows_c = t0 + tl.arange(0, BT)
-    before = (tl.arange(0, BT) < i_S * BC)[:, None]
-    causal = tl.arange(0, BC)[:, None] >= tl.arange(0, BC)[None, :]
-    dt = q.dtype.element_ty
-    acc = tl.zeros([BC, BT], dtype=tl.float32)
-    acc_d = tl.zeros([BC, BC], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
-        offs_k = kb * BK + tl.arange(0, BK)
-        kmask = offs_k < K
-        b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
-        q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
-        r = _row_of(b_S, 0, BC)
-        k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
-        acc += tl.dot((q_S * _exp0(b_S - r)).to(dt), tl.trans(k_w.to(dt)), input_precision=PREC)
-        d = b_S[:, None, :] - b_S[None, :, :]
-        w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.)
-        acc_d += tl.sum(q_S[:, None, :] * k_S[None, :, :] * w, axis=2)
-    rmask = (rows_S < L)[:, None]
-    cols = tl.arange(0, BT)[None, :]
-    a_row = A + ((bos + rows_S) * H + i_h)[:, None] * BT
-    # three stores to disjoint columns: earlier sub-chunks, the diagonal block, zeros after it
-    tl.store(a_row + cols, acc, mask=rmask & (cols < i_S * BC))
-    tl.store(a_row + cols, tl.zeros([BC, BT], dtype=tl.float32), mask=rmask & (cols >= (i_S + 1) * BC))
-    tl.store(a_row + i_S * BC + tl.arange(0, BC)[None, :], acc_d, mask=rmask)
+    if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: the forward scan forms A itself
+        L = eos - bos
+        t0 = i_c * BT
+        rows_S = t0 + i_S * BC + tl.arange(0, BC)
+        rows_c = t0 + tl.arange(0, BT)
+        before = (tl.arange(0, BT) < i_S * BC)[:, None]
+        causal = tl.arange(0, BC)[:, None] >= tl.arange(0, BC)[None, :]
+        dt = q.dtype.element_ty
+        acc = tl.zeros([BC, BT], dtype=tl.float32)
+        acc_d = tl.zeros([BC, BC], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            offs_k = kb * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+            q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
+            r = _row_of(b_S, 0, BC)
+            k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
+            acc += tl.dot((q_S * _exp0(b_S - r)).to(dt), tl.trans(k_w.to(dt)), input_precision=PREC)
+            d = b_S[:, None, :] - b_S[None, :, :]
+            w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.)
+            acc_d += tl.sum(q_S[:, None, :] * k_S[None, :, :] * w, axis=2)
+        rmask = (rows_S < L)[:, None]
+        cols = tl.arange(0, BT)[None, :]
+        a_row = A + ((bos + rows_S) * H + i_h)[:, None] * BT
+        # three stores to disjoint columns: earlier sub-chunks, the diagonal block, zeros after it
+        tl.store(a_row + cols, acc, mask=rmask & (cols < i_S * BC))
+        tl.store(a_row + cols, tl.zeros([BC, BT], dtype=tl.float32), mask=rmask & (cols >= (i_S + 1) * BC))
+        tl.store(a_row + i_S * BC + tl.arange(0, BC)[None, :], acc_d, mask=rmask)
 
 
 @triton.jit
-def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, cu, chunks, T, NT,
+def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                          BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                          VARLEN: tl.constexpr, PREC: tl.constexpr):
@@ -127,59 +140,62 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, cu, chunks, T, NT,
     i_h = i_hk // NKB
     kb = i_hk % NKB
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
-    t0 = i_c * BT
-    offs_k = kb * BK + tl.arange(0, BK)
-    kmask = offs_k < K
-    offs_v = tl.arange(0, BV)
-    vmask = offs_v < V
-    dt = do.dtype.element_ty
-    rows_S = t0 + i_S * BC + tl.arange(0, BC)
-    rows_c = t0 + tl.arange(0, BT)
-    idx_c = tl.arange(0, BT)
-    before = (idx_c < i_S * BC)[:, None]
-    after = (idx_c >= (i_S + 1) * BC)[:, None]
-    b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
-    q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    do_S = _tile(do, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
-    v_S = _tile(v, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
-    b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
-    q_c = _tile(q, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    do_c = _tile(do, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
-    v_c = _tile(v, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
-    # dq_S += exp(b_S - r) * (dA[S, :S] @ (k * exp(r - b))[:S])
-    r = _row_of(b_S, 0, BC)
-    dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
-    k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
-    acc_q = tl.dot(dA_row.to(dt), k_w.to(dt), input_precision=PREC) * _exp0(b_S - r)
-    # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
-    r2 = _row_of(b_S, BC - 1, BC)
-    dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
-    q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
-    acc_k = tl.dot(tl.trans(dA_col.to(dt)), q_w.to(dt), input_precision=PREC) * _exp0(r2 - b_S)
-    # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
-    # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
-    causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]
-    dA = tl.where(causal, tl.dot(do_S, tl.trans(v_S), input_precision=PREC), 0.)
-    d = b_S[:, None, :] - b_S[None, :, :]
-    w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
-    acc_q += tl.sum(w * k_S[None, :, :], axis=1)
-    acc_k += tl.sum(w * q_S[:, None, :], axis=0)
-    p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
-    m = (rows_S < L)[:, None] & kmask[None, :]
-    tl.store(dq + p, tl.load(dq + p, mask=m, other=0.) + acc_q, mask=m)
-    tl.store(dk + p, tl.load(dk + p, mask=m, other=0.) + acc_k, mask=m)
+    if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: the dq / dk scans did it
+        L = eos - bos
+        t0 = i_c * BT
+        offs_k = kb * BK + tl.arange(0, BK)
+        kmask = offs_k < K
+        offs_v = tl.arange(0, BV)
+        vmask = offs_v < V
+        dt = do.dtype.element_ty
+        rows_S = t0 + i_S * BC + tl.arange(0, BC)
+        rows_c = t0 + tl.arange(0, BT)
+        idx_c = tl.arange(0, BT)
+        before = (idx_c < i_S * BC)[:, None]
+        after = (idx_c >= (i_S + 1) * BC)[:, None]
+        b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+        q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+        k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+        do_S = _tile(do, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
+        v_S = _tile(v, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
+        b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
+        q_c = _tile(q, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+        k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+        do_c = _tile(do, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
+        v_c = _tile(v, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
+        # dq_S += exp(b_S - r) * (dA[S, :S] @ (k * exp(r - b))[:S])
+        r = _row_of(b_S, 0, BC)
+        dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
+        k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
+        acc_q = tl.dot(dA_row.to(dt), k_w.to(dt), input_precision=PREC) * _exp0(b_S - r)
+        # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
+        r2 = _row_of(b_S, BC - 1, BC)
+        dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
+        q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
+        acc_k = tl.dot(tl.trans(dA_col.to(dt)), q_w.to(dt), input_precision=PREC) * _exp0(r2 - b_S)
+        # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
+        # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
+        causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]
+        dA = tl.where(causal, tl.dot(do_S, tl.trans(v_S), input_precision=PREC), 0.)
+        d = b_S[:, None, :] - b_S[None, :, :]
+        w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
+        acc_q += tl.sum(w * k_S[None, :, :], axis=1)
+        acc_k += tl.sum(w * q_S[:, None, :], axis=0)
+        p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
+        m = (rows_S < L)[:, None] & kmask[None, :]
+        tl.store(dq + p, tl.load(dq + p, mask=m, other=0.) + acc_q, mask=m)
+        tl.store(dk + p, tl.load(dk + p, mask=m, other=0.) + acc_k, mask=m)
 
 
 @triton.jit
-def gla_dg_kernel(q, k, v, do, dq, dk, dg, dg_T, dq_out, dk_out, cu, T,
+def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, cu, T,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, HAS_DGT: tl.constexpr, VARLEN: tl.constexpr):
+                  BV: tl.constexpr, HAS_DS: tl.constexpr, VARLEN: tl.constexpr):
     """grid (cdiv(K, BK), N * H): d log_f = reverse cumsum of (q dq - k dk) over each sequence, from dq,
     dk without their i == j terms (those cancel exactly; left in, fp32 rounding of them swamps the
-    tiny true gradient of gates near 0). Then adds (do_t . v_t) k_t, (do_t . v_t) q_t and writes dq, dk."""
+    tiny true gradient of gates near 0). Then adds (do_t . v_t) k_t, (do_t . v_t) q_t and writes dq, dk.
+    With a gradient on the final state (HAS_DS), dk held no part of it: its terms come from
+    `gla_state_grad_kernel`, d log_f's directly (dgx) and dk's (dkx) added here after the cumsum."""
     i_k = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_n = i_nh // H
@@ -191,8 +207,6 @@ def gla_dg_kernel(q, k, v, do, dq, dk, dg, dg_T, dq_out, dk_out, cu, T,
     offs_v = tl.arange(0, BV)
     vmask = offs_v < V
     carry = tl.zeros([BK], dtype=tl.float32)
-    if HAS_DGT:
-        carry += tl.load(dg_T + i_nh.to(tl.int64) * K + offs_k, mask=kmask, other=0.)
     NC = tl.cdiv(L, BT)
     for cc in range(0, NC):
         rows = (NC - 1 - cc) * BT + tl.arange(0, BT)
@@ -205,10 +219,91 @@ def gla_dg_kernel(q, k, v, do, dq, dk, dg, dg_T, dq_out, dk_out, cu, T,
         b_dq = tl.load(dq + p, mask=m, other=0.)
         b_dk = tl.load(dk + p, mask=m, other=0.)
         x = b_q * b_dq - b_k * b_dk
-        tl.store(dg + p, (tl.cumsum(x, axis=0, reverse=True) + carry[None, :]).to(dg.dtype.element_ty), mask=m)
+        b_dg = tl.cumsum(x, axis=0, reverse=True) + carry[None, :]
         carry += tl.sum(x, axis=0)
+        if HAS_DS:
+            b_dg += tl.load(dgx + p, mask=m, other=0.)
+            b_dk += tl.load(dkx + p, mask=m, other=0.)
+        tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
         mv = rmask & vmask[None, :]
         a_tt = tl.sum(tl.load(do + pv, mask=mv, other=0.).to(tl.float32)
                       * tl.load(v + pv, mask=mv, other=0.).to(tl.float32), axis=1)[:, None]
         tl.store(dq_out + p, (b_dq + a_tt * b_k).to(dq_out.dtype.element_ty), mask=m)
         tl.store(dk_out + p, (b_dk + a_tt * b_q).to(dk_out.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _lin_rec(a1, x1, a2, x2):
+    """Composition of z -> a1 z + x1, then z -> a2 z + x2 (for tl.associative_scan)."""
+    return a1 * a2, a2 * x1 + x2
+
+
+@triton.jit
+def gla_state_grad_kernel(k, v, g, dht, h0, dgx, dkx, dh0, cu, T,
+                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                          BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, VARLEN: tl.constexpr):
+    """grid (cdiv(K, BK), N * H), only when the loss reads the final state S_T (gradient dS).
+    With W_s = prod_{t > s} f_t (per channel) and z_s = <S_s, dS> per key row (z_s = f_s z_{s-1} + k_s u_s,
+    u_s = dS v_s):
+        d log_f_s += W_s f_s z_{s-1}   (dgx)      dk_s += W_s u_s   (dkx)      dh0 += (prod_t f_t) dS
+    The direct form: every term is a product of factors <= 1 and O(1) sums, so it keeps its relative
+    precision for gates near 0, where the equivalent 'sum of all minus a suffix' form cancels.
+    Pass 1 walks forward (z; writes f_s z_{s-1} into dgx and u into dkx), pass 2 backward (W)."""
+    i_k = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    L = eos - bos
+    offs_t = tl.arange(0, BT)
+    offs_k = i_k * BK + tl.arange(0, BK)
+    kmask = offs_k < K
+    offs_v = tl.arange(0, BV)
+    vmask = offs_v < V
+    hp = i_nh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
+    hmask = kmask[:, None] & vmask[None, :]
+    dS = tl.load(dht + hp, mask=hmask, other=0.).to(tl.float32)
+    z = tl.zeros([BK], dtype=tl.float32)
+    if HAS_H0:
+        z += tl.sum(tl.load(h0 + hp, mask=hmask, other=0.).to(tl.float32) * dS, axis=1)
+    NC = tl.cdiv(L, BT)
+    for c in range(0, NC):
+        rows = c * BT + offs_t
+        m = (rows < L)[:, None] & kmask[None, :]
+        p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
+        b_v = tl.load(v + ((bos + rows) * H + i_h)[:, None] * V + offs_v[None, :],
+                      mask=(rows < L)[:, None] & vmask[None, :], other=0.).to(tl.float32)
+        u = tl.dot(b_v, tl.trans(dS), input_precision="ieee")  # [BT, BK]: u_s = dS v_s
+        a = tl.exp(tl.load(g + p, mask=m, other=0.).to(tl.float32))  # padded rows: f = 1
+        # x of the previous row (0 at the chunk's first row: the carry z stands for it)
+        rp = rows - 1
+        mp = (rp >= c * BT)[:, None] & (rp < L)[:, None] & kmask[None, :]
+        pp = ((bos + rp) * H + i_h)[:, None] * K + offs_k[None, :]
+        b_vp = tl.load(v + ((bos + rp) * H + i_h)[:, None] * V + offs_v[None, :],
+                       mask=(rp >= c * BT)[:, None] & (rp < L)[:, None] & vmask[None, :], other=0.).to(tl.float32)
+        x_prev = tl.load(k + pp, mask=mp, other=0.).to(tl.float32) * tl.dot(b_vp, tl.trans(dS), input_precision="ieee")
+        # zb_s = f_s z_{s-1} = f_s (zb_{s-1} + x_{s-1}): a linear recurrence, scanned inside the chunk
+        A_, Y_ = tl.associative_scan((a, a * x_prev), 0, _lin_rec)
+        zb = A_ * z[None, :] + Y_
+        tl.store(dgx + p, zb, mask=m)
+        tl.store(dkx + p, u, mask=m)
+        x = tl.load(k + p, mask=m, other=0.).to(tl.float32) * u
+        # z at the chunk's end: the last row's zb + x (a padded last row has zb = z_end and x = 0)
+        z = tl.sum(tl.where((offs_t == BT - 1)[:, None], zb + x, 0.), axis=0)
+    W = tl.full([BK], 1., dtype=tl.float32)
+    for cc in range(0, NC):
+        c = NC - 1 - cc
+        rows = c * BT + offs_t
+        m = (rows < L)[:, None] & kmask[None, :]
+        p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
+        rn = rows + 1  # f of the next row inside the chunk (1 past it: W carries the rest)
+        mn = (rn < (c + 1) * BT)[:, None] & (rn < L)[:, None] & kmask[None, :]
+        a_next = tl.exp(tl.load(g + ((bos + rn) * H + i_h)[:, None] * K + offs_k[None, :], mask=mn,
+                                other=0.).to(tl.float32))
+        w = tl.cumprod(a_next, axis=0, reverse=True) * W[None, :]  # W_s
+        tl.store(dgx + p, w * tl.load(dgx + p, mask=m, other=0.), mask=m)
+        tl.store(dkx + p, w * tl.load(dkx + p, mask=m, other=0.), mask=m)
+        a0 = tl.exp(tl.load(g + p, mask=m, other=0.).to(tl.float32))
+        W = tl.sum(tl.where((offs_t == 0)[:, None], w * a0, 0.), axis=0)
+    if HAS_H0:
+        tl.store(dh0 + hp, tl.load(dh0 + hp, mask=hmask, other=0.) + W[:, None] * dS, mask=hmask)

@@ -17,12 +17,16 @@ import triton
 from torch import Tensor
 
 from ops.linear_attention import register_impl
-from ops.triton_gla_intra import gla_A_kernel, gla_cumsum_kernel, gla_dg_kernel, gla_dqk_intra_kernel
-from ops.triton_scan import dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel
+from ops.triton_gla_intra import (gla_A_kernel, gla_cumsum_kernel, gla_dg_kernel, gla_dqk_intra_kernel,
+                                  gla_state_grad_kernel)
+from ops.triton_scan import TAME_SPAN, dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel
 
 BT = 64  # chunk length
 BC = 16  # sub-chunk length of the gated intra-chunk products
 BK_INTRA = 32  # key block of the element-wise [BC, BC, BK] tiles
+# chunks whose strongest channel decays by at most exp(-TAME) take the scans' direct path (tests lower it
+# to force the sub-chunk path; above TAME_SPAN it would be unsafe, see ops.triton_scan)
+TAME = TAME_SPAN.value
 
 
 def _np2(x: int) -> int:
@@ -82,13 +86,13 @@ def _chunk_table(cu_seqlens: Tensor | None, N: int, T: int) -> tuple[int, Tensor
 # shared launches
 # ----------------------------------------------------------------------------------------------------
 
-def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated):
+def _fwd(q, k, v, g, log_lam, A, tame, h0, cu, N, T, gated):
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     c = _cfg("fwd", K, V, gated)
     o = torch.empty_like(v)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(V, c["block"]), N * H)
-    fwd_scan_kernel[grid](q, k, v, g, log_lam, A, o, h0 if h0 is not None else ht, ht, cu, T,
+    fwd_scan_kernel[grid](q, k, v, g, log_lam, A, tame, o, h0 if h0 is not None else ht, ht, cu, T,
                           H=H, K=K, V=V, BT=BT, BK=_np2(K), BV=c["block"], GATED=gated,
                           HAS_DECAY=log_lam is not None or gated, HAS_H0=h0 is not None,
                           VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=c["num_warps"],
@@ -96,7 +100,7 @@ def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated):
     return o, ht
 
 
-def _bwd_scans(q, k, v, g, log_lam, A, do, h0, dht, cu, N, T, gated):
+def _bwd_scans(q, k, v, g, log_lam, A, tame, do, h0, dht, cu, N, T, gated):
     """dq, dk (intra included unless gated: then fp32 inter-chunk parts), dv, dh0."""
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     common = dict(H=H, K=K, V=V, BT=BT, GATED=gated, HAS_DECAY=log_lam is not None or gated,
@@ -116,15 +120,18 @@ def _bwd_scans(q, k, v, g, log_lam, A, do, h0, dht, cu, N, T, gated):
         st.wait_stream(cur)
     with _on(side, 0):
         dq_scan_kernel[(triton.cdiv(K, cq["block"]), N * H)](
-            k, v, g, log_lam, do, dq, h0 if h0 is not None else dq, cu, T,
+            k, v, g, log_lam, tame, do, dq, h0 if h0 is not None else dq, cu, T,
             BK=cq["block"], BV=_np2(V), HAS_H0=h0 is not None, **common, **launch(cq))
+    # gated: the final state's gradient reaches dk, d(initial state) and d log_f through
+    # gla_state_grad_kernel instead (see there), so the dk scan starts from dh = 0
+    dht_k = None if gated else dht
     with _on(side, 1):
         dk_scan_kernel[(triton.cdiv(K, ck["block"]), N * H)](
-            q, v, g, log_lam, do, dk, dht if dht is not None else dk, dh0 if dh0 is not None else dk, cu, T,
-            BK=ck["block"], BV=_np2(V), HAS_DHT=dht is not None, STORE_DH0=dh0 is not None, **common,
+            q, v, g, log_lam, tame, do, dk, dht_k if dht_k is not None else dk, dh0 if dh0 is not None else dk,
+            cu, T, BK=ck["block"], BV=_np2(V), HAS_DHT=dht_k is not None, STORE_DH0=dh0 is not None, **common,
             **launch(ck))
     dv_scan_kernel[(triton.cdiv(V, cv["block"]), N * H)](
-        q, k, g, log_lam, A, do, dv, dht if dht is not None else dv, cu, T,
+        q, k, g, log_lam, A, tame, do, dv, dht if dht is not None else dv, cu, T,
         BK=_np2(K), BV=cv["block"], HAS_DHT=dht is not None, **common, **launch(cv))
     for st in side:
         cur.wait_stream(st)  # every later use of dq, dk (and of freed inputs) orders after the scans
@@ -162,7 +169,7 @@ class LightningAttnFn(torch.autograd.Function):
         q, k, v, h0 = _contig(q, k, v, h0)
         N, T, _, cu = _layout(q, cu_seqlens)
         log_lam = None if decay is None else decay.float().log().contiguous()
-        o, ht = _fwd(q, k, v, None, log_lam, None, h0, cu, N, T, gated=False)
+        o, ht = _fwd(q, k, v, None, log_lam, None, None, h0, cu, N, T, gated=False)
         ctx.save_for_backward(q, k, v, log_lam, h0, cu)
         ctx.N, ctx.T = N, T
         ctx.set_materialize_grads(False)
@@ -174,7 +181,7 @@ class LightningAttnFn(torch.autograd.Function):
         if do is None:
             do = torch.zeros_like(v)
         do, dht = _contig(do, dht)
-        dq, dk, dv, dh0 = _bwd_scans(q, k, v, None, log_lam, None, do.to(v.dtype), h0, dht, cu,
+        dq, dk, dv, dh0 = _bwd_scans(q, k, v, None, log_lam, None, None, do.to(v.dtype), h0, dht, cu,
                                      ctx.N, ctx.T, gated=False)
         return dq, dk, dv, None, dh0, None
 
@@ -192,62 +199,78 @@ def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
 # ----------------------------------------------------------------------------------------------------
 
 def _gla_cumsum(g, cu, T, chunks):
+    """(bc, tame): per (chunk, head) the tame flag at the chunk's first token, and for the other chunks
+    the chunk-local cumulative log-decay (fp32) that the sub-chunk kernels read."""
     H, K = g.shape[2], g.shape[3]
     n_chunks, table = chunks
     bc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
-    gla_cumsum_kernel[(n_chunks, H)](g, bc, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
-                                     H=H, K=K, BT=BT, BK=_np2(K), VARLEN=table is not None)
-    return bc
+    tame = torch.empty(g.shape[:3], dtype=torch.int32, device=g.device)
+    gla_cumsum_kernel[(n_chunks, H)](g, bc, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+                                     H=H, K=K, BT=BT, BK=_np2(K), TAME_SPAN=min(TAME, TAME_SPAN.value),
+                                     VARLEN=table is not None)
+    return bc, tame
 
 
-def _gla_A(q, k, bc, cu, N, T, chunks):
+def _gla_A(q, k, bc, tame, cu, N, T, chunks):
     H, K = q.shape[2], q.shape[3]
     n_chunks, table = chunks
     A = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
     gla_A_kernel[(n_chunks, BT // BC, H)](
-        q, k, bc, A, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+        q, k, bc, A, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
         H=H, K=K, BT=BT, BC=BC, BK=min(BK_INTRA, _np2(K)), VARLEN=table is not None, PREC=_prec(q),
         num_warps=4)
     return A
 
 
 class GatedLinearAttnFn(torch.autograd.Function):
+    """Tame chunks (see `ops.triton_gla_intra.gla_cumsum_kernel`) are handled entirely inside the scans;
+    the sub-chunk kernels (A, intra dq / dk) only do work for the others (gates near 0)."""
+
     @staticmethod
     def forward(ctx, q, k, v, g, h0, cu_seqlens):
         q, k, v, g, h0 = _contig(q, k, v, g, h0)
         N, T, _, cu = _layout(q, cu_seqlens)
         chunks = _chunk_table(cu_seqlens, N, T)
-        A = _gla_A(q, k, _gla_cumsum(g, cu, T, chunks), cu, N, T, chunks)
-        o, ht = _fwd(q, k, v, g, None, A, h0, cu, N, T, gated=True)
-        ctx.save_for_backward(q, k, v, g, h0, cu, A, ht, chunks[1])
+        bc, tame = _gla_cumsum(g, cu, T, chunks)
+        A = _gla_A(q, k, bc, tame, cu, N, T, chunks)
+        o, ht = _fwd(q, k, v, g, None, A, tame, h0, cu, N, T, gated=True)
+        ctx.save_for_backward(q, k, v, g, h0, cu, A, tame, chunks[1])
         ctx.N, ctx.T, ctx.n_chunks = N, T, chunks[0]
         ctx.set_materialize_grads(False)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, h0, cu, A, ht, table = ctx.saved_tensors
+        q, k, v, g, h0, cu, A, tame, table = ctx.saved_tensors
         N, T = ctx.N, ctx.T
         H, K, V = q.shape[2], q.shape[3], v.shape[3]
         if do is None:
             do = torch.zeros_like(v)
         do, dht = _contig(do, dht)
         do = do.to(v.dtype)
-        dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, do, h0, dht, cu, N, T, gated=True)
+        dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, tame, do, h0, dht, cu, N, T, gated=True)
         bk = min(BK_INTRA, _np2(K))
-        bc = _gla_cumsum(g, cu, T, (ctx.n_chunks, table))
+        bc, tame = _gla_cumsum(g, cu, T, (ctx.n_chunks, table))
         gla_dqk_intra_kernel[(ctx.n_chunks, BT // BC, H * triton.cdiv(K, bk))](
-            q, k, v, bc, do, dq, dk, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+            q, k, v, bc, do, dq, dk, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
             H=H, K=K, V=V, BT=BT, BC=BC, BK=bk, BV=_np2(V), VARLEN=table is not None, PREC=_prec(q),
             num_warps=4)
-        # the final state is exp(B_T) (h0 + ...): its gradient reaches every gate of the sequence
-        dg_T = None if dht is None else (dht * ht).sum(-1).contiguous()
+        dgx = dkx = None
+        if dht is not None:  # the final state's gradient, in its direct (non-cancelling) form
+            dgx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+            dkx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+            bks = min(32, _np2(K))
+            gla_state_grad_kernel[(triton.cdiv(K, bks), N * H)](
+                k, v, g, dht, h0 if h0 is not None else dht, dgx, dkx, dh0 if dh0 is not None else dht, cu, T,
+                H=H, K=K, V=V, BT=BT, BK=bks, BV=_np2(V), HAS_H0=h0 is not None, VARLEN=cu.numel() > 1,
+                num_warps=4)
         dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
         dq_out, dk_out = torch.empty_like(q), torch.empty_like(k)
         bkg = min(64, _np2(K))
         gla_dg_kernel[(triton.cdiv(K, bkg), N * H)](
-            q, k, v, do, dq, dk, dg, dg_T if dg_T is not None else dg, dq_out, dk_out, cu, T,
-            H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V), HAS_DGT=dg_T is not None, VARLEN=cu.numel() > 1)
+            q, k, v, do, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
+            dq_out, dk_out, cu, T, H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V), HAS_DS=dgx is not None,
+            VARLEN=cu.numel() > 1)
         return dq_out, dk_out, dv, dg, dh0, None
 
 

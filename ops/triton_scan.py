@@ -96,8 +96,39 @@ def _load_A(A, bos, rows, rmask, i_h, H: tl.constexpr, BT: tl.constexpr, TRANSPO
     return tl.load(p, mask=rmask[:, None], other=0.)
 
 
+TAME_SPAN: tl.constexpr = tl.constexpr(60.0)
+
+
 @triton.jit
-def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, cu, T,
+def _tame(tame, bos, t0, i_h, H: tl.constexpr):
+    """Whether the chunk starting at token t0 is tame (flag from `gla_cumsum_kernel`): no channel decays
+    by more than exp(-TAME_SPAN) across it, so its intra-chunk weights exp(b_i - b_j) may be formed as
+    exp(b_i) * exp(-b_j) with every factor inside exp(+-TAME_SPAN)."""
+    return tl.load(tame + (bos + t0) * H + i_h) != 0
+
+
+@triton.jit
+def _k_over(b_k, b, dt: tl.constexpr):
+    """k * exp(-b) of a tame chunk (-b <= TAME_SPAN on real rows; clamped for safety)."""
+    return (b_k * tl.exp(tl.minimum(-b, TAME_SPAN))).to(dt)
+
+
+@triton.jit
+def _causal(BT: tl.constexpr, STRICT: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Row (query) i >= column (key) j, or i > j when STRICT; the transpose when TRANSPOSED."""
+    r = tl.arange(0, BT)[:, None]
+    c = tl.arange(0, BT)[None, :]
+    if TRANSPOSED:
+        if STRICT:
+            return c > r
+        return c >= r
+    if STRICT:
+        return r > c
+    return r >= c
+
+
+@triton.jit
+def fwd_scan_kernel(q, k, v, g, log_lam, A, tame, o, h0, ht, cu, T,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
@@ -133,11 +164,20 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, cu, T,
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:
-            b_A = _load_A(A, bos, rows, rmask, i_h, H, BT, False)
+            q_e = (b_q * tl.exp(b)).to(dt)
+            if _tame(tame, bos, c * BT, i_h, H):
+                b_A = tl.where(_causal(BT, False, False), tl.dot(q_e, tl.trans(_k_over(b_k, b, dt)),
+                                                                 input_precision=PREC), 0.)
+            else:
+                b_A = _load_A(A, bos, rows, rmask, i_h, H, BT, False)
         else:
             b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
         b_o = tl.dot(b_A.to(dt), b_v, input_precision=PREC)
-        if GATED or HAS_DECAY:
+        if GATED:
+            b_o += tl.dot(q_e, h.to(dt), input_precision=PREC)
+            k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
+            h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w), b_v, input_precision=PREC)
+        elif HAS_DECAY:
             b_o += tl.dot((b_q * tl.exp(b)).to(dt), h.to(dt), input_precision=PREC)
             k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
             h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w), b_v, input_precision=PREC)
@@ -149,7 +189,7 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, cu, T,
 
 
 @triton.jit
-def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, cu, T,
+def dq_scan_kernel(k, v, g, log_lam, tame, do, dq, h0, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
@@ -184,6 +224,10 @@ def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, cu, T,
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         b_dq = tl.dot(b_do, tl.trans(h.to(dt)), input_precision=PREC)
+        if GATED:
+            if _tame(tame, bos, c * BT, i_h, H):  # intra-chunk part, strictly below the diagonal
+                b_dA = tl.where(_causal(BT, True, False), tl.dot(b_do, tl.trans(b_v), input_precision=PREC), 0.)
+                b_dq += tl.dot(b_dA.to(dt), _k_over(b_k, b, dt), input_precision=PREC)
         if GATED or HAS_DECAY:
             b_dq = b_dq * tl.exp(b)
             k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
@@ -197,7 +241,7 @@ def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, cu, T,
 
 
 @triton.jit
-def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, cu, T,
+def dk_scan_kernel(q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
@@ -239,6 +283,11 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, cu, T,
         if GATED or HAS_DECAY:
             b_dk = b_dk * tl.exp(tl.minimum(b_last - b, 0.))
             q_w = (b_q * tl.exp(b)).to(dt)
+        if GATED:
+            if _tame(tame, bos, c * BT, i_h, H):  # intra: exp(-b) * ((do v^T)^T, strictly lower) @ q exp(b)
+                b_dAt = tl.where(_causal(BT, True, True), tl.dot(b_v, tl.trans(b_do), input_precision=PREC), 0.)
+                b_dk += tl.dot(b_dAt.to(dt), q_w, input_precision=PREC) * tl.exp(tl.minimum(-b, TAME_SPAN))
+        if GATED or HAS_DECAY:
             dh = dh * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(q_w), b_do, input_precision=PREC)
         else:
             dh += tl.dot(tl.trans(b_q), b_do, input_precision=PREC)
@@ -252,7 +301,7 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, cu, T,
 
 
 @triton.jit
-def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, cu, T,
+def dv_scan_kernel(q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
@@ -289,7 +338,11 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, cu, T,
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:
-            b_At = _load_A(A, bos, rows, rmask, i_h, H, BT, True)
+            if _tame(tame, bos, c * BT, i_h, H):
+                b_At = tl.where(_causal(BT, False, True), tl.dot(_k_over(b_k, b, dt), tl.trans((b_q * tl.exp(b)).to(dt)),
+                                                                  input_precision=PREC), 0.)
+            else:
+                b_At = _load_A(A, bos, rows, rmask, i_h, H, BT, True)
         else:
             b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
         b_dv = tl.dot(b_At.to(dt), b_do, input_precision=PREC)

@@ -53,8 +53,13 @@ def _ref64(kind, q, k, v, x, h0=None):
 
 
 @pytest.mark.parametrize("kind,Dk,Dv", [("la", 128, 128), ("la", 64, 96), ("nodecay", 256, 128),
-                                        ("nodecay", 96, 64), ("gla", 128, 128), ("gla", 256, 64)])
-def test_bf16_grads_vs_float64(kind, Dk, Dv):
+                                        ("nodecay", 96, 64), ("gla", 128, 128), ("gla", 256, 64),
+                                        ("gla", 96, 64), ("gla-subchunk", 128, 128)])
+def test_bf16_grads_vs_float64(kind, Dk, Dv, monkeypatch):
+    if kind == "gla-subchunk":  # no chunk tame: every chunk through the sub-chunk kernels
+        import ops.triton_linear_attn as TL
+        monkeypatch.setattr(TL, "TAME", -1.0)
+        kind = "gla"
     B, T, H = 2, 1000 + 37, 4
     q, k, v, x = _inputs(B, T, H, Dk, Dv, kind)
     h0 = torch.randn(B, H, Dk, Dv, device=DEV) * 0.1
