@@ -1,6 +1,7 @@
 """Benchmark the linear-attention kernels against their anchors in one run (CUDA only).
 
-    python launch/bench_kernels.py [--T 2048 8192 32768] [--B 4] [--H 16] [--D 128] [--ops la gla nodecay sdpa]
+    python launch/bench_kernels.py [--T 2048 8192 32768] [--B 4] [--H 16] [--D 128]
+                                   [--ops la gla gla-subchunk nodecay sdpa] [--skip NAME ...] [--profile]
 
 Medians of triton.testing.do_bench for forward, backward and forward+backward, bf16, with achieved
 TFLOP/s, GB/s and the floor max(bytes / bandwidth, FLOPs / matmul rate). Anchors: fla
@@ -70,12 +71,23 @@ def _cases(op: str, B: int, T: int, H: int, D: int):
         anchors = {} if fo is None else {
             "fla chunk_linear_attn": lambda q, k, v: fo.chunk_linear_attn(q, k, v, scale=1.0, normalize=False)[0]}
         return f"lightning_attn no decay (cos2, Dk={Dk})", mk, ours, anchors, flops, io_f, io_b
-    # gla: log forget gates as HGRN2 makes them
+    # gla: log forget gates as HGRN2 makes them (almost every chunk tame). gla-subchunk: the same inputs
+    # with no chunk marked tame, i.e. the speed of the path that gates near 0 take
     def mk():
         q, k, v = rnd(B, T, H, D), rnd(B, T, H, D), rnd(B, T, H, D)
         g = F.logsigmoid(torch.randn(B, T, H, D, device=dev) * 2 + 3).requires_grad_(True)
         return [q, k, v, g]
     ours = lambda q, k, v, g: gated_linear_attn(q, k, v, g, check_values=False)  # noqa: E731
+    if op == "gla-subchunk":
+        import ops.triton_linear_attn as TL
+
+        def ours(q, k, v, g):  # noqa: F811
+            old, TL.TAME = TL.TAME, -1.0
+            try:
+                return gated_linear_attn(q, k, v, g, check_values=False)
+            finally:
+                TL.TAME = old
+        return "gated_linear_attn, sub-chunk path", mk, ours, {}, flops, io_f + 4 * el * D, io_b + 8 * el * D
     anchors = {} if fo is None else {
         "fla chunk_gla": lambda q, k, v, g: fo.chunk_gla(q, k, v, g, scale=1.0)[0]}
     return "gated_linear_attn (HGRN2)", mk, ours, anchors, flops, io_f + 4 * el * D, io_b + 8 * el * D
@@ -108,6 +120,8 @@ def main() -> None:
     ap.add_argument("--ops", nargs="+", default=["la", "gla", "nodecay", "sdpa"])
     ap.add_argument("--skip", nargs="*", default=[], help="skip anchors whose name contains one of these "
                     "(fla chunk_gla autotunes for minutes on first use)")
+    ap.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours (fwd+bwd) at the "
+                    "first T instead of the table")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_kernels needs a CUDA device")
@@ -116,6 +130,8 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
           f"{datetime.date.today()}  B={a.B} H={a.H} D={a.D} bf16; floor uses {mm / 1e12:.0f} TFLOP/s, "
           f"{bw / 1e12:.1f} TB/s")
+    if a.profile:
+        return _profile(a)
     print("| op | T | impl | fwd ms | bwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd GB/s | floor ms |")
     print("|---|---|---|---|---|---|---|---|---|")
     for T in a.T:
@@ -134,6 +150,28 @@ def main() -> None:
                 print(f"| {label} | {T} | {name} | {r['fwd']:.3f} | {r['bwd']:.3f} | {r['fwd+bwd']:.3f} | "
                       f"{flops_fb / fb / 1e12:.0f} | {(io_f + io_b) / fb / 1e9:.0f} | {floor:.3f} |", flush=True)
             torch.cuda.empty_cache()
+
+
+def _profile(a) -> None:
+    from torch.profiler import ProfilerActivity, profile
+    for op in a.ops:
+        label, mk, ours, *_ = _cases(op, a.B, a.T[0], a.H, a.D)
+        inputs = mk()
+        out = ours(*inputs)
+        do = torch.randn_like(out)
+        for _ in range(3):  # compile and warm up
+            ours(*inputs).backward(do)
+        torch.cuda.synchronize()
+        n = 10
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                ours(*inputs).backward(do)
+            torch.cuda.synchronize()
+        print(f"## {label}, T={a.T[0]}: CUDA time per fwd+bwd (mean of {n})")
+        rows = sorted(((e.key, e.self_device_time_total / n / 1e3) for e in prof.key_averages()), key=lambda r: -r[1])
+        for key, ms in rows[:14]:
+            print(f"  {ms:8.3f} ms  {key[:90]}")
+        print(f"  {sum(ms for _, ms in rows):8.3f} ms  total", flush=True)
 
 
 if __name__ == "__main__":
