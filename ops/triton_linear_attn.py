@@ -19,7 +19,7 @@ from torch import Tensor
 from ops.linear_attention import register_impl
 from ops.triton_gla_intra import (gla_A_kernel, gla_cumsum_kernel, gla_dg_kernel, gla_dqk_intra_kernel,
                                   gla_state_grad_kernel)
-from ops.triton_scan import TAME_SPAN, dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel
+from ops.triton_scan import TAME_SPAN, bwd_scans_kernel, dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel
 
 BT = 64  # chunk length
 BC = 16  # sub-chunk length of the gated intra-chunk products
@@ -44,8 +44,16 @@ def _prec(x: Tensor) -> str:
 TUNE: dict[str, dict[str, int]] = {}
 
 
+# all three backward scans in one launch (`bwd_scans_kernel`); LINSCALE_FUSED_BWD=0: three launches
+FUSED_BWD = os.environ.get("LINSCALE_FUSED_BWD", "1") != "0"
+
+
 def _cfg(kernel: str, K: int, V: int, gated: bool = False) -> dict[str, int]:
     Kp, Vp = _np2(K), _np2(V)
+    if kernel == "bwd":  # the fused backward: warps / stages shared by its three roles
+        cfg = {"block": 0, "num_warps": 4, "num_stages": 2 if Kp <= 128 else 1}
+        cfg.update(TUNE.get(kernel, {}))
+        return cfg
     split = Vp if kernel in ("fwd", "dv") else Kp
     wide = max(Kp, Vp) >= 128
     if kernel in ("fwd", "dv"):  # hold all of K: 8 warps, 3 stages fit in shared memory up to K = 128
@@ -112,6 +120,20 @@ def _bwd_scans(q, k, v, g, log_lam, A, tame, do, h0, dht, cu, N, T, gated):
     dk = torch.empty(k.shape, dtype=gdt, device=q.device)
     dv = torch.empty_like(v)
     dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if h0 is not None else None
+    # gated: the final state's gradient reaches dk, d(initial state) and d log_f through
+    # gla_state_grad_kernel instead (see there), so the dk scan starts from dh = 0
+    dht_k = None if gated else dht
+    if FUSED_BWD:  # the three scans in one launch (co-resident, see bwd_scans_kernel)
+        c = _cfg("bwd", K, V, gated)
+        NH = N * H
+        n = (triton.cdiv(V, cv["block"]) + triton.cdiv(K, ck["block"]) + triton.cdiv(K, cq["block"])) * NH
+        bwd_scans_kernel[(n,)](
+            q, k, v, g, log_lam, A, tame, do, dq, dk, dv, h0 if h0 is not None else dq,
+            dht_k if dht_k is not None else dk, dht if dht is not None else dv, dh0 if dh0 is not None else dk,
+            cu, T, NH, BKQ=cq["block"], BKK=ck["block"], BVV=cv["block"], BKF=_np2(K), BVF=_np2(V),
+            HAS_H0=h0 is not None, HAS_DHT_K=dht_k is not None, HAS_DHT_V=dht is not None,
+            STORE_DH0=dh0 is not None, **common, num_warps=c["num_warps"], num_stages=c["num_stages"])
+        return dq, dk, dv, dh0
     # the three scans are independent and each is latency-bound with few programs: on CUDA run
     # dq and dk on side streams, concurrently with dv
     side = _side_streams(q.device)
@@ -122,9 +144,6 @@ def _bwd_scans(q, k, v, g, log_lam, A, tame, do, h0, dht, cu, N, T, gated):
         dq_scan_kernel[(triton.cdiv(K, cq["block"]), N * H)](
             k, v, g, log_lam, tame, do, dq, h0 if h0 is not None else dq, cu, T,
             BK=cq["block"], BV=_np2(V), HAS_H0=h0 is not None, **common, **launch(cq))
-    # gated: the final state's gradient reaches dk, d(initial state) and d log_f through
-    # gla_state_grad_kernel instead (see there), so the dk scan starts from dh = 0
-    dht_k = None if gated else dht
     with _on(side, 1):
         dk_scan_kernel[(triton.cdiv(K, ck["block"]), N * H)](
             q, v, g, log_lam, tame, do, dk, dht_k if dht_k is not None else dk, dh0 if dh0 is not None else dk,

@@ -189,14 +189,12 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, tame, o, h0, ht, cu, T,
 
 
 @triton.jit
-def dq_scan_kernel(k, v, g, log_lam, tame, do, dq, h0, cu, T,
+def _dq_scan(i_k, i_nh, k, v, g, log_lam, tame, do, dq, h0, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(K, BK), N * H); BV >= V. dq = (do h^T) * exp(b) [+ intra (do v^T * D) k when scalar]."""
-    i_k = tl.program_id(0)
-    i_nh = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
@@ -241,15 +239,13 @@ def dq_scan_kernel(k, v, g, log_lam, tame, do, dq, h0, cu, T,
 
 
 @triton.jit
-def dk_scan_kernel(q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
+def _dk_scan(i_k, i_nh, q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
                    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(K, BK), N * H); BV >= V; walks backward. dk = (v dh^T) * exp(b_L - b)
     [+ intra (do v^T * D)^T q when scalar]; also writes d(initial state)."""
-    i_k = tl.program_id(0)
-    i_nh = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
@@ -301,14 +297,12 @@ def dk_scan_kernel(q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
 
 
 @triton.jit
-def dv_scan_kernel(q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
+def _dv_scan(i_v, i_nh, q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(V, BV), N * H); BK >= K; walks backward. dv = A^T do + (k * exp(b_L - b)) dh."""
-    i_v = tl.program_id(0)
-    i_nh = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
@@ -355,3 +349,64 @@ def dv_scan_kernel(q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
             b_dv += tl.dot(b_k, dh.to(dt), input_precision=PREC)
             dh += tl.dot(tl.trans(b_q), b_do, input_precision=PREC)
         _store_rows(dv, b_dv, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+
+
+# ----------------------------------------------------------------------------------------------------
+# kernels: one scan each, or all three backward scans in one launch
+# ----------------------------------------------------------------------------------------------------
+
+@triton.jit
+def dq_scan_kernel(k, v, g, log_lam, tame, do, dq, h0, cu, T,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
+                   VARLEN: tl.constexpr, PREC: tl.constexpr):
+    _dq_scan(tl.program_id(0), tl.program_id(1), k, v, g, log_lam, tame, do, dq, h0, cu, T,
+             H, K, V, BT, BK, BV, GATED, HAS_DECAY, HAS_H0, VARLEN, PREC)
+
+
+@triton.jit
+def dk_scan_kernel(q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
+                   STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    _dk_scan(tl.program_id(0), tl.program_id(1), q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
+             H, K, V, BT, BK, BV, GATED, HAS_DECAY, HAS_DHT, STORE_DH0, VARLEN, PREC)
+
+
+@triton.jit
+def dv_scan_kernel(q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
+                   VARLEN: tl.constexpr, PREC: tl.constexpr):
+    _dv_scan(tl.program_id(0), tl.program_id(1), q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
+             H, K, V, BT, BK, BV, GATED, HAS_DECAY, HAS_DHT, VARLEN, PREC)
+
+
+@triton.jit
+def bwd_scans_kernel(q, k, v, g, log_lam, A, tame, do, dq, dk, dv, h0, dht_k, dht_v, dh0, cu, T, NH,
+                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                     BKQ: tl.constexpr, BKK: tl.constexpr, BVV: tl.constexpr, BKF: tl.constexpr,
+                     BVF: tl.constexpr, GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
+                     HAS_DHT_K: tl.constexpr, HAS_DHT_V: tl.constexpr, STORE_DH0: tl.constexpr,
+                     VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (cdiv(V, BVV) * NH + cdiv(K, BKK) * NH + cdiv(K, BKQ) * NH,): the three backward scans in one
+    launch, a program's index picking its role (dv, dk, dq blocks, in that order; BKF, BVF >= K, V). Each scan alone is
+    latency-bound with a few hundred programs; in one grid they are co-resident and hide each other's
+    latency, which separate launches (even on separate streams) did not achieve."""
+    pid = tl.program_id(0)
+    n_v = tl.cdiv(V, BVV) * NH
+    n_k = tl.cdiv(K, BKK) * NH
+    if pid < n_v:
+        _dv_scan(pid // NH, pid % NH, q, k, g, log_lam, A, tame, do, dv, dht_v, cu, T,
+                 H, K, V, BT, BKF, BVV, GATED, HAS_DECAY, HAS_DHT_V, VARLEN, PREC)
+    elif pid < n_v + n_k:
+        p = pid - n_v
+        _dk_scan(p // NH, p % NH, q, v, g, log_lam, tame, do, dk, dht_k, dh0, cu, T,
+                 H, K, V, BT, BKK, BVF, GATED, HAS_DECAY, HAS_DHT_K, STORE_DH0, VARLEN, PREC)
+    else:
+        p = pid - n_v - n_k
+        _dq_scan(p // NH, p % NH, k, v, g, log_lam, tame, do, dq, h0, cu, T,
+                 H, K, V, BT, BKQ, BVF, GATED, HAS_DECAY, HAS_H0, VARLEN, PREC)

@@ -167,3 +167,12 @@ def test_auto_stays_on_reference_off_cuda():
     finally:
         ops.linear_attention._IMPLS["lightning_attn"]["triton"] = orig
     assert calls == []
+
+
+@pytest.mark.parametrize("kind", ["la", "gla"])
+def test_separate_backward_launches(kind, monkeypatch):
+    """The three backward scans as separate launches (LINSCALE_FUSED_BWD=0) give the same gradients."""
+    import ops.triton_linear_attn as TL
+    monkeypatch.setattr(TL, "FUSED_BWD", False)
+    q, k, v, x = _make(kind, 70, 2, 16, 24, seed=17)
+    _check_against_recurrence(kind, q, k, v, x, torch.randn(1, 2, 16, 24))
