@@ -79,6 +79,10 @@ def decay_table(model: LanguageModel) -> list[list[float]] | None:
     return [b.token_mixer.decays for b in model.blocks]
 
 
+class TrainingStopped(RuntimeError):
+    """The run stopped itself on purpose (e.g. too many non-finite steps); the message says why and what to do."""
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig):
         from data_pipeline import build_loader
@@ -224,12 +228,6 @@ class Trainer:
                 self.bad_steps_total += 1
                 log(f"step {self.step}: non-finite loss ({res.loss}) or gradient norm ({res.grad_norm}); update "
                     f"skipped ({self.bad_steps_in_row} in a row, {self.bad_steps_total} in total)", self.env)
-                if self.bad_steps_in_row > t.max_bad_steps:
-                    if self.checkpointer is not None:
-                        self.checkpointer.save(blocking=True)
-                    raise RuntimeError(f"{self.bad_steps_in_row} non-finite steps in a row (limit --max-bad-steps "
-                                       f"{t.max_bad_steps}); stopped at step {self.step}. Lower --lr, check the data, "
-                                       f"or resume from the last checkpoint in {self.run_dir}")
             else:
                 self.bad_steps_in_row = 0
             spike = False
@@ -260,6 +258,14 @@ class Trainer:
                 self.metrics.log(row)
                 progress.line(self.step, row, steps_this_session)
                 last = row
+            if self.bad_steps_in_row > t.max_bad_steps:  # after the row is logged, so the log shows the step
+                if self.checkpointer is not None:
+                    self.checkpointer.save(blocking=True)
+                self.metrics.close()
+                raise TrainingStopped(f"{self.bad_steps_in_row} non-finite steps in a row (limit --max-bad-steps "
+                                      f"{t.max_bad_steps}); stopped at step {self.step} with a checkpoint of it "
+                                      f"(the weights are those of the last good step). Lower --lr, check the data, "
+                                      f"or resume from an earlier checkpoint in {self.run_dir / 'checkpoints'}")
             if self.checkpointer is not None:
                 self.checkpointer.after_step()
         if self.checkpointer is not None:
@@ -282,5 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, PermissionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    trainer.fit()
+    try:
+        trainer.fit()
+    except TrainingStopped as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     return 0
