@@ -285,11 +285,12 @@ class GatedLinearAttnFn(torch.autograd.Function):
                 num_warps=4)
         dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
         dq_out, dk_out = torch.empty_like(q), torch.empty_like(k)
-        bkg = min(64, _np2(K))
+        cg = {"block": 64, "num_warps": 4, **TUNE.get("dg", {})}
+        bkg = min(cg["block"], _np2(K))
         gla_dg_kernel[(triton.cdiv(K, bkg), N * H)](
             q, k, v, do, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
             dq_out, dk_out, cu, T, H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V), HAS_DS=dgx is not None,
-            VARLEN=cu.numel() > 1)
+            VARLEN=cu.numel() > 1, num_warps=cg["num_warps"])
         return dq_out, dk_out, dv, dg, dh0, None
 
 
