@@ -127,3 +127,20 @@ def test_too_many_bad_steps_stop_with_a_checkpoint(dataset, tmp_path):
     assert r[-1]["step"] == 6  # stopped right there
     latest = out / "checkpoints" / "latest"
     assert latest.exists() and (out / "checkpoints" / latest.read_text().strip()).is_dir()
+
+
+def test_deepspeed_checkpoint_resume_continues_the_run(dataset, tmp_path, reference):
+    """save_state/load_state of the DeepSpeed module through the checkpoint manager: a ZeRO-2 run stopped
+    at step 6 and resumed with --resume auto logs the steps after 6 as the uninterrupted run does."""
+    out = tmp_path / "run"
+    base = flags(dataset, out, "--zero", "2", "--save-every", "3")
+    i = base.index("--max-steps")
+    first, second = list(base), list(base)
+    first[i + 1], second[i + 1] = "6", "9"
+    launch("torchrun", first, 29350 + os.getpid() % 300)
+    assert (out / "checkpoints" / "step_00000006" / "module" / "deepspeed").is_dir()
+    launch("torchrun", second + ["--resume", "auto"], 29360 + os.getpid() % 300)
+    r = rows(out)
+    assert [x["step"] for x in r] == list(range(1, 10))
+    for a, b in zip(r[6:], reference[6:9]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4), f"step {a['step']}"
