@@ -43,6 +43,12 @@ class Tpe(nn.Module):
         if cu_seqlens is not None:  # packed documents (batch 1): each starts from a zero state
             bounds = cu_seqlens.tolist()
             return torch.cat([self(x[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])], dim=1)
+        # fp32 throughout, also under a bf16 autocast (which would cast the kernel matmul, and FFTs
+        # have no bf16 kernels)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return self._recurrence(x, state)
+
+    def _recurrence(self, x: Tensor, state: dict | None) -> Tensor:
         B, T, d = x.shape
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         log_a = F.logsigmoid(self.decay_logit.to(acc))                           # [e]
