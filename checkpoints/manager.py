@@ -153,6 +153,7 @@ class CheckpointManager:
         self.code = code_version() if self.env.is_main else None
         self._module_buffers = StagingBuffers()
         self._snapshot_buffers = StagingBuffers()
+        self._reserved = False
         self.last_saved_step: int | None = None
         self.last_snapshot_step: int | None = None
         self.history: list[dict] = []  # one row per save: step, kind, stall_s, write_s (for logs and benchmarks)
@@ -245,6 +246,8 @@ class CheckpointManager:
         if not self.writer.busy:
             self.writer.wait()  # surfaces an error from the last background save
         tr = self.trainer
+        if not self._reserved:
+            self._reserve_staging()
         jobs = []
         if self.schedule.due(tr.tokens - tr.tokens_per_step, tr.tokens):
             jobs.append(self._stage_snapshot())
@@ -283,6 +286,16 @@ class CheckpointManager:
         _barrier()
 
     # -- staging (training thread) and writing (background thread) -------------------------------------
+    def _reserve_staging(self) -> None:
+        """After the first step (the optimizer state exists only then), allocate the pinned host buffers of
+        the background save in the writer thread, so the first save does not stall on pinning memory."""
+        self._reserved = True
+        if not (self.cfg.async_save and self.env.device.type == "cuda" and hasattr(self.module, "stage_state")):
+            return
+        if self.env.is_main and hasattr(self.module, "state_dict"):  # TorchTrainModule stages on rank 0 only
+            state = self.module.state_dict()  # references only: the thread reads shapes and dtypes
+            self.writer.submit(lambda: self._module_buffers.reserve(state), name="checkpoint-reserve")
+
     def _run(self, jobs: list[Callable[[], None]], blocking: bool) -> None:
         if not jobs:
             return

@@ -65,10 +65,23 @@ def bench(args) -> dict:
     tr = Trainer(cfg)
     mgr = tr.checkpointer
     params = sum(p.numel() for p in tr.model.parameters())
+    one_step(tr)
+    reserve = mgr.after_step  # the first after_step pins the staging buffers in the writer thread
+    t0 = time.perf_counter()
+    reserve()
+    reserve_call = time.perf_counter() - t0
+    reserve_steps = []
+    while mgr.writer.busy:
+        reserve_steps.append(one_step(tr))
+    mgr.writer.wait()
+    reserve_wall = time.perf_counter() - t0
     for _ in range(args.warmup):
         one_step(tr)
     base = statistics.median(one_step(tr) for _ in range(args.steps))
     res = {"arch": args.arch, "size": args.size, "params": params, "seq_len": args.seq_len,
+           "micro_batch": args.micro_batch,
+           "reserve": {"call_s": reserve_call, "wall_s": reserve_wall, "steps_during": len(reserve_steps),
+                       "extra_step_time_s": sum(s - base for s in reserve_steps)},
            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
            "step_s": base, "checksum": __import__("checkpoints.manifest", fromlist=["DEFAULT_ALGO"]).DEFAULT_ALGO}
 
@@ -91,6 +104,9 @@ def bench(args) -> dict:
     one_step(tr)
     res["snapshot_async"] = background(tr, lambda: mgr.snapshot(blocking=False), base)
     mgr.at_end("bench")
+    # control: the same number of steps with no writer, against the same median (the noise floor)
+    n = res["checkpoint_async"]["steps_during_write"]
+    res["control_extra_step_time_s"] = sum(one_step(tr) - base for _ in range(n))
     for key in ("checkpoint", "snapshot"):
         res[f"{key}_stall_ratio"] = res[f"{key}_async"]["stall_s"] / res[f"{key}_sync_s"]
     return res
