@@ -21,9 +21,9 @@ PAPER_GLOBAL_BATCH_TOKENS = 480 * 8192
 # The paper's recipe is meant for GPUs. The CPU-sized models carry a preset so that
 # `python launch/pretrain.py` trains in minutes on a laptop; any flag the user gives still wins.
 SMALL_SIZE_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"train.seq_len": 128, "train.global_batch_tokens": 8 * 128, "train.micro_batch": 8,
-             "train.max_steps": 300, "optim.lr": 2e-3, "optim.warmup_steps": 30, "train.log_every": 10,
-             "train.eval_every": 100},
+    "tiny": {"train.seq_len": 128, "train.global_batch_tokens": 4 * 128, "train.micro_batch": 4,
+             "train.max_steps": 200, "optim.lr": 3e-3, "optim.warmup_steps": 20, "train.log_every": 10,
+             "train.eval_every": 50},
     "mini": {"train.seq_len": 256, "train.global_batch_tokens": 16 * 256, "train.micro_batch": 16,
              "train.max_steps": 1000, "optim.lr": 1e-3, "optim.warmup_steps": 100, "train.log_every": 10,
              "train.eval_every": 200},
