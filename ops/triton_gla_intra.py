@@ -129,62 +129,61 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                          BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                          VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, BT // BC, H * cdiv(K, BK)); dq, dk hold the inter-chunk parts (fp32) and are
+    """grid (chunks, H); only for chunks that are not tame (the others return at once: the scans did
+    them), looping over sub-chunks S and key blocks kb. dq, dk hold the inter-chunk parts (fp32) and are
     updated in place for sub-chunk S's rows and key block kb. dA = do v^T. dq_S takes the keys of earlier
     sub-chunks (reference: b at S's first row), dk_S the queries of later ones (reference: b at S's
     last row): one tensor-core product each, then the diagonal block element-wise."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_S = tl.program_id(1)
-    i_hk = tl.program_id(2)
-    NKB = tl.cdiv(K, BK)
-    i_h = i_hk // NKB
-    kb = i_hk % NKB
+    i_h = tl.program_id(1)
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
     if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: the dq / dk scans did it
-        L = eos - bos
-        t0 = i_c * BT
-        offs_k = kb * BK + tl.arange(0, BK)
-        kmask = offs_k < K
-        offs_v = tl.arange(0, BV)
-        vmask = offs_v < V
-        dt = do.dtype.element_ty
-        rows_S = t0 + i_S * BC + tl.arange(0, BC)
-        rows_c = t0 + tl.arange(0, BT)
-        idx_c = tl.arange(0, BT)
-        before = (idx_c < i_S * BC)[:, None]
-        after = (idx_c >= (i_S + 1) * BC)[:, None]
-        b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
-        q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        do_S = _tile(do, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
-        v_S = _tile(v, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
-        b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
-        q_c = _tile(q, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        do_c = _tile(do, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
-        v_c = _tile(v, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
-        # dq_S += exp(b_S - r) * (dA[S, :S] @ (k * exp(r - b))[:S])
-        r = _row_of(b_S, 0, BC)
-        dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
-        k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
-        acc_q = tl.dot(dA_row.to(dt), k_w.to(dt), input_precision=PREC) * _exp0(b_S - r)
-        # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
-        r2 = _row_of(b_S, BC - 1, BC)
-        dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
-        q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
-        acc_k = tl.dot(tl.trans(dA_col.to(dt)), q_w.to(dt), input_precision=PREC) * _exp0(r2 - b_S)
-        # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
-        # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
-        causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]
-        dA = tl.where(causal, tl.dot(do_S, tl.trans(v_S), input_precision=PREC), 0.)
-        d = b_S[:, None, :] - b_S[None, :, :]
-        w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
-        acc_q += tl.sum(w * k_S[None, :, :], axis=1)
-        acc_k += tl.sum(w * q_S[:, None, :], axis=0)
-        p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
-        m = (rows_S < L)[:, None] & kmask[None, :]
-        tl.store(dq + p, tl.load(dq + p, mask=m, other=0.) + acc_q, mask=m)
-        tl.store(dk + p, tl.load(dk + p, mask=m, other=0.) + acc_k, mask=m)
+        for i_S in range(0, BT // BC):
+            for kb in range(0, tl.cdiv(K, BK)):
+                L = eos - bos
+                t0 = i_c * BT
+                offs_k = kb * BK + tl.arange(0, BK)
+                kmask = offs_k < K
+                offs_v = tl.arange(0, BV)
+                vmask = offs_v < V
+                dt = do.dtype.element_ty
+                rows_S = t0 + i_S * BC + tl.arange(0, BC)
+                rows_c = t0 + tl.arange(0, BT)
+                idx_c = tl.arange(0, BT)
+                before = (idx_c < i_S * BC)[:, None]
+                after = (idx_c >= (i_S + 1) * BC)[:, None]
+                b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+                q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                do_S = _tile(do, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
+                v_S = _tile(v, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
+                b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
+                q_c = _tile(q, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                do_c = _tile(do, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
+                v_c = _tile(v, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
+                # dq_S += exp(b_S - r) * (dA[S, :S] @ (k * exp(r - b))[:S])
+                r = _row_of(b_S, 0, BC)
+                dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
+                k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
+                acc_q = tl.dot(dA_row.to(dt), k_w.to(dt), input_precision=PREC) * _exp0(b_S - r)
+                # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
+                r2 = _row_of(b_S, BC - 1, BC)
+                dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
+                q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
+                acc_k = tl.dot(tl.trans(dA_col.to(dt)), q_w.to(dt), input_precision=PREC) * _exp0(r2 - b_S)
+                # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
+                # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
+                causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]
+                dA = tl.where(causal, tl.dot(do_S, tl.trans(v_S), input_precision=PREC), 0.)
+                d = b_S[:, None, :] - b_S[None, :, :]
+                w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
+                acc_q += tl.sum(w * k_S[None, :, :], axis=1)
+                acc_k += tl.sum(w * q_S[:, None, :], axis=0)
+                p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
+                m = (rows_S < L)[:, None] & kmask[None, :]
+                tl.store(dq + p, tl.load(dq + p, mask=m, other=0.) + acc_q, mask=m)
+                tl.store(dk + p, tl.load(dk + p, mask=m, other=0.) + acc_k, mask=m)
 
 
 @triton.jit

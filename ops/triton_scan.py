@@ -104,7 +104,15 @@ def _tame(tame, bos, t0, i_h, H: tl.constexpr):
     """Whether the chunk starting at token t0 is tame (flag from `gla_cumsum_kernel`): no channel decays
     by more than exp(-TAME_SPAN) across it, so its intra-chunk weights exp(b_i - b_j) may be formed as
     exp(b_i) * exp(-b_j) with every factor inside exp(+-TAME_SPAN)."""
-    return tl.load(tame + (bos + t0) * H + i_h) != 0
+    return tl.load(tame + (bos + t0) * H + i_h)
+
+
+@triton.jit
+def _flag_rows(flag, BT: tl.constexpr):
+    """A scalar 0/1 flag as a [BT] boolean vector. The tame and sub-chunk paths are selected by masks,
+    not by `if`: a tl.dot inside a runtime branch of the pipelined chunk loop faulted on the GPU
+    (triton 3.6), and the masked products cost little."""
+    return (tl.zeros([BT], dtype=tl.int32) + flag) != 0
 
 
 @triton.jit
@@ -165,11 +173,10 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, tame, o, h0, ht, cu, T,
                                 GATED, HAS_DECAY, BT)
         if GATED:
             q_e = (b_q * tl.exp(b)).to(dt)
-            if _tame(tame, bos, c * BT, i_h, H):
-                b_A = tl.where(_causal(BT, False, False), tl.dot(q_e, tl.trans(_k_over(b_k, b, dt)),
-                                                                 input_precision=PREC), 0.)
-            else:
-                b_A = _load_A(A, bos, rows, rmask, i_h, H, BT, False)
+            tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
+            b_A = tl.where(_causal(BT, False, False) & tm[:, None],
+                           tl.dot(q_e, tl.trans(_k_over(b_k, b, dt)), input_precision=PREC), 0.)
+            b_A += _load_A(A, bos, rows, rmask & (~tm), i_h, H, BT, False)  # the sub-chunk kernels' A
         else:
             b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
         b_o = tl.dot(b_A.to(dt), b_v, input_precision=PREC)
@@ -223,9 +230,11 @@ def _dq_scan(i_k, i_nh, k, v, g, log_lam, tame, do, dq, h0, cu, T,
                                 GATED, HAS_DECAY, BT)
         b_dq = tl.dot(b_do, tl.trans(h.to(dt)), input_precision=PREC)
         if GATED:
-            if _tame(tame, bos, c * BT, i_h, H):  # intra-chunk part, strictly below the diagonal
-                b_dA = tl.where(_causal(BT, True, False), tl.dot(b_do, tl.trans(b_v), input_precision=PREC), 0.)
-                b_dq += tl.dot(b_dA.to(dt), _k_over(b_k, b, dt), input_precision=PREC)
+            # tame chunk: intra-chunk part, strictly below the diagonal (else 0: the sub-chunk kernel adds it)
+            tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
+            b_dA = tl.where(_causal(BT, True, False) & tm[:, None],
+                            tl.dot(b_do, tl.trans(b_v), input_precision=PREC), 0.)
+            b_dq += tl.dot(b_dA.to(dt), _k_over(b_k, b, dt), input_precision=PREC)
         if GATED or HAS_DECAY:
             b_dq = b_dq * tl.exp(b)
             k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
@@ -280,9 +289,11 @@ def _dk_scan(i_k, i_nh, q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
             b_dk = b_dk * tl.exp(tl.minimum(b_last - b, 0.))
             q_w = (b_q * tl.exp(b)).to(dt)
         if GATED:
-            if _tame(tame, bos, c * BT, i_h, H):  # intra: exp(-b) * ((do v^T)^T, strictly lower) @ q exp(b)
-                b_dAt = tl.where(_causal(BT, True, True), tl.dot(b_v, tl.trans(b_do), input_precision=PREC), 0.)
-                b_dk += tl.dot(b_dAt.to(dt), q_w, input_precision=PREC) * tl.exp(tl.minimum(-b, TAME_SPAN))
+            # tame chunk: intra part exp(-b) * ((do v^T)^T, strictly lower) @ q exp(b) (else 0, see dq)
+            tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
+            b_dAt = tl.where(_causal(BT, True, True) & tm[:, None],
+                             tl.dot(b_v, tl.trans(b_do), input_precision=PREC), 0.)
+            b_dk += tl.dot(b_dAt.to(dt), q_w, input_precision=PREC) * tl.exp(tl.minimum(-b, TAME_SPAN))
         if GATED or HAS_DECAY:
             dh = dh * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(q_w), b_do, input_precision=PREC)
         else:
@@ -332,11 +343,10 @@ def _dv_scan(i_v, i_nh, q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:
-            if _tame(tame, bos, c * BT, i_h, H):
-                b_At = tl.where(_causal(BT, False, True), tl.dot(_k_over(b_k, b, dt), tl.trans((b_q * tl.exp(b)).to(dt)),
-                                                                  input_precision=PREC), 0.)
-            else:
-                b_At = _load_A(A, bos, rows, rmask, i_h, H, BT, True)
+            tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
+            b_At = tl.where(_causal(BT, False, True) & tm[None, :],
+                            tl.dot(_k_over(b_k, b, dt), tl.trans((b_q * tl.exp(b)).to(dt)), input_precision=PREC), 0.)
+            b_At += _load_A(A, bos, rows, rmask & (~tm), i_h, H, BT, True)
         else:
             b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
         b_dv = tl.dot(b_At.to(dt), b_do, input_precision=PREC)

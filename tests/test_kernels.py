@@ -170,9 +170,9 @@ def test_auto_stays_on_reference_off_cuda():
 
 
 @pytest.mark.parametrize("kind", ["la", "gla"])
-def test_separate_backward_launches(kind, monkeypatch):
-    """The three backward scans as separate launches (LINSCALE_FUSED_BWD=0) give the same gradients."""
+def test_fused_backward_launch(kind, monkeypatch):
+    """The three backward scans in one launch (LINSCALE_FUSED_BWD=1) give the same gradients."""
     import ops.triton_linear_attn as TL
-    monkeypatch.setattr(TL, "FUSED_BWD", False)
+    monkeypatch.setattr(TL, "FUSED_BWD", True)
     q, k, v, x = _make(kind, 70, 2, 16, 24, seed=17)
     _check_against_recurrence(kind, q, k, v, x, torch.randn(1, 2, 16, 24))
