@@ -18,6 +18,11 @@ from ops.checks import check_decay, check_log_f, check_qkv, check_state_and_leng
 Impl = Callable[..., tuple[Tensor, Tensor]]
 _IMPLS: dict[str, dict[str, Impl]] = {"lightning_attn": {}, "gated_linear_attn": {}}
 _DEFAULT_IMPL = os.environ.get("LINSCALE_OPS_IMPL", "auto")
+# Ops whose Triton path `auto` picks on CUDA: only those that passed tests/test_kernels_gpu.py in their
+# current form. gated_linear_attn's was reworked on 2026-11-22 (docs/kernels.md) and has not been
+# re-run on a GPU yet: opt in with LINSCALE_GLA_TRITON=1 (or impl / set_default_impl 'triton').
+_AUTO_TRITON = {"lightning_attn": True,
+                "gated_linear_attn": os.environ.get("LINSCALE_GLA_TRITON", "0") == "1"}
 
 
 def register_impl(op: str, name: str, fn: Impl) -> None:
@@ -42,7 +47,7 @@ def _resolve(op: str, impl: str | None, q: Tensor) -> Impl:
     if name == "auto":
         if q.shape[1] == 1:
             name = "recurrent"
-        elif q.is_cuda and "triton" in _IMPLS[op]:
+        elif q.is_cuda and "triton" in _IMPLS[op] and _AUTO_TRITON[op]:
             name = "triton"
         else:
             name = "chunked"
