@@ -37,7 +37,7 @@ def _chunk_of(chunks, pid, T, NT, VARLEN: tl.constexpr):
 
 @triton.jit
 def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                      BK: tl.constexpr, TAME_SPAN: tl.constexpr, VARLEN: tl.constexpr):
+                      BK: tl.constexpr, TAME_SPAN: tl.constexpr, SET_FLAGS: tl.constexpr, VARLEN: tl.constexpr):
     """grid (chunks, H): classifies each (chunk, head) and writes the flag at the chunk's first token
     (tame[token, head]). A chunk is *tame* when no key channel decays by more than exp(-TAME_SPAN) across
     it: then the scans form its intra-chunk products directly as (q exp(b)) (k exp(-b))^T (every factor
@@ -51,10 +51,14 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
     m = (rows < eos - bos)[:, None] & (offs_k < K)[None, :]
     p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
     gt = tl.load(g + p, mask=m, other=0.).to(tl.float32)
-    span = -tl.min(tl.sum(gt, axis=0), axis=0)  # the largest decay (in log) of any channel
-    tl.store(tame + (bos + i_c * BT) * H + i_h, (span <= TAME_SPAN).to(tl.int32))
-    wild = tl.zeros([BT, BK], dtype=tl.int32) + (span > TAME_SPAN).to(tl.int32)
-    tl.store(bc + p, tl.cumsum(gt, axis=0), mask=m & (wild != 0))
+    if SET_FLAGS:  # forward; the backward reads the forward's flags, so both passes agree
+        span = -tl.min(tl.sum(gt, axis=0), axis=0)  # the largest decay (in log) of any channel
+        flag = (span <= TAME_SPAN).to(tl.int32)
+        tl.store(tame + (bos + i_c * BT) * H + i_h, flag)
+    else:
+        flag = tl.load(tame + (bos + i_c * BT) * H + i_h)
+    wild = (tl.zeros([BT, BK], dtype=tl.int32) + flag) == 0
+    tl.store(bc + p, tl.cumsum(gt, axis=0), mask=m & wild)
 
 
 @triton.jit

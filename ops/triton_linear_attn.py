@@ -219,16 +219,19 @@ def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
 # gated linear attention
 # ----------------------------------------------------------------------------------------------------
 
-def _gla_cumsum(g, cu, T, chunks):
-    """(bc, tame): per (chunk, head) the tame flag at the chunk's first token, and for the other chunks
-    the chunk-local cumulative log-decay (fp32) that the sub-chunk kernels read."""
+def _gla_cumsum(g, cu, T, chunks, tame=None):
+    """(bc, tame): per (chunk, head) the tame flag at the chunk's first token (computed, or the given
+    flags of the forward pass), and for the other chunks the chunk-local cumulative log-decay (fp32)
+    that the sub-chunk kernels read."""
     H, K = g.shape[2], g.shape[3]
     n_chunks, table = chunks
     bc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
-    tame = torch.empty(g.shape[:3], dtype=torch.int32, device=g.device)
+    set_flags = tame is None
+    if set_flags:
+        tame = torch.empty(g.shape[:3], dtype=torch.int32, device=g.device)
     gla_cumsum_kernel[(n_chunks, H)](g, bc, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
                                      H=H, K=K, BT=BT, BK=_np2(K), TAME_SPAN=min(TAME, TAME_SPAN.value),
-                                     VARLEN=table is not None)
+                                     SET_FLAGS=set_flags, VARLEN=table is not None)
     return bc, tame
 
 
@@ -271,7 +274,7 @@ class GatedLinearAttnFn(torch.autograd.Function):
         do = do.to(v.dtype)
         dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, tame, do, h0, dht, cu, N, T, gated=True)
         bk = min(BK_INTRA, _np2(K))
-        bc, tame = _gla_cumsum(g, cu, T, (ctx.n_chunks, table))
+        bc, _ = _gla_cumsum(g, cu, T, (ctx.n_chunks, table), tame)
         gla_dqk_intra_kernel[(ctx.n_chunks, H)](
             q, k, v, bc, do, dq, dk, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
             H=H, K=K, V=V, BT=BT, BC=BC, BK=bk, BV=_np2(V), VARLEN=table is not None, PREC=_prec(q),

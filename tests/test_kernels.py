@@ -133,6 +133,23 @@ def test_gla_mixed_tame_and_subchunk_chunks():
     _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16))
 
 
+def test_gla_backward_uses_the_forward_chunk_split(monkeypatch):
+    """The backward takes each chunk down the path the forward chose (its saved flags), even if the
+    threshold changed in between; recomputing the split would drop intra-chunk gradient terms."""
+    import ops.triton_linear_attn as TL
+    q, k, v, x = _make("gla", 90, 2, 16, 16, gate_shift=2.0, seed=19)
+    ins = [t.clone().requires_grad_(True) for t in (q, k, v, x)]
+    o = gated_linear_attn(*ins, impl="triton")
+    monkeypatch.setattr(TL, "TAME", -1.0)  # would mark every chunk for the sub-chunk kernels
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(2))
+    grads = torch.autograd.grad((o * do).sum(), ins)
+    i64 = [t.detach().double().requires_grad_(True) for t in ins]
+    ro, _ = R.gated_linear_attn_recurrent(*i64)
+    rgrads = torch.autograd.grad((ro * do.double()).sum(), i64)
+    errs = [rel(a, b) for a, b in zip(grads, rgrads)]
+    assert all(e < TOL for e in errs), errs
+
+
 @pytest.mark.parametrize("kind", ["la", "gla", "gla-subchunk"])
 def test_cu_seqlens_resets_state(kind, monkeypatch):
     """Packed documents (lengths 17, 70, 40: boundaries inside chunks) match separate runs."""
