@@ -22,6 +22,9 @@ from ops.triton_gla_intra import (gla_A_kernel, gla_cumsum_kernel, gla_dg_kernel
 from ops.triton_scan import TAME_SPAN, bwd_scans_kernel, dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel
 
 BT = 64  # chunk length
+# chunk length of the scalar-decay (lightning) scans: 128 halves their serial steps at twice the tile
+# size; not measured yet, so 64 stays the default (LINSCALE_LA_CHUNK=128 to try it)
+LA_BT = int(os.environ.get("LINSCALE_LA_CHUNK", "64"))
 BC = 16  # sub-chunk length of the gated intra-chunk products
 BK_INTRA = 32  # key block of the element-wise [BC, BC, BK] tiles
 # chunks whose strongest channel decays by at most exp(-TAME) take the scans' direct path (tests lower it
@@ -103,7 +106,7 @@ def _fwd(q, k, v, g, log_lam, A, tame, h0, cu, N, T, gated):
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(V, c["block"]), N * H)
     fwd_scan_kernel[grid](q, k, v, g, log_lam, A, tame, o, h0 if h0 is not None else ht, ht, cu, T,
-                          H=H, K=K, V=V, BT=BT, BK=_np2(K), BV=c["block"], GATED=gated,
+                          H=H, K=K, V=V, BT=BT if gated else LA_BT, BK=_np2(K), BV=c["block"], GATED=gated,
                           HAS_DECAY=log_lam is not None or gated, HAS_H0=h0 is not None,
                           VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=c["num_warps"],
                           num_stages=c["num_stages"])
@@ -113,7 +116,7 @@ def _fwd(q, k, v, g, log_lam, A, tame, h0, cu, N, T, gated):
 def _bwd_scans(q, k, v, g, log_lam, A, tame, do, h0, dht, cu, N, T, gated):
     """dq, dk (intra included unless gated: then fp32 inter-chunk parts), dv, dh0."""
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
-    common = dict(H=H, K=K, V=V, BT=BT, GATED=gated, HAS_DECAY=log_lam is not None or gated,
+    common = dict(H=H, K=K, V=V, BT=BT if gated else LA_BT, GATED=gated, HAS_DECAY=log_lam is not None or gated,
                   VARLEN=cu.numel() > 1, PREC=_prec(q))
     cq, ck, cv = _cfg("dq", K, V, gated), _cfg("dk", K, V, gated), _cfg("dv", K, V, gated)
     launch = lambda c: dict(num_warps=c["num_warps"], num_stages=c["num_stages"])  # noqa: E731

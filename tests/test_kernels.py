@@ -193,3 +193,14 @@ def test_fused_backward_launch(kind, monkeypatch):
     monkeypatch.setattr(TL, "FUSED_BWD", True)
     q, k, v, x = _make(kind, 70, 2, 16, 24, seed=17)
     _check_against_recurrence(kind, q, k, v, x, torch.randn(1, 2, 16, 24))
+
+
+@pytest.mark.parametrize("kind", ["la", "nodecay"])
+def test_lightning_chunk_128(kind, monkeypatch):
+    """The lightning scans with 128-token chunks (LINSCALE_LA_CHUNK=128): T = 300 (two full chunks and a
+    partial one), packed documents with boundaries inside chunks."""
+    import ops.triton_linear_attn as TL
+    monkeypatch.setattr(TL, "LA_BT", 128)
+    q, k, v, x = _make(kind, 300, 2, 16, 16, seed=23)
+    _check_against_recurrence(kind, q, k, v, x, torch.randn(1, 2, 16, 16))
+    _check_against_recurrence(kind, q, k, v, x, torch.randn(3, 2, 16, 16), cu=torch.tensor([0, 100, 250, 300]))
