@@ -10,14 +10,35 @@ depend on how the work was split.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import xxhash
 
 
-
 def exact_key(text: str) -> int:
-    """Hash of the text with case and whitespace runs normalised (after clean())."""
-    return xxhash.xxh3_64_intdigest(" ".join(text.lower().split()).encode("utf-8"))
+    """Hash of the text with case and whitespace runs normalised (after clean()): the xxh3 of
+    " ".join(text.lower().split()) in UTF-8, computed with numpy on long texts without non-ASCII spaces
+    (three times faster there than splitting into words)."""
+    low = text.lower()
+    if len(low) < 4096 or (not low.isascii() and _NON_ASCII_SPACE.search(low)):
+        return xxhash.xxh3_64_intdigest(" ".join(low.split()).encode("utf-8"))
+    b = np.frombuffer(low.encode("utf-8"), dtype=np.uint8)
+    space = _ASCII_SPACE[b]  # bytes of multi-byte UTF-8 characters are >= 0x80, never a space
+    body = np.flatnonzero(~space)
+    if not len(body):
+        return xxhash.xxh3_64_intdigest(b"")
+    b, space = b[body[0]:body[-1] + 1], space[body[0]:body[-1] + 1]
+    keep = ~space
+    keep[1:] |= ~space[:-1]  # of a run of spaces, the first stays, as " "
+    return xxhash.xxh3_64_intdigest(np.where(space, np.uint8(32), b)[keep])
+
+
+# what str.split() splits on: the ASCII whitespace bytes, and the other characters for which
+# str.isspace() holds (tests check both lists against str.isspace)
+_ASCII_SPACE = np.zeros(256, bool)
+_ASCII_SPACE[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True
+_NON_ASCII_SPACE = re.compile("[\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -37,21 +58,44 @@ _GRAM = _rng.integers(1, 2**63, size=16, dtype=np.uint64) | np.uint64(1)  # per 
 def units(text: str, language: str) -> tuple[np.ndarray, np.ndarray]:
     """The document as hashed units and their lengths in characters: lowercased words (maximal runs of
     letters/digits) for en, non-space characters for zh."""
-    cp = np.frombuffer(text.lower().encode("utf-32-le"), dtype=np.uint32)
+    u, lengths, _ = units_batch([text], language)
+    return u, lengths
+
+
+def units_batch(texts: list[str], language: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """units() of several documents at once (one pass of numpy calls for the whole batch rather than
+    one a document): (units, lengths, document index of each unit), documents in order. A unit's hash
+    depends only on its own characters, so it is the same as from units() of its document alone."""
+    low = [t.lower() for t in texts]  # per document: lowercasing may change a document's length
+    # documents joined by a space: a space is neither a word character (en) nor a unit (zh)
+    cp = np.frombuffer(" ".join(low).encode("utf-32-le"), dtype=np.uint32)
+    starts = np.zeros(len(low), np.int64)  # first code point of each document in cp
+    if len(low) > 1:
+        np.cumsum(np.fromiter(map(len, low[:-1]), np.int64, len(low) - 1) + 1, out=starts[1:])
     with np.errstate(over="ignore"):
         if language == "zh":
-            u = cp[~np.isin(cp, _WHITESPACE)].astype(np.uint64)
-            return u, np.ones(len(u), np.int64)
+            pos = np.flatnonzero(~np.isin(cp, _WHITESPACE))
+            u = cp[pos].astype(np.uint64)
+            return u, np.ones(len(u), np.int64), np.searchsorted(starts, pos, side="right") - 1
         is_word = _is_word(cp)
         if not is_word.any():
-            return np.zeros(0, np.uint64), np.zeros(0, np.int64)
-        edges = np.diff(np.concatenate([[0], is_word.astype(np.int8), [0]]))
-        starts = np.nonzero(edges == 1)[0]
-        lengths = np.nonzero(edges == -1)[0] - starts
-        idx = np.nonzero(is_word)[0]
-        offset = idx - np.repeat(starts, lengths)
-        vals = (cp[idx].astype(np.uint64) + np.uint64(1)) * _POS[offset % 64]
-        return _mix(np.add.reduceat(vals, np.concatenate([[0], np.cumsum(lengths)[:-1]]))), lengths
+            return np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        first = is_word.copy()  # first and last character of each word
+        first[1:] &= ~is_word[:-1]
+        last = is_word.copy()
+        last[:-1] &= ~is_word[1:]
+        word_starts = np.flatnonzero(first)
+        lengths = np.flatnonzero(last) + 1 - word_starts
+        # offset of each word character in its word: a running count that restarts at each word
+        ends = np.cumsum(lengths)
+        offset = np.ones(int(ends[-1]), np.int64)
+        offset[ends[:-1]] = 1 - lengths[:-1]
+        offset = np.cumsum(offset) - 1
+        vals = cp[is_word].astype(np.uint64)
+        vals += np.uint64(1)
+        vals *= _POS[offset & 63]
+        u = _mix(np.add.reduceat(vals, ends - lengths))
+        return u, lengths, np.searchsorted(starts, word_starts, side="right") - 1
 
 
 def gram_hashes(u: np.ndarray, n: int) -> np.ndarray:

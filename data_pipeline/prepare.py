@@ -23,7 +23,6 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +31,10 @@ import numpy as np
 
 from .config import DataConfig, SourceConfig, source_weights
 from .dedup import MinHasher, exact_key, near_duplicates, shingles
-from .filters import FILTER_NAMES, check, clean
+from .filters import FILTER_NAMES, check_batch, clean
 from .shards import ShardWriter, SourceMeta, write_meta
 from .sources import Counts, iter_file, iter_source
-from .tokenizer import EOT_ID, get_tokenizer
+from .tokenizer import encode_document_array, get_tokenizer
 
 log = logging.getLogger("linscale.data")
 BATCH_CHARS = 2_000_000  # documents are sent to workers in batches of about this many characters
@@ -80,12 +79,11 @@ def _process(batch: _Batch) -> _Done:
     cfg: DataConfig = _WORKER["cfg"]
     mh: MinHasher = _WORKER["minhash"]
     out = _Done(batch.source)
+    out.chars_in = sum(map(len, batch.texts))
+    texts = [clean(t) for t in batch.texts]
     kept: list[str] = []
     sigs, bands = [], []
-    for text, key in zip(batch.texts, batch.keys):
-        out.chars_in += len(text)
-        text = clean(text)
-        reason = check(text, batch.language, cfg.filters)
+    for text, key, reason in zip(texts, batch.keys, check_batch(texts, batch.language, cfg.filters)):
         if reason:
             out.removed[reason] += 1
             out.removed_chars[reason] += len(text)
@@ -100,11 +98,7 @@ def _process(batch: _Batch) -> _Done:
     if cfg.dedup.near:
         out.sigs = np.asarray(sigs, dtype=np.uint32).reshape(-1, cfg.dedup.num_perm)
         out.bands = np.asarray(bands, dtype=np.uint64).reshape(-1, cfg.dedup.bands)
-    enc = get_tokenizer()
-    for text in kept:  # one call a document: encode_ordinary_batch adds a thread pool per call
-        x = array("I", enc.encode_ordinary(text))  # array from a list: twice as fast as np.array
-        x.append(EOT_ID)
-        out.tokens.append(np.frombuffer(x, dtype=np.uint32))
+    out.tokens = [encode_document_array(text) for text in kept]
     return out
 
 
