@@ -18,11 +18,11 @@ import numpy as np
 
 from .config import DataConfig, SourceConfig, load_data_config, source_weights
 from .dedup import exact_key
-from .filters import check, clean
+from .filters import check_batch, clean
 from .loader import _digest, _stable_id
 from .mixing import normalise_weights
 from .sources import Counts, iter_source
-from .tokenizer import encode_document
+from .tokenizer import encode_document_array
 
 
 class _SourceStream:
@@ -56,16 +56,16 @@ class _SourceStream:
                                              ).permutation(len(self.files))
                 raw = iter_source(self.cfg, self.src, self.counts, [self.files[i] for i in perm])
             threshold = round(self.cfg.val_fraction * 1_000_000)
-            for text, _ in raw:
-                text = clean(text)
-                reason = check(text, self.src.language, self.cfg.filters)
-                if reason:
-                    self.removed[reason] += 1
-                    continue
-                if ((exact_key(text) % 1_000_000) < threshold) != (self.split == "val"):
-                    continue
-                got += 1
-                yield encode_document(text)
+            for group in _groups(raw):
+                texts = [clean(t) for t in group]
+                for text, reason in zip(texts, check_batch(texts, self.src.language, self.cfg.filters)):
+                    if reason:
+                        self.removed[reason] += 1
+                        continue
+                    if ((exact_key(text) % 1_000_000) < threshold) != (self.split == "val"):
+                        continue
+                    got += 1
+                    yield encode_document_array(text)
             if got == 0:
                 raise ValueError(f"source {self.src.name!r} yields no {self.split} documents after filtering "
                                  f"(removed: {dict(self.removed)}, skipped: {dict(self.counts.skipped)})")
@@ -91,6 +91,19 @@ class _SourceStream:
         start = pos - base
         out[:n] = buf[start:start + n]
         self.buf, self.base = buf[start:], pos  # the next window starts at or after pos
+
+
+def _groups(raw, max_docs: int = 64, max_chars: int = 1 << 20):
+    """Texts of (text, where) pairs in small groups, for the batched filters (check_batch)."""
+    group, size = [], 0
+    for text, _ in raw:
+        group.append(text)
+        size += len(text)
+        if len(group) >= max_docs or size >= max_chars:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
 
 
 class StreamProvider:
