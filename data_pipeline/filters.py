@@ -110,7 +110,8 @@ def check(text: str, language: str, cfg: FilterConfig) -> str | None:
 
 
 def check_batch(texts: list[str], language: str, cfg: FilterConfig) -> list[str | None]:
-    """check() of several documents of one language; the numpy filters run once for the whole batch."""
+    """check() of several documents of one language; the numpy filters run over groups of documents
+    (see _groups) rather than one document at a time. Same results as check() on each."""
     reasons: list[str | None] = [None] * len(texts)
     pending = []  # documents that pass the per-document filters
     min_chars = cfg.min_chars_zh if language == "zh" else cfg.min_chars
