@@ -115,7 +115,7 @@ def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
             b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
             r = _row_of(b_S, 0, BC)
             k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
-            acc += tl.dot((q_S * _exp0(b_S - r)).to(dt), tl.trans(k_w.to(dt)), input_precision=PREC)
+            acc += tl.dot(q_S * _exp0(b_S - r), tl.trans(k_w), input_precision=PREC)  # fp32 operands: tf32
             d = b_S[:, None, :] - b_S[None, :, :]
             w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.)
             acc_d += tl.sum(q_S[:, None, :] * k_S[None, :, :] * w, axis=2)
@@ -170,12 +170,12 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
                 r = _row_of(b_S, 0, BC)
                 dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
                 k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
-                acc_q = tl.dot(dA_row.to(dt), k_w.to(dt), input_precision=PREC) * _exp0(b_S - r)
+                acc_q = tl.dot(dA_row, k_w, input_precision=PREC) * _exp0(b_S - r)  # fp32 operands: tf32
                 # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
                 r2 = _row_of(b_S, BC - 1, BC)
                 dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
                 q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
-                acc_k = tl.dot(tl.trans(dA_col.to(dt)), q_w.to(dt), input_precision=PREC) * _exp0(r2 - b_S)
+                acc_k = tl.dot(tl.trans(dA_col), q_w, input_precision=PREC) * _exp0(r2 - b_S)
                 # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
                 # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
                 causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]

@@ -63,7 +63,9 @@ def _cfg(kernel: str, K: int, V: int, gated: bool = False) -> dict[str, int]:
     wide = max(Kp, Vp) >= 128
     if kernel in ("fwd", "dv"):  # hold all of K: 8 warps, 3 stages fit in shared memory up to K = 128
         cfg = {"block": 64, "num_warps": 8 if wide and (kernel == "fwd" or Kp <= 128) else 4,
-               "num_stages": 3 if Kp <= 128 else 1 if gated else 2}  # gated K=256: its g tile too
+               # gated: its g tile and fp32 dot operands too (2 stages: 156 KB of shared memory and half
+               # the register spills of 3 stages at K = 128, in an sm_90 compile); gated K=256: 1 stage
+               "num_stages": (2 if gated else 3) if Kp <= 128 else 1 if gated else 2}
     else:  # hold all of V: narrow key blocks, more programs
         cfg = {"block": 32 if Kp <= 128 else 64, "num_warps": 4, "num_stages": 2}
     cfg.update(TUNE.get(kernel, {}))

@@ -14,6 +14,10 @@ to inf or NaN, however long the sequence. Two decay kinds share the code (conste
   * per key channel (GLA / HGRN2): b = cumsum(log_f) per channel; A (which needs the safe sub-chunk form)
     comes precomputed from `ops.triton_gla_intra`, as do the intra-chunk parts of dq and dk.
 
+Precision (GLA): every product of the gated scans takes fp32 operands (tf32 on tensor cores for bf16
+inputs; bf16 operands gave d log_f ~2e-2 and o ~1.2e-2 against float64, over the GPU tests' 1e-2:
+d log_f is a cancelling sum of q dq - k dk). The scalar decay keeps bf16 operands.
+
 Backward is three independent scans: dq walks forward (state h), dk and dv walk backward (state dh,
 the gradient of the state at the chunk's end); each recomputes the small products it needs instead of
 reading stored activations. Sequences come either as the rows of a [B, T] batch or packed with
@@ -172,16 +176,20 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, tame, o, h0, ht, cu, T,
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:
-            q_e = (b_q * tl.exp(b)).to(dt)
+            q_e32 = b_q.to(tl.float32) * tl.exp(b)
+            q_e = q_e32.to(dt)
             tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
             b_A = tl.where(_causal(BT, False, False) & tm[:, None],
-                           tl.dot(q_e, tl.trans(_k_over(b_k, b, dt)), input_precision=PREC), 0.)
+                           tl.dot(q_e32, tl.trans(_k_over(b_k, b, tl.float32)), input_precision=PREC), 0.)
             b_A += _load_A(A, bos, rows, rmask & (~tm), i_h, H, BT, False)  # the sub-chunk kernels' A
         else:
             b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
-        b_o = tl.dot(b_A.to(dt), b_v, input_precision=PREC)
         if GATED:
-            b_o += tl.dot(q_e, h.to(dt), input_precision=PREC)
+            b_o = tl.dot(b_A, b_v.to(tl.float32), input_precision=PREC)
+            b_o += tl.dot(q_e32, h, input_precision=PREC)
+        else:
+            b_o = tl.dot(b_A.to(dt), b_v, input_precision=PREC)
+        if GATED:
             k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
             h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w), b_v, input_precision=PREC)
         elif HAS_DECAY:
@@ -228,17 +236,24 @@ def _dq_scan(i_k, i_nh, k, v, g, log_lam, tame, do, dq, h0, cu, T,
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
-        b_dq = tl.dot(b_do, tl.trans(h.to(dt)), input_precision=PREC)
+        if GATED:  # GLA: fp32 operands (tf32 for bf16 inputs): d log_f is a cancelling sum of q dq - k dk
+            b_dq = tl.dot(b_do.to(tl.float32), tl.trans(h), input_precision=PREC)
+        else:
+            b_dq = tl.dot(b_do, tl.trans(h.to(dt)), input_precision=PREC)
         if GATED:
             # tame chunk: intra-chunk part, strictly below the diagonal (else 0: the sub-chunk kernel adds it)
             tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
             b_dA = tl.where(_causal(BT, True, False) & tm[:, None],
                             tl.dot(b_do, tl.trans(b_v), input_precision=PREC), 0.)
-            b_dq += tl.dot(b_dA.to(dt), _k_over(b_k, b, dt), input_precision=PREC)
+            b_dq += tl.dot(b_dA, _k_over(b_k, b, tl.float32), input_precision=PREC)
         if GATED or HAS_DECAY:
             b_dq = b_dq * tl.exp(b)
             k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
-            h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w), b_v, input_precision=PREC)
+            if GATED:  # fp32 operands: the state's bf16 rounding dominated d log_f's error (8e-3 -> 2e-3)
+                k_w32 = b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.))
+                h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w32), b_v.to(tl.float32), input_precision=PREC)
+            else:
+                h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w), b_v, input_precision=PREC)
         else:
             h += tl.dot(tl.trans(b_k), b_v, input_precision=PREC)
         if not GATED:
@@ -284,7 +299,10 @@ def _dk_scan(i_k, i_nh, q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
-        b_dk = tl.dot(b_v, tl.trans(dh.to(dt)), input_precision=PREC)
+        if GATED:  # see the dq scan
+            b_dk = tl.dot(b_v.to(tl.float32), tl.trans(dh), input_precision=PREC)
+        else:
+            b_dk = tl.dot(b_v, tl.trans(dh.to(dt)), input_precision=PREC)
         if GATED or HAS_DECAY:
             b_dk = b_dk * tl.exp(tl.minimum(b_last - b, 0.))
             q_w = (b_q * tl.exp(b)).to(dt)
@@ -293,9 +311,14 @@ def _dk_scan(i_k, i_nh, q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
             tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
             b_dAt = tl.where(_causal(BT, True, True) & tm[:, None],
                              tl.dot(b_v, tl.trans(b_do), input_precision=PREC), 0.)
-            b_dk += tl.dot(b_dAt.to(dt), q_w, input_precision=PREC) * tl.exp(tl.minimum(-b, TAME_SPAN))
+            b_dk += (tl.dot(b_dAt, b_q.to(tl.float32) * tl.exp(b), input_precision=PREC)
+                     * tl.exp(tl.minimum(-b, TAME_SPAN)))
         if GATED or HAS_DECAY:
-            dh = dh * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(q_w), b_do, input_precision=PREC)
+            if GATED:  # fp32 operands, see the dq scan
+                q_w32 = b_q.to(tl.float32) * tl.exp(b)
+                dh = dh * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(q_w32), b_do.to(tl.float32), input_precision=PREC)
+            else:
+                dh = dh * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(q_w), b_do, input_precision=PREC)
         else:
             dh += tl.dot(tl.trans(b_q), b_do, input_precision=PREC)
         if not GATED:
@@ -345,14 +368,20 @@ def _dv_scan(i_v, i_nh, q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
         if GATED:
             tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
             b_At = tl.where(_causal(BT, False, True) & tm[None, :],
-                            tl.dot(_k_over(b_k, b, dt), tl.trans((b_q * tl.exp(b)).to(dt)), input_precision=PREC), 0.)
+                            tl.dot(_k_over(b_k, b, tl.float32), tl.trans(b_q.to(tl.float32) * tl.exp(b)),
+                                   input_precision=PREC), 0.)
             b_At += _load_A(A, bos, rows, rmask & (~tm), i_h, H, BT, True)
         else:
             b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
-        b_dv = tl.dot(b_At.to(dt), b_do, input_precision=PREC)
+        if GATED:  # fp32 operands (tf32 for bf16 inputs), as in the other gated scans
+            b_dv = tl.dot(b_At, b_do.to(tl.float32), input_precision=PREC)
+            b_dv += tl.dot(b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.)), dh, input_precision=PREC)
+        else:
+            b_dv = tl.dot(b_At.to(dt), b_do, input_precision=PREC)
         if GATED or HAS_DECAY:
-            k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
-            b_dv += tl.dot(k_w, dh.to(dt), input_precision=PREC)
+            if not GATED:
+                k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
+                b_dv += tl.dot(k_w, dh.to(dt), input_precision=PREC)
             q_w = (b_q * tl.exp(b)).to(dt)
             dh = dh * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(q_w), b_do, input_precision=PREC)
         else:
