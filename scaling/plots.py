@@ -46,22 +46,8 @@ def plot_arch(r: ArchResult, out: Path) -> Path:
             ax2.scatter(c[~m], y[~m], s=10, facecolors="none", edgecolors="gray", label="not fitted (coverage / range)")
             if fit is not None:
                 _fit_line(ax2, c[m], fit, "red", f"{name} = {fit.coef:.3g}·C^{fit.exponent:.3f}")
-    for a, ylabel in zip(axes, ("training loss", "N_opt (non-embedding params)", "D_opt (tokens)")):
-        a.set_xscale("log")
-        a.set_yscale("log")
-        a.set_xlabel("C (PFLOP-days)")
-        a.set_ylabel(ylabel)
-        a.grid(True, which="both", alpha=0.3)
-        if a.get_legend_handles_labels()[0]:
-            a.legend(fontsize=7)
-    axes[0].yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    axes[0].yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
-    fig.suptitle(f"{r.arch}: loss, optimal model size and data size against compute")
-    fig.tight_layout()
-    path = out / f"scaling_{r.arch}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _finish(fig, axes, ("training loss", "N_opt (non-embedding params)", "D_opt (tokens)"), 7,
+                   f"{r.arch}: loss, optimal model size and data size against compute", out / f"scaling_{r.arch}.png")
 
 
 def plot_compare(results: list[ArchResult], out: Path) -> Path:
@@ -76,19 +62,24 @@ def plot_compare(results: list[ArchResult], out: Path) -> Path:
         for ax, fit in zip(axes, (r.loss_fit, r.n_fit, r.d_fit)):
             if fit is not None:
                 _fit_line(ax, c[m], fit, color, f"{r.arch}: {fit.coef:.4g}·C^{fit.exponent:.4f}")
-    for a, ylabel in zip(axes, ("loss (envelope and fit)", "N_opt (non-embedding params)", "D_opt (tokens)")):
+    return _finish(fig, axes, ("loss (envelope and fit)", "N_opt (non-embedding params)", "D_opt (tokens)"), 8,
+                   "scaling laws by architecture", out / "scaling_compare.png")
+
+
+def _finish(fig, axes, ylabels: tuple[str, ...], legend_size: int, title: str, path: Path) -> Path:
+    """Log-log axes against C in PFLOP-days, legends, title; save and close."""
+    for a, ylabel in zip(axes, ylabels):
         a.set_xscale("log")
         a.set_yscale("log")
         a.set_xlabel("C (PFLOP-days)")
         a.set_ylabel(ylabel)
         a.grid(True, which="both", alpha=0.3)
         if a.get_legend_handles_labels()[0]:
-            a.legend(fontsize=8)
+            a.legend(fontsize=legend_size)
     axes[0].yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     axes[0].yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
-    fig.suptitle("scaling laws by architecture")
+    fig.suptitle(title)
     fig.tight_layout()
-    path = out / "scaling_compare.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
