@@ -2,6 +2,7 @@
 
     python launch/bench_kernels.py [--T 2048 8192 32768] [--B 4] [--H 16] [--D 128]
                                    [--ops la gla gla-subchunk nodecay sdpa] [--skip NAME ...] [--profile]
+    python launch/bench_kernels.py --resources [--D 128]   # no GPU needed: sm_90 compile of the scans
 
 Medians of triton.testing.do_bench for forward, backward and forward+backward, bf16, with achieved
 TFLOP/s, GB/s and the floor max(bytes / bandwidth, FLOPs / matmul rate). Anchors: fla
@@ -122,7 +123,11 @@ def main() -> None:
                     "(fla chunk_gla autotunes for minutes on first use)")
     ap.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours (fwd+bwd) at the "
                     "first T instead of the table")
+    ap.add_argument("--resources", action="store_true", help="compile the scan kernels for sm_90 on this "
+                    "machine (no GPU needed) and print shared memory, registers and spill stack per thread")
     a = ap.parse_args()
+    if a.resources:
+        return _resources(a.D)
     if not torch.cuda.is_available():
         sys.exit("bench_kernels needs a CUDA device")
     mm, bw = _peaks()
@@ -150,6 +155,55 @@ def main() -> None:
                 print(f"| {label} | {T} | {name} | {r['fwd']:.3f} | {r['bwd']:.3f} | {r['fwd+bwd']:.3f} | "
                       f"{flops_fb / fb / 1e12:.0f} | {(io_f + io_b) / fb / 1e9:.0f} | {floor:.3f} |", flush=True)
             torch.cuda.empty_cache()
+
+
+def _resources(D: int) -> None:
+    """Shared memory (limit 232448 bytes per block on H100/H200), registers and local-memory stack per
+    thread (> 0: spills) of each scan kernel at its launch config, from an ahead-of-time sm_90 compile
+    with this machine's Triton (the GPU image's Triton may differ a little)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import ops.triton_linear_attn as TL
+    import ops.triton_scan as S
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+    def usage(fn, args, consts, c):
+        sig = {**dict(args), **{k: "constexpr" for k in consts}}
+        kern = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=c["num_warps"], num_stages=c["num_stages"]))
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(kern.asm["cubin"])
+            f.flush()
+            out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        reg, stack = re.search(r"REG:(\d+)", out), re.search(r"STACK:(\d+)", out)
+        return f"smem {kern.metadata.shared:6d}  regs {reg.group(1) if reg else '?'}  stack {stack.group(1) if stack else '?'}"
+
+    P, F, I = "*bf16", "*fp32", "*i32"
+    for gated, K, V in [(False, D, D), (False, 2 * D, D), (True, D, D)]:
+        base = dict(H=16, K=K, V=V, BT=64, GATED=gated, HAS_DECAY=True, VARLEN=False, PREC="tf32")
+        Kp, Vp = TL._np2(K), TL._np2(V)
+        rows = [("fwd", S.fwd_scan_kernel, "q k v g log_lam A tame o h0 ht cu T", [P, P, P, F, F, F, I, P, F, F, I, "i32"],
+                 lambda c: dict(BK=Kp, BV=c["block"], HAS_H0=True)),
+                ("dq", S.dq_scan_kernel, "k v g log_lam tame do dq h0 cu T", [P, P, F, F, I, P, F, F, I, "i32"],
+                 lambda c: dict(BK=c["block"], BV=Vp, HAS_H0=True)),
+                ("dk", S.dk_scan_kernel, "q v g log_lam tame do dk dht dh0 cu T", [P, P, F, F, I, P, F, F, F, I, "i32"],
+                 lambda c: dict(BK=c["block"], BV=Vp, HAS_DHT=False, STORE_DH0=True)),
+                ("dv", S.dv_scan_kernel, "q k g log_lam A tame do dv dht cu T", [P, P, F, F, F, I, P, P, F, I, "i32"],
+                 lambda c: dict(BK=Kp, BV=c["block"], HAS_DHT=True))]
+        for name, fn, names, types, extra in rows:
+            c = TL._cfg(name, K, V, gated)
+            try:
+                res = usage(fn, zip(names.split(), types), {**base, **extra(c)}, c)
+            except Exception as e:  # out of resources etc.
+                res = f"failed: {type(e).__name__}: {str(e)[:120]}"
+            print(f"{'gla' if gated else 'lightning'} K={K} V={V} {name:3s} {c}  {res}", flush=True)
 
 
 def _profile(a) -> None:
