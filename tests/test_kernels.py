@@ -204,3 +204,17 @@ def test_lightning_chunk_128(kind, monkeypatch):
     q, k, v, x = _make(kind, 300, 2, 16, 16, seed=23)
     _check_against_recurrence(kind, q, k, v, x, torch.randn(1, 2, 16, 16))
     _check_against_recurrence(kind, q, k, v, x, torch.randn(3, 2, 16, 16), cu=torch.tensor([0, 100, 250, 300]))
+
+
+def test_auto_on_cuda_picks_only_gpu_validated_kernels(monkeypatch):
+    """`auto` on a CUDA tensor: Triton for lightning_attn; for gated_linear_attn only when opted in
+    (its reworked kernels have not passed the GPU checks yet, docs/kernels.md)."""
+    from types import SimpleNamespace
+    from ops import linear_attention as LA
+    q = SimpleNamespace(is_cuda=True, shape=(1, 64, 2, 16))
+    impls = LA._IMPLS
+    assert LA._resolve("lightning_attn", "auto", q) is impls["lightning_attn"]["triton"]
+    monkeypatch.setitem(LA._AUTO_TRITON, "gated_linear_attn", False)  # the default (LINSCALE_GLA_TRITON unset)
+    assert LA._resolve("gated_linear_attn", "auto", q) is impls["gated_linear_attn"]["chunked"]
+    monkeypatch.setitem(LA._AUTO_TRITON, "gated_linear_attn", True)
+    assert LA._resolve("gated_linear_attn", "auto", q) is impls["gated_linear_attn"]["triton"]
