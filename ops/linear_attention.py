@@ -19,10 +19,10 @@ Impl = Callable[..., tuple[Tensor, Tensor]]
 _IMPLS: dict[str, dict[str, Impl]] = {"lightning_attn": {}, "gated_linear_attn": {}}
 _DEFAULT_IMPL = os.environ.get("LINSCALE_OPS_IMPL", "auto")
 # Ops whose Triton path `auto` picks on CUDA: only those that passed tests/test_kernels_gpu.py in their
-# current form. gated_linear_attn's was reworked on 2026-11-22 (docs/kernels.md) and has not been
-# re-run on a GPU yet: opt in with LINSCALE_GLA_TRITON=1 (or impl / set_default_impl 'triton').
+# current form (both did, H100 + triton 3.6, 2026-11-22). LINSCALE_GLA_TRITON=0 falls back to the
+# chunked PyTorch twin for gated_linear_attn, should a new GPU or Triton version misbehave.
 _AUTO_TRITON = {"lightning_attn": True,
-                "gated_linear_attn": os.environ.get("LINSCALE_GLA_TRITON", "0") == "1"}
+                "gated_linear_attn": os.environ.get("LINSCALE_GLA_TRITON", "1") == "1"}
 
 
 def register_impl(op: str, name: str, fn: Impl) -> None:

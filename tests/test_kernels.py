@@ -207,14 +207,14 @@ def test_lightning_chunk_128(kind, monkeypatch):
 
 
 def test_auto_on_cuda_picks_only_gpu_validated_kernels(monkeypatch):
-    """`auto` on a CUDA tensor: Triton for lightning_attn; for gated_linear_attn only when opted in
-    (its reworked kernels have not passed the GPU checks yet, docs/kernels.md)."""
+    """`auto` on a CUDA tensor: Triton for both ops (GPU-validated); gated_linear_attn falls back to the
+    chunked twin when switched off (LINSCALE_GLA_TRITON=0)."""
     from types import SimpleNamespace
     from ops import linear_attention as LA
     q = SimpleNamespace(is_cuda=True, shape=(1, 64, 2, 16))
     impls = LA._IMPLS
     assert LA._resolve("lightning_attn", "auto", q) is impls["lightning_attn"]["triton"]
-    monkeypatch.setitem(LA._AUTO_TRITON, "gated_linear_attn", False)  # the default (LINSCALE_GLA_TRITON unset)
+    monkeypatch.setitem(LA._AUTO_TRITON, "gated_linear_attn", False)  # LINSCALE_GLA_TRITON=0
     assert LA._resolve("gated_linear_attn", "auto", q) is impls["gated_linear_attn"]["chunked"]
     monkeypatch.setitem(LA._AUTO_TRITON, "gated_linear_attn", True)
     assert LA._resolve("gated_linear_attn", "auto", q) is impls["gated_linear_attn"]["triton"]
