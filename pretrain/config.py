@@ -23,10 +23,10 @@ PAPER_GLOBAL_BATCH_TOKENS = 480 * 8192
 SMALL_SIZE_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"train.seq_len": 128, "train.global_batch_tokens": 4 * 128, "train.micro_batch": 4,
              "train.max_steps": 200, "optim.lr": 3e-3, "optim.warmup_steps": 20, "train.log_every": 10,
-             "train.eval_every": 50},
+             "train.eval_every": 50, "checkpoint.snapshot_every_tokens": 0, "checkpoint.snapshot_log_points": 0},
     "mini": {"train.seq_len": 256, "train.global_batch_tokens": 16 * 256, "train.micro_batch": 16,
              "train.max_steps": 1000, "optim.lr": 1e-3, "optim.warmup_steps": 100, "train.log_every": 10,
-             "train.eval_every": 200},
+             "train.eval_every": 200, "checkpoint.snapshot_every_tokens": 0, "checkpoint.snapshot_log_points": 0},
 }
 
 
@@ -74,8 +74,10 @@ class DistConfig:
 class CheckpointConfig:
     save_every: int = 1000         # resume checkpoint every N steps (0: only at the end / on signal)
     keep_last: int = 3
-    snapshot_every_tokens: int = 0  # weights-only snapshot every N tokens (0: off)
-    snapshot_log_points: int = 0    # plus this many log-spaced early snapshots
+    # weights-only snapshots for evaluation sweeps and scaling fits (never removed by retention): every
+    # 2B tokens (~500 paper steps) plus 8 log-spaced early points; the CPU presets turn them off
+    snapshot_every_tokens: int = 2_000_000_000
+    snapshot_log_points: int = 8
     async_save: bool = True
 
 
