@@ -1,4 +1,19 @@
+import os
+
 from setuptools import setup
+from setuptools.command.build_py import build_py
+
+
+class BuildPyWithLmEvalHook(build_py):
+    """Also install linscale_lm_eval.pth: lm-eval has no plugin discovery, so this one-line hook imports
+    our adapter (registering `--model linscale`) when, and only when, the `lm_eval` command starts."""
+
+    def run(self):
+        super().run()
+        self.copy_file("linscale_lm_eval.pth", os.path.join(self.build_lib, "linscale_lm_eval.pth"))
+
+    def get_outputs(self, include_bytecode=True):
+        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, "linscale_lm_eval.pth")]
 
 PACKAGES = ["pretrain", "models", "ops", "data_pipeline", "checkpoints", "evaluation", "scaling"]
 
@@ -22,4 +37,5 @@ setup(
         "deepspeed>=0.15",
     ],
     extras_require={"dev": ["pytest"]},
+    cmdclass={"build_py": BuildPyWithLmEvalHook},
 )
