@@ -14,6 +14,11 @@ cannot be done from outside. Two guards, together covering every stage:
      finite loss with a non-finite gradient is reported as skipped as well. For ZeRO-1/2 with DeepSpeed's
      own bf16 weights this check is `bf16.check_grad_overflow` (default true): keep it on.
 The grad norm we report is `engine.get_global_grad_norm()`: the norm before clipping, as in the plain path.
+It is the norm of this step's gradients over every parameter (not stale, not clipped): with
+LINSCALE_VERIFY_GRAD_NORM=1 every step recomputes it from the full gradients (`safe_get_full_grad`, a
+collective) before the update and raises if the two differ (tests/test_train_distributed.py sets it).
+That ZeRO-3's logged norm can differ from a single process's by ~10-20% late in a run is the
+trajectories drifting apart, not a misread norm (docs/training.md, "Grad norms across engines").
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from pretrain.deepspeed_config import build_deepspeed_config
 from pretrain.distributed import DistEnv, all_reduce_mean
 from pretrain.train_module import StepResult, lr_at, param_groups
 
+VERIFY_GRAD_NORM = "LINSCALE_VERIFY_GRAD_NORM"
 DS_TAG = "deepspeed"          # the DeepSpeed checkpoint lives in <checkpoint dir>/deepspeed/
 META_FILE = "deepspeed_meta.json"
 
@@ -111,6 +117,8 @@ class DeepSpeedTrainModule:
             g["lr"] = lr
         self.engine.train()
         total = torch.zeros((), device=self.device)
+        verify = os.environ.get(VERIFY_GRAD_NORM, "0") not in ("", "0")
+        expected = None
         for i, mb in enumerate(micro_batches):
             loss = self._forward(mb)
             if inject_nonfinite:
@@ -120,13 +128,30 @@ class DeepSpeedTrainModule:
             if i == len(micro_batches) - 1:
                 loss_v = float(all_reduce_mean(total))   # the same value on every rank
                 self.optimizer.skip_next = not math.isfinite(loss_v)
+                if verify:
+                    expected = self._full_grad_norm()
             self.engine.step()                  # a no-op except at the accumulation boundary
         vetoed = self.optimizer.skip_next
         self.optimizer.skip_next = False
         gn = self.engine.get_global_grad_norm()
         gn = float(gn) if gn is not None else float("nan")
+        if expected is not None and math.isfinite(expected) and not math.isclose(gn, expected, rel_tol=1e-5):
+            raise RuntimeError(f"step {step + 1}: engine.get_global_grad_norm() = {gn} but the gradients the "
+                               f"update used have norm {expected}")
         skipped = vetoed or not self.engine.was_step_applied() or not math.isfinite(gn)
         return StepResult(loss_v, gn, skipped)
+
+    @torch.no_grad()
+    def _full_grad_norm(self) -> float:
+        """The global L2 norm of the accumulated gradients, gathered whole per parameter (every rank must
+        call it, at the boundary, before `engine.step()`): the check behind LINSCALE_VERIFY_GRAD_NORM."""
+        from deepspeed.utils import safe_get_full_grad
+        sq = 0.0
+        for p in self.model.parameters():
+            g = safe_get_full_grad(p) if p.requires_grad else None
+            if g is not None:
+                sq += float(g.double().pow(2).sum())
+        return math.sqrt(sq)
 
     @torch.no_grad()
     def eval_loss(self, batches: list[dict]) -> float:

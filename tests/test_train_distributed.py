@@ -48,7 +48,10 @@ def launch(how: str, args: list[str], port: int) -> subprocess.CompletedProcess:
         launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
         cmd = [launcher, "--num_gpus", "2", "--master_port", str(port), script]
     e = env()
-    e.update({"LINSCALE_INJECT_NONFINITE": str(INJECT), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+    # under DeepSpeed every step also checks that the logged grad norm is the norm of the gradients the update
+    # used (all steps, rel 1e-5; pretrain/deepspeed_module.py): the cross-run comparison below cannot go further
+    e.update({"LINSCALE_INJECT_NONFINITE": str(INJECT), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+              "LINSCALE_VERIFY_GRAD_NORM": "1"})
     proc = subprocess.run(cmd + args, env=e, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, f"{how} run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
@@ -84,8 +87,16 @@ def check_run(r: list[dict], ref: list[dict], rtol: float, late_rtol: float = 0)
         if not a["skipped"]:
             tol = rtol if a["step"] <= INJECT else late_rtol
             assert a["loss"] == pytest.approx(b["loss"], rel=tol), f"step {a['step']}: {a['loss']} vs {b['loss']}"
-            if a["step"] <= INJECT:  # later, ZeRO-3's norm drifts further (up to ~20%) than its loss
-                assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=2e-3)
+    # Grad norms across runs: only while the weights are still the same up to rounding (steps 1..INJECT: a
+    # norm that is stale by a step, clipped (always 1.0 here: every norm is > 2), scaled by the world size or
+    # missing parameters is off by far more than 2e-3). The gradient is first order in the weight drift where
+    # the loss is second order (this tiny run at lr 3e-3 oscillates from step to step), so later the norms
+    # of the same trajectory differ by up to ~20% while the losses agree to ~1e-3 -- a single process whose
+    # only change is the accumulation split differs by ~1% too (docs/training.md, "Grad norms across
+    # engines"). That the logged norm is right at every step is checked inside the DeepSpeed runs instead.
+    for a, b in zip(r[:INJECT], ref[:INJECT]):
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=2e-3), f"step {a['step']}"
+        assert a["grad_norm"] > 1.0  # the clip threshold: clipping is on at every step, never flips
 
 
 def test_single_process(reference):
