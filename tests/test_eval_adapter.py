@@ -9,6 +9,7 @@ import evaluation  # noqa: F401  (registers "linscale")
 from data_pipeline.tokenizer import EOT_ID, get_tokenizer
 from evaluation.lm_eval_adapter import LinscaleLM
 from evaluation.perplexity import encode_pair
+from eval_utils import write_tiny_mc_task
 from models import build_model, save_pretrained
 
 ARCHS = ["llama", "tnl", "hgrn2", "cos2"]
@@ -129,11 +130,7 @@ def test_local_multiple_choice_task_through_adapter(models, tmp_path):
     rows = [{"q": "The sky is", "choices": [" blue", " green", " loud"], "label": 0},
             {"q": "Two plus two is", "choices": [" four", " five"], "label": 1},
             {"q": "Fire is", "choices": [" hot", " cold"], "label": 0}]
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "tiny_mc.yaml").write_text(
-        "task: tiny_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(tmp_path / "data.jsonl") +
-        "\noutput_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{q}}'\ndoc_to_target: label\n"
-        "doc_to_choice: '{{choices}}'\ntarget_delimiter: ''\nmetric_list:\n  - metric: acc\n")
+    write_tiny_mc_task(tmp_path, "tiny_mc", rows)
     model = models["cos2"]
     save_pretrained(model, tmp_path / "export", extra={"step": 1, "tokens": 2, "flops": 3.0})
     res = lm_eval.simple_evaluate(model="linscale", model_args=f"pretrained={tmp_path / 'export'},device=cpu",

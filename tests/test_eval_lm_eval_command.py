@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from eval_utils import write_tiny_mc_task
 from models import build_model, save_pretrained
 
 
@@ -25,11 +26,7 @@ def test_plain_lm_eval_command_runs_the_linscale_model(tmp_path):
     assert exe, "lm_eval command not found next to this Python"
     rows = [{"q": "The sky is", "choices": [" blue", " green"], "label": 0},
             {"q": "Fire is", "choices": [" hot", " cold"], "label": 0}]
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "tiny_cmd.yaml").write_text(
-        "task: tiny_cmd\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(tmp_path / "data.jsonl") +
-        "\noutput_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{q}}'\ndoc_to_target: label\n"
-        "doc_to_choice: '{{choices}}'\ntarget_delimiter: ''\nmetric_list:\n  - metric: acc\n")
+    write_tiny_mc_task(tmp_path, "tiny_cmd", rows)
     torch.manual_seed(0)
     save_pretrained(build_model("tnl", "tiny", max_seq_len=64), tmp_path / "export")
     out = subprocess.run([exe, "--model", "linscale", "--model_args", f"pretrained={tmp_path / 'export'},device=cpu",
