@@ -13,8 +13,10 @@ The train module contract (TorchTrainModule, DeepSpeedTrainModule; see docs/chec
   save_state(dir)          model + optimizer, every rank calls it (ZeRO-partitioned under DeepSpeed)
   load_state(dir)          the inverse, every rank
   full_state_dict()        consolidated weights on rank 0 (a collective under ZeRO-3: every rank calls it)
-  stage_state() [optional] copy model + optimizer to host memory now and return `write(dir)`, which the
-                           background thread calls; without it the module part is saved synchronously.
+  stage_state(buffers, dir) [optional]  copy model + optimizer to host memory now (through `buffers`, a
+                           StagingBuffers) and return `write()`, which writes the files into `dir` (in the
+                           background thread) and returns their hashio.FileRecord by path; without it the
+                           module part is saved synchronously and checksummed by reading it back.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from checkpoints.atomic import atomic_write_text, publish_dir
+from checkpoints.hashio import FileRecord, read_records, save_safetensors, save_torch, write_records
 from checkpoints.layout import (CHECKPOINTS, LATEST, SNAPSHOTS, TMP_SUFFIX, step_dirs, step_name, tmp_dirs)
 from checkpoints.manifest import MANIFEST, verify, write_manifest
 from checkpoints.schedule import SnapshotSchedule
@@ -46,6 +49,7 @@ PARTS_DIR = "parts"
 META = "meta.json"
 SNAPSHOT_WEIGHTS = "model.safetensors"
 MARKER_TIMEOUT_S = 3600.0  # rank 0 waits this long for the other ranks' files before giving up on a save
+PIN_FRACTION = 0.1  # while staging buffers are being page-locked, at most this share of a step goes to it
 
 
 def info(msg: str) -> None:
@@ -154,6 +158,8 @@ class CheckpointManager:
         self._module_buffers = StagingBuffers()
         self._snapshot_buffers = StagingBuffers()
         self._reserved = False
+        self.pin_fraction = PIN_FRACTION
+        self._last_step_end: float | None = None
         self.last_saved_step: int | None = None
         self.last_snapshot_step: int | None = None
         self.history: list[dict] = []  # one row per save: step, kind, stall_s, write_s (for logs and benchmarks)
@@ -248,6 +254,7 @@ class CheckpointManager:
         tr = self.trainer
         if not self._reserved:
             self._reserve_staging()
+        self._pin_some()
         jobs = []
         if self.schedule.due(tr.tokens - tr.tokens_per_step, tr.tokens):
             jobs.append(self._stage_snapshot())
@@ -287,14 +294,33 @@ class CheckpointManager:
 
     # -- staging (training thread) and writing (background thread) -------------------------------------
     def _reserve_staging(self) -> None:
-        """After the first step (the optimizer state exists only then), allocate the pinned host buffers of
-        the background save in the writer thread, so the first save does not stall on pinning memory."""
+        """After the first step (the optimizer state exists only then), allocate and touch the host buffers
+        of the background save in the writer thread; `_pin_some` then page-locks them a piece at a time.
+        Modules that cannot tell their staged layout in advance (DeepSpeed) get their buffers at the first
+        save (pageable then, pinned over the following steps)."""
         self._reserved = True
-        if not (self.cfg.async_save and self.env.device.type == "cuda" and hasattr(self.module, "stage_state")):
+        if not (self.cfg.async_save and self.env.device.type == "cuda" and hasattr(self.module, "stage_layout")):
             return
-        if self.env.is_main and hasattr(self.module, "state_dict"):  # TorchTrainModule stages on rank 0 only
-            state = self.module.state_dict()  # references only: the thread reads shapes and dtypes
+        state = self.module.stage_layout()  # references only: the thread reads shapes and dtypes
+        if state is not None:
             self.writer.submit(lambda: self._module_buffers.reserve(state), name="checkpoint-reserve")
+
+    def _pin_some(self) -> None:
+        """Page-lock a bounded piece of the staging buffers: at most `pin_fraction` of the last step's time
+        (at least one piece of staging.PIECE_BYTES). Pinning everything at once would hold the training
+        thread's CUDA calls for seconds (docs/checkpoints.md, "Background saving")."""
+        now = time.perf_counter()
+        last, self._last_step_end = self._last_step_end, now
+        if self.env.device.type != "cuda":
+            return
+        pending = [b for b in (self._module_buffers, self._snapshot_buffers) if not b.fully_pinned]
+        if not pending:
+            return
+        budget = self.pin_fraction * (now - last) if last is not None else 0.0
+        t0 = time.perf_counter()
+        for b in pending:
+            b.pin_some(max(0.0, budget - (time.perf_counter() - t0)))
+        self._last_step_end = time.perf_counter()  # the pinning time is not part of the next step's interval
 
     def _run(self, jobs: list[Callable[[], None]], blocking: bool) -> None:
         if not jobs:
@@ -318,11 +344,12 @@ class CheckpointManager:
         for sub in (MODULE_DIR, TRAINER_DIR, PARTS_DIR):
             (tmp / sub).mkdir(parents=True, exist_ok=True)
         trainer_state = copy.deepcopy(tr.state_dict())
-        write_module: Callable[[Path], None] | None = None
-        if not blocking and hasattr(self.module, "stage_state"):
-            write_module = self.module.stage_state(self._module_buffers)
+        module_dir = tmp / MODULE_DIR
+        write_module: Callable[[], dict] | None = None
+        if hasattr(self.module, "stage_state"):  # host copy now, files written (and hashed) by write()
+            write_module = self.module.stage_state(self._module_buffers, module_dir)
         else:
-            self.module.save_state(tmp / MODULE_DIR)
+            self.module.save_state(module_dir)
         meta = {"kind": "checkpoint", "step": step, "tokens": tr.tokens, "flops": tr.flops,
                 "flops_non_embedding": step * tr.flops_per_step_ne, "tokens_per_step": tr.tokens_per_step, "world_size": world,
                 "module": type(self.module).__name__, "zero": tr.cfg.dist.zero,
@@ -333,21 +360,26 @@ class CheckpointManager:
 
         def write() -> None:
             t1 = time.perf_counter()
-            if write_module is not None:
-                write_module(tmp / MODULE_DIR)
-            torch.save(trainer_state, tmp / TRAINER_DIR / rank_file(rank))
-            (tmp / PARTS_DIR / f"rank_{rank:05d}.done").write_text("")
+            written: dict[Path, FileRecord] = dict(write_module()) if write_module is not None else {}
+            own = tmp / TRAINER_DIR / rank_file(rank)
+            written[own] = save_torch(trainer_state, own)
+            # the marker carries this rank's checksums, so rank 0 need not read its files back
+            write_records(tmp / PARTS_DIR / f"rank_{rank:05d}.done",
+                          {os.path.relpath(p, tmp): r for p, r in written.items()})
             if rank == 0:
                 _wait_for_markers(tmp / PARTS_DIR, world)
+                known: dict[str, FileRecord] = {}
+                for marker in sorted((tmp / PARTS_DIR).glob("rank_*.done")):
+                    known.update(read_records(marker))
                 shutil.rmtree(tmp / PARTS_DIR)
                 (tmp / META).write_text(json.dumps(meta, indent=1))
-                write_manifest(tmp, {"kind": "checkpoint", "step": step})
+                write_manifest(tmp, {"kind": "checkpoint", "step": step}, known=known)
                 publish_dir(tmp, self.ckpt_dir / name)
                 atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
                 deleted = apply_retention(self.ckpt_dir, self.cfg.keep_last)
                 took = time.perf_counter() - t1
                 self.history.append({"step": step, "kind": "checkpoint", "stall_s": stall, "write_s": took,
-                                     "blocking": blocking})
+                                     "blocking": blocking, "hashed_while_writing": len(known)})
                 info(f"checkpoint {name} saved ({'blocking' if blocking else f'background, stall {stall:.3f} s'}, "
                      f"written in {took:.2f} s)" + (f"; removed {', '.join(p.name for p in deleted)}" if deleted else ""))
         return write
@@ -380,15 +412,14 @@ class CheckpointManager:
         stall = time.perf_counter() - t0
 
         def write() -> None:
-            from safetensors.torch import save_file
             t1 = time.perf_counter()
             tmp = self.snap_dir / (final.name + TMP_SUFFIX)
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
-            save_file(staged, str(tmp / SNAPSHOT_WEIGHTS))
+            rec = save_safetensors(staged, tmp / SNAPSHOT_WEIGHTS)
             (tmp / META).write_text(json.dumps(meta, indent=1))
-            write_manifest(tmp, {"kind": "snapshot", "step": step})
+            write_manifest(tmp, {"kind": "snapshot", "step": step}, known={SNAPSHOT_WEIGHTS: rec})
             publish_dir(tmp, final)
             took = time.perf_counter() - t1
             self.history.append({"step": step, "kind": "snapshot", "stall_s": stall, "write_s": took})

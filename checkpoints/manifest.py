@@ -56,14 +56,24 @@ def list_files(root: Path) -> list[str]:
     return out
 
 
-def write_manifest(root: Path, info: dict | None = None, algo: str = DEFAULT_ALGO) -> dict:
+def write_manifest(root: Path, info: dict | None = None, algo: str = DEFAULT_ALGO, known: dict | None = None) -> dict:
     """Checksum (and fsync) every file under `root`, then write manifest.json atomically. Call it only when
-    every file is complete: the manifest's presence is what marks the directory as complete."""
+    every file is complete: the manifest's presence is what marks the directory as complete.
+
+    `known` maps relative paths to the records (`hashio.FileRecord`) of files hashed while they were
+    written (and fsynced then): those are not read again when their size and algorithm match."""
     root = Path(root)
+    known = known or {}
     files = {}
     for rel in list_files(root):
         p = root / rel
-        files[rel] = {"size": p.stat().st_size, "checksum": file_checksum(p, algo, fsync=True)}
+        size = p.stat().st_size
+        rec = known.get(rel)
+        if rec is not None and rec.size == size and rec.algo == algo:
+            checksum = rec.checksum
+        else:  # written by someone else (DeepSpeed, small JSON files): one read pass
+            checksum = file_checksum(p, algo, fsync=True)
+        files[rel] = {"size": size, "checksum": checksum}
     manifest = {"version": MANIFEST_VERSION, "algo": algo, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "files": files, "info": info or {}}
     atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=1))

@@ -172,6 +172,13 @@ class DeepSpeedTrainModule:
                     "deepspeed_config": self.ds_config}
             (directory / META_FILE).write_text(json.dumps(meta, indent=2))
 
+    def stage_state(self, buffers, directory: Path):
+        """Background saving: `save_state` with DeepSpeed's file writes deferred (checkpoints/ds_engine.py).
+        Every rank's shard is copied to host buffers now; the returned write() writes and hashes the files
+        (in the checkpoint manager's writer thread) and returns their records."""
+        from checkpoints.ds_engine import staged_save_checkpoint
+        return staged_save_checkpoint(self.engine, buffers, lambda: self.save_state(directory))
+
     def load_state(self, directory: Path) -> None:
         """Load what `save_state` wrote. On the same world size the ZeRO shards load directly. On another
         world size DeepSpeed needs a universal checkpoint: if <directory>/universal exists (made with

@@ -125,16 +125,23 @@ class TorchTrainModule:
             torch.save(self.model.state_dict(), Path(dir) / "model.pt")
             torch.save(self.optimizer.state_dict(), Path(dir) / "optimizer.pt")
 
-    def stage_state(self, buffers) -> Callable[[Path], None]:
+    def stage_layout(self) -> dict | None:
+        """The state stage_state will copy (live references; only shapes and dtypes are read), so the host
+        buffers can be prepared in advance; None on ranks that stage nothing."""
+        return self.state_dict() if _rank() == 0 else None
+
+    def stage_state(self, buffers, dir: Path) -> Callable[[], dict]:
         """Copy model + optimizer to host buffers now (`checkpoints.staging.StagingBuffers`); the returned
-        function writes that copy and may run in a background thread while training goes on."""
+        function writes that copy into `dir` (it may run in a background thread while training goes on),
+        hashing the bytes as they are written, and returns the files' records."""
         if _rank() != 0:
-            return lambda dir: None
+            return lambda: {}
+        from checkpoints.hashio import save_torch
         staged = buffers.stage(self.state_dict())
 
-        def write(dir: Path) -> None:
-            torch.save(staged["model"], Path(dir) / "model.pt")
-            torch.save(staged["optimizer"], Path(dir) / "optimizer.pt")
+        def write() -> dict:
+            return {Path(dir) / name: save_torch(staged[key], Path(dir) / name)
+                    for key, name in (("model", "model.pt"), ("optimizer", "optimizer.pt"))}
         return write
 
     def load_state(self, dir: Path) -> None:
