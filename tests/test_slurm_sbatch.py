@@ -4,7 +4,7 @@ starts one local Python process per task with the variables real srun gives each
 SLURM_LOCALID, SLURM_STEP_NUM_TASKS, ...) and forwards SIGUSR1/SIGTERM to them, as srun does; the fake
 scontrol resolves the node list and records every call. Checked: the rendezvous (MASTER_ADDR from
 `scontrol show hostnames`, ranks from the Slurm variables, DeepSpeed ZeRO-2 over gloo); SIGUSR1 to the
-batch shell mid-run -> checkpoint, clean exit, `scontrol requeue <jobid>`; the requeued job
+batch shell mid-run (SIGTERM too) -> checkpoint, clean exit, `scontrol requeue <jobid>`; the requeued job
 (SLURM_RESTART_COUNT=1, same command) resumes with --resume auto at the step after the checkpoint and
 finishes without requeueing; a restart that crashes is not requeued on the strength of the earlier
 attempt's summary."""
@@ -148,10 +148,12 @@ def calls(log: Path) -> list[dict]:
     return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_sbatch_preempt_requeue_resume(job):
+# USR1: `#SBATCH --signal=B:USR1@300` before the time limit; TERM: preemption or scancel
+@pytest.mark.parametrize("sig", ["SIGUSR1", "SIGTERM"])
+def test_sbatch_preempt_requeue_resume(job, sig):
     run_dir, log, job_id = job["run_dir"], job["log"], job["job_id"]
 
-    # -- attempt 1: SIGUSR1 to the batch shell mid-run ------------------------------------------------
+    # -- attempt 1: the signal to the batch shell mid-run ---------------------------------------------
     proc = start(job)
     deadline = time.time() + 90
     while len(rows(run_dir)) < SIGNAL_AFTER:
@@ -159,7 +161,7 @@ def test_sbatch_preempt_requeue_resume(job):
             rc, out = finish(proc)
             pytest.fail(f"job ended (rc {rc}) or stalled before step {SIGNAL_AFTER}:\n{out[-5000:]}")
         time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGUSR1)  # what `#SBATCH --signal=B:USR1@300` does
+    os.kill(proc.pid, getattr(signal, sig))
     rc, out = finish(proc)
     assert rc == 0, out[-5000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -167,7 +169,7 @@ def test_sbatch_preempt_requeue_resume(job):
     assert summary["stop"] == "signal", out[-3000:]
     assert SIGNAL_AFTER <= stopped_at < MAX_STEPS
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{stopped_at:08d}"
-    assert "received SIGUSR1" in out and f"requeueing job {job_id}" in out
+    assert f"received {sig}" in out and f"requeueing job {job_id}" in out
 
     c = calls(log)
     assert {"cmd": "scontrol", "argv": f"show hostnames {NODELIST}"} in c
