@@ -123,6 +123,8 @@ def main() -> None:
                     "(fla chunk_gla autotunes for minutes on first use)")
     ap.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours (fwd+bwd) at the "
                     "first T instead of the table")
+    ap.add_argument("--warmup-only", action="store_true", help="run each case once (JIT-compile into the "
+                    "Triton cache, e.g. several configs in parallel processes) and time nothing")
     ap.add_argument("--resources", action="store_true", help="compile the scan kernels for sm_90 on this "
                     "machine (no GPU needed) and print shared memory, registers and spill stack per thread")
     a = ap.parse_args()
@@ -135,6 +137,8 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
           f"{datetime.date.today()}  B={a.B} H={a.H} D={a.D} bf16; floor uses {mm / 1e12:.0f} TFLOP/s, "
           f"{bw / 1e12:.1f} TB/s")
+    import ops.triton_linear_attn as TL
+    print(f"# kernel layout {TL.LAYOUT}, launch overrides {TL.TUNE or 'none'}")
     if a.profile:
         return _profile(a)
     print("| op | T | impl | fwd ms | bwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd GB/s | floor ms |")
@@ -146,6 +150,11 @@ def main() -> None:
             floor = max((io_f + io_b) / bw, flops_fb / mm) * 1e3
             anchors = {n: f for n, f in anchors.items() if not any(s in n for s in a.skip)}
             for name, fn in [("ours" if op != "sdpa" else "torch sdpa", ours), *anchors.items()]:
+                if a.warmup_only:
+                    ins = mk()
+                    fn(*ins).float().sum().backward()
+                    torch.cuda.synchronize()
+                    continue
                 try:
                     r = _time(fn, mk())
                 except Exception as e:  # an anchor failing must not hide our numbers
