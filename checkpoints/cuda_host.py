@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context of the process, not only the current
 _cudart = None
 _unavailable: str | None = None
 
@@ -40,7 +41,7 @@ def register(ptr: int, nbytes: int) -> bool:
     """Page-lock [ptr, ptr + nbytes) (page aligned by the caller). False if the driver refused: the memory
     then simply stays pageable (copies into it are synchronous, still correct)."""
     rt = _rt()
-    return rt is not None and _ok(rt.cudaHostRegister(ptr, nbytes, 0))
+    return rt is not None and _ok(rt.cudaHostRegister(ptr, nbytes, PORTABLE))
 
 
 def unregister(ptr: int) -> None:

@@ -373,7 +373,7 @@ class CheckpointManager:
                     known.update(read_records(marker))
                 shutil.rmtree(tmp / PARTS_DIR)
                 (tmp / META).write_text(json.dumps(meta, indent=1))
-                write_manifest(tmp, {"kind": "checkpoint", "step": step}, known=known)
+                files = write_manifest(tmp, {"kind": "checkpoint", "step": step}, known=known)["files"]
                 publish_dir(tmp, self.ckpt_dir / name)
                 atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
                 deleted = apply_retention(self.ckpt_dir, self.cfg.keep_last)
@@ -381,7 +381,8 @@ class CheckpointManager:
                 self.history.append({"step": step, "kind": "checkpoint", "stall_s": stall, "write_s": took,
                                      "blocking": blocking, "hashed_while_writing": len(known)})
                 info(f"checkpoint {name} saved ({'blocking' if blocking else f'background, stall {stall:.3f} s'}, "
-                     f"written in {took:.2f} s)" + (f"; removed {', '.join(p.name for p in deleted)}" if deleted else ""))
+                     f"written in {took:.2f} s, {len(known)} of {len(files)} files hashed while written)"
+                     + (f"; removed {', '.join(p.name for p in deleted)}" if deleted else ""))
         return write
 
     def _stage_snapshot(self) -> Callable[[], None] | None:

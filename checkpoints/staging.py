@@ -82,10 +82,16 @@ class _Arena:
         self.nbytes = total
         self.piece_bytes = piece_bytes
         self.bounds = list(range(0, span, piece_bytes)) + [span]
+        # Each view gets a storage of its own over its bytes (torch.frombuffer), not a slice of the arena's:
+        # torch.save writes a tensor's whole storage, so slices would each drag the full arena into a file.
+        raw = memoryview(self.storage.numpy())
         self.views = []
         for (shape, dtype), off in zip(signature, offsets):
             n = _numel(shape) * torch.empty((), dtype=dtype).element_size()
-            flat = self.storage[self.start + off: self.start + off + n]
+            if n == 0:
+                self.views.append(torch.empty(shape, dtype=dtype))
+                continue
+            flat = torch.frombuffer(raw, dtype=torch.uint8, count=n, offset=self.start + off)
             self.views.append(flat.view(dtype).view(shape))
         self.offsets = offsets
         self.touched = 0           # pieces whose pages exist (written once)

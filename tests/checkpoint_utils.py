@@ -83,3 +83,24 @@ def train_in_process(flags: list[str]):
     trainer = Trainer(parse_config(flags))
     trainer.fit()
     return trainer
+
+
+def compare_losses(reference: Path, resumed: Path, first: int, last: int) -> dict:
+    """Per-step losses of a resumed run against the uninterrupted reference over steps first..last: the
+    steps present (each exactly once), tokens per logged row, the largest relative loss difference, and
+    the median change of the reference loss from one step to the next (a data shift would show up as
+    differences of that size). Used by the CPU tests and the GPU 1 -> 2 check (docs/checkpoints.md)."""
+    ref, got = losses(reference), losses(resumed)
+    steps = list(range(first, last + 1))
+    rows = [json.loads(line) for line in (Path(resumed) / "metrics.jsonl").read_text().splitlines()]
+    rel = [abs(got[s][0] - ref[s][0]) / abs(ref[s][0]) for s in steps if s in got and s in ref]
+    jumps = sorted(abs(ref[s + 1][0] - ref[s][0]) / abs(ref[s][0]) for s in steps[:-1] if s in ref and s + 1 in ref)
+    return {"steps_logged": sorted(got), "each_once": all(len(v) == 1 for v in got.values()),
+            "tokens": [r["tokens"] for r in rows], "max_rel_diff": max(rel) if rel else None,
+            "median_rel_step_change": jumps[len(jumps) // 2] if jumps else None,
+            "pairs": [(s, ref.get(s, [None])[0], got.get(s, [None])[0]) for s in steps]}
+
+
+if __name__ == "__main__":  # python tests/checkpoint_utils.py REFERENCE_RUN RESUMED_RUN FIRST LAST
+    print(json.dumps(compare_losses(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])),
+                     indent=1))

@@ -5,6 +5,7 @@ gradients in a different order, so bitwise equality is not expected) and no step
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -62,6 +63,10 @@ def test_deepspeed_zero2_resume_on_2_then_1_then_3_ranks_and_export(dataset, tmp
     for nproc, steps in ((2, 4), (1, 8), (3, 12)):
         out = run_pretrain(run_flags(run, dataset, steps, "--save-every", "4", "--resume", "auto", "--zero", "2",
                                      "--snapshot-every-tokens", str(4 * TOKENS_PER_STEP)), nproc=nproc).stdout
+        # DeepSpeed's files were staged and written in the background, hashed on the way (every rank's
+        # shard + the model states + every rank's trainer state; only small side files are read back)
+        m = re.search(rf"checkpoint step_{steps:08d} saved \(background.* (\d+) of (\d+) files hashed while written", out)
+        assert m and int(m.group(1)) >= 2 * nproc + 1, out[-2000:]
         if steps > 4:
             assert "converting it to a DeepSpeed universal checkpoint" in out
             assert f"at step {steps - 4}" in out
