@@ -50,6 +50,7 @@ META = "meta.json"
 SNAPSHOT_WEIGHTS = "model.safetensors"
 MARKER_TIMEOUT_S = 3600.0  # rank 0 waits this long for the other ranks' files before giving up on a save
 PIN_FRACTION = 0.1  # while staging buffers are being page-locked, at most this share of a step goes to it
+PIN_MAX_S = 0.05    # ... and at most this long per step (the time since the last step can include an eval)
 
 
 def info(msg: str) -> None:
@@ -316,7 +317,7 @@ class CheckpointManager:
         pending = [b for b in (self._module_buffers, self._snapshot_buffers) if not b.fully_pinned]
         if not pending:
             return
-        budget = self.pin_fraction * (now - last) if last is not None else 0.0
+        budget = min(self.pin_fraction * (now - last), PIN_MAX_S) if last is not None else 0.0
         t0 = time.perf_counter()
         for b in pending:
             b.pin_some(max(0.0, budget - (time.perf_counter() - t0)))

@@ -90,6 +90,7 @@ def bench(args) -> dict:
         one_step(tr)
         mgr.after_step()
         pin_steps.append(time.perf_counter() - t1)
+    pin_steps_s = [round(x, 4) for x in pin_steps]
     res = {"arch": args.arch, "size": args.size, "params": params, "seq_len": args.seq_len,
            "micro_batch": args.micro_batch,
            "reserve": {"call_s": reserve_call, "wall_s": reserve_wall, "steps_during": len(reserve_steps),
@@ -97,9 +98,13 @@ def bench(args) -> dict:
                        "extra_step_time_s": sum(s - base for s in reserve_steps)},
            "pinning": {"fraction": args.pin_fraction, "steps": len(pin_steps), "wall_s": time.perf_counter() - t0,
                        "max_step_s": max(pin_steps, default=0.0),
-                       "extra_step_time_s": sum(s - base for s in pin_steps), **mgr._module_buffers.stats()},
+                       "extra_step_time_s": sum(s - base for s in pin_steps), "step_times_s": pin_steps_s,
+                       **mgr._module_buffers.stats()},
            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
            "step_s": base, "checksum": __import__("checkpoints.manifest", fromlist=["DEFAULT_ALGO"]).DEFAULT_ALGO}
+    if args.only_pinning:
+        mgr.signal.uninstall()
+        return res
 
     t0 = time.perf_counter()
     mgr.save(blocking=True)
@@ -140,15 +145,24 @@ def _fake_step(a: "torch.Tensor", launches: int) -> float:
 def pin_bench(gb: float, launches: int = 2000) -> list[dict]:
     """Ways of getting `gb` GB of page-locked host memory while a loop of GPU steps runs, each reported
     as: how long it took, the longest step meanwhile, and the steps' total time over the median."""
-    import threading
-    from checkpoints import cuda_host
-    from checkpoints.staging import PAGE, PIECE_BYTES, StagingBuffers
+    from checkpoints.staging import PAGE
     nbytes = int(gb * 2**30) // PAGE * PAGE
     a = torch.randn(256, 256, device="cuda")
     for _ in range(3):
         _fake_step(a, launches)
     base = statistics.median(_fake_step(a, launches) for _ in range(10))
-    rows = []
+    rows: list[dict] = []
+    try:
+        _pin_methods(rows, nbytes, a, launches, base)
+    except Exception as err:  # noqa: BLE001 - keep the rows measured so far
+        rows.append({"error": repr(err)})
+    return rows
+
+
+def _pin_methods(rows: list[dict], nbytes: int, a, launches: int, base: float) -> None:
+    import threading
+    from checkpoints import cuda_host
+    from checkpoints.staging import StagingBuffers
 
     def alongside(name: str, work) -> None:
         """Run work() in a thread while stepping; report the steps' behaviour."""
@@ -193,18 +207,22 @@ def pin_bench(gb: float, launches: int = 2000) -> list[dict]:
                  "work_s": time.perf_counter() - t0, "step_base_s": base, "steps": len(steps),
                  "max_step_s": max(steps, default=0.0), "extra_s": sum(s - base for s in steps),
                  "register_gb_per_s": nbytes / 2**30 / reg_s if reg_s else None})
-    # 5. GPU -> host copy speed into registered, touched pageable and fresh pageable memory
-    src = torch.empty(min(nbytes, 2**30), dtype=torch.uint8, device="cuda")
-    dst = buf._arenas[""].views[0][:src.numel()]
-    for name, d in (("registered", dst), ("pageable touched", torch.ones(src.numel(), dtype=torch.uint8)),
-                    ("pageable fresh", torch.empty(src.numel(), dtype=torch.uint8))):
+    # 5. staging 1 GiB from the GPU into registered pieces, touched pageable and fresh pageable memory
+    src = {"x": torch.empty(min(nbytes, 2**30), dtype=torch.uint8, device="cuda")}
+    pinned, touched = StagingBuffers(), StagingBuffers()
+    pinned.reserve(src)
+    while pinned.pin_some(10.0):
+        pass
+    touched.reserve(src)
+    touched._arenas[""].pinnable = False
+    for name, b in (("registered pieces", pinned), ("pageable touched", touched), ("pageable fresh", StagingBuffers())):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        d.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-        rows.append({"method": f"copy 1 GiB GPU -> {name}", "gb_per_s": src.numel() / 2**30 / (time.perf_counter() - t0)})
+        b.stage(src)
+        rows.append({"method": f"stage 1 GiB GPU -> {name}", "gb_per_s": 1.0 / (time.perf_counter() - t0),
+                     "pinned_pieces": b.stats()["pinned"]})
+    pinned.release()
     buf.release()
-    return rows
 
 
 def _timed(fn) -> float:
@@ -224,6 +242,7 @@ def main() -> int:
     p.add_argument("--saves", type=int, default=2, help="background checkpoint saves to time")
     p.add_argument("--pin-fraction", type=float, default=0.1,
                    help="share of a step spent page-locking staging buffers while they are not all pinned")
+    p.add_argument("--only-pinning", action="store_true", help="stop after the pinning phase")
     p.add_argument("--pin-max-s", type=float, default=60.0, help="stop the pinning phase after this long")
     p.add_argument("--pin-bench", type=float, default=None, metavar="GB",
                    help="compare ways of page-locking GB of host memory next to a GPU loop, then exit")

@@ -202,6 +202,20 @@ class DeepSpeedTrainModule:
                                               load_lr_scheduler_states=False, load_module_strict=True)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {load_dir / tag}")
+        self._steps_to_param_device()
+
+    def _steps_to_param_device(self) -> None:
+        """DeepSpeed's universal-checkpoint loader restores AdamW's `step` from step.pt as a CPU tensor;
+        fused AdamW (our CUDA default) refuses a step that is not on the parameter's device (seen on
+        2 x H200 resuming a 1-GPU checkpoint on 2 GPUs)."""
+        if not any(g.get("fused") for g in self.optimizer.param_groups):
+            return
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                state = self.optimizer.state.get(p)
+                step = state.get("step") if state else None
+                if step is not None and not (torch.is_tensor(step) and step.device == p.device):
+                    state["step"] = torch.as_tensor(float(step), dtype=torch.float32, device=p.device)
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """Consolidated fp32 weights (the optimizer's master copy when DeepSpeed holds bf16 weights) on
