@@ -138,7 +138,7 @@ def main() -> None:
           f"{datetime.date.today()}  B={a.B} H={a.H} D={a.D} bf16; floor uses {mm / 1e12:.0f} TFLOP/s, "
           f"{bw / 1e12:.1f} TB/s")
     import ops.triton_linear_attn as TL
-    print(f"# kernel layout {TL.LAYOUT}, launch overrides {TL.TUNE or 'none'}")
+    print(f"# launch overrides (LINSCALE_TUNE): {TL.TUNE or 'none'}")
     if a.profile:
         return _profile(a)
     print("| op | T | impl | fwd ms | bwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd GB/s | floor ms |")

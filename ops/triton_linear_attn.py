@@ -20,13 +20,9 @@ from torch import Tensor
 from ops.linear_attention import register_impl
 from ops.triton_gla_intra import (gla_A_kernel, gla_cumsum_kernel, gla_dg_kernel, gla_dqk_intra_kernel,
                                   gla_state_grad_kernel)
-from ops.triton_chunk import chunk_dqk_kernel, chunk_dv_kernel, chunk_out_kernel, state_scan_kernel
 from ops.triton_scan import TAME_SPAN, bwd_scans_kernel, dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel
 
 BT = 64  # chunk length
-# chunk length of the scalar-decay (lightning) scans: 128 halves their serial steps at twice the tile
-# size; not measured yet, so 64 stays the default (LINSCALE_LA_CHUNK=128 to try it)
-LA_BT = int(os.environ.get("LINSCALE_LA_CHUNK", "64"))
 BC = 16  # sub-chunk length of the gated intra-chunk products
 BK_INTRA = 32  # key block of the element-wise [BC, BC, BK] tiles
 # chunks whose strongest channel decays by at most exp(-TAME) take the scans' direct path (tests lower it
@@ -110,7 +106,7 @@ def _fwd(q, k, v, g, log_lam, A, tame, h0, cu, N, T, gated):
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(V, c["block"]), N * H)
     fwd_scan_kernel[grid](q, k, v, g, log_lam, A, tame, o, h0 if h0 is not None else ht, ht, cu, T,
-                          H=H, K=K, V=V, BT=BT if gated else LA_BT, BK=_np2(K), BV=c["block"], GATED=gated,
+                          H=H, K=K, V=V, BT=BT, BK=_np2(K), BV=c["block"], GATED=gated,
                           HAS_DECAY=log_lam is not None or gated, HAS_H0=h0 is not None,
                           VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=c["num_warps"],
                           num_stages=c["num_stages"])
@@ -120,7 +116,7 @@ def _fwd(q, k, v, g, log_lam, A, tame, h0, cu, N, T, gated):
 def _bwd_scans(q, k, v, g, log_lam, A, tame, do, h0, dht, cu, N, T, gated):
     """dq, dk (intra included unless gated: then fp32 inter-chunk parts), dv, dh0."""
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
-    common = dict(H=H, K=K, V=V, BT=BT if gated else LA_BT, GATED=gated, HAS_DECAY=log_lam is not None or gated,
+    common = dict(H=H, K=K, V=V, BT=BT, GATED=gated, HAS_DECAY=log_lam is not None or gated,
                   VARLEN=cu.numel() > 1, PREC=_prec(q))
     cq, ck, cv = _cfg("dq", K, V, gated), _cfg("dk", K, V, gated), _cfg("dv", K, V, gated)
     launch = lambda c: dict(num_warps=c["num_warps"], num_stages=c["num_stages"])  # noqa: E731
@@ -166,135 +162,6 @@ def _bwd_scans(q, k, v, g, log_lam, A, tame, do, h0, dht, cu, N, T, gated):
     return dq, dk, dv, dh0
 
 
-# ----------------------------------------------------------------------------------------------------
-# chunk-parallel launches (ops.triton_chunk): the default; LAYOUT = "scan" selects the scans above
-# ----------------------------------------------------------------------------------------------------
-
-LAYOUT = os.environ.get("LINSCALE_KERNEL_LAYOUT", "chunk")
-
-
-def _ccfg(kernel: str, K: int, V: int, gated: bool) -> dict[str, int]:
-    """Launch config of the chunk-parallel kernels: block = the split dimension's tile (value columns for
-    scan / out / dv, key columns for dqk; the scan also splits K by `kblock`)."""
-    Kp, Vp = _np2(K), _np2(V)
-    # picked from an sm_90 compile (no register spills at D = 128; docs/kernels.md) and the H200 sweep
-    if kernel == "scan":
-        cfg = {"kblock": 64, "block": 64, "num_warps": 8, "num_stages": 2}
-    elif kernel == "out":
-        cfg = {"block": 64, "num_warps": 8, "num_stages": 1}
-    elif kernel == "dv":
-        cfg = {"block": 32 if gated else 64, "num_warps": 8, "num_stages": 1}
-    else:  # dqk
-        cfg = {"block": 32, "num_warps": 8 if gated else 4, "num_stages": 1}
-    cfg.update(TUNE.get(kernel, {}))
-    cfg["kblock"] = min(cfg.get("kblock", Kp), Kp)
-    cfg["block"] = min(cfg["block"], Kp if kernel == "dqk" else Vp)
-    return cfg
-
-
-def _slots(q: Tensor, cu: Tensor, N: int, T: int, bt: int) -> tuple[int, Tensor]:
-    """Number of state slots and, for packed input, the sequence of each slot (on the device, no sync)."""
-    if cu.numel() <= 1:
-        return N * triton.cdiv(T, bt), cu
-    S = triton.cdiv(T, bt) + N
-    starts = cu[:-1].long() // bt + torch.arange(N, device=cu.device)
-    slot_seq = torch.searchsorted(starts, torch.arange(S, device=cu.device), right=True) - 1
-    return S, slot_seq.clamp_(min=0).to(torch.int32)
-
-
-def _state_scan(a, x, g, log_lam, s0, cu, N, T, gated, reverse, store_st, sdt):
-    """Per-chunk states (forward: H_c from a=k, x=v; reverse: D_c from a=q, x=do) and the end state."""
-    H, K, V = a.shape[2], a.shape[3], x.shape[3]
-    bt = BT if gated else LA_BT
-    S, _ = _slots(a, cu, N, T, bt)
-    c = _ccfg("scan", K, V, gated)
-    states = torch.empty(S, H, K, V, dtype=sdt, device=a.device)
-    sT = torch.empty(N, H, K, V, dtype=torch.float32, device=a.device) if store_st else None
-    grid = (triton.cdiv(K, c["kblock"]), triton.cdiv(V, c["block"]), N * H)
-    state_scan_kernel[grid](a, x, g, log_lam, states, s0 if s0 is not None else states,
-                            sT if sT is not None else states, cu, T, triton.cdiv(T, bt),
-                            H=H, K=K, V=V, BT=bt, BK=c["kblock"], BV=c["block"], GATED=gated,
-                            HAS_DECAY=log_lam is not None or gated, HAS_S0=s0 is not None, STORE_ST=store_st,
-                            REVERSE=reverse, VARLEN=cu.numel() > 1, PREC=_prec(a),
-                            num_warps=c["num_warps"], num_stages=c["num_stages"])
-    return states, sT
-
-
-def _state_dtype(q: Tensor, gated: bool) -> torch.dtype:
-    # GLA keeps fp32 states (its products take fp32 operands); the scalar decay reads them as dot operands
-    # in the input dtype anyway
-    return torch.float32 if gated else q.dtype
-
-
-def _fwd_chunk(q, k, v, g, log_lam, A, tame, h0, cu, N, T, gated):
-    H, K, V = q.shape[2], q.shape[3], v.shape[3]
-    bt = BT if gated else LA_BT
-    states, ht = _state_scan(k, v, g, log_lam, h0, cu, N, T, gated, False, True, _state_dtype(q, gated))
-    S, slot_seq = _slots(q, cu, N, T, bt)
-    c = _ccfg("out", K, V, gated)
-    o = torch.empty_like(v)
-    chunk_out_kernel[(S, triton.cdiv(V, c["block"]), H)](
-        q, k, v, g, log_lam, A, tame, states, o, slot_seq, cu, T, triton.cdiv(T, bt),
-        H=H, K=K, V=V, BT=bt, BK=_np2(K), BV=c["block"], GATED=gated, HAS_DECAY=log_lam is not None or gated,
-        VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=c["num_warps"], num_stages=c["num_stages"])
-    return o, ht
-
-
-def _bwd_chunk(q, k, v, g, log_lam, A, tame, do, h0, dht, cu, N, T, gated):
-    """dq, dk (gated: fp32, inter-chunk + tame intra strictly off the diagonal), dv, dh0. The state
-    recomputation and the reverse scan are independent: on CUDA they run on two streams, and so do the
-    dv and dq/dk kernels after them."""
-    H, K, V = q.shape[2], q.shape[3], v.shape[3]
-    bt = BT if gated else LA_BT
-    sdt = _state_dtype(q, gated)
-    side = _side_streams(q.device)
-    cur = torch.cuda.current_stream(q.device) if side else None
-    for st in side:
-        st.wait_stream(cur)
-    with _on(side, 0):
-        states, _ = _state_scan(k, v, g, log_lam, h0, cu, N, T, gated, False, False, sdt)
-    if side:
-        states.record_stream(cur)  # allocated on the side stream, read on this one
-    # gated: the final state's gradient reaches dk, d log_f and dh0 through gla_state_grad_kernel instead
-    # (see GatedLinearAttnFn), so their states start from 0; dv takes it here, through a second walk
-    dstates, dh0 = _state_scan(q, do, g, log_lam, None if gated else dht, cu, N, T, gated, True,
-                               h0 is not None, sdt)
-    dstates_v = dstates
-    if gated and dht is not None:
-        dstates_v, _ = _state_scan(q, do, g, log_lam, dht, cu, N, T, gated, True, False, sdt)
-    S, slot_seq = _slots(q, cu, N, T, bt)
-    common = dict(H=H, K=K, V=V, BT=bt, GATED=gated, HAS_DECAY=log_lam is not None or gated,
-                  VARLEN=cu.numel() > 1, PREC=_prec(q))
-    NT = triton.cdiv(T, bt)
-    gdt = torch.float32 if gated else q.dtype
-    dq = torch.empty(q.shape, dtype=gdt, device=q.device)
-    dk = torch.empty(k.shape, dtype=gdt, device=q.device)
-    dv = torch.empty_like(v)
-    cv, cqk = _ccfg("dv", K, V, gated), _ccfg("dqk", K, V, gated)
-    if side:
-        side[1].wait_stream(cur)  # dv reads the reverse scan's states
-    with _on(side, 1):
-        chunk_dv_kernel[(S, triton.cdiv(V, cv["block"]), H)](
-            q, k, g, log_lam, A, tame, dstates_v, do, dv, slot_seq, cu, T, NT, BK=_np2(K), BV=cv["block"],
-            **common, num_warps=cv["num_warps"], num_stages=cv["num_stages"])
-    if side:
-        cur.wait_stream(side[0])  # the recomputed states
-    chunk_dqk_kernel[(S, triton.cdiv(K, cqk["block"]), H)](
-        q, k, v, g, log_lam, tame, states, dstates, do, dq, dk, slot_seq, cu, T, NT, BK=cqk["block"],
-        BV=_np2(V), **common, num_warps=cqk["num_warps"], num_stages=cqk["num_stages"])
-    for st in side:
-        cur.wait_stream(st)  # every later use (and free) of these tensors orders after the side streams
-    return dq, dk, dv, dh0
-
-
-def _fwd_any(*args, **kw):
-    return (_fwd_chunk if LAYOUT == "chunk" else _fwd)(*args, **kw)
-
-
-def _bwd_any(*args, **kw):
-    return (_bwd_chunk if LAYOUT == "chunk" else _bwd_scans)(*args, **kw)
-
-
 _STREAMS: dict[int, tuple] = {}
 
 
@@ -326,7 +193,7 @@ class LightningAttnFn(torch.autograd.Function):
         q, k, v, h0 = _contig(q, k, v, h0)
         N, T, _, cu = _layout(q, cu_seqlens)
         log_lam = None if decay is None else decay.float().log().contiguous()
-        o, ht = _fwd_any(q, k, v, None, log_lam, None, None, h0, cu, N, T, gated=False)
+        o, ht = _fwd(q, k, v, None, log_lam, None, None, h0, cu, N, T, gated=False)
         ctx.save_for_backward(q, k, v, log_lam, h0, cu)
         ctx.N, ctx.T = N, T
         ctx.set_materialize_grads(False)
@@ -338,7 +205,7 @@ class LightningAttnFn(torch.autograd.Function):
         if do is None:
             do = torch.zeros_like(v)
         do, dht = _contig(do, dht)
-        dq, dk, dv, dh0 = _bwd_any(q, k, v, None, log_lam, None, None, do.to(v.dtype), h0, dht, cu,
+        dq, dk, dv, dh0 = _bwd_scans(q, k, v, None, log_lam, None, None, do.to(v.dtype), h0, dht, cu,
                                      ctx.N, ctx.T, gated=False)
         return dq, dk, dv, None, dh0, None
 
@@ -393,7 +260,7 @@ class GatedLinearAttnFn(torch.autograd.Function):
         chunks = _chunk_table(cu_seqlens, N, T)
         bc, tame = _gla_cumsum(g, cu, T, chunks)
         A = _gla_A(q, k, bc, tame, cu, N, T, chunks)
-        o, ht = _fwd_any(q, k, v, g, None, A, tame, h0, cu, N, T, gated=True)
+        o, ht = _fwd(q, k, v, g, None, A, tame, h0, cu, N, T, gated=True)
         ctx.save_for_backward(q, k, v, g, h0, cu, A, tame, chunks[1])
         ctx.N, ctx.T, ctx.n_chunks = N, T, chunks[0]
         ctx.set_materialize_grads(False)
@@ -408,7 +275,7 @@ class GatedLinearAttnFn(torch.autograd.Function):
             do = torch.zeros_like(v)
         do, dht = _contig(do, dht)
         do = do.to(v.dtype)
-        dq, dk, dv, dh0 = _bwd_any(q, k, v, g, None, A, tame, do, h0, dht, cu, N, T, gated=True)
+        dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, tame, do, h0, dht, cu, N, T, gated=True)
         bk = min(BK_INTRA, _np2(K))
         bc, _ = _gla_cumsum(g, cu, T, (ctx.n_chunks, table), tame)
         gla_dqk_intra_kernel[(ctx.n_chunks, H)](

@@ -195,17 +195,6 @@ def test_fused_backward_launch(kind, monkeypatch):
     _check_against_recurrence(kind, q, k, v, x, torch.randn(1, 2, 16, 24))
 
 
-@pytest.mark.parametrize("kind", ["la", "nodecay"])
-def test_lightning_chunk_128(kind, monkeypatch):
-    """The lightning scans with 128-token chunks (LINSCALE_LA_CHUNK=128): T = 300 (two full chunks and a
-    partial one), packed documents with boundaries inside chunks."""
-    import ops.triton_linear_attn as TL
-    monkeypatch.setattr(TL, "LA_BT", 128)
-    q, k, v, x = _make(kind, 300, 2, 16, 16, seed=23)
-    _check_against_recurrence(kind, q, k, v, x, torch.randn(1, 2, 16, 16))
-    _check_against_recurrence(kind, q, k, v, x, torch.randn(3, 2, 16, 16), cu=torch.tensor([0, 100, 250, 300]))
-
-
 def test_auto_on_cuda_picks_only_gpu_validated_kernels(monkeypatch):
     """`auto` on a CUDA tensor: Triton for both ops (GPU-validated); gated_linear_attn falls back to the
     chunked twin when switched off (LINSCALE_GLA_TRITON=0)."""
