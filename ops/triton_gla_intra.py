@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ops.triton_scan import _seq_bounds
+from ops.triton_scan import _program, _seq_bounds
 
 
 @triton.jit
@@ -199,16 +199,8 @@ def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, cu, T,
     tiny true gradient of gates near 0). Then adds (do_t . v_t) k_t, (do_t . v_t) q_t and writes dq, dk.
     With a gradient on the final state (HAS_DS), dk held no part of it: its terms come from
     `gla_state_grad_kernel`, d log_f's directly (dgx) and dk's (dkx) added here after the cumsum."""
-    i_k = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // H
-    i_h = i_nh % H
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
-    offs_k = i_k * BK + tl.arange(0, BK)
-    kmask = offs_k < K
-    offs_v = tl.arange(0, BV)
-    vmask = offs_v < V
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, _, _, _ = _program(
+        tl.program_id(0), 0, tl.program_id(1), None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
     carry = tl.zeros([BK], dtype=tl.float32)
     NC = tl.cdiv(L, BT)
     for cc in range(0, NC):
@@ -252,19 +244,9 @@ def gla_state_grad_kernel(k, v, g, dht, h0, dgx, dkx, dh0, cu, T,
     The direct form: every term is a product of factors <= 1 and O(1) sums, so it keeps its relative
     precision for gates near 0, where the equivalent 'sum of all minus a suffix' form cancels.
     Pass 1 walks forward (z; writes f_s z_{s-1} into dgx and u into dkx), pass 2 backward (W)."""
-    i_k = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // H
-    i_h = i_nh % H
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, _, hp, hmask = _program(
+        tl.program_id(0), 0, tl.program_id(1), None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
     offs_t = tl.arange(0, BT)
-    offs_k = i_k * BK + tl.arange(0, BK)
-    kmask = offs_k < K
-    offs_v = tl.arange(0, BV)
-    vmask = offs_v < V
-    hp = i_nh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
-    hmask = kmask[:, None] & vmask[None, :]
     dS = tl.load(dht + hp, mask=hmask, other=0.).to(tl.float32)
     z = tl.zeros([BK], dtype=tl.float32)
     if HAS_H0:

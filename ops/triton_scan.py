@@ -41,6 +41,34 @@ def _seq_bounds(cu, i_n, T, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _program(i_k, i_v, i_nh, log_lam, cu, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+             BK: tl.constexpr, BV: tl.constexpr, GATED: tl.constexpr, HAS_DECAY: tl.constexpr,
+             VARLEN: tl.constexpr):
+    """What every scan program starts from: its head, sequence start and length, its key / value columns
+    (block i_k of BK, block i_v of BV) with their masks, the scalar log-decay (0. when gated or none),
+    and the offsets / mask of its [BK, BV] block of a [N, H, K, V] state tensor."""
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    offs_k = i_k * BK + tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    kmask = offs_k < K
+    vmask = offs_v < V
+    ll = 0.
+    if not GATED and HAS_DECAY:
+        ll = tl.load(log_lam + i_h).to(tl.float32)
+    hp = i_nh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
+    return i_h, bos, eos - bos, offs_k, offs_v, kmask, vmask, ll, hp, kmask[:, None] & vmask[None, :]
+
+
+@triton.jit
+def _chunk_rows(c, offs_t, L, BT: tl.constexpr):
+    """Chunk c's rows inside the sequence, which of them are real, and how many."""
+    rows = c * BT + offs_t
+    return rows, rows < L, tl.minimum(L - c * BT, BT)
+
+
+@triton.jit
 def _decay_rows(g, ll, bos, rows, rmask, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
                 n_valid, GATED: tl.constexpr, HAS_DECAY: tl.constexpr, BT: tl.constexpr):
     """Inclusive cumulative log-decay inside the chunk: b [BT, BK] (GATED) or [BT, 1], and b_L [1, BK]
@@ -148,28 +176,15 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, tame, o, h0, ht, cu, T,
     """grid (cdiv(V, BV), N * H); BK >= K holds every key column."""
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
-    i_n = i_nh // H
-    i_h = i_nh % H
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
+        0, i_v, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
     offs_t = tl.arange(0, BT)
-    offs_k = tl.arange(0, BK)
-    offs_v = i_v * BV + tl.arange(0, BV)
-    kmask = offs_k < K
-    vmask = offs_v < V
     dt = q.dtype.element_ty
-    ll = 0.
-    if not GATED and HAS_DECAY:
-        ll = tl.load(log_lam + i_h).to(tl.float32)
-    hp = i_nh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
-    hmask = kmask[:, None] & vmask[None, :]
     h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         h += tl.load(h0 + hp, mask=hmask, other=0.).to(tl.float32)
     for c in range(0, tl.cdiv(L, BT)):
-        rows = c * BT + offs_t
-        rmask = rows < L
-        n_valid = tl.minimum(L - c * BT, BT)
+        rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
@@ -210,27 +225,15 @@ def _dq_scan(i_k, i_nh, k, v, g, log_lam, tame, do, dq, h0, cu, T,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(K, BK), N * H); BV >= V. dq = (do h^T) * exp(b) [+ intra (do v^T * D) k when scalar]."""
-    i_n = i_nh // H
-    i_h = i_nh % H
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
+        i_k, 0, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
     offs_t = tl.arange(0, BT)
-    offs_k = i_k * BK + tl.arange(0, BK)
-    offs_v = tl.arange(0, BV)
-    kmask = offs_k < K
-    vmask = offs_v < V
     dt = k.dtype.element_ty
-    ll = 0.
-    if not GATED and HAS_DECAY:
-        ll = tl.load(log_lam + i_h).to(tl.float32)
-    hp = i_nh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
     h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
-        h += tl.load(h0 + hp, mask=kmask[:, None] & vmask[None, :], other=0.).to(tl.float32)
+        h += tl.load(h0 + hp, mask=hmask, other=0.).to(tl.float32)
     for c in range(0, tl.cdiv(L, BT)):
-        rows = c * BT + offs_t
-        rmask = rows < L
-        n_valid = tl.minimum(L - c * BT, BT)
+        rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
@@ -270,30 +273,17 @@ def _dk_scan(i_k, i_nh, q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
                    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(K, BK), N * H); BV >= V; walks backward. dk = (v dh^T) * exp(b_L - b)
     [+ intra (do v^T * D)^T q when scalar]; also writes d(initial state)."""
-    i_n = i_nh // H
-    i_h = i_nh % H
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
+        i_k, 0, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
     offs_t = tl.arange(0, BT)
-    offs_k = i_k * BK + tl.arange(0, BK)
-    offs_v = tl.arange(0, BV)
-    kmask = offs_k < K
-    vmask = offs_v < V
     dt = q.dtype.element_ty
-    ll = 0.
-    if not GATED and HAS_DECAY:
-        ll = tl.load(log_lam + i_h).to(tl.float32)
-    hp = i_nh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
-    hmask = kmask[:, None] & vmask[None, :]
     dh = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dh += tl.load(dht + hp, mask=hmask, other=0.).to(tl.float32)
     NC = tl.cdiv(L, BT)
     for cc in range(0, NC):
         c = NC - 1 - cc
-        rows = c * BT + offs_t
-        rmask = rows < L
-        n_valid = tl.minimum(L - c * BT, BT)
+        rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
@@ -337,29 +327,17 @@ def _dv_scan(i_v, i_nh, q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(V, BV), N * H); BK >= K; walks backward. dv = A^T do + (k * exp(b_L - b)) dh."""
-    i_n = i_nh // H
-    i_h = i_nh % H
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
+        0, i_v, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
     offs_t = tl.arange(0, BT)
-    offs_k = tl.arange(0, BK)
-    offs_v = i_v * BV + tl.arange(0, BV)
-    kmask = offs_k < K
-    vmask = offs_v < V
     dt = q.dtype.element_ty
-    ll = 0.
-    if not GATED and HAS_DECAY:
-        ll = tl.load(log_lam + i_h).to(tl.float32)
-    hp = i_nh.to(tl.int64) * K * V + offs_k[:, None] * V + offs_v[None, :]
     dh = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
-        dh += tl.load(dht + hp, mask=kmask[:, None] & vmask[None, :], other=0.).to(tl.float32)
+        dh += tl.load(dht + hp, mask=hmask, other=0.).to(tl.float32)
     NC = tl.cdiv(L, BT)
     for cc in range(0, NC):
         c = NC - 1 - cc
-        rows = c * BT + offs_t
-        rmask = rows < L
-        n_valid = tl.minimum(L - c * BT, BT)
+        rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
