@@ -195,6 +195,10 @@ class StagingBuffers:
         The copy stays valid until the next stage() with the same key."""
         tensors = list(_tensors(obj))
         arena = self._arena(key, tensors)
+        # A fresh arena (no reserve: DeepSpeed's first save) is faulted in first: a GPU copy into untouched
+        # pageable memory ran at 1.0 GB/s on an H200 host, into touched memory at 14.5 GB/s, and touching
+        # 4 GB took 0.5 s (docs/benchmarks.md).
+        arena.touch()
         if arena.copy_in(tensors):
             torch.cuda.synchronize()  # the non-blocking copies must land before anyone reads them
         return _rebuild(obj, iter(arena.views))
