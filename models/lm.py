@@ -86,7 +86,9 @@ class LanguageModel(nn.Module):
         cfg = self.config
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, time], got shape {tuple(input_ids.shape)}")
-        if input_ids.numel() and (int(input_ids.max()) >= cfg.vocab_size or int(input_ids.min()) < 0):
+        # the range check reads values (a host sync): eager only, so a compiled forward stays one graph
+        if (not torch.compiler.is_compiling() and input_ids.numel()
+                and (int(input_ids.max()) >= cfg.vocab_size or int(input_ids.min()) < 0)):
             raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got min {int(input_ids.min())}, "
                              f"max {int(input_ids.max())}")
         if cu_seqlens is not None and cfg.arch == "llama":

@@ -187,27 +187,59 @@ def _contig(*xs):
 # lightning attention
 # ----------------------------------------------------------------------------------------------------
 
-class LightningAttnFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, decay, h0, cu_seqlens):
-        q, k, v, h0 = _contig(q, k, v, h0)
-        N, T, _, cu = _layout(q, cu_seqlens)
-        log_lam = None if decay is None else decay.float().log().contiguous()
-        o, ht = _fwd(q, k, v, None, log_lam, None, None, h0, cu, N, T, gated=False)
-        ctx.save_for_backward(q, k, v, log_lam, h0, cu)
-        ctx.N, ctx.T = N, T
-        ctx.set_materialize_grads(False)
-        return o, ht
+# Both ops are torch.library custom ops with registered autograd: torch.compile then keeps each call as
+# one opaque node of its graph (no graph break; Dynamo does not trace the launches, the stream cache or
+# the host-side chunk table of packed GLA input), and eager mode runs exactly the same code.
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, log_lam, h0, cu = ctx.saved_tensors
-        if do is None:
-            do = torch.zeros_like(v)
-        do, dht = _contig(do, dht)
-        dq, dk, dv, dh0 = _bwd_scans(q, k, v, None, log_lam, None, None, do.to(v.dtype), h0, dht, cu,
-                                     ctx.N, ctx.T, gated=False)
-        return dq, dk, dv, None, dh0, None
+def _empty(like: Tensor) -> Tensor:
+    return like.new_empty(0)  # stands for "no tensor" among a custom op's outputs
+
+
+@torch.library.custom_op("linscale::lightning_attn_fwd", mutates_args=())
+def _lightning_fwd(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: Tensor | None,
+                   cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
+    q, k, v, h0 = _contig(q, k, v, h0)
+    N, T, _, cu = _layout(q, cu_seqlens)
+    return _fwd(q, k, v, None, log_lam, None, None, h0, cu, N, T, gated=False)
+
+
+@_lightning_fwd.register_fake
+def _(q, k, v, log_lam, h0, cu_seqlens):
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return v.new_empty(v.shape), q.new_empty((N, q.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
+
+
+@torch.library.custom_op("linscale::lightning_attn_bwd", mutates_args=())
+def _lightning_bwd(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: Tensor | None,
+                   cu_seqlens: Tensor | None, do: Tensor, dht: Tensor | None
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    q, k, v, h0, do, dht = _contig(q, k, v, h0, do, dht)
+    N, T, _, cu = _layout(q, cu_seqlens)
+    dq, dk, dv, dh0 = _bwd_scans(q, k, v, None, log_lam, None, None, do.to(v.dtype), h0, dht, cu, N, T,
+                                 gated=False)
+    return dq, dk, dv, dh0 if dh0 is not None else _empty(q)
+
+
+@_lightning_bwd.register_fake
+def _(q, k, v, log_lam, h0, cu_seqlens, do, dht):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            h0.new_empty(h0.shape, dtype=torch.float32) if h0 is not None else _empty(q))
+
+
+def _lightning_setup(ctx, inputs, output) -> None:
+    q, k, v, log_lam, h0, cu_seqlens = inputs
+    ctx.save_for_backward(q, k, v, log_lam, h0, cu_seqlens)
+
+
+def _lightning_backward(ctx, do, dht):
+    q, k, v, log_lam, h0, cu_seqlens = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(v)
+    dq, dk, dv, dh0 = _lightning_bwd(q, k, v, log_lam, h0, cu_seqlens, do, dht)
+    return dq, dk, dv, None, dh0 if h0 is not None else None, None
+
+
+torch.library.register_autograd("linscale::lightning_attn_fwd", _lightning_backward, setup_context=_lightning_setup)
 
 
 def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
@@ -215,7 +247,9 @@ def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
     _check_device(q)
     if q.dtype == torch.float64:
         return _registered_fallback("lightning_attn")(q, k, v, decay, initial_state, cu_seqlens)
-    return LightningAttnFn.apply(q, k, v, decay, initial_state, cu_seqlens)
+    # TNL's decay is a fixed constant: no gradient reaches it (its log is taken outside the graph of q, k, v)
+    log_lam = None if decay is None else decay.detach().float().log().contiguous()
+    return _lightning_fwd(q, k, v, log_lam, initial_state, cu_seqlens)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -249,57 +283,86 @@ def _gla_A(q, k, bc, tame, cu, N, T, chunks):
     return A
 
 
-class GatedLinearAttnFn(torch.autograd.Function):
-    """Tame chunks (see `ops.triton_gla_intra.gla_cumsum_kernel`) are handled entirely inside the scans;
-    the sub-chunk kernels (A, intra dq / dk) only do work for the others (gates near 0)."""
+# Tame chunks (see `ops.triton_gla_intra.gla_cumsum_kernel`) are handled entirely inside the scans; the
+# sub-chunk kernels (A, intra dq / dk) only do work for the others (gates near 0). The forward's A and
+# tame flags are kept for the backward; the (sequence, chunk) table of packed input is rebuilt there.
 
-    @staticmethod
-    def forward(ctx, q, k, v, g, h0, cu_seqlens):
-        q, k, v, g, h0 = _contig(q, k, v, g, h0)
-        N, T, _, cu = _layout(q, cu_seqlens)
-        chunks = _chunk_table(cu_seqlens, N, T)
-        bc, tame = _gla_cumsum(g, cu, T, chunks)
-        A = _gla_A(q, k, bc, tame, cu, N, T, chunks)
-        o, ht = _fwd(q, k, v, g, None, A, tame, h0, cu, N, T, gated=True)
-        ctx.save_for_backward(q, k, v, g, h0, cu, A, tame, chunks[1])
-        ctx.N, ctx.T, ctx.n_chunks = N, T, chunks[0]
-        ctx.set_materialize_grads(False)
-        return o, ht
+@torch.library.custom_op("linscale::gated_linear_attn_fwd", mutates_args=())
+def _gla_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
+             cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    q, k, v, g, h0 = _contig(q, k, v, g, h0)
+    N, T, _, cu = _layout(q, cu_seqlens)
+    chunks = _chunk_table(cu_seqlens, N, T)
+    bc, tame = _gla_cumsum(g, cu, T, chunks)
+    A = _gla_A(q, k, bc, tame, cu, N, T, chunks)
+    o, ht = _fwd(q, k, v, g, None, A, tame, h0, cu, N, T, gated=True)
+    return o, ht, A, tame
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, h0, cu, A, tame, table = ctx.saved_tensors
-        N, T = ctx.N, ctx.T
-        H, K, V = q.shape[2], q.shape[3], v.shape[3]
-        if do is None:
-            do = torch.zeros_like(v)
-        do, dht = _contig(do, dht)
-        do = do.to(v.dtype)
-        dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, tame, do, h0, dht, cu, N, T, gated=True)
-        bk = min(BK_INTRA, _np2(K))
-        bc, _ = _gla_cumsum(g, cu, T, (ctx.n_chunks, table), tame)
-        gla_dqk_intra_kernel[(ctx.n_chunks, H)](
-            q, k, v, bc, do, dq, dk, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
-            H=H, K=K, V=V, BT=BT, BC=BC, BK=bk, BV=_np2(V), VARLEN=table is not None, PREC=_prec(q),
+
+@_gla_fwd.register_fake
+def _(q, k, v, g, h0, cu_seqlens):
+    B, T, H, K = q.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return (v.new_empty(v.shape), q.new_empty((N, H, K, v.shape[3]), dtype=torch.float32),
+            q.new_empty((B * T, H, BT), dtype=torch.float32), q.new_empty((B, T, H), dtype=torch.int32))
+
+
+@torch.library.custom_op("linscale::gated_linear_attn_bwd", mutates_args=())
+def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_seqlens: Tensor | None,
+             A: Tensor, tame: Tensor, do: Tensor, dht: Tensor | None
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    q, k, v, g, h0, do, dht = _contig(q, k, v, g, h0, do, dht)
+    N, T, _, cu = _layout(q, cu_seqlens)
+    n_chunks, table = _chunk_table(cu_seqlens, N, T)
+    H, K, V = q.shape[2], q.shape[3], v.shape[3]
+    do = do.to(v.dtype)
+    dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, tame, do, h0, dht, cu, N, T, gated=True)
+    bk = min(BK_INTRA, _np2(K))
+    bc, _ = _gla_cumsum(g, cu, T, (n_chunks, table), tame)
+    gla_dqk_intra_kernel[(n_chunks, H)](
+        q, k, v, bc, do, dq, dk, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+        H=H, K=K, V=V, BT=BT, BC=BC, BK=bk, BV=_np2(V), VARLEN=table is not None, PREC=_prec(q),
+        num_warps=4)
+    dgx = dkx = None
+    if dht is not None:  # the final state's gradient, in its direct (non-cancelling) form
+        dgx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+        dkx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+        bks = min(32, _np2(K))
+        gla_state_grad_kernel[(triton.cdiv(K, bks), N * H)](
+            k, v, g, dht, h0 if h0 is not None else dht, dgx, dkx, dh0 if dh0 is not None else dht, cu, T,
+            H=H, K=K, V=V, BT=BT, BK=bks, BV=_np2(V), HAS_H0=h0 is not None, VARLEN=cu.numel() > 1,
             num_warps=4)
-        dgx = dkx = None
-        if dht is not None:  # the final state's gradient, in its direct (non-cancelling) form
-            dgx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
-            dkx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
-            bks = min(32, _np2(K))
-            gla_state_grad_kernel[(triton.cdiv(K, bks), N * H)](
-                k, v, g, dht, h0 if h0 is not None else dht, dgx, dkx, dh0 if dh0 is not None else dht, cu, T,
-                H=H, K=K, V=V, BT=BT, BK=bks, BV=_np2(V), HAS_H0=h0 is not None, VARLEN=cu.numel() > 1,
-                num_warps=4)
-        dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
-        dq_out, dk_out = torch.empty_like(q), torch.empty_like(k)
-        cg = {"block": 64, "num_warps": 4, **TUNE.get("dg", {})}
-        bkg = min(cg["block"], _np2(K))
-        gla_dg_kernel[(triton.cdiv(K, bkg), N * H)](
-            q, k, v, do, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
-            dq_out, dk_out, cu, T, H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V), HAS_DS=dgx is not None,
-            VARLEN=cu.numel() > 1, num_warps=cg["num_warps"])
-        return dq_out, dk_out, dv, dg, dh0, None
+    dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+    dq_out, dk_out = torch.empty_like(q), torch.empty_like(k)
+    cg = {"block": 64, "num_warps": 4, **TUNE.get("dg", {})}
+    bkg = min(cg["block"], _np2(K))
+    gla_dg_kernel[(triton.cdiv(K, bkg), N * H)](
+        q, k, v, do, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
+        dq_out, dk_out, cu, T, H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V), HAS_DS=dgx is not None,
+        VARLEN=cu.numel() > 1, num_warps=cg["num_warps"])
+    return dq_out, dk_out, dv, dg, dh0 if dh0 is not None else _empty(q)
+
+
+@_gla_bwd.register_fake
+def _(q, k, v, g, h0, cu_seqlens, A, tame, do, dht):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape),
+            h0.new_empty(h0.shape, dtype=torch.float32) if h0 is not None else _empty(q))
+
+
+def _gla_setup(ctx, inputs, output) -> None:
+    q, k, v, g, h0, cu_seqlens = inputs
+    ctx.save_for_backward(q, k, v, g, h0, cu_seqlens, output[2], output[3])
+
+
+def _gla_backward(ctx, do, dht, _dA, _dtame):
+    q, k, v, g, h0, cu_seqlens, A, tame = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(v)
+    dq, dk, dv, dg, dh0 = _gla_bwd(q, k, v, g, h0, cu_seqlens, A, tame, do, dht)
+    return dq, dk, dv, dg, dh0 if h0 is not None else None, None
+
+
+torch.library.register_autograd("linscale::gated_linear_attn_fwd", _gla_backward, setup_context=_gla_setup)
 
 
 def gated_linear_attn_triton(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
@@ -307,7 +370,8 @@ def gated_linear_attn_triton(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
     _check_device(q)
     if q.dtype == torch.float64:
         return _registered_fallback("gated_linear_attn")(q, k, v, log_f, initial_state, cu_seqlens)
-    return GatedLinearAttnFn.apply(q, k, v, log_f, initial_state, cu_seqlens)
+    o, ht, _, _ = _gla_fwd(q, k, v, log_f, initial_state, cu_seqlens)
+    return o, ht
 
 
 def _registered_fallback(op: str):

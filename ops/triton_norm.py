@@ -51,35 +51,62 @@ def _rms_bwd_kernel(x, w, dy, rstd, dx, dw_part, n_rows, D: tl.constexpr, BD: tl
         tl.store(dw_part + pid.to(tl.int64) * D + cols, acc, mask=m)
 
 
-class RMSNormFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor | None, eps: float):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).contiguous()
-        n, D = x2.shape
-        y = torch.empty_like(x2)
-        rstd = torch.empty(n, dtype=torch.float32, device=x.device)
-        BD = triton.next_power_of_2(D)
-        _rms_fwd_kernel[(n,)](x2, weight if weight is not None else x2, y, rstd, n, D, eps, BD=BD,
-                              HAS_W=weight is not None, num_warps=4 if BD <= 2048 else 8)
-        ctx.save_for_backward(x2, weight, rstd)
-        return y.view(shape)
+# A torch.library custom op with registered autograd, like the linear-attention ops: one opaque node
+# under torch.compile, the same code in eager mode.
 
-    @staticmethod
-    def backward(ctx, dy: Tensor):
-        x2, weight, rstd = ctx.saved_tensors
-        n, D = x2.shape
-        dy2 = dy.reshape(n, D).contiguous()
-        dx = torch.empty_like(x2)
-        n_prog = triton.cdiv(n, ROWS)
-        dw_part = torch.empty(n_prog, D, dtype=torch.float32, device=x2.device) if weight is not None else None
-        BD = triton.next_power_of_2(D)
-        _rms_bwd_kernel[(n_prog,)](x2, weight if weight is not None else x2, dy2, rstd, dx,
-                                   dw_part if dw_part is not None else rstd, n, D, BD=BD, ROWS=ROWS,
-                                   HAS_W=weight is not None, num_warps=4 if BD <= 2048 else 8)
-        dw = None if weight is None else dw_part.sum(0).to(weight.dtype)
-        return dx.view(dy.shape), dw, None
+@torch.library.custom_op("linscale::rms_norm_fwd", mutates_args=())
+def _rms_fwd(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
+    """y (x's shape and dtype) and the fp32 1/rms of each row."""
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    n, D = x2.shape
+    y = torch.empty_like(x2)
+    rstd = torch.empty(n, dtype=torch.float32, device=x.device)
+    BD = triton.next_power_of_2(D)
+    _rms_fwd_kernel[(n,)](x2, weight if weight is not None else x2, y, rstd, n, D, eps, BD=BD,
+                          HAS_W=weight is not None, num_warps=4 if BD <= 2048 else 8)
+    return y.view(x.shape), rstd
+
+
+@_rms_fwd.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape), x.new_empty((x.numel() // x.shape[-1],), dtype=torch.float32)
+
+
+@torch.library.custom_op("linscale::rms_norm_bwd", mutates_args=())
+def _rms_bwd(x: Tensor, weight: Tensor | None, rstd: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
+    """dx, and dw (fp32; empty without a weight)."""
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    n, D = x2.shape
+    dy2 = dy.reshape(n, D).contiguous()
+    dx = torch.empty_like(x2)
+    n_prog = triton.cdiv(n, ROWS)
+    dw_part = torch.empty(n_prog, D, dtype=torch.float32, device=x2.device) if weight is not None else None
+    BD = triton.next_power_of_2(D)
+    _rms_bwd_kernel[(n_prog,)](x2, weight if weight is not None else x2, dy2, rstd, dx,
+                               dw_part if dw_part is not None else rstd, n, D, BD=BD, ROWS=ROWS,
+                               HAS_W=weight is not None, num_warps=4 if BD <= 2048 else 8)
+    dw = dw_part.sum(0) if dw_part is not None else x.new_empty(0, dtype=torch.float32)
+    return dx.view(x.shape), dw
+
+
+@_rms_bwd.register_fake
+def _(x, weight, rstd, dy):
+    return x.new_empty(x.shape), x.new_empty((x.shape[-1],) if weight is not None else (0,), dtype=torch.float32)
+
+
+def _rms_setup(ctx, inputs, output) -> None:
+    x, weight, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+
+
+def _rms_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = _rms_bwd(x, weight, rstd, dy)
+    return dx, None if weight is None else dw.to(weight.dtype), None
+
+
+torch.library.register_autograd("linscale::rms_norm_fwd", _rms_backward, setup_context=_rms_setup)
 
 
 def rms_norm_triton(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
-    return RMSNormFn.apply(x, weight, eps)
+    return _rms_fwd(x, weight, eps)[0]
