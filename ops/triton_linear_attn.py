@@ -1,7 +1,7 @@
-"""The `triton` implementation of `lightning_attn` and `gated_linear_attn`: one autograd Function per op
-around the kernels of `ops.triton_scan` and `ops.triton_gla_intra`. Importing this module registers it
-(`ops/__init__.py` does so when Triton imports); the public ops in `ops.linear_attention` check the
-arguments before they get here.
+"""The `triton` implementation of `lightning_attn` and `gated_linear_attn`: one differentiable
+torch.library custom op per op (forward and backward ops, autograd registered) around the kernels of
+`ops.triton_scan` and `ops.triton_gla_intra`. Importing this module registers it (`ops/__init__.py` does
+so when Triton imports); the public ops in `ops.linear_attention` check the arguments before they get here.
 
 Gradients flow to q, k, v, log_f and the initial state (and from the final state, when it is used).
 A lightning `decay` is a fixed per-head constant (TNL does not learn it): it gets no gradient.
