@@ -69,6 +69,19 @@ def _chunk_rows(c, offs_t, L, BT: tl.constexpr):
 
 
 @triton.jit
+def _step(s, a, x, w, b_last, F32: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr):
+    """One chunk of a state walk: s <- exp(b_last)^T * s + (a * w)^T x (w: the rows' decay weights), the
+    product on fp32 operands when F32 (tf32 for bf16 inputs), else on a's dtype; without decay s + a^T x.
+    Forward walks: a = k, x = v, w = exp(b_L - b); backward walks: a = q, x = do, w = exp(b)."""
+    if DECAY:
+        if F32:
+            return s * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(a.to(tl.float32) * w), x.to(tl.float32),
+                                                          input_precision=PREC)
+        return s * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans((a * w).to(a.dtype)), x, input_precision=PREC)
+    return s + tl.dot(tl.trans(a), x, input_precision=PREC)
+
+
+@triton.jit
 def _decay_rows(g, ll, bos, rows, rmask, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
                 n_valid, GATED: tl.constexpr, HAS_DECAY: tl.constexpr, BT: tl.constexpr):
     """Inclusive cumulative log-decay inside the chunk: b [BT, BK] (GATED) or [BT, 1], and b_L [1, BK]
@@ -204,16 +217,12 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, tame, o, h0, ht, cu, T,
             b_o += tl.dot(q_e32, h, input_precision=PREC)
         else:
             b_o = tl.dot(b_A.to(dt), b_v, input_precision=PREC)
-        if GATED:
-            k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
-            h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w), b_v, input_precision=PREC)
-        elif HAS_DECAY:
-            b_o += tl.dot((b_q * tl.exp(b)).to(dt), h.to(dt), input_precision=PREC)
-            k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
-            h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w), b_v, input_precision=PREC)
-        else:
-            b_o += tl.dot(b_q, h.to(dt), input_precision=PREC)
-            h += tl.dot(tl.trans(b_k), b_v, input_precision=PREC)
+        if not GATED:
+            if HAS_DECAY:
+                b_o += tl.dot((b_q * tl.exp(b)).to(dt), h.to(dt), input_precision=PREC)
+            else:
+                b_o += tl.dot(b_q, h.to(dt), input_precision=PREC)
+        h = _step(h, b_k, b_v, tl.exp(tl.minimum(b_last - b, 0.)), b_last, False, GATED or HAS_DECAY, PREC)
         _store_rows(o, b_o, bos, rows, rmask, i_h, H, V, offs_v, vmask)
     tl.store(ht + hp, h, mask=hmask)
 
@@ -251,14 +260,8 @@ def _dq_scan(i_k, i_nh, k, v, g, log_lam, tame, do, dq, h0, cu, T,
             b_dq += tl.dot(b_dA, _k_over(b_k, b, tl.float32), input_precision=PREC)
         if GATED or HAS_DECAY:
             b_dq = b_dq * tl.exp(b)
-            k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
-            if GATED:  # fp32 operands: the state's bf16 rounding dominated d log_f's error (8e-3 -> 2e-3)
-                k_w32 = b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.))
-                h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w32), b_v.to(tl.float32), input_precision=PREC)
-            else:
-                h = h * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(k_w), b_v, input_precision=PREC)
-        else:
-            h += tl.dot(tl.trans(b_k), b_v, input_precision=PREC)
+        # gated: fp32 operands, the state's bf16 rounding dominated d log_f's error (8e-3 -> 2e-3)
+        h = _step(h, b_k, b_v, tl.exp(tl.minimum(b_last - b, 0.)), b_last, GATED, GATED or HAS_DECAY, PREC)
         if not GATED:
             b_dA = tl.dot(b_do, tl.trans(b_v), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
             b_dq += tl.dot(b_dA.to(dt), b_k, input_precision=PREC)
@@ -295,7 +298,6 @@ def _dk_scan(i_k, i_nh, q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
             b_dk = tl.dot(b_v, tl.trans(dh.to(dt)), input_precision=PREC)
         if GATED or HAS_DECAY:
             b_dk = b_dk * tl.exp(tl.minimum(b_last - b, 0.))
-            q_w = (b_q * tl.exp(b)).to(dt)
         if GATED:
             # tame chunk: intra part exp(-b) * ((do v^T)^T, strictly lower) @ q exp(b) (else 0, see dq)
             tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
@@ -303,14 +305,7 @@ def _dk_scan(i_k, i_nh, q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
                              tl.dot(b_v, tl.trans(b_do), input_precision=PREC), 0.)
             b_dk += (tl.dot(b_dAt, b_q.to(tl.float32) * tl.exp(b), input_precision=PREC)
                      * tl.exp(tl.minimum(-b, TAME_SPAN)))
-        if GATED or HAS_DECAY:
-            if GATED:  # fp32 operands, see the dq scan
-                q_w32 = b_q.to(tl.float32) * tl.exp(b)
-                dh = dh * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(q_w32), b_do.to(tl.float32), input_precision=PREC)
-            else:
-                dh = dh * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(q_w), b_do, input_precision=PREC)
-        else:
-            dh += tl.dot(tl.trans(b_q), b_do, input_precision=PREC)
+        dh = _step(dh, b_q, b_do, tl.exp(b), b_last, GATED, GATED or HAS_DECAY, PREC)  # gated: fp32, as dq
         if not GATED:
             # (do v^T * D)^T = (v do^T) * D^T
             b_dAt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
@@ -356,15 +351,12 @@ def _dv_scan(i_v, i_nh, q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
             b_dv += tl.dot(b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.)), dh, input_precision=PREC)
         else:
             b_dv = tl.dot(b_At.to(dt), b_do, input_precision=PREC)
-        if GATED or HAS_DECAY:
-            if not GATED:
-                k_w = (b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt)
-                b_dv += tl.dot(k_w, dh.to(dt), input_precision=PREC)
-            q_w = (b_q * tl.exp(b)).to(dt)
-            dh = dh * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(q_w), b_do, input_precision=PREC)
-        else:
-            b_dv += tl.dot(b_k, dh.to(dt), input_precision=PREC)
-            dh += tl.dot(tl.trans(b_q), b_do, input_precision=PREC)
+        if not GATED:
+            if HAS_DECAY:
+                b_dv += tl.dot((b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt), dh.to(dt), input_precision=PREC)
+            else:
+                b_dv += tl.dot(b_k, dh.to(dt), input_precision=PREC)
+        dh = _step(dh, b_q, b_do, tl.exp(b), b_last, False, GATED or HAS_DECAY, PREC)
         _store_rows(dv, b_dv, bos, rows, rmask, i_h, H, V, offs_v, vmask)
 
 
