@@ -43,16 +43,22 @@ def one_step(tr: Trainer) -> float:
     return time.perf_counter() - t0
 
 
+def steps_while_writing(tr: Trainer) -> list[float]:
+    """Train until the checkpoint writer is idle; the step times."""
+    steps = []
+    while tr.checkpointer.writer.busy:
+        steps.append(one_step(tr))
+    tr.checkpointer.writer.wait()
+    return steps
+
+
 def background(tr: Trainer, start, base: float) -> dict:
     """Start a background save with `start()`, keep training until the writer is idle."""
     mgr = tr.checkpointer
     t0 = time.perf_counter()
     start()
     call = time.perf_counter() - t0
-    steps = []
-    while mgr.writer.busy:
-        steps.append(one_step(tr))
-    mgr.writer.wait()
+    steps = steps_while_writing(tr)
     total = time.perf_counter() - t0
     extra = sum(s - base for s in steps)
     return {"call_s": call, "steps_during_write": len(steps), "extra_step_time_s": extra,
@@ -75,10 +81,7 @@ def bench(args) -> dict:
     t0 = time.perf_counter()
     mgr.after_step()
     reserve_call = time.perf_counter() - t0
-    reserve_steps = []
-    while mgr.writer.busy:
-        reserve_steps.append(one_step(tr))
-    mgr.writer.wait()
+    reserve_steps = steps_while_writing(tr)
     reserve_wall = time.perf_counter() - t0
     for _ in range(args.warmup):
         one_step(tr)
