@@ -284,36 +284,43 @@ def _gla_A(q, k, bc, tame, cu, N, T, chunks):
 
 
 # Tame chunks (see `ops.triton_gla_intra.gla_cumsum_kernel`) are handled entirely inside the scans; the
-# sub-chunk kernels (A, intra dq / dk) only do work for the others (gates near 0). The forward's A and
-# tame flags are kept for the backward; the (sequence, chunk) table of packed input is rebuilt there.
+# sub-chunk kernels (A, intra dq / dk) only do work for the others (gates near 0). The forward's A, tame
+# flags and (sequence, chunk) table of packed input (its one host sync) are kept for the backward.
 
 @torch.library.custom_op("linscale::gated_linear_attn_fwd", mutates_args=())
 def _gla_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
-             cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+             cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, h0 = _contig(q, k, v, g, h0)
     N, T, _, cu = _layout(q, cu_seqlens)
     chunks = _chunk_table(cu_seqlens, N, T)
     bc, tame = _gla_cumsum(g, cu, T, chunks)
     A = _gla_A(q, k, bc, tame, cu, N, T, chunks)
     o, ht = _fwd(q, k, v, g, None, A, tame, h0, cu, N, T, gated=True)
-    return o, ht, A, tame
+    table = chunks[1] if chunks[1] is not None else q.new_empty((0, 2), dtype=torch.int32)
+    return o, ht, A, tame, table
 
 
 @_gla_fwd.register_fake
 def _(q, k, v, g, h0, cu_seqlens):
     B, T, H, K = q.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    # packed input: one table row per (sequence, chunk), a count known only from the lengths' values
+    rows = 0 if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
     return (v.new_empty(v.shape), q.new_empty((N, H, K, v.shape[3]), dtype=torch.float32),
-            q.new_empty((B * T, H, BT), dtype=torch.float32), q.new_empty((B, T, H), dtype=torch.int32))
+            q.new_empty((B * T, H, BT), dtype=torch.float32), q.new_empty((B, T, H), dtype=torch.int32),
+            q.new_empty((rows, 2), dtype=torch.int32))
 
 
 @torch.library.custom_op("linscale::gated_linear_attn_bwd", mutates_args=())
 def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_seqlens: Tensor | None,
-             A: Tensor, tame: Tensor, do: Tensor, dht: Tensor | None
+             A: Tensor, tame: Tensor, table: Tensor, do: Tensor, dht: Tensor | None
              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, h0, do, dht = _contig(q, k, v, g, h0, do, dht)
     N, T, _, cu = _layout(q, cu_seqlens)
-    n_chunks, table = _chunk_table(cu_seqlens, N, T)
+    if cu_seqlens is None:
+        n_chunks, table = N * triton.cdiv(T, BT), None
+    else:
+        n_chunks = table.shape[0]
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     do = do.to(v.dtype)
     dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, tame, do, h0, dht, cu, N, T, gated=True)
@@ -344,21 +351,21 @@ def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_s
 
 
 @_gla_bwd.register_fake
-def _(q, k, v, g, h0, cu_seqlens, A, tame, do, dht):
+def _(q, k, v, g, h0, cu_seqlens, A, tame, table, do, dht):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape),
             h0.new_empty(h0.shape, dtype=torch.float32) if h0 is not None else _empty(q))
 
 
 def _gla_setup(ctx, inputs, output) -> None:
     q, k, v, g, h0, cu_seqlens = inputs
-    ctx.save_for_backward(q, k, v, g, h0, cu_seqlens, output[2], output[3])
+    ctx.save_for_backward(q, k, v, g, h0, cu_seqlens, *output[2:])
 
 
-def _gla_backward(ctx, do, dht, _dA, _dtame):
-    q, k, v, g, h0, cu_seqlens, A, tame = ctx.saved_tensors
+def _gla_backward(ctx, do, dht, _dA, _dtame, _dtable):
+    q, k, v, g, h0, cu_seqlens, A, tame, table = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(v)
-    dq, dk, dv, dg, dh0 = _gla_bwd(q, k, v, g, h0, cu_seqlens, A, tame, do, dht)
+    dq, dk, dv, dg, dh0 = _gla_bwd(q, k, v, g, h0, cu_seqlens, A, tame, table, do, dht)
     return dq, dk, dv, dg, dh0 if h0 is not None else None, None
 
 
@@ -370,7 +377,7 @@ def gated_linear_attn_triton(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
     _check_device(q)
     if q.dtype == torch.float64:
         return _registered_fallback("gated_linear_attn")(q, k, v, log_f, initial_state, cu_seqlens)
-    o, ht, _, _ = _gla_fwd(q, k, v, log_f, initial_state, cu_seqlens)
+    o, ht, *_ = _gla_fwd(q, k, v, log_f, initial_state, cu_seqlens)
     return o, ht
 
 
