@@ -198,13 +198,13 @@ def _resources(D: int) -> None:
     for gated, K, V in [(False, D, D), (False, 2 * D, D), (True, D, D)]:
         base = dict(H=16, K=K, V=V, BT=64, GATED=gated, HAS_DECAY=True, VARLEN=False, PREC="tf32")
         Kp, Vp = TL._np2(K), TL._np2(V)
-        rows = [("fwd", S.fwd_scan_kernel, "q k v g log_lam A tame o h0 ht cu T", [P, P, P, F, F, F, I, P, F, F, I, "i32"],
+        rows = [("fwd", S.fwd_scan_kernel, "q k v g log_lam A o h0 ht cu T", [P, P, P, F, F, F, P, F, F, I, "i32"],
                  lambda c: dict(BK=Kp, BV=c["block"], HAS_H0=True)),
-                ("dq", S.dq_scan_kernel, "k v g log_lam tame do dq h0 cu T", [P, P, F, F, I, P, F, F, I, "i32"],
+                ("dq", S.dq_scan_kernel, "k v g log_lam do dq h0 cu T", [P, P, F, F, P, F, F, I, "i32"],
                  lambda c: dict(BK=c["block"], BV=Vp, HAS_H0=True)),
-                ("dk", S.dk_scan_kernel, "q v g log_lam tame do dk dht dh0 cu T", [P, P, F, F, I, P, F, F, F, I, "i32"],
+                ("dk", S.dk_scan_kernel, "q v g log_lam do dk dht dh0 cu T", [P, P, F, F, P, F, F, F, I, "i32"],
                  lambda c: dict(BK=c["block"], BV=Vp, HAS_DHT=False, STORE_DH0=True)),
-                ("dv", S.dv_scan_kernel, "q k g log_lam A tame do dv dht cu T", [P, P, F, F, F, I, P, P, F, I, "i32"],
+                ("dv", S.dv_scan_kernel, "q k g log_lam A do dv dht cu T", [P, P, F, F, F, P, P, F, I, "i32"],
                  lambda c: dict(BK=Kp, BV=c["block"], HAS_DHT=True))]
         for name, fn, names, types, extra in rows:
             c = TL._cfg(name, K, V, gated)

@@ -18,16 +18,16 @@ import triton
 from torch import Tensor
 
 from ops.linear_attention import register_impl
-from ops.triton_gla_intra import (gla_A_kernel, gla_cumsum_kernel, gla_dg_kernel, gla_dqk_intra_kernel,
-                                  gla_state_grad_kernel)
-from ops.triton_scan import TAME_SPAN, bwd_scans_kernel, dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel
+from ops.triton_gla_intra import (TAME_SPAN, gla_A_kernel, gla_A_tame_kernel, gla_cumsum_kernel,
+                                  gla_dg_kernel, gla_dqk_intra_kernel, gla_state_grad_kernel)
+from ops.triton_scan import bwd_scans_kernel, dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel
 
 BT = 64  # chunk length
 BC = 16  # sub-chunk length of the gated intra-chunk products
 BK_INTRA = 32  # key block of the element-wise [BC, BC, BK] tiles
-# chunks whose strongest channel decays by at most exp(-TAME) take the scans' direct path (tests lower it
-# to force the sub-chunk path; above TAME_SPAN it would be unsafe, see ops.triton_scan)
-TAME = TAME_SPAN.value
+# chunks whose strongest channel decays by at most exp(-TAME) take the direct intra-chunk products (tests
+# lower it to force the sub-chunk path; above TAME_SPAN it would be unsafe, see ops.triton_gla_intra)
+TAME = TAME_SPAN
 
 
 def _np2(x: int) -> int:
@@ -99,13 +99,13 @@ def _chunk_table(cu_seqlens: Tensor | None, N: int, T: int) -> tuple[int, Tensor
 # shared launches
 # ----------------------------------------------------------------------------------------------------
 
-def _fwd(q, k, v, g, log_lam, A, tame, h0, cu, N, T, gated):
+def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated):
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     c = _cfg("fwd", K, V, gated)
     o = torch.empty_like(v)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(V, c["block"]), N * H)
-    fwd_scan_kernel[grid](q, k, v, g, log_lam, A, tame, o, h0 if h0 is not None else ht, ht, cu, T,
+    fwd_scan_kernel[grid](q, k, v, g, log_lam, A, o, h0 if h0 is not None else ht, ht, cu, T,
                           H=H, K=K, V=V, BT=BT, BK=_np2(K), BV=c["block"], GATED=gated,
                           HAS_DECAY=log_lam is not None or gated, HAS_H0=h0 is not None,
                           VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=c["num_warps"],
@@ -113,7 +113,7 @@ def _fwd(q, k, v, g, log_lam, A, tame, h0, cu, N, T, gated):
     return o, ht
 
 
-def _bwd_scans(q, k, v, g, log_lam, A, tame, do, h0, dht, cu, N, T, gated):
+def _bwd_scans(q, k, v, g, log_lam, A, do, h0, dht, cu, N, T, gated):
     """dq, dk (intra included unless gated: then fp32 inter-chunk parts), dv, dh0."""
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     common = dict(H=H, K=K, V=V, BT=BT, GATED=gated, HAS_DECAY=log_lam is not None or gated,
@@ -133,7 +133,7 @@ def _bwd_scans(q, k, v, g, log_lam, A, tame, do, h0, dht, cu, N, T, gated):
         NH = N * H
         n = (triton.cdiv(V, cv["block"]) + triton.cdiv(K, ck["block"]) + triton.cdiv(K, cq["block"])) * NH
         bwd_scans_kernel[(n,)](
-            q, k, v, g, log_lam, A, tame, do, dq, dk, dv, h0 if h0 is not None else dq,
+            q, k, v, g, log_lam, A, do, dq, dk, dv, h0 if h0 is not None else dq,
             dht_k if dht_k is not None else dk, dht if dht is not None else dv, dh0 if dh0 is not None else dk,
             cu, T, NH, BKQ=cq["block"], BKK=ck["block"], BVV=cv["block"], BKF=_np2(K), BVF=_np2(V),
             HAS_H0=h0 is not None, HAS_DHT_K=dht_k is not None, HAS_DHT_V=dht is not None,
@@ -147,15 +147,15 @@ def _bwd_scans(q, k, v, g, log_lam, A, tame, do, h0, dht, cu, N, T, gated):
         st.wait_stream(cur)
     with _on(side, 0):
         dq_scan_kernel[(triton.cdiv(K, cq["block"]), N * H)](
-            k, v, g, log_lam, tame, do, dq, h0 if h0 is not None else dq, cu, T,
+            k, v, g, log_lam, do, dq, h0 if h0 is not None else dq, cu, T,
             BK=cq["block"], BV=_np2(V), HAS_H0=h0 is not None, **common, **launch(cq))
     with _on(side, 1):
         dk_scan_kernel[(triton.cdiv(K, ck["block"]), N * H)](
-            q, v, g, log_lam, tame, do, dk, dht_k if dht_k is not None else dk, dh0 if dh0 is not None else dk,
+            q, v, g, log_lam, do, dk, dht_k if dht_k is not None else dk, dh0 if dh0 is not None else dk,
             cu, T, BK=ck["block"], BV=_np2(V), HAS_DHT=dht_k is not None, STORE_DH0=dh0 is not None, **common,
             **launch(ck))
     dv_scan_kernel[(triton.cdiv(V, cv["block"]), N * H)](
-        q, k, g, log_lam, A, tame, do, dv, dht if dht is not None else dv, cu, T,
+        q, k, g, log_lam, A, do, dv, dht if dht is not None else dv, cu, T,
         BK=_np2(K), BV=cv["block"], HAS_DHT=dht is not None, **common, **launch(cv))
     for st in side:
         cur.wait_stream(st)  # every later use of dq, dk (and of freed inputs) orders after the scans
@@ -200,7 +200,7 @@ def _lightning_fwd(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: 
                    cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
     q, k, v, h0 = _contig(q, k, v, h0)
     N, T, _, cu = _layout(q, cu_seqlens)
-    return _fwd(q, k, v, None, log_lam, None, None, h0, cu, N, T, gated=False)
+    return _fwd(q, k, v, None, log_lam, None, h0, cu, N, T, gated=False)
 
 
 @_lightning_fwd.register_fake
@@ -215,7 +215,7 @@ def _lightning_bwd(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: 
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     q, k, v, h0, do, dht = _contig(q, k, v, h0, do, dht)
     N, T, _, cu = _layout(q, cu_seqlens)
-    dq, dk, dv, dh0 = _bwd_scans(q, k, v, None, log_lam, None, None, do.to(v.dtype), h0, dht, cu, N, T,
+    dq, dk, dv, dh0 = _bwd_scans(q, k, v, None, log_lam, None, do.to(v.dtype), h0, dht, cu, N, T,
                                  gated=False)
     return dq, dk, dv, dh0 if dh0 is not None else _empty(q)
 
@@ -267,15 +267,21 @@ def _gla_cumsum(g, cu, T, chunks, tame=None):
     if set_flags:
         tame = torch.empty(g.shape[:3], dtype=torch.int32, device=g.device)
     gla_cumsum_kernel[(n_chunks, H)](g, bc, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
-                                     H=H, K=K, BT=BT, BK=_np2(K), TAME_SPAN=min(TAME, TAME_SPAN.value),
+                                     H=H, K=K, BT=BT, BK=_np2(K), TAME_SPAN=min(TAME, TAME_SPAN),
                                      SET_FLAGS=set_flags, VARLEN=table is not None)
     return bc, tame
 
 
-def _gla_A(q, k, bc, tame, cu, N, T, chunks):
+def _gla_A(q, k, g, bc, tame, cu, N, T, chunks):
+    """The intra-chunk weights of every chunk: the tame ones directly, the others by sub-chunks."""
     H, K = q.shape[2], q.shape[3]
     n_chunks, table = chunks
     A = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
+    ca = {"block": 32, "num_warps": 8, **TUNE.get("A", {})}  # sm_90 compile: no spills (64/4: 560 B)
+    gla_A_tame_kernel[(n_chunks, H)](
+        q, k, g, A, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+        TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)), VARLEN=table is not None,
+        PREC=_prec(q), num_warps=ca["num_warps"])
     gla_A_kernel[(n_chunks, BT // BC, H)](
         q, k, bc, A, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
         H=H, K=K, BT=BT, BC=BC, BK=min(BK_INTRA, _np2(K)), VARLEN=table is not None, PREC=_prec(q),
@@ -283,9 +289,11 @@ def _gla_A(q, k, bc, tame, cu, N, T, chunks):
     return A
 
 
-# Tame chunks (see `ops.triton_gla_intra.gla_cumsum_kernel`) are handled entirely inside the scans; the
-# sub-chunk kernels (A, intra dq / dk) only do work for the others (gates near 0). The forward's A, tame
-# flags and (sequence, chunk) table of packed input (its one host sync) are kept for the backward.
+# The scans carry only what needs the walk (the state); the intra-chunk parts come from kernels parallel
+# over chunks: A from `gla_A_tame_kernel` for tame chunks (see `ops.triton_gla_intra.gla_cumsum_kernel`)
+# and from the sub-chunk `gla_A_kernel` for the others (gates near 0); intra dq / dk likewise from
+# `gla_dg_kernel` and `gla_dqk_intra_kernel`. The forward's A, tame flags and (sequence, chunk) table of
+# packed input (its one host sync) are kept for the backward.
 
 @torch.library.custom_op("linscale::gated_linear_attn_fwd", mutates_args=())
 def _gla_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
@@ -294,8 +302,8 @@ def _gla_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
     N, T, _, cu = _layout(q, cu_seqlens)
     chunks = _chunk_table(cu_seqlens, N, T)
     bc, tame = _gla_cumsum(g, cu, T, chunks)
-    A = _gla_A(q, k, bc, tame, cu, N, T, chunks)
-    o, ht = _fwd(q, k, v, g, None, A, tame, h0, cu, N, T, gated=True)
+    A = _gla_A(q, k, g, bc, tame, cu, N, T, chunks)
+    o, ht = _fwd(q, k, v, g, None, A, h0, cu, N, T, gated=True)
     table = chunks[1] if chunks[1] is not None else q.new_empty((0, 2), dtype=torch.int32)
     return o, ht, A, tame, table
 
@@ -323,7 +331,7 @@ def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_s
         n_chunks = table.shape[0]
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     do = do.to(v.dtype)
-    dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, tame, do, h0, dht, cu, N, T, gated=True)
+    dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, do, h0, dht, cu, N, T, gated=True)
     bk = min(BK_INTRA, _np2(K))
     bc, _ = _gla_cumsum(g, cu, T, (n_chunks, table), tame)
     gla_dqk_intra_kernel[(n_chunks, H)](
@@ -341,12 +349,14 @@ def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_s
             num_warps=4)
     dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
     dq_out, dk_out = torch.empty_like(q), torch.empty_like(k)
-    cg = {"block": 64, "num_warps": 4, **TUNE.get("dg", {})}
+    # 8 warps: with the tame chunks' intra-chunk products it holds [64, 64] fp32 tiles too (4 warps: 3 KB of
+    # spills per thread in an sm_90 compile, 8: 184 B)
+    cg = {"block": 64, "num_warps": 8, **TUNE.get("dg", {})}
     bkg = min(cg["block"], _np2(K))
     gla_dg_kernel[(triton.cdiv(K, bkg), N * H)](
-        q, k, v, do, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
-        dq_out, dk_out, cu, T, H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V), HAS_DS=dgx is not None,
-        VARLEN=cu.numel() > 1, num_warps=cg["num_warps"])
+        q, k, v, g, do, dq, dk, tame, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
+        dq_out, dk_out, cu, T, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V),
+        HAS_DS=dgx is not None, VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=cg["num_warps"])
     return dq_out, dk_out, dv, dg, dh0 if dh0 is not None else _empty(q)
 
 

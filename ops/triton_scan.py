@@ -11,8 +11,9 @@ Every exponent is <= 0, so the decay factors lie in [0, 1]: strong decays underf
 to inf or NaN, however long the sequence. Two decay kinds share the code (constexpr GATED):
   * scalar per head (lightning / TNL; cosFormer2 passes no decay at all: HAS_DECAY=False): b_i = (i+1) log(lambda);
     A = (q k^T) * lambda^(i-j) is formed here on tensor cores;
-  * per key channel (GLA / HGRN2): b = cumsum(log_f) per channel; A (which needs the safe sub-chunk form)
-    comes precomputed from `ops.triton_gla_intra`, as do the intra-chunk parts of dq and dk.
+  * per key channel (GLA / HGRN2): b = cumsum(log_f) per channel; A comes precomputed for every chunk
+    from `ops.triton_gla_intra` (in parallel over chunks, off the walks' critical path), which also adds
+    the intra-chunk parts of dq and dk, so the gated dq / dk scans carry only the inter-chunk terms.
 
 Precision (GLA): every product of the gated scans takes fp32 operands (tf32 on tensor cores for bf16
 inputs; bf16 operands gave d log_f ~2e-2 and o ~1.2e-2 against float64, over the GPU tests' 1e-2:
@@ -141,47 +142,8 @@ def _load_A(A, bos, rows, rmask, i_h, H: tl.constexpr, BT: tl.constexpr, TRANSPO
     return tl.load(p, mask=rmask[:, None], other=0.)
 
 
-TAME_SPAN: tl.constexpr = tl.constexpr(60.0)
-
-
 @triton.jit
-def _tame(tame, bos, t0, i_h, H: tl.constexpr):
-    """Whether the chunk starting at token t0 is tame (flag from `gla_cumsum_kernel`): no channel decays
-    by more than exp(-TAME_SPAN) across it, so its intra-chunk weights exp(b_i - b_j) may be formed as
-    exp(b_i) * exp(-b_j) with every factor inside exp(+-TAME_SPAN)."""
-    return tl.load(tame + (bos + t0) * H + i_h)
-
-
-@triton.jit
-def _flag_rows(flag, BT: tl.constexpr):
-    """A scalar 0/1 flag as a [BT] boolean vector. The tame and sub-chunk paths are selected by masks,
-    not by `if`: a tl.dot inside a runtime branch of the pipelined chunk loop faulted on the GPU
-    (triton 3.6), and the masked products cost little."""
-    return (tl.zeros([BT], dtype=tl.int32) + flag) != 0
-
-
-@triton.jit
-def _k_over(b_k, b, dt: tl.constexpr):
-    """k * exp(-b) of a tame chunk (-b <= TAME_SPAN on real rows; clamped for safety)."""
-    return (b_k * tl.exp(tl.minimum(-b, TAME_SPAN))).to(dt)
-
-
-@triton.jit
-def _causal(BT: tl.constexpr, STRICT: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """Row (query) i >= column (key) j, or i > j when STRICT; the transpose when TRANSPOSED."""
-    r = tl.arange(0, BT)[:, None]
-    c = tl.arange(0, BT)[None, :]
-    if TRANSPOSED:
-        if STRICT:
-            return c > r
-        return c >= r
-    if STRICT:
-        return r > c
-    return r >= c
-
-
-@triton.jit
-def fwd_scan_kernel(q, k, v, g, log_lam, A, tame, o, h0, ht, cu, T,
+def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, cu, T,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
@@ -203,19 +165,11 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, tame, o, h0, ht, cu, T,
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
-        if GATED:
-            q_e32 = b_q.to(tl.float32) * tl.exp(b)
-            q_e = q_e32.to(dt)
-            tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
-            b_A = tl.where(_causal(BT, False, False) & tm[:, None],
-                           tl.dot(q_e32, tl.trans(_k_over(b_k, b, tl.float32)), input_precision=PREC), 0.)
-            b_A += _load_A(A, bos, rows, rmask & (~tm), i_h, H, BT, False)  # the sub-chunk kernels' A
+        if GATED:  # A precomputed for every chunk (ops.triton_gla_intra): tame and sub-chunk alike
+            b_o = tl.dot(_load_A(A, bos, rows, rmask, i_h, H, BT, False), b_v.to(tl.float32), input_precision=PREC)
+            b_o += tl.dot(b_q.to(tl.float32) * tl.exp(b), h, input_precision=PREC)
         else:
             b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
-        if GATED:
-            b_o = tl.dot(b_A, b_v.to(tl.float32), input_precision=PREC)
-            b_o += tl.dot(q_e32, h, input_precision=PREC)
-        else:
             b_o = tl.dot(b_A.to(dt), b_v, input_precision=PREC)
         if not GATED:
             if HAS_DECAY:
@@ -228,7 +182,7 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, tame, o, h0, ht, cu, T,
 
 
 @triton.jit
-def _dq_scan(i_k, i_nh, k, v, g, log_lam, tame, do, dq, h0, cu, T,
+def _dq_scan(i_k, i_nh, k, v, g, log_lam, do, dq, h0, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
@@ -252,12 +206,6 @@ def _dq_scan(i_k, i_nh, k, v, g, log_lam, tame, do, dq, h0, cu, T,
             b_dq = tl.dot(b_do.to(tl.float32), tl.trans(h), input_precision=PREC)
         else:
             b_dq = tl.dot(b_do, tl.trans(h.to(dt)), input_precision=PREC)
-        if GATED:
-            # tame chunk: intra-chunk part, strictly below the diagonal (else 0: the sub-chunk kernel adds it)
-            tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
-            b_dA = tl.where(_causal(BT, True, False) & tm[:, None],
-                            tl.dot(b_do, tl.trans(b_v), input_precision=PREC), 0.)
-            b_dq += tl.dot(b_dA, _k_over(b_k, b, tl.float32), input_precision=PREC)
         if GATED or HAS_DECAY:
             b_dq = b_dq * tl.exp(b)
         # gated: fp32 operands, the state's bf16 rounding dominated d log_f's error (8e-3 -> 2e-3)
@@ -269,7 +217,7 @@ def _dq_scan(i_k, i_nh, k, v, g, log_lam, tame, do, dq, h0, cu, T,
 
 
 @triton.jit
-def _dk_scan(i_k, i_nh, q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
+def _dk_scan(i_k, i_nh, q, v, g, log_lam, do, dk, dht, dh0, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
@@ -298,13 +246,6 @@ def _dk_scan(i_k, i_nh, q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
             b_dk = tl.dot(b_v, tl.trans(dh.to(dt)), input_precision=PREC)
         if GATED or HAS_DECAY:
             b_dk = b_dk * tl.exp(tl.minimum(b_last - b, 0.))
-        if GATED:
-            # tame chunk: intra part exp(-b) * ((do v^T)^T, strictly lower) @ q exp(b) (else 0, see dq)
-            tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
-            b_dAt = tl.where(_causal(BT, True, True) & tm[:, None],
-                             tl.dot(b_v, tl.trans(b_do), input_precision=PREC), 0.)
-            b_dk += (tl.dot(b_dAt, b_q.to(tl.float32) * tl.exp(b), input_precision=PREC)
-                     * tl.exp(tl.minimum(-b, TAME_SPAN)))
         dh = _step(dh, b_q, b_do, tl.exp(b), b_last, GATED, GATED or HAS_DECAY, PREC)  # gated: fp32, as dq
         if not GATED:
             # (do v^T * D)^T = (v do^T) * D^T
@@ -316,7 +257,7 @@ def _dk_scan(i_k, i_nh, q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
 
 
 @triton.jit
-def _dv_scan(i_v, i_nh, q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
+def _dv_scan(i_v, i_nh, q, k, g, log_lam, A, do, dv, dht, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
@@ -338,12 +279,8 @@ def _dv_scan(i_v, i_nh, q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
-        if GATED:
-            tm = _flag_rows(_tame(tame, bos, c * BT, i_h, H), BT)
-            b_At = tl.where(_causal(BT, False, True) & tm[None, :],
-                            tl.dot(_k_over(b_k, b, tl.float32), tl.trans(b_q.to(tl.float32) * tl.exp(b)),
-                                   input_precision=PREC), 0.)
-            b_At += _load_A(A, bos, rows, rmask & (~tm), i_h, H, BT, True)
+        if GATED:  # the forward's A, every chunk
+            b_At = _load_A(A, bos, rows, rmask, i_h, H, BT, True)
         else:
             b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
         if GATED:  # fp32 operands (tf32 for bf16 inputs), as in the other gated scans
@@ -365,37 +302,37 @@ def _dv_scan(i_v, i_nh, q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
 # ----------------------------------------------------------------------------------------------------
 
 @triton.jit
-def dq_scan_kernel(k, v, g, log_lam, tame, do, dq, h0, cu, T,
+def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr):
-    _dq_scan(tl.program_id(0), tl.program_id(1), k, v, g, log_lam, tame, do, dq, h0, cu, T,
+    _dq_scan(tl.program_id(0), tl.program_id(1), k, v, g, log_lam, do, dq, h0, cu, T,
              H, K, V, BT, BK, BV, GATED, HAS_DECAY, HAS_H0, VARLEN, PREC)
 
 
 @triton.jit
-def dk_scan_kernel(q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
+def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
                    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    _dk_scan(tl.program_id(0), tl.program_id(1), q, v, g, log_lam, tame, do, dk, dht, dh0, cu, T,
+    _dk_scan(tl.program_id(0), tl.program_id(1), q, v, g, log_lam, do, dk, dht, dh0, cu, T,
              H, K, V, BT, BK, BV, GATED, HAS_DECAY, HAS_DHT, STORE_DH0, VARLEN, PREC)
 
 
 @triton.jit
-def dv_scan_kernel(q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
+def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, cu, T,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr):
-    _dv_scan(tl.program_id(0), tl.program_id(1), q, k, g, log_lam, A, tame, do, dv, dht, cu, T,
+    _dv_scan(tl.program_id(0), tl.program_id(1), q, k, g, log_lam, A, do, dv, dht, cu, T,
              H, K, V, BT, BK, BV, GATED, HAS_DECAY, HAS_DHT, VARLEN, PREC)
 
 
 @triton.jit
-def bwd_scans_kernel(q, k, v, g, log_lam, A, tame, do, dq, dk, dv, h0, dht_k, dht_v, dh0, cu, T, NH,
+def bwd_scans_kernel(q, k, v, g, log_lam, A, do, dq, dk, dv, h0, dht_k, dht_v, dh0, cu, T, NH,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                      BKQ: tl.constexpr, BKK: tl.constexpr, BVV: tl.constexpr, BKF: tl.constexpr,
                      BVF: tl.constexpr, GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
@@ -409,13 +346,13 @@ def bwd_scans_kernel(q, k, v, g, log_lam, A, tame, do, dq, dk, dv, h0, dht_k, dh
     n_v = tl.cdiv(V, BVV) * NH
     n_k = tl.cdiv(K, BKK) * NH
     if pid < n_v:
-        _dv_scan(pid // NH, pid % NH, q, k, g, log_lam, A, tame, do, dv, dht_v, cu, T,
+        _dv_scan(pid // NH, pid % NH, q, k, g, log_lam, A, do, dv, dht_v, cu, T,
                  H, K, V, BT, BKF, BVV, GATED, HAS_DECAY, HAS_DHT_V, VARLEN, PREC)
     elif pid < n_v + n_k:
         p = pid - n_v
-        _dk_scan(p // NH, p % NH, q, v, g, log_lam, tame, do, dk, dht_k, dh0, cu, T,
+        _dk_scan(p // NH, p % NH, q, v, g, log_lam, do, dk, dht_k, dh0, cu, T,
                  H, K, V, BT, BKK, BVF, GATED, HAS_DECAY, HAS_DHT_K, STORE_DH0, VARLEN, PREC)
     else:
         p = pid - n_v - n_k
-        _dq_scan(p // NH, p % NH, k, v, g, log_lam, tame, do, dq, h0, cu, T,
+        _dq_scan(p // NH, p % NH, k, v, g, log_lam, do, dq, h0, cu, T,
                  H, K, V, BT, BKQ, BVF, GATED, HAS_DECAY, HAS_H0, VARLEN, PREC)
