@@ -228,6 +228,7 @@ def _(q, k, v, log_lam, h0, cu_seqlens, do, dht):
 
 def _lightning_setup(ctx, inputs, output) -> None:
     q, k, v, log_lam, h0, cu_seqlens = inputs
+    ctx.set_materialize_grads(False)  # see _gla_setup
     ctx.save_for_backward(q, k, v, log_lam, h0, cu_seqlens)
 
 
@@ -368,6 +369,9 @@ def _(q, k, v, g, h0, cu_seqlens, A, tame, table, do, dht):
 
 def _gla_setup(ctx, inputs, output) -> None:
     q, k, v, g, h0, cu_seqlens = inputs
+    # an unused final state (training) must reach the backward as None, not as zeros: zeros would run
+    # gla_state_grad_kernel's two extra walks per call for nothing
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, g, h0, cu_seqlens, *output[2:])
 
 

@@ -62,3 +62,27 @@ def test_compiled_tiny_model_has_no_graph_break(arch):
     finally:
         set_default_impl("auto")
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_unused_final_state_reaches_the_backward_as_none(compiled, monkeypatch):
+    """Training returns the final state but never reads it: its gradient must reach the GLA backward as
+    None, not as materialised zeros (those would launch the final-state gradient kernel's two extra walks
+    per layer, for nothing), eagerly and under torch.compile."""
+    import ops.triton_linear_attn as TL
+    torch._dynamo.reset()
+    seen = []
+    orig = TL._gla_bwd
+
+    def spy(*args):
+        seen.append(args[-1] is None)  # dht, the final state's gradient
+        return orig(*args)
+    monkeypatch.setattr(TL, "_gla_bwd", spy)
+    q, k, v, x, _ = (t.requires_grad_(True) for t in _inputs(True))
+
+    def loss_o_only(q, k, v, x):
+        o, _S = gated_linear_attn(q, k, v, x, output_final_state=True, impl="triton", check_values=False)
+        return (o * o).sum()
+    fn = torch.compile(loss_o_only, backend="aot_eager", fullgraph=True) if compiled else loss_o_only
+    fn(q, k, v, x).backward()
+    assert seen == [True]
