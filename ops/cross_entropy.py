@@ -27,10 +27,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss = ((lse - target_logit) * valid).sum() / n_valid
         ctx.save_for_backward(hidden, weight, safe_t, valid, lse, n_valid)
         ctx.chunk_size = chunk_size
+        # the backward runs outside autocast; without this its three head matmuls per chunk would run on
+        # the fp32 hidden state in fp32 (measured: a quarter of an eager HGRN2 410m micro-step on an H200)
+        dev = hidden.device.type
+        ctx.amp = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
+        dev, enabled, dtype = ctx.amp
+        with torch.autocast(dev, dtype=dtype, enabled=enabled):  # the forward's autocast state
+            return _LinearCrossEntropy._backward(ctx, grad_loss)
+
+    @staticmethod
+    def _backward(ctx, grad_loss: Tensor):
         hidden, weight, safe_t, valid, lse, n_valid = ctx.saved_tensors
         w = weight.to(hidden.dtype)
         grad_hidden = torch.empty_like(hidden)

@@ -10,9 +10,9 @@ Nothing exceeds 1 before the products, so nothing overflows; tiny weights underf
 
 `gla_A_kernel` writes A [tokens, H, BT] (row = query, column = key position inside the chunk) for
 those chunks, `gla_A_tame_kernel` for the others (tame: the direct product is safe there);
-`gla_dqk_intra_kernel` adds the intra-chunk dq, dk (from dA = do v^T) of those chunks to the
-inter-chunk parts that the scans of `ops.triton_scan` left in fp32 buffers (`gla_dg_kernel` adds the
-tame chunks' own). `gla_dg_kernel` turns dq, dk into d log_f via
+`gla_dqk_intra_kernel` (those chunks) and `gla_dqk_tame_kernel` (the others) write the intra-chunk dq,
+dk (from dA = do v^T) into fp32 buffers, to which the scans of `ops.triton_scan` then add the
+inter-chunk parts. `gla_dg_kernel` turns dq, dk into d log_f via
 d log_f_s = sum_{t >= s} (q_t dq_t - k_t dk_t) (+ the final state's term), a reverse cumulative sum
 per sequence that involves no exponentials at all (the diagonal i == j terms, equal on both sides,
 are left out of it and added to dq, dk only afterwards).
@@ -168,15 +168,16 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                          BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                          VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, H); only for chunks that are not tame (the others return at once: the scans did
-    them), looping over sub-chunks S and key blocks kb. dq, dk hold the inter-chunk parts (fp32) and are
-    updated in place for sub-chunk S's rows and key block kb. dA = do v^T. dq_S takes the keys of earlier
+    """grid (chunks, H); only for chunks that are not tame (the others return at once:
+    `gla_dqk_tame_kernel` does them), looping over sub-chunks S and key blocks kb. Writes the intra-chunk
+    dq, dk (fp32) of sub-chunk S's rows and key block kb, to which the dq / dk scans then add the
+    inter-chunk parts. dA = do v^T. dq_S takes the keys of earlier
     sub-chunks (reference: b at S's first row), dk_S the queries of later ones (reference: b at S's
     last row): one tensor-core product each, then the diagonal block element-wise."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
-    if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: gla_dg_kernel
+    if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: gla_dqk_tame_kernel
         for i_S in range(0, BT // BC):
             for kb in range(0, tl.cdiv(K, BK)):
                 L = eos - bos
@@ -221,55 +222,71 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
                 acc_k += tl.sum(w * q_S[:, None, :], axis=0)
                 p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
                 m = (rows_S < L)[:, None] & kmask[None, :]
-                tl.store(dq + p, tl.load(dq + p, mask=m, other=0.) + acc_q, mask=m)
-                tl.store(dk + p, tl.load(dk + p, mask=m, other=0.) + acc_k, mask=m)
+                tl.store(dq + p, acc_q, mask=m)
+                tl.store(dk + p, acc_k, mask=m)
 
 
 @triton.jit
-def gla_dg_kernel(q, k, v, g, do, dq, dk, tame, dg, dgx, dkx, dq_out, dk_out, cu, T, TAME_SPAN: tl.constexpr,
+def gla_dqk_tame_kernel(q, k, v, g, do, dq, dk, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
+                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, H); only for tame chunks (the others return at once: `gla_dqk_intra_kernel`).
+    Writes their intra-chunk dq, dk (fp32), to which the dq / dk scans then add the inter-chunk parts:
+    with dA = do v^T strictly below the diagonal (the i == j terms: see gla_dg_kernel) and b the
+    cumulative log-decay from the chunk's start,
+        dq = exp(b) * (dA (k exp(-b)))        dk = exp(-b) * (dA^T (q exp(b)))
+    every factor within exp(+-TAME_SPAN) on a tame chunk. In parallel over chunks, these products stay
+    off the scans' walks, which are latency-bound."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_h = tl.program_id(1)
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    if _is_tame(tame, bos, i_c * BT, i_h, H):
+        L = eos - bos
+        rows = i_c * BT + tl.arange(0, BT)
+        offs_v = tl.arange(0, BV)
+        vmask = offs_v < V
+        strict = tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]
+        b_do = _tile(do, bos, rows, L, i_h, H, V, offs_v, vmask)
+        b_v = _tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)
+        dA = tl.where(strict, tl.dot(b_do, tl.trans(b_v), input_precision=PREC), 0.)
+        for kb in range(0, tl.cdiv(K, BK)):
+            offs_k = kb * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            b = tl.cumsum(_tile(g, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32), axis=0)
+            b_q = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            b_k = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            e_over = tl.exp(tl.minimum(-b, TAME_SPAN))
+            b_dq = tl.dot(dA, b_k * e_over, input_precision=PREC) * tl.exp(b)  # fp32 operands: tf32
+            b_dk = tl.dot(tl.trans(dA), b_q * tl.exp(b), input_precision=PREC) * e_over
+            p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
+            m = (rows < L)[:, None] & kmask[None, :]
+            tl.store(dq + p, b_dq, mask=m)
+            tl.store(dk + p, b_dk, mask=m)
+
+
+@triton.jit
+def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, cu, T,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, HAS_DS: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                  BV: tl.constexpr, HAS_DS: tl.constexpr, VARLEN: tl.constexpr):
     """grid (cdiv(K, BK), N * H): d log_f = reverse cumsum of (q dq - k dk) over each sequence, from dq,
     dk without their i == j terms (those cancel exactly; left in, fp32 rounding of them swamps the
     tiny true gradient of gates near 0). Then adds (do_t . v_t) k_t, (do_t . v_t) q_t and writes dq, dk.
-    dq, dk arrive with their inter-chunk parts (the scans) and the sub-chunk kernel's intra-chunk parts
-    of chunks that are not tame; the tame chunks' intra-chunk parts are added here first, from
-    dA = do v^T strictly below the diagonal (b: the cumulative log-decay from the chunk's start):
-        dq += exp(b) * (dA (k exp(-b)))        dk += exp(-b) * (dA^T (q exp(b)))
-    every factor within exp(+-TAME_SPAN) on a tame chunk (the scans did this before, at every step of
-    their walks; here it is off their critical path, on tiles this kernel loads anyway).
     With a gradient on the final state (HAS_DS), dk held no part of it: its terms come from
     `gla_state_grad_kernel`, d log_f's directly (dgx) and dk's (dkx) added here after the cumsum."""
     i_h, bos, L, offs_k, offs_v, kmask, vmask, _, _, _ = _program(
         tl.program_id(0), 0, tl.program_id(1), None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
     carry = tl.zeros([BK], dtype=tl.float32)
-    strict = tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]
-    diag = tl.arange(0, BT)[:, None] == tl.arange(0, BT)[None, :]
     NC = tl.cdiv(L, BT)
     for cc in range(0, NC):
-        c = NC - 1 - cc
-        rows = c * BT + tl.arange(0, BT)
+        rows = (NC - 1 - cc) * BT + tl.arange(0, BT)
         rmask = (rows < L)[:, None]
         m = rmask & kmask[None, :]
         p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
         pv = ((bos + rows) * H + i_h)[:, None] * V + offs_v[None, :]
-        mv = rmask & vmask[None, :]
         b_q = tl.load(q + p, mask=m, other=0.).to(tl.float32)
         b_k = tl.load(k + p, mask=m, other=0.).to(tl.float32)
-        b_do = tl.load(do + pv, mask=mv, other=0.)
-        b_v = tl.load(v + pv, mask=mv, other=0.)
         b_dq = tl.load(dq + p, mask=m, other=0.)
         b_dk = tl.load(dk + p, mask=m, other=0.)
-        # tame chunk: its intra-chunk parts, selected by a mask, not an `if`: a tl.dot inside a runtime
-        # branch of a pipelined loop faulted on the GPU (triton 3.6)
-        b = tl.cumsum(tl.load(g + p, mask=m, other=0.).to(tl.float32), axis=0)
-        tm = (tl.zeros([BT], dtype=tl.int32) + tl.load(tame + (bos + c * BT) * H + i_h)) != 0
-        dA = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
-        a_tt = tl.sum(tl.where(diag, dA, 0.), axis=1)[:, None]  # do_t . v_t, added after d log_f (below)
-        b_dA = tl.where(strict & tm[:, None], dA, 0.)
-        b_dq += tl.dot(b_dA, b_k * tl.exp(tl.minimum(-b, TAME_SPAN)), input_precision=PREC) * tl.exp(b)
-        b_dk += (tl.dot(tl.trans(b_dA), b_q * tl.exp(b), input_precision=PREC)
-                 * tl.exp(tl.minimum(-b, TAME_SPAN)))
         x = b_q * b_dq - b_k * b_dk
         b_dg = tl.cumsum(x, axis=0, reverse=True) + carry[None, :]
         carry += tl.sum(x, axis=0)
@@ -277,6 +294,9 @@ def gla_dg_kernel(q, k, v, g, do, dq, dk, tame, dg, dgx, dkx, dq_out, dk_out, cu
             b_dg += tl.load(dgx + p, mask=m, other=0.)
             b_dk += tl.load(dkx + p, mask=m, other=0.)
         tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
+        mv = rmask & vmask[None, :]
+        a_tt = tl.sum(tl.load(do + pv, mask=mv, other=0.).to(tl.float32)
+                      * tl.load(v + pv, mask=mv, other=0.).to(tl.float32), axis=1)[:, None]
         tl.store(dq_out + p, (b_dq + a_tt * b_k).to(dq_out.dtype.element_ty), mask=m)
         tl.store(dk_out + p, (b_dk + a_tt * b_q).to(dk_out.dtype.element_ty), mask=m)
 

@@ -19,7 +19,8 @@ from torch import Tensor
 
 from ops.linear_attention import register_impl
 from ops.triton_gla_intra import (TAME_SPAN, gla_A_kernel, gla_A_tame_kernel, gla_cumsum_kernel,
-                                  gla_dg_kernel, gla_dqk_intra_kernel, gla_state_grad_kernel)
+                                  gla_dg_kernel, gla_dqk_intra_kernel, gla_dqk_tame_kernel,
+                                  gla_state_grad_kernel)
 from ops.triton_scan import bwd_scans_kernel, dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel
 
 BT = 64  # chunk length
@@ -113,16 +114,16 @@ def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated):
     return o, ht
 
 
-def _bwd_scans(q, k, v, g, log_lam, A, do, h0, dht, cu, N, T, gated):
-    """dq, dk (intra included unless gated: then fp32 inter-chunk parts), dv, dh0."""
+def _bwd_scans(q, k, v, g, log_lam, A, do, h0, dht, cu, N, T, gated, dq=None, dk=None):
+    """dq, dk, dv, dh0. Gated: dq, dk are the given fp32 buffers holding the intra-chunk parts, onto which
+    the scans add the inter-chunk parts."""
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     common = dict(H=H, K=K, V=V, BT=BT, GATED=gated, HAS_DECAY=log_lam is not None or gated,
                   VARLEN=cu.numel() > 1, PREC=_prec(q))
     cq, ck, cv = _cfg("dq", K, V, gated), _cfg("dk", K, V, gated), _cfg("dv", K, V, gated)
     launch = lambda c: dict(num_warps=c["num_warps"], num_stages=c["num_stages"])  # noqa: E731
-    gdt = torch.float32 if gated else q.dtype
-    dq = torch.empty(q.shape, dtype=gdt, device=q.device)
-    dk = torch.empty(k.shape, dtype=gdt, device=q.device)
+    if not gated:
+        dq, dk = torch.empty_like(q), torch.empty_like(k)
     dv = torch.empty_like(v)
     dh0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device) if h0 is not None else None
     # gated: the final state's gradient reaches dk, d(initial state) and d log_f through
@@ -332,13 +333,20 @@ def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_s
         n_chunks = table.shape[0]
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     do = do.to(v.dtype)
-    dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, do, h0, dht, cu, N, T, gated=True)
-    bk = min(BK_INTRA, _np2(K))
+    # the intra-chunk dq, dk first (fp32 buffers, every chunk written by one of the two kernels), then
+    # the scans add the inter-chunk parts
+    dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
+    grid, cu_tab, NT = (n_chunks, H), table if table is not None else cu, triton.cdiv(T, BT)
+    ct = {"block": 32, "num_warps": 8, **TUNE.get("dqk", {})}  # sm_90 compile: no spills (64/8: 264 B)
+    gla_dqk_tame_kernel[grid](q, k, v, g, do, dq, dk, tame, cu, cu_tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K,
+                              V=V, BT=BT, BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=table is not None,
+                              PREC=_prec(q), num_warps=ct["num_warps"])
     bc, _ = _gla_cumsum(g, cu, T, (n_chunks, table), tame)
-    gla_dqk_intra_kernel[(n_chunks, H)](
-        q, k, v, bc, do, dq, dk, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
-        H=H, K=K, V=V, BT=BT, BC=BC, BK=bk, BV=_np2(V), VARLEN=table is not None, PREC=_prec(q),
-        num_warps=4)
+    gla_dqk_intra_kernel[grid](q, k, v, bc, do, dq, dk, tame, cu, cu_tab, T, NT, H=H, K=K, V=V, BT=BT, BC=BC,
+                               BK=min(BK_INTRA, _np2(K)), BV=_np2(V), VARLEN=table is not None, PREC=_prec(q),
+                               num_warps=4)
+    dq, dk, dv, dh0 = _bwd_scans(q, k, v, g, None, A, do, h0, dht, cu, N, T, gated=True, dq=dq, dk=dk)
     dgx = dkx = None
     if dht is not None:  # the final state's gradient, in its direct (non-cancelling) form
         dgx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
@@ -350,14 +358,12 @@ def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_s
             num_warps=4)
     dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
     dq_out, dk_out = torch.empty_like(q), torch.empty_like(k)
-    # 8 warps: with the tame chunks' intra-chunk products it holds [64, 64] fp32 tiles too (4 warps: 3 KB of
-    # spills per thread in an sm_90 compile, 8: 184 B)
-    cg = {"block": 64, "num_warps": 8, **TUNE.get("dg", {})}
+    cg = {"block": 64, "num_warps": 4, **TUNE.get("dg", {})}
     bkg = min(cg["block"], _np2(K))
     gla_dg_kernel[(triton.cdiv(K, bkg), N * H)](
-        q, k, v, g, do, dq, dk, tame, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
-        dq_out, dk_out, cu, T, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V),
-        HAS_DS=dgx is not None, VARLEN=cu.numel() > 1, PREC=_prec(q), num_warps=cg["num_warps"])
+        q, k, v, do, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
+        dq_out, dk_out, cu, T, H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V), HAS_DS=dgx is not None,
+        VARLEN=cu.numel() > 1, num_warps=cg["num_warps"])
     return dq_out, dk_out, dv, dg, dh0 if dh0 is not None else _empty(q)
 
 

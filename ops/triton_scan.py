@@ -187,7 +187,8 @@ def _dq_scan(i_k, i_nh, k, v, g, log_lam, do, dq, h0, cu, T,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (cdiv(K, BK), N * H); BV >= V. dq = (do h^T) * exp(b) [+ intra (do v^T * D) k when scalar]."""
+    """grid (cdiv(K, BK), N * H); BV >= V. dq = (do h^T) * exp(b) + intra: (do v^T * D) k formed here when
+    scalar, read from dq when gated."""
     i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
         i_k, 0, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
     offs_t = tl.arange(0, BT)
@@ -213,6 +214,8 @@ def _dq_scan(i_k, i_nh, k, v, g, log_lam, do, dq, h0, cu, T,
         if not GATED:
             b_dA = tl.dot(b_do, tl.trans(b_v), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
             b_dq += tl.dot(b_dA.to(dt), b_k, input_precision=PREC)
+        if GATED:  # onto the intra-chunk part, already in dq (ops.triton_gla_intra)
+            b_dq += _load_rows(dq, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         _store_rows(dq, b_dq, bos, rows, rmask, i_h, H, K, offs_k, kmask)
 
 
@@ -222,8 +225,8 @@ def _dk_scan(i_k, i_nh, q, v, g, log_lam, do, dk, dht, dh0, cu, T,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
                    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (cdiv(K, BK), N * H); BV >= V; walks backward. dk = (v dh^T) * exp(b_L - b)
-    [+ intra (do v^T * D)^T q when scalar]; also writes d(initial state)."""
+    """grid (cdiv(K, BK), N * H); BV >= V; walks backward. dk = (v dh^T) * exp(b_L - b) + intra: (do v^T * D)^T q
+    formed here when scalar, read from dk when gated; also writes d(initial state)."""
     i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
         i_k, 0, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
     offs_t = tl.arange(0, BT)
@@ -251,6 +254,8 @@ def _dk_scan(i_k, i_nh, q, v, g, log_lam, do, dk, dht, dh0, cu, T,
             # (do v^T * D)^T = (v do^T) * D^T
             b_dAt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
             b_dk += tl.dot(b_dAt.to(dt), b_q, input_precision=PREC)
+        if GATED:  # as dq
+            b_dk += _load_rows(dk, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         _store_rows(dk, b_dk, bos, rows, rmask, i_h, H, K, offs_k, kmask)
     if STORE_DH0:
         tl.store(dh0 + hp, dh, mask=hmask)
