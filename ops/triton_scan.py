@@ -12,8 +12,8 @@ to inf or NaN, however long the sequence. Two decay kinds share the code (conste
   * scalar per head (lightning / TNL; cosFormer2 passes no decay at all: HAS_DECAY=False): b_i = (i+1) log(lambda);
     A = (q k^T) * lambda^(i-j) is formed here on tensor cores;
   * per key channel (GLA / HGRN2): b = cumsum(log_f) per channel; A comes precomputed for every chunk
-    from `ops.triton_gla_intra` (in parallel over chunks, off the walks' critical path), which also adds
-    the intra-chunk parts of dq and dk, so the gated dq / dk scans carry only the inter-chunk terms.
+    from `ops.triton_gla_intra` (in parallel over chunks, off the latency-bound walks), and so do the
+    intra-chunk parts of dq and dk: the gated dq / dk scans add their inter-chunk terms onto them.
 
 Precision (GLA): every product of the gated scans takes fp32 operands (tf32 on tensor cores for bf16
 inputs; bf16 operands gave d log_f ~2e-2 and o ~1.2e-2 against float64, over the GPU tests' 1e-2:
