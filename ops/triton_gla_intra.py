@@ -136,6 +136,17 @@ def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
 
 
 @triton.jit
+def _tame_factors(q, k, g, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
+                  TAME_SPAN: tl.constexpr):
+    """A tame chunk's q, k (fp32) and decay factors exp(b), exp(-b) for key columns offs_k, b the
+    cumulative log-decay from the chunk's start (-b <= TAME_SPAN on real rows; clamped for safety)."""
+    b = tl.cumsum(_tile(g, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32), axis=0)
+    b_q = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    b_k = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    return b_q, b_k, tl.exp(b), tl.exp(tl.minimum(-b, TAME_SPAN))
+
+
+@triton.jit
 def gla_A_tame_kernel(q, k, g, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                       VARLEN: tl.constexpr, PREC: tl.constexpr):
@@ -154,10 +165,8 @@ def gla_A_tame_kernel(q, k, g, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constex
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b = tl.cumsum(_tile(g, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32), axis=0)
-            q_e = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32) * tl.exp(b)
-            k_o = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32) * tl.exp(tl.minimum(-b, TAME_SPAN))
-            acc += tl.dot(q_e, tl.trans(k_o), input_precision=PREC)
+            b_q, b_k, e_b, e_over = _tame_factors(q, k, g, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
+            acc += tl.dot(b_q * e_b, tl.trans(b_k * e_over), input_precision=PREC)
         causal = tl.arange(0, BT)[:, None] >= tl.arange(0, BT)[None, :]
         p = A + ((bos + rows) * H + i_h)[:, None] * BT + tl.arange(0, BT)[None, :]
         tl.store(p, tl.where(causal, acc, 0.), mask=(rows < L)[:, None])
@@ -252,12 +261,9 @@ def gla_dqk_tame_kernel(q, k, v, g, do, dq, dk, tame, cu, chunks, T, NT, TAME_SP
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b = tl.cumsum(_tile(g, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32), axis=0)
-            b_q = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            b_k = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            e_over = tl.exp(tl.minimum(-b, TAME_SPAN))
-            b_dq = tl.dot(dA, b_k * e_over, input_precision=PREC) * tl.exp(b)  # fp32 operands: tf32
-            b_dk = tl.dot(tl.trans(dA), b_q * tl.exp(b), input_precision=PREC) * e_over
+            b_q, b_k, e_b, e_over = _tame_factors(q, k, g, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
+            b_dq = tl.dot(dA, b_k * e_over, input_precision=PREC) * e_b  # fp32 operands: tf32
+            b_dk = tl.dot(tl.trans(dA), b_q * e_b, input_precision=PREC) * e_over
             p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
             m = (rows < L)[:, None] & kmask[None, :]
             tl.store(dq + p, b_dq, mask=m)
