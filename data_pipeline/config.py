@@ -84,6 +84,26 @@ class DataConfig:
             found.extend(hits)
         return list(dict.fromkeys(found)), missing
 
+    def hf_data_files(self, source: SourceConfig) -> list[str] | None:
+        """An `hf` source's data_files with relative local paths resolved against the config file's
+        folder, as `paths` are (URLs and hub paths such as `hf://...` are passed through)."""
+        if not source.data_files:
+            return None
+        out = []
+        for f in source.data_files:
+            p = Path(f).expanduser()
+            out.append(f if "://" in f or p.is_absolute() else str(Path(self.base_dir) / p))
+        return out
+
+    def hf_local_bytes(self, source: SourceConfig) -> int | None:
+        """Bytes on disk of an `hf` source's local data_files (globs expanded), or None when they are
+        not all local files (a hub dataset: its size is unknown before reading)."""
+        files = self.hf_data_files(source)
+        if not files or any("://" in f for f in files):
+            return None
+        hits = [Path(h) for f in files for h in glob.glob(f, recursive=True) if Path(h).is_file()]
+        return sum(h.stat().st_size for h in dict.fromkeys(hits)) if hits else None
+
 
 def _build(cls, raw: dict, where: str):
     if not isinstance(raw, dict):
@@ -136,6 +156,8 @@ def _validate(cfg: DataConfig, where: str) -> None:
             raise ValueError(f"{tag}: `paths` is empty; give files or globs")
         if isinstance(s.paths, str):
             s.paths = [s.paths]
+        if isinstance(s.data_files, str):
+            s.data_files = [s.data_files]
         if s.text_unit not in TEXT_UNITS:
             raise ValueError(f"{tag}: text_unit {s.text_unit!r} is not one of {TEXT_UNITS}")
         if s.weight is not None and not s.weight >= 0:

@@ -202,20 +202,40 @@ def _parquet_docs(path: Path, column: str, counts: Counts) -> Iterator[tuple[str
                 counts.skip("records_without_text", f"{path}:row {row}", "null or not a string")
 
 
-def _hf_docs(src: SourceConfig, counts: Counts) -> Iterator[tuple[str, str]]:
+def _hf_docs(cfg: DataConfig, src: SourceConfig, counts: Counts) -> Iterator[tuple[str, str]]:
     try:
         import datasets  # heavy; only for this source type
     except ImportError as err:
         raise RuntimeError(f"source {src.name!r} is type hf: install `datasets` "
                            f"(pip install -c constraints.txt datasets)") from err
-    kwargs = {"data_files": src.data_files} if src.data_files else {}
-    ds = datasets.load_dataset(src.dataset, src.subset, split=src.split, streaming=True, **kwargs)
-    for i, rec in enumerate(ds):
+    data_files = cfg.hf_data_files(src)
+    kwargs = {"data_files": data_files} if data_files else {}
+    try:
+        ds = datasets.load_dataset(src.dataset, src.subset, split=src.split, streaming=True, **kwargs)
+        records = iter(ds)
+        first = next(records, None)
+    except StopIteration:
+        # datasets' file builders raise a bare StopIteration for files without any record (inside a
+        # generator it would surface as "RuntimeError: generator raised StopIteration")
+        counts.skip("empty_datasets", f"hf:{src.dataset}", f"no records in {data_files or src.dataset}")
+        return
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"source {src.name!r} (type hf): {err}; relative data_files are resolved "
+                                f"against the config file's folder {cfg.base_dir}") from err
+    if first is None:
+        counts.skip("empty_datasets", f"hf:{src.dataset}", f"no records in {data_files or src.dataset}")
+        return
+    for i, rec in enumerate(_chain_first(first, records)):
         text = rec.get(src.field)
         if isinstance(text, str):
             yield text, f"hf:{src.dataset}#{i}"
         else:
             counts.skip("records_without_text", f"hf:{src.dataset}#{i}", f"no string field {src.field!r}")
+
+
+def _chain_first(first, rest):
+    yield first
+    yield from rest
 
 
 def iter_file(src: SourceConfig, path: Path, counts: Counts, max_line_bytes: int
@@ -257,7 +277,7 @@ def iter_source(cfg: DataConfig, src: SourceConfig, counts: Counts, files: list[
     limit = src.max_documents
     start = counts.raw_documents  # the limit is per call: streaming reads a source once an epoch
     if src.type == "hf":
-        gen = _hf_docs(src, counts)
+        gen = _hf_docs(cfg, src, counts)
     else:
         if files is None:
             files, missing = cfg.files(src)

@@ -11,6 +11,7 @@ runs streaming mode is for. Dedup needs a view of the whole corpus: use prepare_
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from .loader import _digest, _stable_id
 from .mixing import normalise_weights
 from .sources import Counts, iter_source
 from .tokenizer import encode_document_array
+
+log = logging.getLogger("linscale.data")
 
 
 class _SourceStream:
@@ -106,6 +109,40 @@ def _groups(raw, max_docs: int = 64, max_chars: int = 1 << 20):
         yield group
 
 
+def stream_sizes(cfg: DataConfig) -> dict[str, float]:
+    """Bytes of each source, which split a language's share among its sources in streaming mode (no
+    token counts yet). An `hf` source counts the bytes of its local data_files, else the size its
+    dataset card states; one of unknown size (a hub stream without that information) gets the mean size
+    of its language's other sources, so that it is not starved by a tiny placeholder."""
+    sizes: dict[str, float | None] = {}
+    for s in cfg.sources:
+        if s.type == "hf":
+            sizes[s.name] = cfg.hf_local_bytes(s) or _hf_card_bytes(s)
+        else:
+            files, _ = cfg.files(s)
+            sizes[s.name] = float(sum(f.stat().st_size for f in files))
+    out = {}
+    for s in cfg.sources:
+        size = sizes[s.name]
+        if size is None:
+            known = [sizes[o.name] for o in cfg.sources if o.language == s.language and sizes[o.name]]
+            size = sum(known) / len(known) if known else 1.0
+            log.warning("source %r: size unknown before reading; it gets the mean share of the %s sources "
+                        "(give every source a `weight` to set the mix yourself)", s.name, s.language)
+        out[s.name] = float(size)
+    return out
+
+
+def _hf_card_bytes(src: SourceConfig) -> float | None:
+    try:
+        import datasets
+        info = datasets.load_dataset_builder(src.dataset, src.subset).info
+        split = (info.splits or {}).get(src.split)
+        return float(split.num_bytes) if split is not None and split.num_bytes else None
+    except Exception:  # no card, no network, or a builder that cannot say: size unknown
+        return None
+
+
 class StreamProvider:
     """WindowProvider over a data config, streamed (see module docstring)."""
 
@@ -113,10 +150,7 @@ class StreamProvider:
         self.cfg = cfg
         self.names = [s.name for s in cfg.sources]
         self.languages = [s.language for s in cfg.sources]
-        sizes = {}
-        for s in cfg.sources:
-            files, _ = cfg.files(s) if s.type != "hf" else ([], [])
-            sizes[s.name] = float(sum(f.stat().st_size for f in files)) if files else 1.0
+        sizes = stream_sizes(cfg)
         self.streams, self.dropped = [], []
         for s in cfg.sources:
             stream = _SourceStream(cfg, s, seed, split)

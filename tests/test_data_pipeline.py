@@ -265,3 +265,73 @@ def test_streaming_epochs_repeat_with_max_documents(shared_data, tmp_path):
                    if all(stream[i] == stream[i + p] for i in range(len(stream) - p))), None)
     assert period is not None and stream[period - 1] == EOT_ID  # an epoch ends with a document end
     assert stream[:period].count(EOT_ID) <= 12
+
+
+def _hf_config(folder, docs, extra_sources=()):
+    """A config in `folder` with a relative `data_files` path, as a user would write it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "d.jsonl", "w") as f:
+        for d in docs:
+            f.write(json.dumps({"content": d}) + "\n")
+    cfg = {"name": "hf", "val_fraction": 0, "filters": {"min_chars": 50}, "sources": [
+        {"name": "hub", "language": "en", "type": "hf", "dataset": "json", "field": "content",
+         "data_files": ["d.jsonl"]}, *extra_sources]}
+    (folder / "c.yaml").write_text(json.dumps(cfg))
+    return folder / "c.yaml"
+
+
+def _record_docs(n, seed=8):
+    rng = random.Random(seed)
+    words = "streamed records come from a hugging face dataset builder in streaming mode today".split()
+    return [f"Record {i}: " + " ".join(rng.choice(words) for _ in range(50)) for i in range(n)]
+
+
+def test_hf_relative_data_files_resolve_against_the_config(tmp_path, monkeypatch):
+    pytest.importorskip("datasets")
+    docs = _record_docs(5)
+    path = _hf_config(tmp_path / "cfg", docs)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "d.jsonl").write_text("")  # a same-named empty file in the working directory is ignored
+    monkeypatch.chdir(elsewhere)
+    from data_pipeline.config import load_data_config
+    prepare(load_data_config(path), tmp_path / "ds", workers=1, progress=False)
+    assert sorted(_output_docs(tmp_path / "ds" / "train")["hub"]) == sorted(clean(d) for d in docs)
+    ld = build_loader(str(path), 64, 4, 4)  # streaming, from the other folder
+    text = decode(ld.next_batch()["input_ids"][0].tolist())
+    assert "Record" in text
+
+
+def test_hf_source_without_records_is_a_clear_error(tmp_path):
+    pytest.importorskip("datasets")
+    path = _hf_config(tmp_path / "cfg", [])
+    with pytest.raises(ValueError, match="yields no train documents"):
+        build_loader(str(path), 64, 4, 4)
+    from data_pipeline.config import load_data_config
+    prepare(load_data_config(path), tmp_path / "ds", workers=1, progress=False)
+    with pytest.raises(ValueError, match="holds no tokens"):
+        build_loader(str(tmp_path / "ds"), 64, 4, 4)
+    stats = json.loads((tmp_path / "ds" / "stats.json").read_text())
+    assert stats["sources"][0]["skipped_input"] == {"empty_datasets": 1}
+
+
+def test_weightless_hf_source_gets_its_share_in_streaming(tmp_path):
+    """An hf source without a weight next to a file source of the same language: the language's share
+    is split by bytes on disk, the hf source's bytes being those of its data_files."""
+    pytest.importorskip("datasets")
+    rng = random.Random(9)
+    words = "plain text files are measured by their bytes on disk like any other source here".split()
+    (tmp_path / "cfg").mkdir()
+    with open(tmp_path / "cfg" / "t.txt", "w") as f:
+        f.write("\n\n".join("Text " + " ".join(rng.choice(words) for _ in range(60)) for _ in range(12)))
+    path = _hf_config(tmp_path / "cfg", _record_docs(12), [
+        {"name": "txt", "language": "en", "type": "text", "text_unit": "blank_line", "paths": ["t.txt"]}])
+    ld = build_loader(str(path), 32, 8, 8)
+    hf_bytes = (tmp_path / "cfg" / "d.jsonl").stat().st_size
+    txt_bytes = (tmp_path / "cfg" / "t.txt").stat().st_size
+    names = ld.provider.names
+    share = ld.weights[names.index("hub")]
+    assert share == pytest.approx(hf_bytes / (hf_bytes + txt_bytes))
+    rows = [decode(r.tolist()) for _ in range(8) for r in ld.next_batch()["input_ids"]]
+    from_hub = sum("Record" in r or "streamed" in r or "hugging" in r for r in rows)
+    assert abs(from_hub / len(rows) - share) < 0.1, (from_hub, len(rows), share)
