@@ -129,9 +129,22 @@ def load_openbookqa(data_dir: str | None = None, **_):
     return _ai2_multiple_choice("openbookqa", data_dir, "question_stem")
 
 
+def boolq_label(raw) -> int:
+    """1 (answer "yes") or 0 from a BoolQ label: JSON true/false, the strings 'true'/'false' of the SuperGLUE
+    release, or 1/0. Anything else is an error: bool('false') is True, so a lenient cast scores every item
+    against "yes"."""
+    if isinstance(raw, bool):
+        return int(raw)
+    if isinstance(raw, int) and raw in (0, 1):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+        return int(raw.strip().lower() == "true")
+    raise ValueError(f"BoolQ label {raw!r}: expected true/false (JSON or string) or 1/0")
+
+
 def load_boolq(data_dir: str | None = None, **_):
     return _dataset("validation", [{"question": r["question"], "passage": r["passage"], "idx": r["idx"],
-                                    "label": int(bool(r["label"]))}
+                                    "label": boolq_label(r["label"])}
                                    for r in read_jsonl(eval_path("boolq", data_dir))])
 
 
