@@ -82,3 +82,55 @@ def test_find_snapshots_accepts_export_dirs(run_dir):
     assert len(snaps) == 1 and snaps[0]["run"] == "run_a" and snaps[0]["tokens"] == 3000
     with pytest.raises(FileNotFoundError):
         sw.find_snapshots([str(run_dir / "exports")])
+
+
+# arXiv 2406.16690, Table 4: BoolQ acc, PIQA acc, HellaSwag acc_norm, WinoGrande acc, ARC-e acc, ARC-c acc_norm,
+# OBQA acc_norm, and the printed "CSR avg", for every architecture and size
+PAPER_TABLE4 = """
+llama 0.07 46.48 58.87 27.82 48.46 39.98 21.42 25.60 38.38
+tnl 0.07 43.18 58.87 27.77 50.12 39.77 21.76 23.80 37.90
+hgrn2 0.07 56.57 59.19 28.05 52.01 38.64 22.61 26.00 40.44
+cos2 0.07 47.61 60.94 28.12 49.72 37.33 22.18 23.60 38.50
+llama 0.16 52.94 63.66 30.67 51.78 44.32 23.29 26.60 41.89
+tnl 0.16 53.82 63.82 31.22 50.20 45.92 23.21 28.80 42.43
+hgrn2 0.16 54.01 63.06 31.04 52.41 45.08 23.38 27.00 42.28
+cos2 0.16 45.47 63.28 29.72 52.41 44.49 22.53 27.20 40.73
+llama 0.41 54.04 67.19 38.75 52.17 49.24 23.72 30.00 45.02
+tnl 0.41 60.31 66.65 38.98 51.70 52.61 25.17 30.00 46.49
+hgrn2 0.41 60.86 67.74 40.32 51.78 54.21 24.83 31.20 47.28
+cos2 0.41 57.40 66.27 36.65 50.59 51.81 23.72 29.00 45.06
+llama 1 56.42 69.97 47.04 52.72 57.07 28.16 32.60 49.14
+tnl 1 59.85 71.49 48.70 52.57 57.07 27.73 33.20 50.09
+hgrn2 1 59.17 71.65 49.52 54.38 60.27 28.07 33.40 50.92
+cos2 1 44.28 70.73 45.55 50.51 55.22 27.30 31.00 46.37
+llama 3 61.31 73.18 57.88 59.59 63.93 31.40 34.00 54.47
+tnl 3 56.76 75.03 60.87 61.33 65.49 33.02 36.40 55.56
+hgrn2 3 55.47 74.10 61.48 58.64 65.61 34.47 35.60 55.06
+cos2 3 50.92 74.27 57.38 57.30 63.22 31.40 35.20 52.81
+llama 7 57.46 75.19 64.39 61.88 67.55 35.41 35.00 56.70
+tnl 7 62.63 76.22 66.29 61.48 67.76 38.23 37.80 58.63
+hgrn2 7 62.69 76.50 66.96 61.40 69.02 36.86 38.00 58.78
+cos2 7 65.02 76.33 63.93 59.19 66.96 36.43 37.60 57.92
+"""
+
+
+def test_csr_average_reproduces_the_papers_printed_averages():
+    tasks = ("boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
+    assert set(tasks) == set(sw.CSR_AVG_TASKS) and "siqa" in sw.CSR_TASKS and "siqa" not in sw.CSR_AVG_TASKS
+    rows = [line.split() for line in PAPER_TABLE4.strip().splitlines()]
+    assert len(rows) == 24
+    for arch, size, *vals in rows:
+        scores = dict(zip(tasks, map(float, vals[:7])))
+        printed = float(vals[7])
+        # the inputs are printed to 0.01, so their mean is known to +-0.005, and the average is rounded too
+        assert sw.csr_average(scores) == pytest.approx(printed, abs=0.01), (arch, size)
+        assert sw.csr_average({**scores, "siqa": 99.0}) == sw.csr_average(scores)   # SIQA is not averaged
+    assert sw.csr_average({t: 50.0 for t in tasks[:-1]}) is None                   # incomplete: no average
+
+
+def test_csr_average_in_the_table_leaves_siqa_out():
+    results = {t: {"acc": 0.5, "acc_norm": 0.6, "paper": v}
+               for t, v in zip(sw.CSR_TASKS, (0.1, 0.2, 0.9, 0.3, 0.4, 0.5, 0.6, 0.7))}
+    flat = sw.flat_metrics({"results": results})
+    assert flat["csr/avg"] == pytest.approx((0.1 + 0.2 + 0.3 + 0.4 + 0.5 + 0.6 + 0.7) / 7)
+    assert flat["siqa/paper"] == 0.9
