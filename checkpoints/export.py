@@ -67,11 +67,24 @@ def export_config(meta: dict, source: Source, dtype: str) -> dict:
              "flops": meta["flops"], "flops_non_embedding": meta.get("flops_non_embedding"),
              "source": {"kind": source.kind, "path": str(source.path.resolve()), "run": source.path.parents[1].name},
              "export_dtype": dtype, "code": meta.get("code")}
+    # the training context: evaluation scores in windows of it (evaluation.context)
+    train = (meta.get("config") or {}).get("train") or _run_train_config(source)
+    if isinstance(train.get("seq_len"), int):
+        extra["train_seq_len"] = train["seq_len"]
     try:
         extra["params"] = exact_params(model)
     except Exception:  # accounting is informative only; never block an export on it
         pass
     return extra
+
+
+def _run_train_config(source: Source) -> dict:
+    """The `train` section of the run's config.json (RUN/snapshots/step_N -> RUN/config.json), or {}."""
+    try:
+        train = json.loads((source.path.parents[1] / "config.json").read_text()).get("train")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return train if isinstance(train, dict) else {}
 
 
 def already_exported(out: Path, step: int, dtype: str) -> bool:

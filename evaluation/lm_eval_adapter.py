@@ -19,6 +19,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from data_pipeline.tokenizer import EOT_ID, get_tokenizer
+from evaluation.context import scoring_window
 from evaluation.scoring import generate_tokens, rolling_loglikelihood, score_continuations
 from models import LanguageModel, load_pretrained
 
@@ -42,7 +43,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
 @register_model("linscale")
 class LinscaleLM(TemplateLM):
     """model_args: pretrained=EXPORT_DIR (or model=LanguageModel from Python), device (auto|cpu|cuda:N),
-    dtype (auto|float32|bfloat16), batch_size, max_length (default: the config's max_seq_len), max_gen_toks,
+    dtype (auto|float32|bfloat16), batch_size, max_length (default: the training context recorded with the
+    export, else the config's max_seq_len), max_gen_toks,
     and any model config override (e.g. max_seq_len=16384 for LLaMA past its RoPE table)."""
 
     def __init__(self, pretrained: str | None = None, model: LanguageModel | None = None, device: str | None = "auto",
@@ -61,7 +63,9 @@ class LinscaleLM(TemplateLM):
         self.pretrained = str(pretrained) if pretrained is not None else None
         # "auto" batch-size search is a HF-model feature; a fixed size is predictable on every arch
         self.batch_size_per_gpu = int(batch_size) if str(batch_size).isdigit() else 8
-        self._max_length = int(max_length) if max_length else model.config.max_seq_len
+        # the training context (from the export or its run), not max_seq_len: see evaluation.context
+        self._max_length = scoring_window(pretrained, model.config.max_seq_len, max_length,
+                                          warn=None if pretrained is None else print)
         self.max_gen_toks = int(max_gen_toks)
         self.tokenizer_obj = get_tokenizer()
 
@@ -132,7 +136,7 @@ class LinscaleLM(TemplateLM):
             max_new = int(kw.pop("max_gen_toks", self.max_gen_toks))
             temperature = float(kw.pop("temperature", 0.0)) if kw.pop("do_sample", False) else 0.0
             top_k = kw.pop("top_k", None)
-            budget = self.max_length - max_new
+            budget = max(1, self.max_length - max_new)   # prompt tokens kept (from the right)
             prompts = [self.tok_encode(requests[i].args[0])[-budget:] or [EOT_ID] for i in idx]
 
             def stop(new: list[int]) -> bool:

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evaluation.context import scoring_window, training_context
+
 CSR_TASKS = ("boolq", "piqa", "siqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
 # the metric the paper reports for each commonsense task
 CSR_METRIC = {"boolq": "acc", "piqa": "acc", "siqa": "acc", "hellaswag": "acc_norm", "winogrande": "acc",
@@ -26,7 +28,7 @@ CSR_AVG_TASKS = ("boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_ch
 # lm-eval's SCROLLS tasks: they download tau/scrolls from the HF hub, so they run only where it is reachable
 SCROLLS_TASKS = ("scrolls_qasper", "scrolls_quality", "scrolls_narrativeqa", "scrolls_qmsum",
                  "scrolls_contractnli", "scrolls_govreport", "scrolls_summscreenfd")
-COUNTS = {"examples", "documents", "words", "bytes", "tokens", "windows", "loglikelihood"}  # table only, not plotted
+COUNTS = {"examples", "documents", "words", "bytes", "tokens", "windows", "loglikelihood", "window"}  # table only, not plotted
 SUITES = {
     "quick": ("wikitext2", "lambada_openai"),
     "paper": ("wikitext2", "lambada_openai", *CSR_TASKS, "niah_easy", "niah_standard", *SCROLLS_TASKS),
@@ -43,7 +45,7 @@ class SweepConfig:
     dtype: str = "auto"
     batch_size: int = 8
     limit: int | None = None                # examples (documents for WikiText-2) per task, for smoke runs
-    max_length: int | None = None           # scoring window; default the model's max_seq_len
+    max_length: int | None = None           # scoring window; default each model's training context
     niah_lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 6144, 8192, 10240, 12288, 14336, 16384])
     niah_depths: list[float] = field(default_factory=lambda: [float(d) for d in range(0, 101, 10)])
     niah_trials: int = 1
@@ -78,7 +80,8 @@ def find_snapshots(paths: list[str]) -> list[dict]:
             model = meta.get("model", {})
             found.append({"run": run, "snapshot": e.name, "path": str(e.resolve()), "arch": model.get("arch"),
                           "size": model.get("size"), "step": meta.get("step"), "tokens": meta.get("tokens"),
-                          "flops": meta.get("flops")})
+                          "flops": meta.get("flops"), "flops_non_embedding": meta.get("flops_non_embedding"),
+                          "train_seq_len": training_context(e), "max_seq_len": model.get("max_seq_len")})
     found.sort(key=lambda r: (r["run"], r["step"] if r["step"] is not None else -1, r["snapshot"]))
     return found
 
@@ -90,9 +93,14 @@ def fingerprint(export: str) -> dict:
 
 # -- tasks ------------------------------------------------------------------------------------------------
 
-def task_settings(task: str, cfg: SweepConfig) -> dict:
-    """Everything a cached result depends on besides the weights."""
-    s = {"task": task, "limit": cfg.limit, "max_length": cfg.max_length}
+def scoring_window_of(snap: dict, cfg: SweepConfig, warn=None) -> int:
+    """--max-length, else the snapshot's training context, else its config's max_seq_len (with a warning)."""
+    return scoring_window(snap["path"], snap.get("max_seq_len") or 8192, cfg.max_length, warn=warn)
+
+
+def task_settings(task: str, cfg: SweepConfig, window: int | None = None) -> dict:
+    """Everything a cached result depends on besides the weights (`window`: the resolved scoring window)."""
+    s = {"task": task, "limit": cfg.limit, "max_length": window if window is not None else cfg.max_length}
     if task.startswith("niah_"):
         s.update(lengths=cfg.niah_lengths, depths=cfg.niah_depths, trials=cfg.niah_trials,
                  haystack=cfg.niah_haystack)
@@ -105,14 +113,17 @@ def run_tasks(tasks: list[str], model, snap: dict, cfg: SweepConfig, out: Path) 
     """Metrics (a flat dict of numbers, plus detail) for each task, run on an already loaded model."""
     from evaluation import perplexity
     results: dict[str, dict] = {}
+    window = scoring_window_of(snap, cfg)
     lm_eval_tasks = [t for t in tasks if t in CSR_TASKS or t in SCROLLS_TASKS]
     for t in tasks:
         if t == "wikitext2":
-            results[t] = perplexity.wikitext_perplexity(model, max_length=cfg.max_length, batch_size=cfg.batch_size,
+            results[t] = perplexity.wikitext_perplexity(model, max_length=window, batch_size=cfg.batch_size,
                                                         limit=cfg.limit)
+            results[t]["window"] = window
         elif t == "lambada_openai":
-            results[t] = perplexity.lambada_openai(model, max_length=cfg.max_length, batch_size=cfg.batch_size,
+            results[t] = perplexity.lambada_openai(model, max_length=window, batch_size=cfg.batch_size,
                                                    limit=cfg.limit)
+            results[t]["window"] = window
         elif t == "valid_loss":
             files = sorted(f for pat in cfg.valid_shards for f in glob.glob(pat))
             results[t] = perplexity.validation_loss(model, perplexity.token_windows(files, cfg.valid_seq_len + 1),
@@ -129,18 +140,18 @@ def run_tasks(tasks: list[str], model, snap: dict, cfg: SweepConfig, out: Path) 
             results[t] = {"acc_avg": m["acc_avg"], "weighted_avg_acc": m["weighted_avg_acc"],
                           "niah_score": m["niah_score"], "heatmap": str(png), "detail": res}
     if lm_eval_tasks:
-        results.update(run_lm_eval(model, lm_eval_tasks, cfg))
+        results.update(run_lm_eval(model, lm_eval_tasks, cfg, window))
     return results
 
 
-def run_lm_eval(model, tasks: list[str], cfg: SweepConfig) -> dict[str, dict]:
+def run_lm_eval(model, tasks: list[str], cfg: SweepConfig, window: int | None = None) -> dict[str, dict]:
     """The commonsense tasks (local configs) and SCROLLS through lm-eval, with the adapter around the
     loaded model. A task whose data cannot be had is reported with its error and not cached."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     from evaluation.lm_eval_adapter import LinscaleLM, tasks_dir
-    lm = LinscaleLM(model=model, batch_size=cfg.batch_size, max_length=cfg.max_length)
+    lm = LinscaleLM(model=model, batch_size=cfg.batch_size, max_length=window or cfg.max_length)
     tm = TaskManager(include_path=str(tasks_dir()))
     names = {t: (f"{t}_local" if t in CSR_TASKS else t) for t in tasks}
     out: dict[str, dict] = {}
@@ -195,10 +206,11 @@ def sweep(cfg: SweepConfig) -> list[dict]:
     for n, snap in enumerate(snaps, 1):
         cache_dir = out / "cache" / snap["run"] / snap["snapshot"]
         fp = fingerprint(snap["path"])
+        window = scoring_window_of(snap, cfg, warn=lambda msg: print(f"    {msg}", flush=True))
         cached, todo = {}, []
         for t in tasks:
             f = cache_dir / f"{t}.json"
-            key = {"settings": task_settings(t, cfg), "weights": fp}
+            key = {"settings": task_settings(t, cfg, window), "weights": fp}
             if f.exists() and not cfg.force:
                 rec = json.loads(f.read_text())
                 if rec.get("key") == key:
@@ -216,7 +228,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
                 secs = time.time() - t1
                 if "error" not in res:
                     cache_dir.mkdir(parents=True, exist_ok=True)
-                    key = {"settings": task_settings(t, cfg), "weights": fp}
+                    key = {"settings": task_settings(t, cfg, window), "weights": fp}
                     tmp = cache_dir / f".{t}.json.tmp"
                     tmp.write_text(json.dumps({"key": key, "metrics": res, "seconds": secs}, indent=1))
                     tmp.rename(cache_dir / f"{t}.json")

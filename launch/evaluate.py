@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
     p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--limit", type=int, help="examples per task (smoke runs)")
-    p.add_argument("--max-length", type=int, help="scoring window (default: the model's max_seq_len)")
+    p.add_argument("--max-length", type=int, help="scoring window (default: each snapshot's training context)")
     p.add_argument("--niah-lengths", type=int, nargs="+", default=d.niah_lengths)
     p.add_argument("--niah-depths", type=float, nargs="+", default=d.niah_depths)
     p.add_argument("--niah-trials", type=int, default=d.niah_trials)

@@ -134,3 +134,47 @@ def test_csr_average_in_the_table_leaves_siqa_out():
     flat = sw.flat_metrics({"results": results})
     assert flat["csr/avg"] == pytest.approx((0.1 + 0.2 + 0.3 + 0.4 + 0.5 + 0.6 + 0.7) / 7)
     assert flat["siqa/paper"] == 0.9
+
+
+def test_scoring_window_is_the_training_context(tmp_path, monkeypatch, capsys):
+    """Perplexity is scored in windows of the context the model was trained at (recorded with the export or
+    in its run's config.json), not in windows of the config's max_seq_len (8192 for every model here)."""
+    from checkpoints.export import Source, export_config
+    from evaluation.context import scoring_window, training_context
+    torch.manual_seed(0)
+    run = tmp_path / "tnl-tiny-ctx"
+    export = run / "exports" / "step_00000010"
+    save_pretrained(build_model("tnl", "tiny"), export, extra={"step": 10, "tokens": 1000, "flops": 1e9})
+    assert json.loads((export / "config.json").read_text())["model"]["max_seq_len"] == 8192
+    assert training_context(export) is None
+    (run / "config.json").write_text(json.dumps({"train": {"seq_len": 24}}))
+    assert training_context(export) == 24                          # from the run beside it
+    # what the exporter records: the run's training context, read from the snapshot's run
+    meta = {"model": build_model("tnl", "tiny").config.to_dict(), "step": 10, "tokens": 1000, "flops": 1e9}
+    (run / "snapshots" / "step_00000010").mkdir(parents=True)
+    extra = export_config(meta, Source(10, "snapshot", run / "snapshots" / "step_00000010"), "fp32")
+    assert extra["train_seq_len"] == 24
+    extra = export_config({**meta, "config": {"train": {"seq_len": 40}}}, Source(10, "checkpoint", run / "x" / "y"), "fp32")
+    assert extra["train_seq_len"] == 40                            # a resume checkpoint carries its run config
+    lone = tmp_path / "elsewhere" / "model"
+    save_pretrained(build_model("tnl", "tiny"), lone, extra={"train_seq_len": 32, "step": 1, "tokens": 1, "flops": 1.0})
+    assert training_context(lone) == 32                            # written into the export itself
+    warned = []
+    assert scoring_window(tmp_path / "nothing", 8192, warn=warned.append) == 8192 and "not recorded" in warned[0]
+    assert scoring_window(export, 8192, override=100) == 100
+
+    seen = []
+
+    def fake_wikitext(model, max_length=None, **kw):
+        seen.append(max_length)
+        return {"word_perplexity": 10.0}
+
+    monkeypatch.setattr("evaluation.perplexity.wikitext_perplexity", fake_wikitext)
+    rows = sw.sweep(sw.SweepConfig(runs=[str(run)], tasks=["wikitext2"], out=str(tmp_path / "out"), device="cpu"))
+    assert seen == [24] and rows[0]["results"]["wikitext2"]["window"] == 24
+    sw.sweep(sw.SweepConfig(runs=[str(run)], tasks=["wikitext2"], out=str(tmp_path / "out"), device="cpu",
+                            max_length=16))                         # a different window is a different result
+    assert seen == [24, 16]
+    # the lm-eval model defaults to the same window when given the export directory
+    from evaluation.lm_eval_adapter import LinscaleLM
+    assert LinscaleLM(pretrained=str(export), device="cpu").max_length == 24
