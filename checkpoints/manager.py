@@ -35,8 +35,11 @@ import torch.distributed as dist
 
 from checkpoints.atomic import atomic_write_text, publish_dir
 from checkpoints.hashio import FileRecord, read_records, save_safetensors, save_torch, write_records
-from checkpoints.layout import (CHECKPOINTS, LATEST, SNAPSHOTS, TMP_SUFFIX, step_dirs, step_name, tmp_dirs)
+from checkpoints.errors import CheckpointError, SaveFailed
+from checkpoints.layout import (CHECKPOINTS, LATEST, SNAPSHOTS, TMP_SUFFIX, parse_step, step_dirs, step_name,
+                                tmp_dirs)
 from checkpoints.manifest import MANIFEST, verify, write_manifest
+from checkpoints.run_dir import read_run_id
 from checkpoints.schedule import SnapshotSchedule
 from checkpoints.signals import StopSignal
 from checkpoints.staging import StagingBuffers
@@ -82,15 +85,28 @@ def rank_file(rank: int) -> str:
 # finding and pruning checkpoints (plain functions: export and tests use them without a trainer)
 # ---------------------------------------------------------------------------------------------------
 
+def checkpoint_run_id(path: Path) -> str | None:
+    """The run id a checkpoint's meta.json records (None: unknown, e.g. written before run ids existed)."""
+    try:
+        return json.loads((Path(path) / META).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def find_resume_checkpoint(ckpt_dir: Path, checksums: bool = True,
-                           on_skip: Callable[[str], None] = warn) -> Path | None:
+                           on_skip: Callable[[str], None] = warn, run_id: str | None = None) -> Path | None:
     """The newest complete, intact checkpoint under ckpt_dir (scanning the directories, not trusting the
     `latest` pointer: a crash between publishing and the pointer update leaves the pointer one behind).
-    Every newer one that is partial or corrupt is reported through `on_skip`, by name and reason."""
+    Every newer one that is partial or corrupt is reported through `on_skip`, by name and reason. With
+    `run_id`, checkpoints recording another run's id are skipped too (one run's history only)."""
     ckpt_dir = Path(ckpt_dir)
     for tmp in tmp_dirs(ckpt_dir):
         on_skip(f"checkpoint {tmp} was never finished (a save cut short); skipped")
     for _, path in reversed(step_dirs(ckpt_dir)):
+        other = checkpoint_run_id(path) if run_id is not None else None
+        if other is not None and other != run_id:
+            on_skip(f"checkpoint {path} belongs to another run (run id {other}, this run {run_id}); skipped")
+            continue
         problem = verify(path, checksums=checksums)
         if problem is None:
             return path
@@ -103,20 +119,25 @@ def read_latest(ckpt_dir: Path) -> str | None:
     return p.read_text().strip() if p.is_file() else None
 
 
-def apply_retention(ckpt_dir: Path, keep_last: int) -> list[Path]:
+def apply_retention(ckpt_dir: Path, keep_last: int, upto: int | None = None, run_id: str | None = None) -> list[Path]:
     """Delete resume checkpoints older than the newest `keep_last` complete ones (0 keeps all); the one
-    `latest` names is always kept. Only `ckpt_dir` is touched: snapshots live elsewhere and are never
-    removed. Returns what was deleted."""
+    `latest` names is always kept. Never deletes anything newer than step `upto` (the checkpoint just
+    published: whatever lies beyond it is not this history's to judge), and with `run_id` never touches a
+    checkpoint of another run. A checkpoint counts as kept only when its files have the manifest's sizes,
+    so a truncated one never stands in for a good one. Only `ckpt_dir` is touched: snapshots live
+    elsewhere and are never removed. Returns what was deleted."""
     if keep_last <= 0:
         return []
     ckpt_dir = Path(ckpt_dir)
-    complete = [(s, p) for s, p in step_dirs(ckpt_dir) if (p / MANIFEST).is_file()]
-    if len(complete) <= keep_last:
+    ours = [(s, p) for s, p in step_dirs(ckpt_dir) if (upto is None or s <= upto)
+            and (run_id is None or checkpoint_run_id(p) in (None, run_id))]
+    good = [(s, p) for s, p in ours if verify(p, checksums=False) is None]
+    if len(good) <= keep_last:
         return []
-    oldest_kept = complete[-keep_last][0]
+    oldest_kept = good[-keep_last][0]
     latest = read_latest(ckpt_dir)
     deleted = []
-    for step, path in step_dirs(ckpt_dir):
+    for step, path in ours:
         if step >= oldest_kept or path.name == latest:
             continue
         trash = path.with_name(path.name + ".trash")  # renamed first: a half-deleted dir must not look loadable
@@ -156,6 +177,7 @@ class CheckpointManager:
         self.writer = BackgroundWriter()
         self.signal = StopSignal()
         self.code = code_version() if self.env.is_main else None
+        self.run_id = read_run_id(trainer.run_dir) if self.env.is_main else None
         self._module_buffers = StagingBuffers()
         self._snapshot_buffers = StagingBuffers()
         self._reserved = False
@@ -167,13 +189,10 @@ class CheckpointManager:
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
-        """At trainer construction: resume if asked, clean up unfinished saves, install signal handlers
-        (last, so a failed start leaves the process's handlers as they were)."""
-        resume_from = self._choose_resume()  # before the cleanup, so its warnings name the unfinished saves
-        if self.env.is_main:
-            for d in (self.ckpt_dir, self.snap_dir):
-                for tmp in tmp_dirs(d):
-                    shutil.rmtree(tmp, ignore_errors=True)
+        """At trainer construction (the run directory is locked and cleaned of unfinished saves by
+        checkpoints.run_dir): resume if asked, then install signal handlers (last, so a failed start leaves
+        the process's handlers as they were)."""
+        resume_from = self._choose_resume()
         _barrier()
         if resume_from is not None:
             self.load(resume_from)
@@ -184,23 +203,70 @@ class CheckpointManager:
         if not target:
             return None
         chosen: str | None = None
-        error: str | None = None
+        error: tuple[str, str] | None = None
         if self.env.is_main:  # one rank verifies (checksums read every byte) and tells the others
-            if target == "auto":
-                path = find_resume_checkpoint(self.ckpt_dir)
-                if path is None:
-                    info(f"--resume auto: no complete checkpoint in {self.ckpt_dir}; starting from scratch")
-                chosen = str(path) if path is not None else None
-            else:
-                problem = verify(Path(target))
-                if problem is not None:
-                    error = (f"--resume {target}: {problem}. Pass a complete checkpoint directory "
-                             f"({self.ckpt_dir}/step_N) or --resume auto to take the newest complete one")
-                chosen = target
+            try:
+                chosen = self._choose_on_main(target)
+            except (CheckpointError, ValueError) as err:
+                error = (type(err).__name__, str(err))
         chosen, error = _broadcast((chosen, error))
         if error:
-            raise ValueError(error)
+            raise (CheckpointError if error[0] != "ValueError" else ValueError)(error[1])
         return Path(chosen) if chosen else None
+
+    def _choose_on_main(self, target: str) -> str | None:
+        if target == "auto":
+            skipped: list[str] = []
+
+            def on_skip(msg: str) -> None:
+                skipped.append(msg)
+                warn(msg)
+            path = find_resume_checkpoint(self.ckpt_dir, on_skip=on_skip, run_id=self.run_id)
+            if path is None:
+                published = step_dirs(self.ckpt_dir)
+                if published:  # checkpoints are there but none can be used: never silently start over
+                    raise CheckpointError(
+                        f"--resume auto: {self.ckpt_dir} holds {len(published)} checkpoint(s) and none can be "
+                        f"resumed: " + " | ".join(m.replace("checkpoint ", "", 1) for m in skipped)
+                        + f". Nothing was changed. To start from step 0 anyway, run without --resume and with "
+                          f"--overwrite (they are moved to {self.trainer.run_dir}/overwritten-<time>/); to use "
+                          f"one of them regardless, pass --resume with its path")
+                info(f"--resume auto: no complete checkpoint in {self.ckpt_dir} yet; starting from step 0")
+                return None
+            return str(path)
+        path = Path(target)
+        problem = verify(path)
+        if problem is not None:
+            raise ValueError(f"--resume {target}: {problem}. Pass a complete checkpoint directory "
+                             f"({self.ckpt_dir}/step_N) or --resume auto to take the newest complete one")
+        self._set_aside_later_history(path)
+        return target
+
+    def _set_aside_later_history(self, path: Path) -> None:
+        """Resuming one of this run's own earlier checkpoints starts a new branch of its history: the
+        checkpoints and snapshots after it belong to the abandoned branch. They are moved into
+        `superseded-<time>/` folders (not deleted), so that `--resume auto` and retention only ever see
+        one history and a replayed step never keeps a snapshot of the other branch."""
+        try:
+            inside = Path(os.path.realpath(path)).parent == Path(os.path.realpath(self.ckpt_dir))
+        except OSError:
+            inside = False
+        step = parse_step(path.name)
+        if not inside or step is None:
+            return
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for parent in (self.ckpt_dir, self.snap_dir):
+            later = [p for s, p in step_dirs(parent) if s > step]
+            if not later:
+                continue
+            dest = parent / f"superseded-{stamp}"
+            dest.mkdir(exist_ok=True)
+            for p in later:
+                os.replace(p, dest / p.name)
+            info(f"--resume {path}: {len(later)} later {parent.name} of the abandoned branch "
+                 f"({', '.join(p.name for p in later)}) moved to {dest}")
+        if (self.ckpt_dir / LATEST).is_file() and read_latest(self.ckpt_dir) != path.name:
+            atomic_write_text(self.ckpt_dir / LATEST, path.name + "\n")
 
     def load(self, path: Path) -> None:
         path = Path(path)
@@ -355,7 +421,7 @@ class CheckpointManager:
                 "flops_non_embedding": step * tr.flops_per_step_ne, "tokens_per_step": tr.tokens_per_step, "world_size": world,
                 "module": type(self.module).__name__, "zero": tr.cfg.dist.zero,
                 "model": tr.model_cfg.to_dict(), "config": tr.cfg.to_dict(), "code": self.code,
-                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                "run_id": self.run_id, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         stall = time.perf_counter() - t0
         self.last_saved_step = step
 
@@ -377,7 +443,7 @@ class CheckpointManager:
                 files = write_manifest(tmp, {"kind": "checkpoint", "step": step}, known=known)["files"]
                 publish_dir(tmp, self.ckpt_dir / name)
                 atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
-                deleted = apply_retention(self.ckpt_dir, self.cfg.keep_last)
+                deleted = apply_retention(self.ckpt_dir, self.cfg.keep_last, upto=step, run_id=self.run_id)
                 took = time.perf_counter() - t1
                 self.history.append({"step": step, "kind": "checkpoint", "stall_s": stall, "write_s": took,
                                      "blocking": blocking, "hashed_while_writing": len(known)})
@@ -409,7 +475,7 @@ class CheckpointManager:
         from models import TOKENIZER_NAME
         meta = {"kind": "snapshot", "step": step, "tokens": tr.tokens, "flops": tr.flops,
                 "flops_non_embedding": step * tr.flops_per_step_ne, "model": tr.model_cfg.to_dict(),
-                "tokenizer": TOKENIZER_NAME, "run": Path(tr.run_dir).name, "code": self.code,
+                "tokenizer": TOKENIZER_NAME, "run": Path(tr.run_dir).name, "run_id": self.run_id, "code": self.code,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         stall = time.perf_counter() - t0
 

@@ -8,13 +8,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from models import ModelConfig, model_config
+from models.config import ARCH_ALIASES, ARCHS
+from models.sizes import SIZES
+from pretrain.errors import ConfigError
 
 PAPER_GLOBAL_BATCH_TOKENS = 480 * 8192
 
@@ -30,64 +34,82 @@ SMALL_SIZE_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def param(default: Any = None, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+          lt: float | None = None, choices: tuple | None = None, casefold: bool = False, path: bool = False,
+          default_factory: Callable[[], Any] | None = None) -> Any:
+    """A config field with what values it allows, checked for every field at parse time (`validate`):
+    a range (ge/gt/le/lt) for numbers, `choices` for enumerations, `path=True` for free-form paths.
+    Every int, float and str field carries one of them (tests/test_bad_inputs.py checks that)."""
+    meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("choices", choices)) if v is not None}
+    if casefold:
+        meta["casefold"] = True
+    if path:
+        meta["path"] = True
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class OptimConfig:
-    lr: float = 3e-4
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    warmup_steps: int = 2000       # linear warm-up from 0, then constant (the paper's schedule)
-    grad_clip: float = 1.0
+    lr: float = param(3e-4, gt=0)
+    weight_decay: float = param(0.1, ge=0)
+    beta1: float = param(0.9, ge=0, lt=1)
+    beta2: float = param(0.95, ge=0, lt=1)
+    eps: float = param(1e-8, gt=0)
+    warmup_steps: int = param(2000, ge=0)      # linear warm-up from 0, then constant (the paper's schedule)
+    grad_clip: float = param(1.0, ge=0)         # max global gradient norm; 0 turns clipping off
 
 
 @dataclass
 class TrainConfig:
-    seq_len: int = 8192
-    global_batch_tokens: int = PAPER_GLOBAL_BATCH_TOKENS
-    micro_batch: int = 1
-    max_steps: int | None = None
-    max_tokens: int | None = None
-    seed: int = 0
-    precision: str = "auto"        # auto: bf16 autocast on CUDA, fp32 on CPU | bf16 | fp32
-    device: str = "auto"           # auto | cpu | cuda
+    seq_len: int = param(8192, ge=1)
+    global_batch_tokens: int = param(PAPER_GLOBAL_BATCH_TOKENS, ge=1)
+    micro_batch: int = param(1, ge=1)
+    max_steps: int | None = param(None, ge=0)
+    max_tokens: int | None = param(None, ge=0)
+    seed: int = param(0, ge=0, lt=2**63)
+    precision: str = param("auto", choices=("auto", "bf16", "fp32"))  # auto: bf16 autocast on CUDA, fp32 on CPU
+    device: str = param("auto", choices=("auto", "cpu", "cuda"))
     activation_checkpointing: bool = False
     compile: bool = False
-    ops_impl: str = "auto"         # auto | triton | chunked | recurrent (see ops.linear_attention)
+    ops_impl: str = param("auto", choices=("auto", "triton", "chunked", "recurrent"))  # see ops.linear_attention
     doc_reset: bool = False        # reset linear-attention state at document starts (cu_seqlens)
-    log_every: int = 1
-    eval_every: int = 0            # validation loss every N steps (0: never)
-    eval_batches: int = 8
+    log_every: int = param(1, ge=1)
+    eval_every: int = param(0, ge=0)            # validation loss every N steps (0: never)
+    eval_batches: int = param(8, ge=1)
     allow_inexact_batch: bool = False  # accept a global batch the micro-batch/world size cannot reach exactly
-    max_bad_steps: int = 5         # non-finite loss/grad steps in a row before the run stops
-    spike_factor: float = 3.0      # log a loss spike when loss > factor x running mean
+    max_bad_steps: int = param(5, ge=0)         # stop after this many non-finite steps in a row (0: never stop)
+    spike_factor: float = param(3.0, gt=1)      # log a loss spike when loss > factor x running mean
 
 
 @dataclass
 class DistConfig:
-    zero: int = 0                  # DeepSpeed ZeRO stage; 0 with one process runs plain PyTorch
-    deepspeed_config: str | None = None  # a user JSON merged over the generated DeepSpeed config
-    backend: str = "auto"          # auto: nccl on CUDA, gloo on CPU
+    zero: int = param(0, choices=(0, 1, 2, 3))  # DeepSpeed ZeRO stage; 0 with one process runs plain PyTorch
+    deepspeed_config: str | None = param(None, path=True)  # a user JSON merged over the generated DeepSpeed config
+    backend: str = param("auto", choices=("auto", "nccl", "gloo", "mpi", "ucc"))  # auto: nccl on CUDA, gloo on CPU
 
 
 @dataclass
 class CheckpointConfig:
-    save_every: int = 1000         # resume checkpoint every N steps (0: only at the end / on signal)
-    keep_last: int = 3
+    save_every: int = param(1000, ge=0)         # resume checkpoint every N steps (0: only at the end / on signal)
+    keep_last: int = param(3, ge=0)             # resume checkpoints kept (0: all)
     # weights-only snapshots for evaluation sweeps and scaling fits (never removed by retention): every
     # 2B tokens (~500 paper steps) plus 8 log-spaced early points; the CPU presets turn them off
-    snapshot_every_tokens: int = 2_000_000_000
-    snapshot_log_points: int = 8
+    snapshot_every_tokens: int = param(2_000_000_000, ge=0)
+    snapshot_log_points: int = param(8, ge=0)
     async_save: bool = True
 
 
 @dataclass
 class RunConfig:
-    arch: str = "tnl"
-    size: str = "tiny"
-    data: str | None = None        # None: the embedded default corpus; a data YAML; a prepared dataset dir
-    out: str | None = None         # run directory; default runs/<arch>-<size>
-    resume: str | None = None      # 'auto', a checkpoint directory, or None
+    arch: str = param("tnl", choices=ARCHS + tuple(ARCH_ALIASES), casefold=True)
+    size: str = param("tiny", choices=tuple(SIZES), casefold=True)
+    data: str | None = param(None, path=True)  # None: the embedded default corpus; a data YAML; a prepared dataset dir
+    out: str | None = param(None, path=True)   # run directory; default runs/<arch>-<size>
+    resume: str | None = param(None, path=True)  # 'auto', a checkpoint directory, or None
+    # start afresh in a run directory that holds an earlier run (its files are moved aside, not deleted)
+    overwrite: bool = False
     model_overrides: dict[str, Any] = field(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -121,7 +143,7 @@ class RunConfig:
 # ----------------------------------------------------------------------------------------------------
 
 SECTIONS = {"optim": OptimConfig, "train": TrainConfig, "dist": DistConfig, "checkpoint": CheckpointConfig}
-TOP_LEVEL = ("arch", "size", "data", "out", "resume")
+TOP_LEVEL = ("arch", "size", "data", "out", "resume", "overwrite")
 # short flag names where the issue fixes them; everything else is --<field-name>
 FLAG_NAMES = {"dist.zero": "zero", "checkpoint.save_every": "save-every", "checkpoint.keep_last": "keep-last"}
 
@@ -149,15 +171,25 @@ def _field_type(f: dataclasses.Field):
     return str
 
 
+def _help(path: str, f: dataclasses.Field) -> str:
+    default = f.default if f.default is not dataclasses.MISSING else None
+    allowed = allowed_values(f.metadata)
+    return f"{path} (default {default}" + (f"; {allowed}" if allowed else "") + ")"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Pretrain a linear-complexity LM (or the LLaMA baseline).",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--config", help="YAML file of config fields (nested as the dataclasses); flags override it")
     p.add_argument("--arch", default=None, help="llama | tnl | hgrn2 | cos2 (alias cosformer2)")
-    p.add_argument("--size", default=None, help="tiny | mini | 70m | 160m | 410m | 1b | 3b | 7b")
+    p.add_argument("--size", default=None, help=" | ".join(SIZES))
     p.add_argument("--data", default=None, help="data YAML or prepared dataset dir (default: embedded corpus)")
     p.add_argument("--out", default=None, help="run directory (default runs/<arch>-<size>)")
-    p.add_argument("--resume", default=None, help="'auto' (newest complete checkpoint) or a checkpoint dir")
+    p.add_argument("--resume", default=None, help="'auto' (this run's newest complete checkpoint; a fresh start "
+                                                  "when it has none) or a checkpoint dir")
+    p.add_argument("--overwrite", nargs="?", const=True, type=_parse_bool, default=None,
+                   help="start afresh in a run directory that holds an earlier run: its checkpoints, snapshots "
+                        "and logs are moved to RUN/overwritten-<time>/ (not deleted)")
     p.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a ModelConfig field, e.g. --model max_seq_len=16384 (repeatable)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
@@ -168,9 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
             kind = _field_type(f)
             if kind is _parse_bool:
                 g.add_argument(_flag(path), dest=path, nargs="?", const=True, type=_parse_bool, default=None,
-                               help=f"{path} (default {f.default})")
+                               help=_help(path, f))
             else:
-                g.add_argument(_flag(path), dest=path, type=kind, default=None, help=f"{path} (default {f.default})")
+                g.add_argument(_flag(path), dest=path, type=kind, default=None, help=_help(path, f))
     return p
 
 
@@ -178,11 +210,14 @@ def _set(cfg: RunConfig, path: str, value: Any) -> None:
     if "." in path:
         section, name = path.split(".", 1)
         if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
-            raise ValueError(f"unknown config field {path!r}")
+            known = ", ".join(f"{section}.{f.name}" for f in fields(SECTIONS[section])) if section in SECTIONS \
+                else ", ".join(SECTIONS)
+            raise ConfigError(f"unknown config field {path!r}; known: {known}")
         setattr(getattr(cfg, section), name, value)
     else:
         if path not in TOP_LEVEL and path != "model_overrides":
-            raise ValueError(f"unknown config field {path!r}; top-level fields: {', '.join(TOP_LEVEL)}")
+            raise ConfigError(f"unknown config field {path!r}; top-level fields: {', '.join(TOP_LEVEL)}, "
+                              f"model_overrides, and the sections {', '.join(SECTIONS)}")
         setattr(cfg, path, value)
 
 
@@ -199,25 +234,50 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 def _parse_override(s: str) -> tuple[str, Any]:
     if "=" not in s:
-        raise ValueError(f"--model expects FIELD=VALUE, got {s!r}")
+        raise ConfigError(f"--model {s!r}: expected FIELD=VALUE, e.g. --model max_seq_len=16384")
     k, v = s.split("=", 1)
-    return k.strip(), yaml.safe_load(v)
+    try:
+        value = yaml.safe_load(v)
+    except yaml.YAMLError:
+        value = v
+    return k.strip(), value
+
+
+def load_yaml_mapping(path: Path, what: str) -> dict:
+    """A YAML file that must hold a mapping; syntax errors name the file, line and column (read from the
+    file object, so the YAML error carries its name; see pretrain.errors.describe)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path}: no such file")
+    with open(path, encoding="utf-8") as f:
+        raw = yaml.safe_load(f)
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{what} {path}: expected a mapping of config fields (e.g. `train: {{seq_len: 4096}}`), "
+                          f"got a {type(raw).__name__}")
+    return raw
 
 
 def parse_config(argv: list[str] | None = None) -> RunConfig:
     """Config from (defaults) <- (size preset for CPU sizes) <- (YAML --config) <- (flags)."""
     args = build_parser().parse_args(argv)
     explicit: dict[str, Any] = {}
+    origin: dict[str, str] = {}
     if args.config:
-        path = Path(args.config)
-        if not path.exists():
-            raise FileNotFoundError(f"--config {path}: no such file")
-        explicit.update(_flatten(yaml.safe_load(path.read_text()) or {}))
+        from_file = _flatten(load_yaml_mapping(Path(args.config), "--config"))
+        explicit.update(from_file)
+        origin.update({k: f"--config {args.config}" for k in from_file})
     for k, v in vars(args).items():
         if k in ("config", "model", "local_rank") or v is None:
             continue
         explicit[k] = v
-    overrides = dict(explicit.pop("model_overrides", {}) or {})
+        origin.pop(k, None)
+    overrides = explicit.pop("model_overrides", {}) or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"model_overrides in --config {args.config}: expected a mapping FIELD: VALUE, "
+                          f"got {overrides!r}")
+    overrides = dict(overrides)
     overrides.update(dict(_parse_override(s) for s in args.model))
     cfg = RunConfig()
     for key in ("arch", "size"):
@@ -229,22 +289,160 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     for k, v in explicit.items():
         _set(cfg, k, v)
     cfg.model_overrides = overrides
-    validate(cfg)
+    validate(cfg, origin)
     return cfg
 
 
-def validate(cfg: RunConfig) -> None:
-    cfg.model()  # raises a clear error for an unknown arch/size or a bad override
+# ----------------------------------------------------------------------------------------------------
+# validation: every field against its declared range or choices (see `param`)
+# ----------------------------------------------------------------------------------------------------
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def allowed_values(meta) -> str:
+    """What a field allows, in words: 'one of a, b, c', 'a number >= 0', 'an integer in [1, 3)'."""
+    if "choices" in meta:
+        return "one of " + ", ".join(map(str, meta["choices"]))
+    lo = (">=", meta["ge"]) if "ge" in meta else (">", meta["gt"]) if "gt" in meta else None
+    hi = ("<=", meta["le"]) if "le" in meta else ("<", meta["lt"]) if "lt" in meta else None
+    if lo and hi:
+        return f"{lo[0]} {_num(lo[1])} and {hi[0]} {_num(hi[1])}"
+    if lo or hi:
+        op, v = lo or hi
+        return f"{op} {_num(v)}"
+    return ""
+
+
+def _kind(f: dataclasses.Field) -> str:
+    t = str(f.type)
+    for k in ("bool", "int", "float", "str"):
+        if k in t:
+            return k
+    return "other"
+
+
+_KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+
+
+def _coerce(kind: str, value: Any) -> Any:
+    """`value` as the field's type; raises ValueError when it is not one (YAML gives strings for '1e-3')."""
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (str, int)):
+            return _parse_bool(str(value))
+        raise ValueError
+    if kind == "int":
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            return int(value.strip().replace("_", ""))
+        raise ValueError
+    if kind == "float":
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            return float(value)
+        raise ValueError
+    if kind == "str":
+        if isinstance(value, (dict, list)):
+            raise ValueError
+        return str(value)
+    return value
+
+
+def check_field(f: dataclasses.Field, value: Any, label: str) -> Any:
+    """`value` coerced to the field's type and checked against its range/choices; ConfigError (naming
+    `label`, the value and what is allowed) otherwise."""
+    optional = "None" in str(f.type)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{label}: a value is required ({allowed_values(f.metadata) or _KIND_WORDS.get(_kind(f), '')})")
+    kind = _kind(f)
+    try:
+        value = _coerce(kind, value)
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        raise ConfigError(f"{label} {value!r}: expected {_KIND_WORDS.get(kind, kind)}"
+                          + (f" ({allowed_values(f.metadata)})" if allowed_values(f.metadata) else "")) from None
+    meta = f.metadata
+    if kind in ("int", "float") and isinstance(value, float) and not math.isfinite(value) and "choices" not in meta:
+        if not (value == math.inf and "le" not in meta and "lt" not in meta):
+            raise ConfigError(f"{label} {value}: must be a finite number ({allowed_values(meta)})")
+    if "choices" in meta:
+        ok = value.lower() in [str(c).lower() for c in meta["choices"]] if meta.get("casefold") and isinstance(value, str) \
+            else value in meta["choices"]
+        if not ok:
+            raise ConfigError(f"{label} {value!r}: not allowed; choose {allowed_values(meta)}")
+    bad = (("ge" in meta and not value >= meta["ge"]) or ("gt" in meta and not value > meta["gt"])
+           or ("le" in meta and not value <= meta["le"]) or ("lt" in meta and not value < meta["lt"]))
+    if bad:
+        shown = _num(value) if isinstance(value, (int, float)) else repr(value)
+        raise ConfigError(f"{label} {shown}: out of range; allowed: {allowed_values(meta)}")
+    return value
+
+
+def _label(path: str, origin: dict[str, str]) -> str:
+    flag = _flag(path) if "." in path else f"--{path}"
+    return f"{flag} ({path} in {origin[path]})" if path in origin else flag
+
+
+def _check_model_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """--model FIELD=VALUE: the field must exist and the value have its type (checked here so the message
+    names the field; ModelConfig then checks the values themselves)."""
+    known = {f.name: f for f in fields(ModelConfig)}
+    out = {}
+    for k, v in overrides.items():
+        if k not in known:
+            raise ConfigError(f"--model {k}={v}: unknown model field {k!r}; known: {', '.join(sorted(known))}")
+        f = known[k]
+        optional = "None" in str(f.type)
+        if v is None and optional:
+            out[k] = None
+            continue
+        kind = _kind(f)
+        try:
+            out[k] = _coerce(kind, v)
+        except (ValueError, TypeError, argparse.ArgumentTypeError):
+            raise ConfigError(f"--model {k}={v}: {k} expects {_KIND_WORDS.get(kind, kind)}") from None
+    return out
+
+
+def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
+    """Every field against its declared type and range/choices, then the checks that involve several."""
+    origin = origin or {}
+    for f in fields(RunConfig):
+        if f.name in SECTIONS or f.name == "model_overrides":
+            continue
+        setattr(cfg, f.name, check_field(f, getattr(cfg, f.name), _label(f.name, origin)))
+    for section, cls in SECTIONS.items():
+        obj = getattr(cfg, section)
+        for f in fields(cls):
+            path = f"{section}.{f.name}"
+            setattr(obj, f.name, check_field(f, getattr(obj, f.name), _label(path, origin)))
+    cfg.model_overrides = _check_model_overrides(cfg.model_overrides)
+    try:
+        cfg.model()
+    except ValueError as err:
+        raise ConfigError(f"--arch {cfg.arch} --size {cfg.size}"
+                          + "".join(f" --model {k}={v}" for k, v in cfg.model_overrides.items())
+                          + f": {err}") from None
     t = cfg.train
-    if t.seq_len <= 0 or t.global_batch_tokens <= 0 or t.micro_batch <= 0:
-        raise ValueError("seq_len, global_batch_tokens and micro_batch must be positive")
     if t.global_batch_tokens % t.seq_len:
-        raise ValueError(f"global_batch_tokens={t.global_batch_tokens} is not a whole number of sequences of "
-                         f"seq_len={t.seq_len}; use a multiple, e.g. {max(1, t.global_batch_tokens // t.seq_len) * t.seq_len}")
-    if t.precision not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"precision {t.precision!r}; choose auto, bf16 or fp32")
-    if cfg.dist.zero not in (0, 1, 2, 3):
-        raise ValueError(f"--zero {cfg.dist.zero}; choose 0, 1, 2 or 3")
+        raise ConfigError(f"--global-batch-tokens {t.global_batch_tokens} is not a whole number of sequences of "
+                          f"--seq-len {t.seq_len}; use a multiple, e.g. "
+                          f"{max(1, t.global_batch_tokens // t.seq_len) * t.seq_len}")
+    if cfg.overwrite and cfg.resume == "auto":
+        raise ConfigError(f"--overwrite and --resume auto contradict each other: --resume auto continues the "
+                          f"run in {cfg.run_dir}, --overwrite starts it afresh; pass one of them")
 
 
 def gradient_accumulation(global_batch: int, world_size: int, micro_batch: int, allow_inexact: bool = False) -> int:

@@ -58,8 +58,10 @@ class MetricsLogger:
     def close(self) -> None:
         if self.file:
             self.file.close()
+            self.file = None
         if self.tb is not None:
             self.tb.close()
+            self.tb = None
 
 
 class Progress:

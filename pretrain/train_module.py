@@ -95,7 +95,8 @@ class TorchTrainModule:
             total += loss.detach() / n
         from pretrain.distributed import all_reduce_mean
         total = all_reduce_mean(total)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
+        # grad_clip 0 turns clipping off (as DeepSpeed's gradient_clipping 0); the norm is still reported
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip or math.inf)
         loss_v, gn = float(total), float(grad_norm)
         skipped = not (math.isfinite(loss_v) and math.isfinite(gn))
         if not skipped:

@@ -18,6 +18,7 @@ import ops
 from models import LanguageModel, build_from_config, flops_per_step, model_info
 from pretrain.config import RunConfig, gradient_accumulation, save_config
 from pretrain.distributed import DistEnv, barrier, dist_env, init_process_group
+from pretrain.errors import EXIT_STOPPED, UserError, run_cli
 from pretrain.metrics import MetricsLogger, Progress, peak_flops
 from pretrain.train_module import TorchTrainModule, lr_at
 
@@ -25,18 +26,6 @@ from pretrain.train_module import TorchTrainModule, lr_at
 def log(msg: str, env: DistEnv | None = None) -> None:
     if env is None or env.is_main:
         print(f"[linscale] {msg}", flush=True)
-
-
-def prepare_run_dir(path: Path) -> Path:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write_probe.{os.getpid()}"  # one per process: ranks share the directory
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as err:
-        raise PermissionError(f"run directory {path} is not writable ({err.strerror}); pass --out to a "
-                              f"directory you can write") from err
-    return path
 
 
 def seed_everything(seed: int) -> None:
@@ -79,18 +68,43 @@ def decay_table(model: LanguageModel) -> list[list[float]] | None:
     return [b.token_mixer.decays for b in model.blocks]
 
 
-class TrainingStopped(RuntimeError):
+class TrainingStopped(UserError, RuntimeError):
     """The run stopped itself on purpose (e.g. too many non-finite steps); the message says why and what to do."""
+    exit_code = EXIT_STOPPED
+
+
+def check_device(requested: str) -> None:
+    """--device cuda on a machine (or a torch build) without CUDA: say so before anything starts."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only torch build" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
+        raise UserError(f"--device cuda: no CUDA device is visible here ({build}, "
+                        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                        f"use --device cpu (or auto), or run on a machine with a GPU")
 
 
 class Trainer:
     def __init__(self, cfg: RunConfig):
         from data_pipeline import build_loader
 
+        from checkpoints.run_dir import open_run_directory
+
         self.cfg = cfg
+        self.checkpointer = None
+        self.metrics = None
+        check_device(cfg.train.device)
         self.env = env = dist_env(cfg.train.device)
         ops.set_default_impl(cfg.train.ops_impl)
-        self.run_dir = prepare_run_dir(cfg.run_dir)
+        self.run_dir = Path(cfg.run_dir)
+        # rank 0 locks the directory (held until close()) and refuses to start over an earlier run
+        self.run_lock = open_run_directory(self.run_dir, cfg.resume, cfg.overwrite, env.is_main)
+        try:
+            self._build(build_loader)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, build_loader) -> None:
+        cfg, env = self.cfg, self.env
         self.model_cfg = cfg.model()
         t = cfg.train
         self.precision = t.precision if t.precision != "auto" else ("bf16" if env.device.type == "cuda" else "fp32")
@@ -125,8 +139,7 @@ class Trainer:
         self.bad_steps_total = 0
         self.loss_ema: float | None = None
         self.inject_nonfinite_steps: set[int] = {int(s) for s in os.environ.get("LINSCALE_INJECT_NONFINITE", "").split(",") if s}
-        self.checkpointer = None  # set by the checkpoints package when available
-        self._maybe_attach_checkpointer()
+        self._maybe_attach_checkpointer()  # sets self.checkpointer
 
         if env.is_main:
             save_config(cfg, self.run_dir / "config.json")
@@ -134,6 +147,16 @@ class Trainer:
                 (self.run_dir / "deepspeed_config.json").write_text(json.dumps(self.module.ds_config, indent=2))
         self.metrics = MetricsLogger(self.run_dir, enabled=env.is_main)
         self.peak = peak_flops(env.device)
+
+    def close(self) -> None:
+        """Give back what the trainer holds: the metrics files, the signal handlers, the run directory's lock.
+        fit() calls it on every way out; a Trainer that is never fitted should call it (tests do)."""
+        if self.checkpointer is not None:
+            self.checkpointer.signal.uninstall()
+        if self.metrics is not None:
+            self.metrics.close()
+        if getattr(self, "run_lock", None) is not None:
+            self.run_lock.release()
 
     # -- setup helpers ------------------------------------------------------------------------------
     def _validation_batches(self, build_loader) -> list[dict]:
@@ -203,6 +226,13 @@ class Trainer:
         log(f"run directory: {self.run_dir}", e)
 
     def fit(self) -> dict:
+        """Train until done or stopped; returns the summary. Gives back the run directory on every way out."""
+        try:
+            return self._fit()
+        finally:
+            self.close()
+
+    def _fit(self) -> dict:
         self.announce()
         progress = Progress(self.total_steps(), self.env.is_main)
         t = self.cfg.train
@@ -258,7 +288,7 @@ class Trainer:
                 self.metrics.log(row)
                 progress.line(self.step, row, steps_this_session)
                 last = row
-            if self.bad_steps_in_row > t.max_bad_steps:  # after the row is logged, so the log shows the step
+            if t.max_bad_steps and self.bad_steps_in_row >= t.max_bad_steps:  # after the row is logged
                 if self.checkpointer is not None:
                     self.checkpointer.save(blocking=True)
                 self.metrics.close()
@@ -280,17 +310,13 @@ class Trainer:
         return summary
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None) -> int:
     from pretrain.config import parse_config
-    try:
-        cfg = parse_config(argv)
-        trainer = Trainer(cfg)
-    except (ValueError, FileNotFoundError, PermissionError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
-        trainer.fit()
-    except TrainingStopped as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
+    trainer = Trainer(parse_config(argv))
+    trainer.fit()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`launch/pretrain.py`: user errors end in one `error:` line and an exit code (pretrain/errors.py)."""
+    return run_cli(_main, argv)

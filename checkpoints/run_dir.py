@@ -1,0 +1,313 @@
+"""One run per run directory: an exclusive lock, the run's identity, and what a start may do with what an
+earlier run left there.
+
+- Lock. Rank 0 holds `RUN/.lock` with `flock` for the whole process (the kernel drops it when the process
+  dies, so a crashed run never leaves a stale lock behind). The file also records pid, host, start time
+  and command, which the refusal message shows. Where the file system has no flock (some network file
+  systems), the file is created exclusively instead and a leftover one is taken over when its pid is gone
+  on this host.
+- Identity. `RUN/run.json` holds a run id, made at a fresh start; every checkpoint records it, so
+  `--resume auto` only ever continues this run's own history.
+- A fresh start (no `--resume`) in a directory that already holds a run (checkpoints, snapshots, exports
+  or logged metrics) is refused; `--overwrite` moves those files into `RUN/overwritten-<time>/` first.
+- Unfinished saves (`*.tmp`, `*.trash`) are removed, under the lock, before anything else is written.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from checkpoints.errors import CheckpointError, RunDirectoryBusy
+from checkpoints.layout import CHECKPOINTS, EXPORTS, SNAPSHOTS, step_dirs, tmp_dirs
+
+LOCK_FILE = ".lock"
+RUN_INFO = "run.json"
+# what a run writes at the top of its directory, besides the folders above (moved aside by --overwrite)
+RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "deepspeed_config.json", "tensorboard", RUN_INFO)
+OVERWRITTEN_PREFIX = "overwritten-"
+
+
+def _info(msg: str) -> None:
+    print(f"[linscale] {msg}", flush=True)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point of the file system holding `path` (for 'no space left on /scratch')."""
+    p = Path(os.path.abspath(path))
+    while not p.exists():
+        p = p.parent
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def free_bytes(path: Path) -> int:
+    p = Path(os.path.abspath(path))
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+# ---------------------------------------------------------------------------------------------------
+# the lock
+# ---------------------------------------------------------------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _holder_text(info: dict) -> str:
+    if not info:
+        return "a process that left no details"
+    cmd = info.get("command")
+    return (f"pid {info.get('pid')} on host {info.get('host')}, since {info.get('started')}"
+            + (f", command: {cmd}" if cmd else ""))
+
+
+class RunLock:
+    """Exclusive lock on a run directory (see the module docstring). `acquire()` raises RunDirectoryBusy
+    naming the holder; `release()` is idempotent and also runs when the object is collected."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self._fd: int | None = None
+        self._pidfile = False  # fallback mode: the file's existence is the lock
+
+    def _details(self) -> dict:
+        return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "command": " ".join(sys.argv)[:300]}
+
+    def _read(self) -> dict:
+        try:
+            return json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def acquire(self) -> "RunLock":
+        import fcntl
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise RunDirectoryBusy(
+                    f"run directory {self.run_dir} is in use by another run ({_holder_text(self._read())}); "
+                    f"two runs writing one directory would mix their checkpoints and logs. Wait for it to end "
+                    f"or stop it, or pass another --out") from None
+            os.close(fd)  # no flock on this file system: fall back to an exclusively created pid file
+            return self._acquire_pidfile()
+        previous = self._read()
+        if previous and previous.get("pid") not in (None, os.getpid()):
+            _info(f"{self.path}: lock of an earlier run ({_holder_text(previous)}) was left behind; that run "
+                  f"is gone (its lock was released), taking over")
+        self._fd = fd
+        self._write(fd)
+        return self
+
+    def _write(self, fd: int) -> None:
+        data = json.dumps(self._details()).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+
+    def _acquire_pidfile(self) -> "RunLock":
+        host = socket.gethostname()
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                holder = self._read()
+                if holder.get("host") == host and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]):
+                    _info(f"{self.path}: stale lock of pid {holder['pid']} (no longer running on {host}); removed")
+                    self.path.unlink(missing_ok=True)
+                    continue
+                raise RunDirectoryBusy(
+                    f"run directory {self.run_dir} is locked by {_holder_text(holder)} (this file system has no "
+                    f"flock, so the lock is the file {self.path}). If that run is no longer running, delete "
+                    f"{self.path} and start again; otherwise pass another --out") from None
+            self._write(fd)
+            os.close(fd)
+            self._pidfile = True
+            return self
+        raise RunDirectoryBusy(f"could not take the lock {self.path}; delete it if no run is using {self.run_dir}")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)  # an empty lock file: nobody holds it
+            except OSError:
+                pass
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+        if self._pidfile:
+            self.path.unlink(missing_ok=True)
+            self._pidfile = False
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None or self._pidfile
+
+    def __del__(self) -> None:  # a Trainer that was never fitted or closed still lets go
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+# ---------------------------------------------------------------------------------------------------
+# what an earlier run left, and the run's identity
+# ---------------------------------------------------------------------------------------------------
+
+def previous_run(run_dir: Path) -> list[str]:
+    """What an earlier run left in `run_dir`, in words (empty: nothing)."""
+    run_dir = Path(run_dir)
+    found = []
+    for sub, what in ((CHECKPOINTS, "checkpoint"), (SNAPSHOTS, "snapshot"), (EXPORTS, "export")):
+        steps = step_dirs(run_dir / sub)
+        if steps:
+            found.append(f"{len(steps)} {what}{'s' if len(steps) > 1 else ''} (newest {steps[-1][1].name})")
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        with open(metrics, "rb") as f:
+            rows = sum(1 for _ in f)
+        found.append(f"metrics.jsonl with {rows} rows")
+    return found
+
+
+def read_run_id(run_dir: Path) -> str | None:
+    try:
+        return json.loads((Path(run_dir) / RUN_INFO).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def write_run_id(run_dir: Path, run_id: str | None = None) -> str:
+    from checkpoints.atomic import atomic_write_text
+    run_id = run_id or uuid.uuid4().hex
+    atomic_write_text(Path(run_dir) / RUN_INFO, json.dumps({"run_id": run_id, "created": time.strftime(
+        "%Y-%m-%dT%H:%M:%S"), "host": socket.gethostname()}, indent=1) + "\n")
+    return run_id
+
+
+def move_aside(run_dir: Path) -> Path | None:
+    """--overwrite: move everything an earlier run wrote into RUN/overwritten-<time>/ (a rename: instant, and
+    nothing is lost). Returns that folder, or None when there was nothing to move."""
+    run_dir = Path(run_dir)
+    names = [n for n in (CHECKPOINTS, SNAPSHOTS, EXPORTS, *RUN_FILES) if (run_dir / n).exists()]
+    if not names:
+        return None
+    dest = run_dir / (OVERWRITTEN_PREFIX + time.strftime("%Y%m%d-%H%M%S"))
+    k = 1
+    while dest.exists():
+        k += 1
+        dest = run_dir / (OVERWRITTEN_PREFIX + time.strftime("%Y%m%d-%H%M%S") + f"-{k}")
+    dest.mkdir()
+    for n in names:
+        os.replace(run_dir / n, dest / n)
+    return dest
+
+
+def remove_unfinished_saves(run_dir: Path) -> list[Path]:
+    """`step_N.tmp` (a save cut short) and `.trash` (an interrupted replace) under checkpoints/ and
+    snapshots/: never loadable, removed. Call only while holding the run's lock."""
+    removed = []
+    for d in (Path(run_dir) / CHECKPOINTS, Path(run_dir) / SNAPSHOTS):
+        for tmp in tmp_dirs(d):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
+def _probe_writable(run_dir: Path) -> None:
+    probe = run_dir / f".write_probe.{os.getpid()}"
+    try:
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if err.errno == errno.ENOSPC:
+            raise CheckpointError(f"run directory {run_dir}: no space left on {mount_point(run_dir)} "
+                                  f"({human_bytes(free_bytes(run_dir))} free); free some space or pass --out on "
+                                  f"another disk") from None
+        raise PermissionError(f"run directory {run_dir} is not writable ({err.strerror}); pass --out to a "
+                              f"directory you can write") from None
+
+
+def _is_within(path: Path, root: Path) -> bool:
+    try:
+        Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
+        return True
+    except ValueError:
+        return False
+
+
+def open_run_directory(run_dir: Path, resume: str | None, overwrite: bool, is_main: bool) -> RunLock | None:
+    """Prepare `run_dir` for a run (see the module docstring): on rank 0 take the lock, remove unfinished
+    saves, check it is writable, refuse a fresh start over an earlier run (or move it aside with
+    `overwrite`), and make sure RUN/run.json names the run. Returns the held lock (None on other ranks)."""
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise PermissionError(f"run directory {run_dir} cannot be created ({err.strerror}); pass --out to a "
+                              f"directory you can write") from None
+    if not is_main:
+        return None
+    try:
+        lock = RunLock(run_dir).acquire()
+    except PermissionError as err:
+        raise PermissionError(f"run directory {run_dir} is not writable ({err.strerror}); pass --out to a "
+                              f"directory you can write") from None
+    try:
+        for tmp in remove_unfinished_saves(run_dir):
+            _info(f"removed {tmp} (a save that never finished)")
+        _probe_writable(run_dir)
+        earlier = previous_run(run_dir)
+        inside = resume not in (None, "auto") and _is_within(Path(resume), run_dir)
+        if overwrite and inside:
+            raise CheckpointError(f"--overwrite would move {resume} (the checkpoint to resume from) aside with the "
+                                  f"rest of {run_dir}; drop --overwrite to go back to that checkpoint in this run")
+        if overwrite:
+            moved = move_aside(run_dir)
+            if moved is not None:
+                _info(f"--overwrite: the earlier run's files ({'; '.join(earlier) or 'logs'}) were moved to {moved}; "
+                      f"delete that folder when you no longer need it")
+            write_run_id(run_dir)
+        elif not resume or not (resume == "auto" or inside):
+            if earlier:
+                raise CheckpointError(
+                    f"run directory {run_dir} already holds a run ({'; '.join(earlier)}). Pass --resume auto to "
+                    f"continue it (or --resume with one of its own checkpoints), --overwrite to start afresh (its files are moved to "
+                    f"{run_dir}/{OVERWRITTEN_PREFIX}<time>/), or another --out")
+            write_run_id(run_dir)
+        elif read_run_id(run_dir) is None:
+            write_run_id(run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return lock

@@ -1,0 +1,93 @@
+"""User errors and the one top-level handler every entry point in launch/ runs its main under.
+
+A user error is a bad flag, config, file, directory or environment: something the user fixes. Its
+message names the input, says what is wrong and how to fix it; the command prints it as one line
+(`error: ...`) and exits non-zero, never with a Python traceback. Anything else is a bug and keeps its
+traceback. `LINSCALE_TRACEBACK=1` shows the traceback of a user error too (for debugging linscale).
+
+Exit codes: 0 done; 2 bad input (as argparse); 3 training stopped itself (too many non-finite steps);
+4 a checkpoint could not be written (e.g. disk full); 130 interrupted (Ctrl-C before training started,
+or a second Ctrl-C).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, Sequence
+
+EXIT_USAGE = 2
+EXIT_STOPPED = 3
+EXIT_SAVE_FAILED = 4
+EXIT_INTERRUPTED = 130
+
+
+class UserError(Exception):
+    """Bad input the user can fix; the message says what is wrong and what to do. `exit_code` is what the
+    command exits with."""
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UserError, ValueError):
+    """A flag or config value outside what is allowed (a ValueError, so callers that catch those still do)."""
+
+
+# Errors of the standard library that reach the top level only from our own checks of user input (a file
+# that does not exist, a value out of range, a directory that cannot be written, a YAML typo, a package
+# that is not installed). The packages below pretrain/ raise these with a full message.
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [UserError, ValueError, FileNotFoundError, NotADirectoryError,
+                                        IsADirectoryError, PermissionError, ImportError]
+    try:
+        import yaml
+        types.append(yaml.YAMLError)
+    except ImportError:  # pragma: no cover - yaml is a dependency
+        pass
+    try:
+        from checkpoints.errors import CheckpointError
+        types.append(CheckpointError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
+def describe(err: BaseException) -> str:
+    """One line for a user error (YAML errors get file, line and column)."""
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover
+        yaml = None
+    if yaml is not None and isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        m = err.problem_mark
+        where = f"{m.name}, line {m.line + 1}, column {m.column + 1}"
+        what = " ".join(x for x in (err.context, err.problem) if x)
+        return f"YAML syntax error in {where}: {what}; fix the file (YAML needs consistent indentation, " \
+               f"`key: value` pairs and closed brackets/quotes)"
+    if yaml is not None and isinstance(err, yaml.YAMLError):
+        return f"YAML error: {' '.join(str(err).split())}"
+    text = " ".join(str(err).split()) if "\n" not in str(err).strip() else str(err).strip()
+    return text or type(err).__name__
+
+
+def exit_code(err: BaseException) -> int:
+    return int(getattr(err, "exit_code", EXIT_USAGE))
+
+
+def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None,
+            prog: str | None = None) -> int:
+    """Run `main(argv)` and turn user errors into one `error:` line and an exit code (see the module
+    docstring). Returns the exit code (0 when main returns None)."""
+    if os.environ.get("LINSCALE_TRACEBACK", "0") not in ("", "0"):
+        rc = main(argv)
+        return 0 if rc is None else int(rc)
+    prefix = f"{prog}: " if prog else ""
+    try:
+        rc = main(argv)
+    except KeyboardInterrupt:
+        print(f"\n{prefix}interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    except _user_error_types() as err:  # noqa: B030 - a tuple computed once per call
+        rank = os.environ.get("RANK")
+        tag = f"[rank {rank}] " if rank not in (None, "", "0") else ""
+        print(f"{tag}{prefix}error: {describe(err)}", file=sys.stderr, flush=True)
+        return exit_code(err)
+    return 0 if rc is None else int(rc)

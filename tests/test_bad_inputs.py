@@ -1,0 +1,371 @@
+"""The table of bad inputs in docs/errors.md, run row by row: every row's `id` has a test here named
+`test_<id>` (with `-` as `_`), and `test_table_and_tests_agree` keeps the two in step.
+
+Each test gives the bad input the way a user would (the CLI's main in this process, or a subprocess
+where what matters is what the terminal shows) and checks the documented behaviour: the exit code, one
+`error:` line naming the input, the problem and the fix, no Python traceback, and nothing lost or
+silently wrong on disk. Tiny models, a few steps, a 256-token synthetic dataset: the module runs in about
+a minute on 2 CPU cores."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checkpoint_utils import ROOT, env, losses, make_dataset, run_flags
+
+DOC = ROOT / "docs" / "errors.md"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("data"), docs=120)
+
+
+def pretrain(argv: list[str], capsys) -> tuple[int, str, str]:
+    """launch/pretrain.py's main in this process: (exit code, stdout, stderr)."""
+    from pretrain.trainer import main
+    rc = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def cli(script: str, *args: str, timeout: int = 240, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    e = env()
+    e.update(extra_env or {})
+    return subprocess.run([sys.executable, str(ROOT / "launch" / script), *map(str, args)], env=e,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def one_error_line(err: str) -> str:
+    """The `error:` line of a failed command's stderr; there must be exactly one and no traceback."""
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def table_ids() -> list[str]:
+    ids = re.findall(r"^\| `([a-z0-9-]+)` \|", DOC.read_text(), flags=re.M)
+    assert ids, f"no table rows found in {DOC}"
+    return ids
+
+
+def test_table_and_tests_agree():
+    ids = table_ids()
+    assert len(ids) == len(set(ids)), "duplicate ids in docs/errors.md"
+    here = {name[len("test_"):].replace("_", "-") for name in globals() if name.startswith("test_")}
+    here.discard("table-and-tests-agree")
+    assert set(ids) == here, f"rows without a test: {set(ids) - here}; tests without a row: {here - set(ids)}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# flags and config files
+# ---------------------------------------------------------------------------------------------------
+
+def _all_fields():
+    from pretrain.config import SECTIONS, RunConfig
+    for f in dataclasses.fields(RunConfig):
+        if f.name not in SECTIONS and f.name != "model_overrides":
+            yield f.name, f
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            yield f"{section}.{f.name}", f
+
+
+def _outside(meta: dict, kind: str):
+    """A value just outside a field's declared range."""
+    if "ge" in meta:
+        v = meta["ge"] - 1
+    elif "gt" in meta:
+        v = meta["gt"] - (1 if kind == "int" else 0.5)
+    elif "le" in meta:
+        v = meta["le"] + 1
+    else:
+        v = meta["lt"] + (0 if kind == "int" else 0.5)
+    return int(v) if kind == "int" else float(v)
+
+
+def test_flag_out_of_range():
+    """Every numeric flag, present and future: a value outside its declared range is refused at parse time
+    with a message naming the flag, the value and the allowed range; every int/float/str field declares
+    a range, choices or is a path (so no new flag can skip validation)."""
+    from pretrain.config import _flag, _kind, parse_config
+    from pretrain.errors import ConfigError
+    checked = 0
+    for path, f in _all_fields():
+        kind = _kind(f)
+        meta = dict(f.metadata)
+        if kind in ("int", "float", "str"):
+            assert meta.get("choices") or meta.get("path") or {"ge", "gt", "le", "lt"} & set(meta), \
+                f"config field {path} declares no range or choices (use pretrain.config.param)"
+        if "choices" in meta or kind not in ("int", "float") or not {"ge", "gt", "le", "lt"} & set(meta):
+            continue
+        bad = _outside(meta, kind)
+        flag = _flag(path) if "." in path else f"--{path}"
+        with pytest.raises(ConfigError) as err:
+            parse_config([flag, str(bad)])
+        msg = str(err.value)
+        assert msg.startswith(f"{flag} ") and "out of range; allowed:" in msg, msg
+        assert str(bad).rstrip("0").rstrip(".") in msg, msg
+        checked += 1
+    assert checked >= 20
+    # the issue's cases, with their messages
+    for argv, expect in ((["--grad-clip", "-1"], "--grad-clip -1: out of range; allowed: >= 0"),
+                         (["--warmup-steps", "-5"], "--warmup-steps -5: out of range; allowed: >= 0"),
+                         (["--max-steps", "-1"], "--max-steps -1: out of range; allowed: >= 0"),
+                         (["--log-every", "0"], "--log-every 0: out of range; allowed: >= 1"),
+                         (["--beta2", "1"], "--beta2 1: out of range; allowed: >= 0 and < 1"),
+                         (["--lr", "nan"], "--lr nan: must be a finite number")):
+        with pytest.raises(ConfigError, match=re.escape(expect)):
+            parse_config(argv)
+
+
+def test_flag_not_a_choice():
+    """Every enumerated flag: a value outside its choices is refused, listing the choices."""
+    from pretrain.config import _flag, parse_config
+    from pretrain.errors import ConfigError
+    checked = 0
+    for path, f in _all_fields():
+        choices = f.metadata.get("choices")
+        if not choices:
+            continue
+        flag = _flag(path) if "." in path else f"--{path}"
+        bogus = "bogus" if isinstance(choices[0], str) else "7"
+        with pytest.raises(ConfigError) as err:
+            parse_config([flag, bogus])
+        msg = str(err.value)
+        assert msg.startswith(f"{flag} ") and "choose one of " + ", ".join(map(str, choices)) in msg, msg
+        checked += 1
+    assert checked >= 7
+    for argv, expect in ((["--backend", "bogus"], "--backend 'bogus': not allowed; choose one of auto, nccl, gloo"),
+                         (["--device", "tpu"], "--device 'tpu': not allowed; choose one of auto, cpu, cuda"),
+                         (["--zero", "4"], "--zero 4: not allowed; choose one of 0, 1, 2, 3")):
+        with pytest.raises(ConfigError, match=re.escape(expect)):
+            parse_config(argv)
+
+
+def test_flag_not_a_number(capsys):
+    """A flag that is not a number: argparse's usage error (exit 2), no traceback."""
+    with pytest.raises(SystemExit) as exc:
+        pretrain(["--lr", "fast"], capsys)
+    assert exc.value.code == 2
+    assert "argument --lr: invalid float value: 'fast'" in capsys.readouterr().err
+
+
+def test_bad_flags_on_the_command_line():
+    """What the terminal shows: one line, exit 2, for the issue's silently accepted flags."""
+    proc = cli("pretrain.py", "--grad-clip", "-1", "--out", "/nonexistent/never-created")
+    assert proc.returncode == 2
+    assert one_error_line(proc.stderr) == "error: --grad-clip -1: out of range; allowed: >= 0"
+    assert not Path("/nonexistent/never-created").exists()
+
+
+def test_config_file_bad_value(tmp_path):
+    """A value out of range in a --config YAML names the flag, the field and the file; YAML's '1e-3'
+    (a string to YAML 1.1) is read as the number it is."""
+    from pretrain.config import parse_config
+    from pretrain.errors import ConfigError
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("optim: {lr: 1e-3, warmup_steps: -5}\n")
+    with pytest.raises(ConfigError, match=re.escape(f"--warmup-steps (optim.warmup_steps in --config {cfg_file}) -5: "
+                                                    f"out of range; allowed: >= 0")):
+        parse_config(["--config", str(cfg_file)])
+    cfg_file.write_text("optim: {lr: 1e-3}\ntrain: {seq_len: abc}\n")
+    with pytest.raises(ConfigError, match=r"--seq-len \(train.seq_len in --config .*\) 'abc': expected an integer"):
+        parse_config(["--config", str(cfg_file)])
+    cfg_file.write_text("optim: {lr: 1e-3}\n")
+    assert parse_config(["--config", str(cfg_file)]).optim.lr == 1e-3
+    cfg_file.write_text("train: {sequence_length: 4096}\n")
+    with pytest.raises(ConfigError, match="unknown config field 'train.sequence_length'; known: train.seq_len"):
+        parse_config(["--config", str(cfg_file)])
+
+
+def test_config_file_yaml_syntax(tmp_path, capsys):
+    """A YAML syntax error names the file, the line and the column."""
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("train:\n  seq_len: 128\n  micro_batch: [1, 2\noptim: {lr: 1e-3}\n")
+    rc, _, err = pretrain(["--config", cfg_file], capsys)
+    assert rc == 2
+    line = one_error_line(err)
+    assert f"YAML syntax error in {cfg_file}, line 4" in line, line
+
+
+def test_model_field_not_a_number(capsys):
+    """--model FIELD=VALUE of the wrong type names the field; an unknown field lists the known ones."""
+    rc, _, err = pretrain(["--model", "d_model=abc"], capsys)
+    assert rc == 2 and one_error_line(err) == "error: --model d_model=abc: d_model expects an integer"
+    rc, _, err = pretrain(["--model", "dmodel=128"], capsys)
+    assert rc == 2 and "unknown model field 'dmodel'; known: arch, d_glu, d_model" in one_error_line(err)
+    rc, _, err = pretrain(["--model", "n_heads=3"], capsys)
+    assert rc == 2 and "n_heads=3 does not divide the width d_model=128" in one_error_line(err)
+
+
+def test_device_without_cuda(capsys, tmp_path):
+    """--device cuda without a GPU: one line saying so (not a traceback)."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    rc, _, err = pretrain(["--device", "cuda", "--out", tmp_path / "run"], capsys)
+    assert rc == 2
+    line = one_error_line(err)
+    assert "--device cuda: no CUDA device is visible here" in line and "use --device cpu" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_max_bad_steps_is_exact(dataset, tmp_path, capsys, monkeypatch):
+    """--max-bad-steps N stops after exactly N non-finite steps in a row (exit 3, a checkpoint of that
+    step); N-1 in a row do not stop the run."""
+    run = tmp_path / "run"
+    monkeypatch.setenv("LINSCALE_INJECT_NONFINITE", "1,2,4,5,6")
+    rc, _, err = pretrain(run_flags(run, dataset, 10, "--max-bad-steps", "3", "--save-every", "0"), capsys)
+    assert rc == 3
+    assert one_error_line(err).startswith("error: 3 non-finite steps in a row (limit --max-bad-steps 3); "
+                                          "stopped at step 7")
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["skipped"]] == [2, 3, 5, 6, 7] and rows[-1]["step"] == 7
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000007"
+
+
+def test_negative_grad_clip_never_trains(dataset, tmp_path, capsys):
+    """--grad-clip -1 is refused before anything runs (it used to train uphill); --grad-clip 0 turns
+    clipping off and trains downhill."""
+    run = tmp_path / "run"
+    rc, _, err = pretrain(run_flags(run, dataset, 6, "--grad-clip", "-1"), capsys)
+    assert rc == 2 and not run.exists()
+    rc, _, _ = pretrain(run_flags(run, dataset, 8, "--grad-clip", "0", "--save-every", "0"), capsys)
+    assert rc == 0
+    loss = losses(run)
+    assert loss[8][0] < loss[1][0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the run directory
+# ---------------------------------------------------------------------------------------------------
+
+LOCK_HOLDER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from checkpoints.run_dir import RunLock
+lock = RunLock({run!r}).acquire()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_run_directory_in_use(dataset, tmp_path, capsys):
+    """A second run on a directory in use is refused naming the holder (pid, host); once the holder is
+    killed (-9) the kernel has released its lock and a run starts there, noting the leftover."""
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER.format(root=str(ROOT), run=str(run))], env=env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        rc, _, err = pretrain(run_flags(run, dataset, 2), capsys)
+        assert rc == 2
+        line = one_error_line(err)
+        assert f"run directory {run} is in use by another run (pid {holder.pid} on host" in line
+        assert "pass another --out" in line
+        assert not (run / "metrics.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    rc, out, _ = pretrain(run_flags(run, dataset, 2), capsys)
+    assert rc == 0 and f"lock of an earlier run (pid {holder.pid}" in out
+    assert (run / ".lock").read_text() == ""  # released at the end
+
+
+def test_fresh_start_over_an_earlier_run(dataset, tmp_path, capsys):
+    """A run without --resume in a directory holding another run's checkpoints is refused (nothing is
+    written); --overwrite moves the earlier run aside (nothing deleted) and starts afresh; --resume auto
+    then follows this run's own checkpoints."""
+    run = tmp_path / "run"
+    assert pretrain(run_flags(run, dataset, 9, "--save-every", "3", "--keep-last", "0"), capsys)[0] == 0
+    before = (run / "metrics.jsonl").read_text()
+    rc, _, err = pretrain(run_flags(run, dataset, 4, "--save-every", "2", "--seed", "1"), capsys)
+    assert rc == 2
+    line = one_error_line(err)
+    assert f"run directory {run} already holds a run (3 checkpoints (newest step_00000009)" in line
+    assert "--resume auto" in line and "--overwrite" in line
+    assert (run / "metrics.jsonl").read_text() == before
+    rc, out, _ = pretrain(run_flags(run, dataset, 4, "--save-every", "2", "--keep-last", "1", "--seed", "1",
+                                    "--overwrite"), capsys)
+    assert rc == 0
+    moved = [p for p in run.iterdir() if p.name.startswith("overwritten-")]
+    assert len(moved) == 1 and f"moved to {moved[0]}" in out
+    assert sorted(p.name for p in (moved[0] / "checkpoints").iterdir() if p.is_dir()) == \
+        ["step_00000003", "step_00000006", "step_00000009"]
+    assert (moved[0] / "metrics.jsonl").read_text() == before
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step_00000004"]
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    rc, out, _ = pretrain(run_flags(run, dataset, 6, "--save-every", "2", "--keep-last", "1", "--seed", "1",
+                                    "--resume", "auto"), capsys)
+    assert rc == 0 and "resumed from" in out and "step_00000004 at step 4" in out
+
+
+def test_resume_auto_ignores_another_runs_checkpoint(dataset, tmp_path, capsys):
+    """A newer checkpoint of another run inside this run's checkpoints/ (copied in by hand) is skipped by
+    --resume auto with a warning naming it; this run's own newest one is taken, and retention leaves the
+    foreign one alone."""
+    import shutil
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert pretrain(run_flags(a, dataset, 9, "--save-every", "9"), capsys)[0] == 0
+    assert pretrain(run_flags(b, dataset, 4, "--save-every", "2", "--keep-last", "1"), capsys)[0] == 0
+    shutil.copytree(a / "checkpoints" / "step_00000009", b / "checkpoints" / "step_00000009")
+    rc, out, err = pretrain(run_flags(b, dataset, 6, "--save-every", "2", "--keep-last", "1", "--resume", "auto"),
+                            capsys)
+    assert rc == 0
+    assert "step_00000009 belongs to another run" in err and "at step 4" in out
+    assert sorted(p.name for p in (b / "checkpoints").iterdir() if p.is_dir()) == ["step_00000006", "step_00000009"]
+    assert (b / "checkpoints" / "latest").read_text().strip() == "step_00000006"
+
+
+def _corrupt(path: Path) -> None:
+    target = path / "module" / "model.pt"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+
+
+def test_every_checkpoint_corrupt(dataset, tmp_path, capsys):
+    """--resume auto with nothing but corrupt checkpoints refuses (exit 2, each one listed with its
+    problem, nothing changed); --overwrite then starts from step 0 with them moved aside."""
+    run = tmp_path / "run"
+    assert pretrain(run_flags(run, dataset, 6, "--save-every", "3", "--keep-last", "0"), capsys)[0] == 0
+    for s in (3, 6):
+        _corrupt(run / "checkpoints" / f"step_{s:08d}")
+    rc, _, err = pretrain(run_flags(run, dataset, 8, "--save-every", "2", "--keep-last", "1", "--resume", "auto"),
+                          capsys)
+    assert rc == 2
+    line = one_error_line(err)
+    assert "holds 2 checkpoint(s) and none can be resumed" in line
+    assert "step_00000006 is incomplete or corrupt: file module/model.pt does not match" in line
+    assert "step_00000003 is incomplete or corrupt" in line and "--overwrite" in line
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step_00000003", "step_00000006"]
+    rc, _, _ = pretrain(run_flags(run, dataset, 8, "--save-every", "2", "--keep-last", "1", "--overwrite"), capsys)
+    assert rc == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step_00000008"]
+
+
+def test_retention_with_corrupt_newer_checkpoints(dataset, tmp_path, capsys):
+    """Corrupt checkpoints newer than the one resumed from: retention never deletes the new good ones in
+    their favour (it only judges steps up to the one just written, and counts only intact ones)."""
+    run = tmp_path / "run"
+    assert pretrain(run_flags(run, dataset, 9, "--save-every", "3", "--keep-last", "0"), capsys)[0] == 0
+    with open(run / "checkpoints" / "step_00000009" / "module" / "optimizer.pt", "r+b") as f:
+        f.truncate(100)
+    _corrupt(run / "checkpoints" / "step_00000006")
+    rc, out, err = pretrain(run_flags(run, dataset, 5, "--save-every", "1", "--keep-last", "2", "--resume", "auto"),
+                            capsys)
+    assert rc == 0 and "at step 3" in out
+    names = sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir())
+    assert names == ["step_00000004", "step_00000005", "step_00000006", "step_00000009"]
