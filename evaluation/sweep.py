@@ -54,6 +54,7 @@ class SweepConfig:
     valid_seq_len: int = 2048
     valid_windows: int = 256
     force: bool = False
+    plots: bool = True                      # metric plots; off where tables of many sweeps are merged later
 
 
 # -- discovery --------------------------------------------------------------------------------------------
@@ -144,14 +145,16 @@ def run_tasks(tasks: list[str], model, snap: dict, cfg: SweepConfig, out: Path) 
     return results
 
 
-def run_lm_eval(model, tasks: list[str], cfg: SweepConfig, window: int | None = None) -> dict[str, dict]:
+def run_lm_eval(model, tasks: list[str], cfg: SweepConfig, window: int | None = None, lm=None) -> dict[str, dict]:
     """The commonsense tasks (local configs) and SCROLLS through lm-eval, with the adapter around the
-    loaded model. A task whose data cannot be had is reported with its error and not cached."""
+    loaded model (or `lm`, an lm-eval model given instead: evaluation.request_replay records and replays
+    requests through it). A task whose data cannot be had is reported with its error and not cached."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     from evaluation.lm_eval_adapter import LinscaleLM, tasks_dir
-    lm = LinscaleLM(model=model, batch_size=cfg.batch_size, max_length=window or cfg.max_length)
+    if lm is None:
+        lm = LinscaleLM(model=model, batch_size=cfg.batch_size, max_length=window or cfg.max_length)
     tm = TaskManager(include_path=str(tasks_dir()))
     names = {t: (f"{t}_local" if t in CSR_TASKS else t) for t in tasks}
     out: dict[str, dict] = {}
@@ -238,7 +241,8 @@ def sweep(cfg: SweepConfig) -> list[dict]:
             print(f"    done in {time.time() - t0:.1f}s", flush=True)
         rows.append({**snap, "results": cached})
     write_tables(rows, tasks, out)
-    plot_metrics(rows, out)
+    if cfg.plots:
+        plot_metrics(rows, out)
     return rows
 
 

@@ -22,8 +22,9 @@ PAPER_SIZES = ("70m", "160m", "410m", "1b", "3b", "7b")
 LAYER_OVERRIDES = {("410m", "tnl"): 25, ("410m", "cos2"): 25}
 
 
-def model_config(arch: str, size: str, **overrides) -> ModelConfig:
-    """The config of `arch` at registry `size`; keyword overrides replace any ModelConfig field."""
+def model_config(arch: str, size: str, /, **overrides) -> ModelConfig:
+    """The config of `arch` at registry `size`; keyword overrides replace any ModelConfig field (a custom
+    shape overrides n_layers, d_model, n_heads, d_glu and names itself with `size=`)."""
     arch = canonical_arch(arch)
     key = size.lower()
     if key not in SIZES:

@@ -1,0 +1,313 @@
+"""The study report: scaling-law fits (launch/fit_scaling.py on the study's runs: Table 3, Figure 1), the
+evaluation table of every snapshot (commonsense metrics replayed from stored scores where the study scores
+them remotely), metric-against-compute plots, and report.md comparing the study with the paper.
+
+    STUDY/report/fits.json, table3.md, fit_console.txt, plots/scaling_*.png    (the fit)
+    STUDY/report/eval/results.csv, results.json                                (every evaluated snapshot)
+    STUDY/report/metrics_vs_compute.png                                        (key metrics against C)
+    STUDY/report/report.md
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from scaling.study.config import StudyConfig
+from scaling.study.plan import RunPlan
+from scaling.study.stages import CSR_REQUESTS, csr_tasks, eval_dir
+
+ARCH_NAMES = {"llama": "LLaMA", "tnl": "TNL", "hgrn2": "HGRN2", "cos2": "cosFormer2"}
+MARKERS = "osD^vP*Xh"
+# headline metrics of the compute plot: (column of results.csv, axis label, log scale)
+HEADLINE = (("valid_loss/loss", "validation loss (nats/token)", False),
+            ("wikitext2/word_perplexity", "WikiText-2 word perplexity", True),
+            ("lambada_openai/perplexity", "LAMBADA perplexity", True),
+            ("lambada_openai/acc", "LAMBADA accuracy", False),
+            ("csr/avg", "commonsense average (paper metrics)", False))
+
+
+def report_dir(study: StudyConfig) -> Path:
+    return study.out / "report"
+
+
+# -- fits ----------------------------------------------------------------------------------------------
+
+def run_fit(study: StudyConfig, plans: list[RunPlan], log=print) -> dict | None:
+    """launch/fit_scaling.py over the runs that have logged steps; its console output is kept in
+    fit_console.txt. Returns fits.json (None when nothing could be fitted)."""
+    import importlib.util
+    out = report_dir(study)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    runs = [str(p.run_dir) for p in plans if (p.run_dir / "metrics.jsonl").is_file()]
+    if not runs:
+        log("[study] report: no run has logged a step yet; nothing to fit")
+        return None
+    script = Path(__file__).resolve().parents[2] / "launch" / "fit_scaling.py"
+    spec = importlib.util.spec_from_file_location("linscale_fit_scaling", script)
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)  # type: ignore[union-attr]
+    argv = [*runs, "--json", str(out / "fits.json"), "--markdown", str(out / "table3.md"),
+            "--plots", str(out / "plots"), *study.fit_args]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            rc = fit.main(argv)
+        except SystemExit as err:  # argparse rejecting fit.args
+            rc = err.code
+    (out / "fit_console.txt").write_text(buf.getvalue())
+    log(buf.getvalue().rstrip())
+    if rc not in (0, 1) or not (out / "fits.json").is_file():
+        raise RuntimeError(f"launch/fit_scaling.py {' '.join(argv)} failed (exit {rc}); see {out / 'fit_console.txt'}")
+    return json.loads((out / "fits.json").read_text())
+
+
+# -- evaluation table ----------------------------------------------------------------------------------
+
+def replayed_csr(study: StudyConfig, run: str, log=print) -> dict[str, dict]:
+    """snapshot name -> {task: metrics} from the run's stored commonsense scores (lm-eval replays them);
+    the metrics are cached next to the scores."""
+    src = eval_dir(study, run) / "csr_scores"
+    if study.evaluation.csr != "replay" or not csr_tasks(study) or not src.is_dir():
+        return {}
+    from evaluation.request_replay import read_requests, replay
+    req = read_requests(eval_dir(study) / CSR_REQUESTS)
+    out = {}
+    for f in sorted(src.glob("*.json")):
+        if f.name.endswith(".metrics.json"):
+            continue
+        rec = json.loads(f.read_text())
+        if rec["key"]["requests"] != req["sha256"]:
+            log(f"[study] {f}: scored for another request file; skipped (evaluate the run again)")
+            continue
+        cache = f.with_name(f.stem + ".metrics.json")
+        if cache.is_file() and json.loads(cache.read_text()).get("key") == rec["key"]:
+            out[f.stem] = json.loads(cache.read_text())["metrics"]
+            continue
+        metrics = replay(req, rec["scores"])
+        cache.write_text(json.dumps({"key": rec["key"], "metrics": metrics}, indent=1))
+        out[f.stem] = metrics
+    return out
+
+
+def evaluation_rows(study: StudyConfig, plans: list[RunPlan], log=print) -> list[dict]:
+    """Every evaluated snapshot of the study: the sweep rows of each run, with replayed commonsense metrics."""
+    rows = []
+    for p in plans:
+        d = eval_dir(study, p.name)
+        by_snap: dict[str, dict] = {}
+        if (d / "results.json").is_file():
+            for r in json.loads((d / "results.json").read_text())["snapshots"]:
+                by_snap[r["snapshot"]] = r
+        for snap, metrics in replayed_csr(study, p.name, log).items():
+            if snap not in by_snap:
+                rec = json.loads((d / "csr_scores" / f"{snap}.json").read_text())["snapshot"]
+                by_snap[snap] = {**rec, "path": None, "results": {}}
+            by_snap[snap]["results"].update(metrics)
+        rows += [by_snap[k] for k in sorted(by_snap)]
+    for r in rows:  # C of each snapshot, non-embedding (the paper's), from the plan's shape
+        plan = next((p for p in plans if p.name == r["run"]), None)
+        if plan is not None and r.get("step"):
+            r["flops_non_embedding"] = plan.flops_non_embedding / plan.steps * r["step"]
+    return rows
+
+
+def write_evaluation(study: StudyConfig, rows: list[dict]) -> Path | None:
+    if not rows:
+        return None
+    from evaluation.sweep import write_tables
+    out = report_dir(study) / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    write_tables(rows, list(study.evaluation.tasks), out)
+    return out
+
+
+def plot_metrics_vs_compute(study: StudyConfig, rows: list[dict], path: Path) -> Path | None:
+    """One panel per headline metric against non-embedding C (PFLOP-days): colour = architecture,
+    marker = size, a line through each run's snapshots."""
+    from evaluation.sweep import flat_metrics
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from scaling.plots import ARCH_COLORS
+    from scaling.units import flops_to_pflop_days
+    flats = [flat_metrics(r) for r in rows]
+    panels = [h for h in HEADLINE if any(h[0] in f for f in flats)]
+    if not panels:
+        return None
+    sizes = [s.name for s in study.sizes]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.0), squeeze=False)
+    for ax, (key, label, logy) in zip(axes[0], panels):
+        for arch in study.archs:
+            for k, size in enumerate(sizes):
+                pts = sorted((flops_to_pflop_days(r["flops_non_embedding"]), f[key]) for r, f in zip(rows, flats)
+                             if r.get("arch") == arch and r.get("size") == size and key in f
+                             and r.get("flops_non_embedding") and math.isfinite(f[key]))
+                if pts:
+                    ax.plot(*zip(*pts), marker=MARKERS[k % len(MARKERS)], ms=4, lw=1, color=ARCH_COLORS.get(arch),
+                            alpha=0.85)
+        ax.set_xscale("log")
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel("C, non-embedding (PFLOP-days)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], color=ARCH_COLORS.get(a), lw=2, label=ARCH_NAMES.get(a, a)) for a in study.archs]
+    handles += [Line2D([], [], color="gray", marker=MARKERS[k % len(MARKERS)], lw=0, label=s)
+                for k, s in enumerate(sizes)]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.suptitle(f"{study.name}: evaluation of every snapshot against compute")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# -- comparisons with the paper --------------------------------------------------------------------------
+
+def equal_compute_ranking(fits: dict, points: int = 4) -> tuple[list[float], dict[str, list[float]]]:
+    """Envelope loss of each architecture at `points` log-spaced C (PFLOP-days) inside the range where every
+    architecture's envelope is fitted."""
+    env = {a: r["envelope"] for a, r in fits.get("archs", {}).items() if r.get("envelope")}
+    spans = {}
+    for a, e in env.items():
+        c = np.asarray(e["c_pflop_days"], dtype=float)
+        used = np.asarray(e.get("used_in_fit", [True] * len(c)), dtype=bool)
+        if used.any():
+            spans[a] = (c[used].min(), c[used].max())
+    if len(spans) < 2:
+        return [], {}
+    lo, hi = max(s[0] for s in spans.values()), min(s[1] for s in spans.values())
+    if not lo < hi:
+        return [], {}
+    grid = np.logspace(np.log10(lo), np.log10(hi), points)
+    out = {}
+    for a in spans:
+        c = np.asarray(env[a]["c_pflop_days"], dtype=float)
+        loss = np.asarray(env[a]["loss"], dtype=float)
+        out[a] = np.exp(np.interp(np.log(grid), np.log(c), np.log(loss))).tolist()
+    return grid.tolist(), out
+
+
+def paper_ranking(c_pflop_days: float) -> list[str]:
+    from scaling.paper import PAPER_LOSS_FIT
+    return sorted(PAPER_LOSS_FIT, key=lambda a: PAPER_LOSS_FIT[a]["beta"] * c_pflop_days ** PAPER_LOSS_FIT[a]["alpha"])
+
+
+def _fmt(x, digits: int = 4) -> str:
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}g}"
+
+
+def final_snapshot_table(study: StudyConfig, rows: list[dict]) -> list[str]:
+    """Per size, each architecture's last evaluated snapshot: the headline metrics."""
+    from evaluation.sweep import flat_metrics
+    last: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        k = (r.get("arch"), r.get("size"))
+        if r.get("step") is not None and (k not in last or r["step"] > last[k]["step"]):
+            last[k] = r
+    keys = [h for h in HEADLINE if any(h[0] in flat_metrics(r) for r in last.values())]
+    if not keys:
+        return []
+    lines = ["| size | arch | step | " + " | ".join(h[1] for h in keys) + " |",
+             "|---|---|---|" + "---|" * len(keys)]
+    for s in study.sizes:
+        for a in study.archs:
+            r = last.get((a, s.name))
+            if r is None:
+                continue
+            f = flat_metrics(r)
+            lines.append(f"| {s.name} | {ARCH_NAMES.get(a, a)} | {r['step']} | "
+                         + " | ".join(_fmt(f.get(h[0])) for h in keys) + " |")
+    return lines
+
+
+def csr_ordering(study: StudyConfig, rows: list[dict]) -> list[str]:
+    """Architectures ordered by the commonsense average of their last snapshot, per size."""
+    from evaluation.sweep import flat_metrics
+    lines = []
+    for s in study.sizes:
+        best = {}
+        for r in rows:
+            f = flat_metrics(r)
+            if r.get("size") == s.name and "csr/avg" in f and r.get("step") is not None:
+                if r["arch"] not in best or r["step"] > best[r["arch"]][0]:
+                    best[r["arch"]] = (r["step"], f["csr/avg"])
+        if len(best) >= 2:
+            order = sorted(best, key=lambda a: -best[a][1])
+            lines.append(f"- {s.name}: " + " > ".join(f"{ARCH_NAMES.get(a, a)} {best[a][1]:.4f}" for a in order))
+    return lines
+
+
+def write_markdown(study: StudyConfig, plans: list[RunPlan], fits: dict | None, rows: list[dict],
+                   figures: list[Path], status_table: str) -> Path:
+    from scaling.paper import PAPER_LOSS_FIT
+    from scaling.units import flops_to_pflop_days
+    out = report_dir(study)
+    lines = [f"# Scaling study `{study.name}`", "",
+             f"{len(plans)} runs: {', '.join(ARCH_NAMES.get(a, a) for a in study.archs)} at sizes "
+             f"{', '.join(s.name for s in study.sizes)}; sequence length {study.seq_len}, "
+             f"{study.global_batch_tokens:,} tokens per step; total planned compute "
+             f"{flops_to_pflop_days(sum(p.flops_non_embedding for p in plans)):.3g} PFLOP-days non-embedding "
+             f"({flops_to_pflop_days(sum(p.flops for p in plans)):.3g} with the embedding term).", "",
+             "## Runs", "", "```", status_table, "```", ""]
+    if fits:
+        table = (out / "table3.md").read_text() if (out / "table3.md").is_file() else ""
+        lines += ["## Scaling laws (Table 3 style)", "", table.strip(), ""]
+        grid, ranking = equal_compute_ranking(fits)
+        if grid:
+            lines += ["## Lowest loss at equal compute", "",
+                      "Envelope loss at C inside every architecture's fitted range (C in PFLOP-days as in the fit):", "",
+                      "| C | " + " | ".join(ARCH_NAMES.get(a, a) for a in ranking) + " | lowest |",
+                      "|---|" + "---|" * (len(ranking) + 1)]
+            for i, c in enumerate(grid):
+                best = min(ranking, key=lambda a: ranking[a][i])
+                lines.append(f"| {c:.3g} | " + " | ".join(f"{ranking[a][i]:.4f}" for a in ranking)
+                             + f" | {ARCH_NAMES.get(best, best)} |")
+            paper_c = (1.0, 100.0)
+            lines += ["", "The paper's fits order the architectures at C = "
+                      + " and ".join(f"{c:g}" for c in paper_c) + " PFLOP-days as: "
+                      + "; ".join(" < ".join(ARCH_NAMES.get(a, a) for a in paper_ranking(c)) for c in paper_c)
+                      + " (lowest loss first).", ""]
+        lines += ["## Exponents against the paper", "",
+                  "| arch | α ours | α paper | a (N_opt) ours | b (D_opt) ours |", "|---|---|---|---|---|"]
+        for a, r in fits.get("archs", {}).items():
+            lines.append(f"| {ARCH_NAMES.get(a, a)} | {_fmt(r.get('alpha'))} | "
+                         f"{_fmt(PAPER_LOSS_FIT.get(a, {}).get('alpha'))} | {_fmt(r.get('a'))} | {_fmt(r.get('b'))} |")
+        notes = [f"- {a}: {n}" for a, r in fits.get("archs", {}).items() for n in r.get("notes", [])]
+        if notes:
+            lines += ["", "Fit notes:", "", *notes]
+        lines += [""]
+    if rows:
+        lines += ["## Evaluation (last evaluated snapshot of each run)", "", *final_snapshot_table(study, rows), ""]
+        order = csr_ordering(study, rows)
+        if order:
+            lines += ["Commonsense average, highest first:", "", *order, ""]
+    if figures:
+        lines += ["## Figures", ""] + [f"![{f.stem}]({f.relative_to(out)})" for f in figures] + [""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_report(study: StudyConfig, plans: list[RunPlan], status_table: str, log=print) -> Path:
+    out = report_dir(study)
+    out.mkdir(parents=True, exist_ok=True)
+    fits = run_fit(study, plans, log)
+    rows = evaluation_rows(study, plans, log)
+    write_evaluation(study, rows)
+    figures = sorted((out / "plots").glob("scaling_*.png")) if (out / "plots").is_dir() else []
+    if rows:
+        p = plot_metrics_vs_compute(study, rows, out / "metrics_vs_compute.png")
+        if p is not None:
+            figures.append(p)
+    path = write_markdown(study, plans, fits, rows, figures, status_table)
+    log(f"[study] report: {path}")
+    return path

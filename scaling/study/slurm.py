@@ -1,0 +1,198 @@
+"""Run a study on Slurm: job arrays with dependencies, train -> export + evaluate -> report.
+
+- train: one array, a task per run that still has to train, each task running `launch/slurm/pretrain.sbatch`
+  (the project's job script: srun ranks, DeepSpeed, checkpoint and requeue on the time-limit warning) with
+  the run's flags; `--resume auto` makes every restart and resubmission continue the run.
+- export + evaluate: one array over the same runs in the same order, `--dependency=aftercorr` on the
+  training array, so a run's evaluation starts as soon as that run has trained; runs that are trained
+  already go into a second array without a dependency.
+- report: one job after both (`afterany`, so a study with a failed run is still fitted and reported).
+
+Runs whose training, export and evaluation are complete are left out; a run in a job that Slurm still
+holds (pending or running) is not submitted twice. The scripts are written to STUDY/slurm/ (read them,
+or submit them by hand) and every submission is appended to STUDY/slurm/submissions.jsonl, which
+`launch/study.py status` reads to show the jobs' states."""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from scaling.study.config import StudyConfig
+from scaling.study.plan import RunPlan
+from scaling.study.stages import EVALUATE, EXPORT, REPORT, TRAIN, prepare_eval_inputs, train_done
+from scaling.study.status import run_status
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBMISSIONS = "submissions.jsonl"
+
+
+def _q(s) -> str:
+    return shlex.quote(str(s))
+
+
+def slurm_dir(study: StudyConfig) -> Path:
+    return study.out / "slurm"
+
+
+def _array(n: int, max_parallel: int | None) -> str:
+    return f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else "")
+
+
+def _header(study: StudyConfig, stage: str, n: int | None, options: list[str], extra: list[str]) -> list[str]:
+    log = study.out / "logs" / (f"{stage}-%A_%a.out" if n is not None else f"{stage}-%j.out")
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={study.name}-{stage}", f"#SBATCH --output={log}"]
+    if n is not None:
+        lines.append(f"#SBATCH --array={_array(n, study.slurm.max_parallel)}")
+    lines += [f"#SBATCH {o}" for o in extra + options]
+    return lines
+
+
+def _cases(items: list[list[str]]) -> list[str]:
+    out = ['case "$SLURM_ARRAY_TASK_ID" in']
+    for i, body in enumerate(items):
+        out.append(f"  {i}) " + "; ".join(body) + " ;;")
+    out += ['  *) echo "[study] no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
+    return out
+
+
+def train_script(study: StudyConfig, plans: list[RunPlan]) -> str:
+    """The training array: task i trains plans[i] through launch/slurm/pretrain.sbatch, which owns the
+    launch (srun ranks), the stop signals and the requeue; this script only picks the run."""
+    from pretrain.config import parse_config
+    lines = _header(study, TRAIN, len(plans), study.slurm.train,
+                    ["--requeue", "--signal=B:USR1@300", "--open-mode=append"])
+    lines += ["set -euo pipefail", f"cd {_q(ROOT)}"]
+    lines += [f"export {k}={_q(v)}" for k, v in study.slurm.train_env.items()]
+    cases = []
+    for p in plans:
+        cfg = parse_config(p.argv)
+        env = {"RUN_DIR": p.run_dir, "ZERO": cfg.dist.zero, "MICRO": cfg.train.micro_batch,
+               "GLOBAL_BATCH_TOKENS": cfg.train.global_batch_tokens}
+        if study.data is not None:
+            env["DATA"] = study.data
+        env = {k: v for k, v in env.items() if k not in study.slurm.train_env}
+        cases.append([f"export {k}={_q(v)}" for k, v in env.items()]
+                     + ["set -- " + " ".join(_q(a) for a in [p.arch, p.argv[p.argv.index("--size") + 1], *p.argv])])
+    lines += _cases(cases)
+    lines += ['echo "[study] array task $SLURM_ARRAY_TASK_ID: $RUN_DIR"',
+              "exec bash launch/slurm/pretrain.sbatch \"$@\""]
+    return "\n".join(lines) + "\n"
+
+
+def stage_script(study: StudyConfig, plans: list[RunPlan], name: str, stages: tuple[str, ...]) -> str:
+    lines = _header(study, name, len(plans), study.slurm.evaluate, [])
+    lines += ["set -euo pipefail", f"cd {_q(ROOT)}"]
+    lines += _cases([[f"RUN={_q(p.name)}"] for p in plans])
+    lines.append(f"exec {_q(sys.executable)} launch/study.py stage --config {_q(study.path)} --run \"$RUN\" "
+                 f"--stages {','.join(stages)}")
+    return "\n".join(lines) + "\n"
+
+
+def report_script(study: StudyConfig) -> str:
+    lines = _header(study, REPORT, None, study.slurm.fit, [])
+    lines += ["set -euo pipefail", f"cd {_q(ROOT)}",
+              f"exec {_q(sys.executable)} launch/study.py report --config {_q(study.path)}"]
+    return "\n".join(lines) + "\n"
+
+
+def _sbatch(cmd: str, script: Path, dependency: str | None) -> str:
+    args = [cmd, "--parsable"] + ([f"--dependency={dependency}"] if dependency else []) + [str(script)]
+    res = subprocess.run(args, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed (exit {res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
+    return res.stdout.strip().split(";")[0]
+
+
+def read_submissions(study: StudyConfig) -> list[dict]:
+    path = slurm_dir(study) / SUBMISSIONS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def job_states(study: StudyConfig, squeue: str = "squeue", sacct: str = "sacct") -> dict[str, dict[str, str]]:
+    """{run: {stage: state}} for the study's submitted jobs: squeue for jobs Slurm holds, sacct (where
+    accounting is on) for finished ones; the newest submission of a run and stage wins."""
+    subs = read_submissions(study)
+    if not subs:
+        return {}
+    ids = sorted({s["job_id"] for s in subs})
+    states: dict[str, str] = {}
+    for cmd in ([sacct, "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(ids)],
+                [squeue, "-h", "-r", "-o", "%i|%T", "-j", ",".join(ids)]):
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if res.returncode != 0:
+            continue
+        for line in res.stdout.splitlines():
+            if "|" in line:
+                jid, st = line.split("|", 1)
+                states[jid.strip()] = st.strip().split()[0] if st.strip() else ""
+    out: dict[str, dict[str, str]] = {}
+    for s in subs:
+        for i, run in enumerate(s["runs"]):
+            key = f"{s['job_id']}_{i}" if s.get("array") else s["job_id"]
+            st = states.get(key)
+            if st:
+                for stage in s["stages"]:
+                    out.setdefault(run, {})[stage] = st
+    return out
+
+
+def submit(study: StudyConfig, plans: list[RunPlan], sbatch: str = "sbatch", squeue: str = "squeue",
+           sacct: str = "sacct", dry_run: bool = False, log=print) -> dict:
+    """Write the scripts and submit what is missing; returns {"train": job, "evaluate": [jobs], "report": job}
+    (job ids, or script paths with dry_run)."""
+    out = slurm_dir(study)
+    out.mkdir(parents=True, exist_ok=True)
+    (study.out / "logs").mkdir(parents=True, exist_ok=True)
+    prepare_eval_inputs(study, log)
+    held = job_states(study, squeue, sacct)
+    busy = {r for r, st in held.items() if any(v in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING",
+                                                      "COMPLETING", "SUSPENDED") for v in st.values())}
+    to_train, to_eval = [], []
+    for p in plans:
+        if p.name in busy:
+            log(f"[study] {p.name}: a job of it is still pending or running in Slurm; not submitted again")
+            continue
+        st = run_status(study, p)
+        if st.complete:
+            continue
+        (to_eval if train_done(p) else to_train).append(p)
+    result: dict = {"train": None, "evaluate": [], "report": None}
+    if not to_train and not to_eval:
+        log("[study] every run is trained and evaluated; submitting only the report")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+
+    def go(kind: str, script_text: str, runs: list[RunPlan] | None, stages: list[str], dep: str | None) -> str:
+        path = out / f"{kind}-{stamp}.sbatch"
+        path.write_text(script_text)
+        if dry_run:
+            log(f"[study] dry run: would submit {path}" + (f" --dependency={dep}" if dep else ""))
+            return str(path)
+        job = _sbatch(sbatch, path, dep)
+        rec = {"time": stamp, "job_id": job, "script": str(path), "stages": stages, "array": runs is not None,
+               "runs": [r.name for r in runs] if runs is not None else ["*"], "dependency": dep}
+        with open(out / SUBMISSIONS, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        log(f"[study] submitted {kind}: job {job}" + (f" ({len(runs)} array tasks)" if runs else "")
+            + (f", after {dep}" if dep else ""))
+        return job
+
+    if to_train:
+        result["train"] = go("train", train_script(study, to_train), to_train, [TRAIN], None)
+        result["evaluate"].append(go("evaluate", stage_script(study, to_train, "evaluate", (EXPORT, EVALUATE)),
+                                     to_train, [EXPORT, EVALUATE], f"aftercorr:{result['train']}"))
+    if to_eval:
+        result["evaluate"].append(go("evaluate", stage_script(study, to_eval, "evaluate", (EXPORT, EVALUATE)),
+                                     to_eval, [EXPORT, EVALUATE], None))
+    deps = [j for j in ([result["train"]] + result["evaluate"]) if j]
+    dep = "afterany:" + ":".join(deps) if deps else None
+    result["report"] = go("report", report_script(study), None, [REPORT], dep)
+    return result

@@ -1,0 +1,132 @@
+"""What a study has done, read from its files (run directories, exports, the evaluation cache) and the stage
+records, plus Slurm's view of submitted jobs where there is one. Nothing here changes the study."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from scaling.study.config import StudyConfig
+from scaling.study.plan import RunPlan
+from scaling.study.stages import (EVALUATE, EXPORT, TRAIN, csr_tasks, eval_dir, read_state, read_summary,
+                                  selected_snapshot_steps, train_done)
+
+
+@dataclass
+class RunStatus:
+    name: str
+    train: str          # done | running | failed | stopped | partial | pending
+    step: int
+    steps: int
+    snapshots: int
+    exported: int
+    evaluated: int      # snapshots whose every task is cached
+    to_evaluate: int    # snapshots selected for evaluation
+    note: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return self.train == "done" and self.to_evaluate > 0 and self.evaluated >= self.to_evaluate
+
+
+def _last_step(run_dir: Path) -> int:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    step = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                step = max(step, int(json.loads(line).get("step", 0)))
+            except (ValueError, AttributeError, TypeError):
+                continue
+    return step
+
+
+def _alive(rec: dict | None) -> bool:
+    """A local stage record whose process still exists (only checkable on the same host)."""
+    if not rec or rec.get("status") != "running" or rec.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(rec["pid"]), 0)
+    except (OSError, KeyError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _evaluated(study: StudyConfig, plan: RunPlan) -> int:
+    from checkpoints.layout import step_name
+    e = study.evaluation
+    replay = e.csr == "replay"
+    sweep_tasks = [t for t in e.tasks if not (replay and t in csr_tasks(study))]
+    cache = eval_dir(study, plan.name) / "cache" / plan.name
+    n = 0
+    for s in selected_snapshot_steps(study, plan.run_dir):
+        snap = step_name(s)
+        ok = all((cache / snap / f"{t}.json").is_file() for t in sweep_tasks)
+        if replay and csr_tasks(study):
+            ok = ok and (eval_dir(study, plan.name) / "csr_scores" / f"{snap}.json").is_file()
+        n += ok
+    return n
+
+
+def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = None) -> RunStatus:
+    """jobs: Slurm state of this run's stage jobs ({stage: 'RUNNING'|'PENDING'|'FAILED'|...}), if submitted."""
+    from checkpoints.layout import EXPORTS, SNAPSHOTS, step_dirs
+    jobs = jobs or {}
+    rec = read_state(study, plan.name, TRAIN)
+    step = _last_step(plan.run_dir)
+    note = ""
+    if train_done(plan):
+        train = "done"
+    elif _alive(rec) or jobs.get(TRAIN) in ("RUNNING", "COMPLETING", "REQUEUED"):
+        train = "running"
+    elif jobs.get(TRAIN) == "PENDING":
+        train = "queued"
+    elif (rec and rec.get("status") == "failed") or jobs.get(TRAIN) in ("FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+                                                                         "TIMEOUT", "CANCELLED"):
+        train = "failed"
+        note = (rec or {}).get("error", "") or f"Slurm: {jobs.get(TRAIN)}"
+    elif rec and rec.get("status") in ("stopped", "running"):
+        train = "stopped"  # a local process that ended without a record of finishing: continue with `run`
+    elif step:
+        train = "partial"
+    else:
+        train = "pending"
+    summary = read_summary(plan.run_dir)
+    if train != "done" and summary and summary.get("stop") == "finished" and int(summary.get("step") or 0) < plan.steps:
+        note = note or f"finished at step {summary['step']} of an earlier, shorter plan: `run` continues it"
+    for stage in (EXPORT, EVALUATE):
+        r = read_state(study, plan.name, stage)
+        if r and r.get("status") == "failed" and not note:
+            note = f"{stage}: {r.get('error', '')}"
+        if jobs.get(stage) in ("RUNNING", "PENDING") and not note:
+            note = f"{stage}: Slurm {jobs[stage].lower()}"
+    snaps = [s for s, _ in step_dirs(plan.run_dir / SNAPSHOTS)]
+    selected = selected_snapshot_steps(study, plan.run_dir)
+    exported = [s for s, p in step_dirs(plan.run_dir / EXPORTS) if (p / "config.json").is_file() and s in selected]
+    return RunStatus(plan.name, train, step, plan.steps, len(snaps), len(exported), _evaluated(study, plan),
+                     len(selected), note[:160])
+
+
+def study_status(study: StudyConfig, plans: list[RunPlan], jobs: dict[str, dict[str, str]] | None = None
+                 ) -> list[RunStatus]:
+    jobs = jobs or {}
+    return [run_status(study, p, jobs.get(p.name)) for p in plans]
+
+
+def format_status(statuses: list[RunStatus]) -> str:
+    head = ["run", "train", "step", "snapshots", "exported", "evaluated", "note"]
+    rows = [[s.name, s.train, f"{s.step}/{s.steps}", str(s.snapshots), f"{s.exported}/{s.to_evaluate}",
+             f"{s.evaluated}/{s.to_evaluate}", s.note] for s in statuses]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    done = sum(s.complete for s in statuses)
+    counts: dict[str, int] = {}
+    for s in statuses:
+        counts[s.train] = counts.get(s.train, 0) + 1
+    summary = (f"{done}/{len(statuses)} runs trained and evaluated; training: "
+               + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows), "", summary])
