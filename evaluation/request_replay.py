@@ -43,6 +43,9 @@ def _lm_base():
         def device(self):
             return "cpu"
 
+        def get_model_info(self) -> dict:
+            return {"linscale_request_replay": True}
+
         def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
             raise NotImplementedError("request replay covers log-likelihood (multiple-choice) tasks only")
 
@@ -80,7 +83,7 @@ def build_requests(tasks: list[str], limit: int | None) -> dict:
             return [(0.0, False)] * len(requests)
 
     lm = RecordingLM()
-    run_lm_eval(None, list(tasks), _sweep_config(limit), lm=lm)
+    run_lm_eval(None, list(tasks), _sweep_config(limit), lm=lm, task_manager=task_manager())
     pairs = [[list(c), list(k)] for c, k in lm.pairs]
     digest = hashlib.sha256(json.dumps([list(tasks), limit, pairs]).encode()).hexdigest()
     return {"format": FORMAT, "tasks": list(tasks), "limit": limit, "pairs": pairs, "sha256": digest}
@@ -116,8 +119,31 @@ def score_requests(model, requests: dict, max_length: int | None = None, batch_s
     return [[float(ll), bool(g)] for ll, g in res]
 
 
-def replay(requests: dict, scores: list, limit: int | None = None) -> dict[str, dict]:
-    """The metrics of each task (as evaluation.sweep.run_lm_eval reports them) from stored scores."""
+def task_manager():
+    """lm-eval's TaskManager over our task folder only (indexing lm-eval's own ~10k task files takes about a
+    minute and the local commonsense tasks need none of them), keeping the tasks it builds: replaying many
+    snapshots builds each task's documents once."""
+    from lm_eval.tasks import TaskManager
+
+    from evaluation.lm_eval_adapter import tasks_dir
+
+    class KeepingTaskManager(TaskManager):
+        def __init__(self):
+            super().__init__(include_path=str(tasks_dir()), include_defaults=False)
+            self._built: dict = {}
+
+        def load_task_or_group(self, task_list):
+            key = json.dumps(task_list, sort_keys=True, default=str)
+            if key not in self._built:
+                self._built[key] = super().load_task_or_group(task_list)
+            return self._built[key]
+
+    return KeepingTaskManager()
+
+
+def replay(requests: dict, scores: list, limit: int | None = None, manager=None) -> dict[str, dict]:
+    """The metrics of each task (as evaluation.sweep.run_lm_eval reports them) from stored scores.
+    `manager`: a task_manager() shared by many replays of the same request file."""
     from evaluation.sweep import run_lm_eval
     if len(scores) != len(requests["pairs"]):
         raise ValueError(f"{len(scores)} scores for {len(requests['pairs'])} requests: the scores belong to "
@@ -137,4 +163,5 @@ def replay(requests: dict, scores: list, limit: int | None = None) -> dict[str, 
                 out.append(table[k])
             return out
 
-    return run_lm_eval(None, list(requests["tasks"]), _sweep_config(requests["limit"]), lm=ReplayLM())
+    return run_lm_eval(None, list(requests["tasks"]), _sweep_config(requests["limit"]), lm=ReplayLM(),
+                       task_manager=manager or task_manager())

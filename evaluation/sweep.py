@@ -145,17 +145,19 @@ def run_tasks(tasks: list[str], model, snap: dict, cfg: SweepConfig, out: Path) 
     return results
 
 
-def run_lm_eval(model, tasks: list[str], cfg: SweepConfig, window: int | None = None, lm=None) -> dict[str, dict]:
+def run_lm_eval(model, tasks: list[str], cfg: SweepConfig, window: int | None = None, lm=None,
+                task_manager=None) -> dict[str, dict]:
     """The commonsense tasks (local configs) and SCROLLS through lm-eval, with the adapter around the
-    loaded model (or `lm`, an lm-eval model given instead: evaluation.request_replay records and replays
-    requests through it). A task whose data cannot be had is reported with its error and not cached."""
+    loaded model (or `lm`, an lm-eval model given instead, and `task_manager`, one that keeps built tasks:
+    evaluation.request_replay records and replays requests through them). A task whose data cannot be had
+    is reported with its error and not cached."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     from evaluation.lm_eval_adapter import LinscaleLM, tasks_dir
     if lm is None:
         lm = LinscaleLM(model=model, batch_size=cfg.batch_size, max_length=window or cfg.max_length)
-    tm = TaskManager(include_path=str(tasks_dir()))
+    tm = task_manager or TaskManager(include_path=str(tasks_dir()))
     names = {t: (f"{t}_local" if t in CSR_TASKS else t) for t in tasks}
     out: dict[str, dict] = {}
     runnable = []

@@ -74,8 +74,9 @@ def replayed_csr(study: StudyConfig, run: str, log=print) -> dict[str, dict]:
     src = eval_dir(study, run) / "csr_scores"
     if study.evaluation.csr != "replay" or not csr_tasks(study) or not src.is_dir():
         return {}
-    from evaluation.request_replay import read_requests, replay
+    from evaluation.request_replay import read_requests, replay, task_manager
     req = read_requests(eval_dir(study) / CSR_REQUESTS)
+    manager = None
     out = {}
     for f in sorted(src.glob("*.json")):
         if f.name.endswith(".metrics.json"):
@@ -88,7 +89,8 @@ def replayed_csr(study: StudyConfig, run: str, log=print) -> dict[str, dict]:
         if cache.is_file() and json.loads(cache.read_text()).get("key") == rec["key"]:
             out[f.stem] = json.loads(cache.read_text())["metrics"]
             continue
-        metrics = replay(req, rec["scores"])
+        manager = manager or task_manager()
+        metrics = replay(req, rec["scores"], manager=manager)
         cache.write_text(json.dumps({"key": rec["key"], "metrics": metrics}, indent=1))
         out[f.stem] = metrics
     return out

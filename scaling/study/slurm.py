@@ -78,7 +78,7 @@ def train_script(study: StudyConfig, plans: list[RunPlan]) -> str:
         cases.append([f"export {k}={_q(v)}" for k, v in env.items()]
                      + ["set -- " + " ".join(_q(a) for a in [p.arch, p.argv[p.argv.index("--size") + 1], *p.argv])])
     lines += _cases(cases)
-    lines += ['echo "[study] array task $SLURM_ARRAY_TASK_ID: $RUN_DIR"',
+    lines += ['echo "[study] array task $SLURM_ARRAY_TASK_ID: $RUN_DIR" >&2',
               "exec bash launch/slurm/pretrain.sbatch \"$@\""]
     return "\n".join(lines) + "\n"
 

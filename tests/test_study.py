@@ -1,0 +1,314 @@
+"""The study runner (launch/study.py, scaling/study/): config checks, the plan against the FLOPs formulas, a
+whole study end to end on CPU in local mode (train -> export -> evaluate -> fit -> report), finished work
+skipped on a second run, a stopped study continued to the same losses as an uninterrupted one, and the Slurm
+job arrays and dependencies it submits (with stand-ins for sbatch/squeue)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from checkpoint_utils import make_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = ROOT / "launch" / "study.py"
+SHAPES = {"a": (1, 32, 2, 64), "b": (2, 64, 2, 128)}
+
+
+def study_yaml(tmp: Path, data: Path, name: str = "t", tokens=1920, **extra) -> Path:
+    cfg = {
+        "name": name, "out": str(tmp / name), "data": str(data), "archs": ["llama", "hgrn2"],
+        "sizes": [{"name": k, **dict(zip(("n_layers", "d_model", "n_heads", "d_glu"), v))} for k, v in SHAPES.items()],
+        "tokens": tokens, "seq_len": 16, "global_batch_tokens": 96, "model": {"vocab_size": 256},
+        "recipe": {"train": {"micro_batch": 6, "log_every": 1, "device": "cpu", "ops_impl": "chunked"},
+                   "optim": {"lr": 3e-3, "warmup_steps": 3}, "checkpoint": {"save_every": 0}},
+        "snapshots": {"log_points": 2},
+        "evaluation": {"tasks": ["valid_loss"], "valid_windows": 4, "batch_size": 4},
+        "fit": {"args": ["--n-boot", "20"]},
+    }
+    cfg.update(extra)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e.setdefault("OMP_NUM_THREADS", "1")
+    return e
+
+
+def study(*args, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    res = subprocess.run([sys.executable, str(STUDY), *map(str, args)], env=env(), capture_output=True, text=True,
+                         timeout=900, **kw)
+    if check and res.returncode != 0:
+        raise AssertionError(f"launch/study.py {' '.join(map(str, args))} exited {res.returncode}:\n"
+                             f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return res
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    out: dict[int, float] = {}
+    for r in rows:
+        out[r["step"]] = r["loss"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("data"))
+
+
+# -- config and plan ------------------------------------------------------------------------------------
+
+def test_plan_follows_the_paper_flops_formulas(tmp_path, dataset):
+    from scaling.study import load_study, plan_study
+    cfg = load_study(study_yaml(tmp_path, dataset, tokens={"a": 1000, "b": 2000}))
+    plans = {p.name: p for p in plan_study(cfg)}
+    assert list(plans) == ["llama-a", "hgrn2-a", "llama-b", "hgrn2-b"]
+    b, n, v = 96 // 16, 16, 256
+    for p in plans.values():
+        l, d, h, g = SHAPES[p.size]
+        steps = math.ceil((1000 if p.size == "a" else 2000) / 96)
+        assert (p.steps, p.tokens, p.tokens_per_step) == (steps, steps * 96, 96)
+        if p.arch == "llama":  # the paper's LLaMA count, written out here
+            per_step_ne = b * l * (24 * n * d * d + 12 * n * n * d + 9 * n * n * h + 18 * n * d * g + 3 * n * g)
+            assert p.n_params == 4 * l * d * d + 3 * l * d * g
+        else:
+            e = d // h
+            c = 8 * n * d * d + 4 * n * d * d / h + n * d * d / (e * h) + 4 * n * e * d + n * e * h + 5 * n * d
+            per_step_ne = b * l * (3 * c + 18 * n * d * g + 3 * n * g) + 12 * d * l
+            assert p.n_params == 4 * l * d * d + 3 * l * d * g + l * d
+        assert p.flops_non_embedding == pytest.approx(steps * per_step_ne, rel=1e-12)
+        assert p.flops - p.flops_non_embedding == pytest.approx(steps * 12 * b * n * d * v, rel=1e-12)
+        # two log-spaced points from the first step, and the last step
+        assert p.snapshot_steps[0] == 1 and p.snapshot_steps[-1] == steps and len(p.snapshot_steps) == 3
+    # the flags parse to exactly this run
+    from pretrain.config import parse_config
+    rc = parse_config(plans["hgrn2-b"].argv)
+    assert (rc.arch, rc.model().n_layers, rc.model().d_model, rc.model().size) == ("hgrn2", 2, 64, "b")
+    assert (rc.train.max_steps, rc.train.seq_len, rc.optim.lr, rc.train.ops_impl) == (21, 16, 3e-3, "chunked")
+    out = study("plan", "--config", tmp_path / "t.yaml").stdout
+    assert "llama-a" in out and "total compute" in out and "PFLOP-days" in out
+
+
+def test_registry_sizes_follow_the_study_recipe_not_the_cpu_presets(tmp_path, dataset):
+    from scaling.study import load_study, plan_study
+    path = study_yaml(tmp_path, dataset, sizes=["tiny"], tokens=96 * 300, archs=["tnl"])
+    p = plan_study(load_study(path))[0]
+    from pretrain.config import parse_config
+    rc = parse_config(p.argv)
+    # the tiny preset would stop at 200 steps with lr 3e-3 and no snapshots
+    assert (rc.train.max_steps, rc.checkpoint.snapshot_log_points, rc.optim.warmup_steps) == (300, 2, 3)
+    assert p.size == "tiny" and rc.model().size == "tiny"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"colour": 1}, "unknown key"),
+    ({"sizes": ["huge"]}, "not a registry size"),
+    ({"sizes": [{"name": "x", "n_layers": 2, "d_model": 60, "n_heads": 7, "d_glu": 3}]}, "does not divide"),
+    ({"tokens": {"a": 100}}, "missing ['b']"),
+    ({"tokens": None}, "tokens is required"),
+    ({"recipe": {"train": {"seq_len": 8}}}, "use the study key 'seq_len'"),
+    ({"recipe": {"train": {"bogus": 1}}}, "not a field of the pretrain config"),
+    ({"global_batch_tokens": 100}, "not a whole number of sequences"),
+    ({"per_run": {"gpt": {}}}, "not an arch, a size or an arch-size"),
+    ({"evaluation": {"tasks": ["mmlu"]}}, "unknown ['mmlu']"),
+    ({"snapshots": {"log_points": 0}}, "no run would leave a snapshot"),
+    ({"archs": ["mamba"]}, "unknown arch"),
+])
+def test_bad_configs_are_clear_errors(tmp_path, dataset, change, message):
+    from scaling.study import StudyConfigError, load_study
+    path = study_yaml(tmp_path, dataset, **change)
+    with pytest.raises(StudyConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_study(path)
+
+
+# -- a whole study, locally -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory, dataset):
+    tmp = tmp_path_factory.mktemp("study")
+    path = study_yaml(tmp, dataset)
+    res = study("run", "--config", path)
+    return tmp, path, res
+
+
+def test_local_study_trains_evaluates_fits_and_reports(finished_study):
+    tmp, path, res = finished_study
+    out = tmp / "t"
+    from scaling.study import load_study, plan_study
+    plans = plan_study(load_study(path))
+    for p in plans:
+        steps = losses(p.run_dir)
+        assert sorted(steps) == list(range(1, p.steps + 1)), p.name       # every step logged once
+        summary = json.loads((p.run_dir / "summary.json").read_text())
+        assert summary["stop"] == "finished" and summary["step"] == p.steps
+        snaps = sorted(d.name for d in (p.run_dir / "exports").iterdir())
+        assert snaps == [f"step_{s:08d}" for s in p.snapshot_steps], p.name
+        ev = json.loads((out / "eval" / p.name / "results.json").read_text())["snapshots"]
+        assert [r["step"] for r in ev] == p.snapshot_steps
+        vl = [r["results"]["valid_loss"]["loss"] for r in ev]
+        assert all(math.isfinite(x) for x in vl) and vl[-1] < vl[0]     # the model learned
+    fits = json.loads((out / "report" / "fits.json").read_text())
+    assert set(fits["archs"]) == {"llama", "hgrn2"}
+    for a in fits["archs"].values():
+        assert a["alpha"] < 0 and len(a["sizes"]) == 2
+    report = (out / "report" / "report.md").read_text()
+    assert "Table 3" in report and "llama-b" in report and "Lowest loss at equal compute" in report
+    for png in ("plots/scaling_llama.png", "plots/scaling_hgrn2.png", "plots/scaling_compare.png",
+                "metrics_vs_compute.png"):
+        assert (out / "report" / png).stat().st_size > 10_000, png
+    rows = (out / "report" / "eval" / "results.csv").read_text().splitlines()
+    assert len(rows) == 1 + sum(len(p.snapshot_steps) for p in plans)
+    status = study("status", "--config", path).stdout
+    assert "4/4 runs trained and evaluated" in status
+
+
+def test_second_run_skips_finished_work(finished_study):
+    tmp, path, _ = finished_study
+    out = tmp / "t"
+    before = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/exports/*/model.safetensors")}
+    metrics = {p: p.read_text() for p in out.glob("runs/*/metrics.jsonl")}
+    cache = {p: p.stat().st_mtime_ns for p in out.glob("eval/*/cache/*/*/*.json")}
+    res = study("run", "--config", path, "--no-report")
+    assert res.stdout.count("skipped") >= 4 and "training to" not in res.stdout
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/exports/*/model.safetensors")} == before
+    assert {p: p.read_text() for p in out.glob("runs/*/metrics.jsonl")} == metrics
+    assert {p: p.stat().st_mtime_ns for p in cache} == cache
+    assert "0 to run" in res.stdout and "1 to run" not in res.stdout
+
+
+def test_stopped_study_continues_to_the_losses_of_an_uninterrupted_one(finished_study, dataset):
+    """SIGTERM (a scheduler's stop) in the middle of the first run's training: it checkpoints and the study
+    ends with status 3; `run` again continues, and every run's per-step losses equal the uninterrupted
+    study's bitwise."""
+    import signal
+    import time
+    tmp, _, _ = finished_study
+    path = study_yaml(tmp, dataset, name="u")
+    proc = subprocess.Popen([sys.executable, str(STUDY), "run", "--config", str(path)], env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = tmp / "u" / "runs" / "llama-a" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 6:
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 3, out[-3000:]
+    assert "stopped" in study("status", "--config", path).stdout
+    assert not (tmp / "u" / "runs" / "hgrn2-a").exists()   # the study ended with the stopped run
+    study("run", "--config", path)
+    for name in ("llama-a", "hgrn2-a", "llama-b", "hgrn2-b"):
+        assert losses(tmp / "u" / "runs" / name) == losses(tmp / "t" / "runs" / name), name
+
+
+def test_deadline_stops_before_the_next_stage(tmp_path, dataset):
+    res = study("run", "--config", study_yaml(tmp_path, dataset), "--deadline", "0", check=False)
+    assert res.returncode == 3 and "stopped (deadline)" in res.stdout
+    assert not (tmp_path / "t" / "runs").exists()
+
+
+def test_larger_budget_continues_the_runs(finished_study, dataset):
+    """Raising the token budget of one size continues those runs from their final checkpoints."""
+    tmp, path, _ = finished_study
+    cfg = yaml.safe_load(path.read_text())
+    cfg["tokens"] = {"a": 1920, "b": 2400}
+    path.write_text(yaml.safe_dump(cfg))
+    before = {n: losses(tmp / "t" / "runs" / n) for n in ("llama-a", "llama-b")}
+    res = study("run", "--config", path, "--no-report", "--stages", "train")
+    assert res.stdout.count("training to 25 steps") == 2
+    assert losses(tmp / "t" / "runs" / "llama-a") == before["llama-a"]
+    after = losses(tmp / "t" / "runs" / "llama-b")
+    assert sorted(after) == list(range(1, 26)) and all(after[s] == before["llama-b"][s] for s in before["llama-b"])
+
+
+# -- Slurm: the submitted job arrays and dependencies -------------------------------------------------------
+
+def fake_slurm(bin_dir: Path, log: Path) -> None:
+    """sbatch that records its arguments and answers job ids 101, 102, ...; squeue/sacct that know no jobs."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "sbatch").write_text(f"""#!/bin/bash
+n=$(( $(wc -l < {log} 2>/dev/null || echo 0) + 101 ))
+echo "$n $*" >> {log}
+echo "$n"
+""")
+    for cmd in ("squeue", "sacct"):
+        (bin_dir / cmd).write_text("#!/bin/bash\nexit 0\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+
+
+def script_runs(script: Path, task: int) -> tuple[list[str], dict[str, str]]:
+    """The arguments and environment the training array's task `task` hands to pretrain.sbatch."""
+    text = script.read_text().replace('exec bash launch/slurm/pretrain.sbatch "$@"',
+                                      'printf "%s\\n" "$@"; echo ===; env')
+    res = subprocess.run(["bash", "-c", text], env={**os.environ, "SLURM_ARRAY_TASK_ID": str(task)},
+                         capture_output=True, text=True, check=True)
+    args, _, envs = res.stdout.partition("===\n")
+    return args.splitlines(), dict(line.split("=", 1) for line in envs.splitlines() if "=" in line)
+
+
+def test_slurm_submission_is_arrays_with_dependencies(tmp_path, dataset):
+    log = tmp_path / "sbatch.log"
+    fake_slurm(tmp_path / "bin", log)
+    path = study_yaml(tmp_path, dataset, slurm={"train": ["--partition=cpu", "--time=10"], "max_parallel": 2,
+                                                 "train_env": {"OMP_NUM_THREADS": 1}})
+    e = {**env(), "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run([sys.executable, str(STUDY), "run", "--config", str(path), "--slurm"], env=e,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert [c[0] for c in calls] == ["101", "102", "103"]
+    train, evaluate, report = calls
+    assert "--dependency=aftercorr:101" in evaluate and "--dependency=afterany:101:102" in report
+    train_script = Path(train[-1])
+    text = train_script.read_text()
+    assert "#SBATCH --array=0-3%2" in text and "#SBATCH --partition=cpu" in text and "#SBATCH --requeue" in text
+    from pretrain.config import parse_config
+    from scaling.study import load_study, plan_study
+    plans = plan_study(load_study(path))
+    for i, p in enumerate(plans):
+        args, environ = script_runs(train_script, i)
+        assert args[0] == p.arch and args[2:] == p.argv
+        assert environ["RUN_DIR"] == str(p.run_dir) and environ["OMP_NUM_THREADS"] == "1"
+        assert parse_config(args[2:]).to_dict() == parse_config(p.argv).to_dict()
+    ev_text = Path(evaluate[-1]).read_text()
+    assert "#SBATCH --array=0-3%2" in ev_text and "stage --config" in ev_text and "--stages export,evaluate" in ev_text
+    assert "launch/study.py report" in Path(report[-1]).read_text()
+    subs = [json.loads(line) for line in (tmp_path / "t" / "slurm" / "submissions.jsonl").read_text().splitlines()]
+    assert [s["job_id"] for s in subs] == ["101", "102", "103"] and subs[0]["runs"] == [p.name for p in plans]
+    assert (tmp_path / "t" / "eval" / "valid_tokens.bin").is_file() and (tmp_path / "t" / "logs").is_dir()
+
+
+def test_slurm_resubmission_leaves_out_finished_runs(tmp_path, dataset):
+    """Trained runs go into an evaluation array without a dependency; nothing is trained twice."""
+    log = tmp_path / "sbatch.log"
+    fake_slurm(tmp_path / "bin", log)
+    path = study_yaml(tmp_path, dataset)
+    from scaling.study import load_study, plan_study
+    plans = plan_study(load_study(path))
+    for p in plans[:2]:  # two runs have finished training
+        p.run_dir.mkdir(parents=True)
+        (p.run_dir / "summary.json").write_text(json.dumps({"stop": "finished", "step": p.steps}))
+    e = {**env(), "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run([sys.executable, str(STUDY), "run", "--config", str(path), "--slurm"], env=e,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert len(calls) == 4
+    train, ev_after, ev_now, report = calls
+    assert "#SBATCH --array=0-1" in Path(train[-1]).read_text()
+    assert [script_runs(Path(train[-1]), i)[1]["RUN_DIR"] for i in (0, 1)] == [str(p.run_dir) for p in plans[2:]]
+    assert "--dependency=aftercorr:101" in ev_after and not any(a.startswith("--dependency") for a in ev_now)
+    assert "--dependency=afterany:101:102:103" in report
