@@ -32,6 +32,22 @@ def bench_prepare(config: str, near: bool, workers: int = 0) -> dict:
         shutil.rmtree(out, ignore_errors=True)
 
 
+def bench_tokenizer(config: str) -> dict:
+    """tiktoken alone over the same documents (read and cleaned first, not timed), one process: the
+    anchor that prepare's throughput is compared with."""
+    from .filters import clean
+    from .sources import Counts, iter_source
+    from .tokenizer import encode_document_array, get_tokenizer
+    cfg = load_data_config(config)
+    texts = [clean(t) for s in cfg.sources for t, _ in iter_source(cfg, s, Counts(s.name))]
+    get_tokenizer()
+    cpu0, t0 = _cpu(), time.perf_counter()
+    tokens = sum(len(encode_document_array(t)) for t in texts)
+    cpu, dt = _cpu() - cpu0, time.perf_counter() - t0
+    return {"seconds": dt, "cpu_seconds": cpu, "tokens": tokens, "tokens_per_s": tokens / dt,
+            "tokens_per_cpu_s": tokens / cpu}
+
+
 def _cpu() -> float:
     """CPU seconds of this process and its finished children (the prepare workers)."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

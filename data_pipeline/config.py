@@ -34,13 +34,27 @@ class SourceConfig:
 
 @dataclass
 class FilterConfig:
+    """Thresholds of the filters (data_pipeline/filters.py says what each measures)."""
     min_chars: int = 200  # English; Chinese carries more per character:
     min_chars_zh: int = 60
     max_chars: int = 20_000_000
+    max_markup_share: float = 0.1  # characters inside HTML/XML tags
+    max_tag_rate: float = 0.5  # HTML/XML tags other than <br> per 100 characters
+    max_url_share: float = 0.3  # characters in URLs
+    max_long_token_share: float = 0.3  # non-space characters in ASCII tokens over 40 characters
+    max_symbol_ratio: float = 0.1  # {}[]<>=;|\^~`@#$%&*+/_ per non-space character
+    min_alpha_share: float = 0.25  # letters per non-space character
     max_dup_line_fraction: float = 0.3  # of non-empty lines that repeat an earlier line, by characters
     max_dup_paragraph_fraction: float = 0.3  # of blank-line paragraphs that repeat an earlier one
+    max_dup_ngram_share: float = 0.5  # characters covered by repeated word 10-grams (zh: 20 characters)
     max_top_ngram_share: float = 0.2  # characters covered by the most frequent word 2-gram (zh: 4-char)
-    min_script_ratio: float = 0.5  # en: Latin letters / (Latin + CJK); zh: CJK / (Latin + CJK)
+    min_word_variety: float = 0.3  # distinct words among the first 200
+    min_word_variety_zh: float = 0.2  # distinct letters among the first 400
+    max_list_variety: float = 0.5  # keyword_list: below this variety, with hardly a sentence end
+    max_list_variety_zh: float = 0.3
+    min_stop_share: float = 0.08  # English function words per word
+    min_stop_share_zh: float = 0.04  # the most common Han characters per Han character
+    min_language_score: float = 0.3  # lid.176's probability of the source's language, where scripts leave doubt
     max_line_bytes: int = 16 << 20  # a longer line is skipped (counted) without being read into memory
 
 

@@ -10,35 +10,142 @@ depend on how the work was split.
 """
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
 
 def exact_key(text: str) -> int:
-    """Hash of the text with case and whitespace runs normalised (after clean()): the xxh3 of
-    " ".join(text.lower().split()) in UTF-8, computed with numpy on long texts without non-ASCII spaces
-    (three times faster there than splitting into words)."""
-    low = text.lower()
-    if len(low) < 4096 or (not low.isascii() and _NON_ASCII_SPACE.search(low)):
-        return xxhash.xxh3_64_intdigest(" ".join(low.split()).encode("utf-8"))
-    b = np.frombuffer(low.encode("utf-8"), dtype=np.uint8)
-    space = _ASCII_SPACE[b]  # bytes of multi-byte UTF-8 characters are >= 0x80, never a space
-    body = np.flatnonzero(~space)
-    if not len(body):
-        return xxhash.xxh3_64_intdigest(b"")
-    b, space = b[body[0]:body[-1] + 1], space[body[0]:body[-1] + 1]
+    """Hash of the text's dedup key (see key_codepoints: NFKC, case-folded, invisible characters dropped)
+    with whitespace runs collapsed: two copies that differ only in case, spacing, full-width vs ASCII
+    forms, soft hyphens or zero-width characters get the same key. xxh3-64 of the key's UTF-32LE bytes."""
+    return exact_keys([text])[0]
+
+
+def exact_keys(texts: list[str], kb: "KeyedBatch | None" = None) -> list[int]:
+    """exact_key() of several documents, with one pass of numpy calls for all of them (reusing `kb`,
+    their keyed_batch(), when given)."""
+    cp, starts = (kb.cp, kb.starts) if kb is not None else key_codepoints(texts)
+    space = _is_space(cp)
     keep = ~space
     keep[1:] |= ~space[:-1]  # of a run of spaces, the first stays, as " "
-    return xxhash.xxh3_64_intdigest(np.where(space, np.uint8(32), b)[keep])
+    body = np.where(space, np.uint32(32), cp)
+    out = []
+    ends = np.append(starts[1:] - 1, len(cp))  # documents are joined by one space
+    for a, b in zip(starts, ends):
+        k = body[a:b][keep[a:b]]
+        # outer spaces go (a leading one can survive the run rule at the document's first position)
+        lo, hi = 0, len(k)
+        while lo < hi and k[lo] == 32:
+            lo += 1
+        while hi > lo and k[hi - 1] == 32:
+            hi -= 1
+        out.append(xxhash.xxh3_64_intdigest(k[lo:hi].tobytes()))
+    return out
 
 
-# what str.split() splits on: the ASCII whitespace bytes, and the other characters for which
-# str.isspace() holds (tests check both lists against str.isspace)
-_ASCII_SPACE = np.zeros(256, bool)
-_ASCII_SPACE[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True
-_NON_ASCII_SPACE = re.compile("[\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+# What str.split() splits on (tests check the list against str.isspace)
+_SPACE_CPS = np.array([9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+                       0x2028, 0x2029, 0x202F, 0x205F, 0x3000], dtype=np.uint32)
+
+
+def _is_space(cp: np.ndarray) -> np.ndarray:
+    table = _space_table()  # U+3000 is the last space
+    return table[np.minimum(cp, len(table) - 1)] & (cp < len(table))
+
+
+_TABLES: dict = {}
+
+
+def _space_table() -> np.ndarray:
+    if "space" not in _TABLES:
+        t = np.zeros(0x3001, bool)
+        t[_SPACE_CPS] = True
+        _TABLES["space"] = t
+    return _TABLES["space"]
+
+
+# Characters that carry no text: dropped from dedup keys (soft hyphen, zero-width space / non-joiner /
+# joiner, word joiner and invisible operators, BOM, combining grapheme joiner, Mongolian vowel separator,
+# variation selectors). Two copies of a text differing only in these are the same text to a reader.
+_INVISIBLE = [0xAD, 0x34F, 0x180E, *range(0x200B, 0x2010), *range(0x2060, 0x2065), 0xFEFF,
+              *range(0xFE00, 0xFE10)]
+# CJK punctuation with an ASCII counterpart that NFKC leaves alone
+_CJK_PUNCT = {"。": ".", "、": ",", "「": '"', "」": '"', "『": '"', "』": '"', "“": '"', "”": '"',
+              "‘": "'", "’": "'", "〈": "<", "〉": ">", "《": '"', "》": '"', "【": "[", "】": "]",
+              "〔": "(", "〕": ")", "—": "-", "–": "-", "…": "."}
+_KEY_LIMIT = 0x30000  # tables cover the BMP and the planes with compatibility characters
+
+
+def _key_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(single, is_single, start, length, data): code point c of a dedup key becomes single[c] where
+    is_single[c], else data[start[c]:start[c]+length[c]] — its NFKC form, lower-cased (empty for the
+    invisible characters). Built once per process with one normalize call over all code points joined
+    by NUL (a starter, so nothing composes across it)."""
+    if "key" in _TABLES:
+        return _TABLES["key"]
+    import unicodedata
+    cps = [c for c in range(_KEY_LIMIT) if not 0xD800 <= c < 0xE000 and c != 0]
+    forms = unicodedata.normalize("NFKC", "\0".join(map(chr, cps))).split("\0")
+    assert len(forms) == len(cps)
+    single = np.arange(_KEY_LIMIT, dtype=np.uint32)
+    start = np.arange(_KEY_LIMIT, dtype=np.int64)
+    length = np.ones(_KEY_LIMIT, np.int64)
+    extra = []
+    for c, f in zip(cps, forms):
+        f = _CJK_PUNCT.get(f, f).lower()
+        if len(f) == 1:
+            single[c] = ord(f)
+        else:
+            start[c] = _KEY_LIMIT + len(extra)
+            length[c] = len(f)
+            extra.extend(map(ord, f))
+    for c in _INVISIBLE:
+        length[c] = 0
+    data = np.concatenate([single, np.asarray(extra, np.uint32)])
+    _TABLES["key"] = (single, length == 1, start, length, data)
+    return _TABLES["key"]
+
+
+def key_codepoints(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The documents' dedup keys as one uint32 code point array, documents joined by a space, and the
+    start of each document in it. A key is the text in NFKC form (full-width letters, digits and
+    punctuation become ASCII, ligatures and compatibility ideographs their plain forms), lower-cased,
+    CJK punctuation mapped to ASCII, and invisible characters (soft hyphen, zero-width characters)
+    dropped. Mapped one code point at a time through a table (unicodedata.normalize is ~1 M
+    characters/s on Chinese text, the table a gather)."""
+    raw = np.frombuffer(" ".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    single, is_single, start, length, data = _key_table()
+    doc_len = np.fromiter(map(len, texts), np.int64, len(texts))
+    in_starts = np.zeros(len(texts), np.int64)
+    if len(texts) > 1:
+        np.cumsum(doc_len[:-1] + 1, out=in_starts[1:])
+    if int(raw.max(initial=0)) >= _KEY_LIMIT:  # beyond the tables' planes: kept as they are
+        c = np.minimum(raw, _KEY_LIMIT - 1)
+        cp = np.where(raw >= _KEY_LIMIT, raw, single[c])
+        bad = np.flatnonzero(~is_single[c] & (raw < _KEY_LIMIT))
+    else:
+        c = raw
+        cp = single[c]
+        bad = np.flatnonzero(~is_single[c])
+    if not len(bad):
+        return cp, in_starts
+    # expansions (ligatures, fractions) and dropped (invisible) characters: rare, handled at their
+    # positions only; every other character is copied once by np.repeat
+    n_bad = length[c[bad]]
+    counts = np.ones(len(raw), np.int64)
+    counts[bad] = n_bad
+    cp = np.repeat(cp, counts)
+    shift = np.concatenate([[0], np.cumsum(n_bad - 1)])  # extra characters before each bad position
+    out_bad = bad + shift[:-1]  # where each bad position's expansion starts in the output
+    grow = n_bad > 0
+    if grow.any():
+        reps = n_bad[grow]
+        first = np.repeat(out_bad[grow], reps)
+        within = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)
+        cp[first + within] = data[np.repeat(start[c[bad[grow]]], reps) + within]
+    return cp, in_starts + shift[np.searchsorted(bad, in_starts)]
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -53,28 +160,56 @@ def _mix(x: np.ndarray) -> np.ndarray:
 _rng = np.random.default_rng(12345)
 _POS = _rng.integers(1, 2**63, size=64, dtype=np.uint64) | np.uint64(1)  # per offset in a word
 _GRAM = _rng.integers(1, 2**63, size=16, dtype=np.uint64) | np.uint64(1)  # per offset in a shingle
+_GRAM = np.concatenate([_GRAM, np.random.default_rng(54321).integers(1, 2**63, size=48, dtype=np.uint64) | np.uint64(1)])
 
 
 def units(text: str, language: str) -> tuple[np.ndarray, np.ndarray]:
-    """The document as hashed units and their lengths in characters: lowercased words (maximal runs of
-    letters/digits) for en, non-space characters for zh."""
+    """The document's dedup key (key_codepoints) as hashed units and their lengths in characters: words
+    (maximal runs of letters/digits) for en, letters and digits one by one for zh."""
     u, lengths, _ = units_batch([text], language)
     return u, lengths
+
+
+@dataclass
+class KeyedBatch:
+    """Documents' dedup keys (key_codepoints: cp, and each document's start in it) and their units (u,
+    ulen, udoc as units_batch returns them), computed once and shared by the filters, the exact key
+    and the shingles."""
+    cp: np.ndarray
+    starts: np.ndarray
+    u: np.ndarray
+    ulen: np.ndarray
+    udoc: np.ndarray
+
+    def unit_bounds(self) -> np.ndarray:
+        """Document d's units are u[b[d]:b[d + 1]]."""
+        return np.searchsorted(self.udoc, np.arange(len(self.starts) + 1))
+
+    def slice(self, a: int, b: int) -> "KeyedBatch":
+        """The documents a..b-1 alone, indices rebased to 0."""
+        ub = np.searchsorted(self.udoc, [a, b])
+        end = self.starts[b] - 1 if b < len(self.starts) else len(self.cp)
+        return KeyedBatch(self.cp[self.starts[a]:end], self.starts[a:b] - self.starts[a],
+                          self.u[ub[0]:ub[1]], self.ulen[ub[0]:ub[1]], self.udoc[ub[0]:ub[1]] - a)
+
+
+def keyed_batch(texts: list[str], language: str) -> KeyedBatch:
+    cp, starts = key_codepoints(texts)
+    return KeyedBatch(cp, starts, *_units(cp, starts, language))
 
 
 def units_batch(texts: list[str], language: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """units() of several documents at once (one pass of numpy calls for the whole batch rather than
     one a document): (units, lengths, document index of each unit), documents in order. A unit's hash
     depends only on its own characters, so it is the same as from units() of its document alone."""
-    low = [t.lower() for t in texts]  # per document: lowercasing may change a document's length
-    # documents joined by a space: a space is neither a word character (en) nor a unit (zh)
-    cp = np.frombuffer(" ".join(low).encode("utf-32-le"), dtype=np.uint32)
-    starts = np.zeros(len(low), np.int64)  # first code point of each document in cp
-    if len(low) > 1:
-        np.cumsum(np.fromiter(map(len, low[:-1]), np.int64, len(low) - 1) + 1, out=starts[1:])
+    cp, starts = key_codepoints(texts)  # one space between documents: never a unit
+    return _units(cp, starts, language)
+
+
+def _units(cp: np.ndarray, starts: np.ndarray, language: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     with np.errstate(over="ignore"):
         if language == "zh":
-            pos = np.flatnonzero(~np.isin(cp, _WHITESPACE))
+            pos = np.flatnonzero(_is_word(cp))  # letters and digits: punctuation variants do not matter
             u = cp[pos].astype(np.uint64)
             return u, np.ones(len(u), np.int64), np.searchsorted(starts, pos, side="right") - 1
         is_word = _is_word(cp)
@@ -111,22 +246,27 @@ def gram_hashes(u: np.ndarray, n: int) -> np.ndarray:
 def shingles(text: str, language: str, n: int = 5) -> np.ndarray:
     """uint64 hashes of the document's n-gram shingles (unique): word n-grams for en, character
     n-grams for zh. A document shorter than n units is one shingle."""
-    units_, _ = units(text, language)
+    return shingles_batch([text], language, n)[0]
+
+
+def shingles_batch(texts: list[str], language: str, n: int = 5, kb: KeyedBatch | None = None
+                   ) -> list[np.ndarray]:
+    """shingles() of several documents, the units computed with one pass of numpy calls for all (or
+    taken from `kb`, their keyed_batch(), when given)."""
+    kb = kb if kb is not None else keyed_batch(texts, language)
+    bounds = kb.unit_bounds()
+    out = []
     with np.errstate(over="ignore"):
-        if len(units_) < n:
-            if len(units_) == 0:
-                return np.zeros(0, np.uint64)
-            n = len(units_)
-        return _sorted_unique(gram_hashes(units_, n))
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            m = int(b - a)
+            out.append(np.zeros(0, np.uint64) if m == 0 else _sorted_unique(gram_hashes(kb.u[a:b], min(n, m))))
+    return out
 
 
 def _sorted_unique(x: np.ndarray) -> np.ndarray:
     # np.unique is ~100x slower than sort+mask on uint64 in numpy 2.x
     x = np.sort(x)
     return x[np.concatenate([[True], x[1:] != x[:-1]])] if len(x) else x
-
-
-_WHITESPACE = np.array([ord(c) for c in " \t\n\r\x0b\x0c\u3000\u00a0"], dtype=np.uint32)
 
 
 def _is_word(cp: np.ndarray) -> np.ndarray:
@@ -137,29 +277,50 @@ def _is_word(cp: np.ndarray) -> np.ndarray:
 
 
 class MinHasher:
-    """num_perm multiply-shift hash functions, fixed by seed; signature = per-function minimum."""
+    """One-permutation MinHash with densification by rotation (Li, Owen & Zhang 2012; Shrivastava & Li
+    2014): each shingle is hashed once (seeded), its hash picks one of num_perm bins and the bin keeps
+    the smallest 32-bit value; an empty bin takes the value of the next non-empty bin to its right
+    (circularly) plus a step per bin passed. Two documents agree on a bin with probability equal to
+    their Jaccard similarity, as with num_perm independent hash functions, at 1/num_perm of the cost.
+    Band keys hash `bands` groups of num_perm/bands bins for LSH."""
 
     def __init__(self, num_perm: int = 128, bands: int = 16, seed: int = 1):
         rng = np.random.default_rng(seed)
-        self.a = rng.integers(1, 2**63, size=num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-        self.b = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64)
+        self.seed = rng.integers(1, 2**63, dtype=np.uint64)
         self.num_perm, self.bands = num_perm, bands
         self.rows = num_perm // bands
         self.band_mult = rng.integers(1, 2**63, size=self.rows, dtype=np.uint64) | np.uint64(1)
 
     def signature(self, sh: np.ndarray) -> np.ndarray:
         """uint32 [num_perm]; all-ones for a document without shingles."""
-        # min of (v >> 32) is (min of v) >> 32, so the shift is done on the minima only
-        best = np.full(self.num_perm, np.iinfo(np.uint64).max, dtype=np.uint64)
-        buf = np.empty((self.num_perm, min(len(sh), 4096)), dtype=np.uint64)
-        with np.errstate(over="ignore"):
-            for i in range(0, len(sh), 4096):
-                block = sh[i:i + 4096]
-                h = buf[:, :len(block)]
-                np.multiply(self.a[:, None], block[None, :], out=h)
-                h += self.b[:, None]
-                np.minimum(best, h.min(axis=1), out=best)
-        return (best >> np.uint64(32)).astype(np.uint32)
+        return self.signatures([sh])[0]
+
+    def signatures(self, shingle_sets: list[np.ndarray]) -> np.ndarray:
+        """uint32 [documents, num_perm]: signature() of several documents with one pass of numpy calls."""
+        k = self.num_perm
+        d = len(shingle_sets)
+        lengths = np.fromiter(map(len, shingle_sets), np.int64, d)
+        sig = np.full(d * k, 0xFFFFFFFF, np.uint32)
+        if lengths.sum():
+            with np.errstate(over="ignore"):
+                h = _mix(np.concatenate(shingle_sets).astype(np.uint64) ^ self.seed)
+                bins = ((h >> np.uint64(32)) * np.uint64(k)) >> np.uint64(32)  # uniform in [0, k)
+                flat = np.repeat(np.arange(d, dtype=np.uint64) * np.uint64(k), lengths) + bins
+                np.minimum.at(sig, flat.astype(np.int64), (h & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+        sig = sig.reshape(d, k)
+        filled = np.zeros((d, k), bool)
+        if lengths.sum():
+            filled.reshape(-1)[flat.astype(np.int64)] = True
+        empty = ~filled & (lengths[:, None] > 0)
+        if empty.any():
+            # next filled bin at or after j, circularly: over two copies side by side
+            pos = np.where(np.concatenate([filled, filled], axis=1), np.arange(2 * k), 2 * k)
+            nxt = np.minimum.accumulate(pos[:, ::-1], axis=1)[:, ::-1][:, :k]
+            rows, cols = np.nonzero(empty)
+            src = nxt[rows, cols]
+            with np.errstate(over="ignore"):
+                sig[rows, cols] = sig[rows, src % k] + (src - cols).astype(np.uint32) * np.uint32(0x9E3779B1)
+        return sig
 
     def band_keys(self, sig: np.ndarray) -> np.ndarray:
         """uint64 [bands]: one hash per band of rows (band index mixed in, so bands never collide)."""

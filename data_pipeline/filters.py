@@ -1,52 +1,183 @@
-"""Cleaning and rule-based filters. clean() normalises; check() returns the name of the first filter a
-document fails, or None. Both are pure functions of the text, so they run in worker processes and in
-streaming mode alike."""
+"""Cleaning and the quality and language filters. clean() repairs and normalises; check() returns the
+name of the first filter a document fails, or None. Both are pure functions of the text, so they run in
+worker processes and in streaming mode alike.
+
+The filters are of the kind Gopher, C4 and datatrove apply to web text, kept to the ones that fit books
+and encyclopaedic text (no "lines must end in punctuation": it removes hard-wrapped books), with
+thresholds measured on real book and Wikipedia text in both languages and on a planted-junk corpus
+(data_pipeline/planted.py; the measurements are in docs/data.md). In the order they are applied:
+
+  too_short / too_long   characters (min_chars_zh for Chinese, which carries more per character)
+  lorem_ipsum            the placeholder text (C4's rule)
+  markup                 share of characters inside HTML/XML tags and comments, or tags (other than
+                         <br>) per 100 characters: pages, and text wrapped in light markup
+  urls                   share of characters in URLs
+  long_tokens            share of non-space characters in ASCII tokens over 40 characters (base64,
+                         minified code, hashes)
+  symbols                symbol characters ({}[]<>=;|\\^~`@#$%&*+/_) per non-space character (code)
+  non_alpha              letters per non-space character (number tables, CSV)
+  language               not the source's language: scripts first (kana: Japanese, Hangul: Korean, no
+                         Latin letters in an English source), then fastText's lid.176 model (langid.py)
+                         for any document whose scripts and function words leave doubt
+  dup_lines              characters in lines that repeat an earlier line
+  dup_paragraphs         the same over blank-line paragraphs
+  dup_ngrams             characters covered by repeated word 10-grams (zh: character 20-grams): inline
+                         repetition, which the line checks do not see
+  top_ngram              characters covered by the most frequent word 2-gram (zh: character 4-gram),
+                         for documents of at least 100 words (zh: 200 characters); short encyclopaedia
+                         stubs name their subject in most sentences
+  word_variety           distinct words among the first 200 (zh: letters among the first 400):
+                         keyword lists repeat a few words in every entry
+  keyword_list           hardly a sentence end (under one per 60 words; zh: per 150 characters) and
+                         a variety under max_list_variety: SEO keyword lists, tag clouds
+  stop_words             share of words that are English function words (zh: share of Han characters
+                         that are among the most common ones): word lists, letter soup, random text
+
+The script, symbol and markup checks read the first 100k characters, the n-gram and word checks the
+first 20k words (zh: 80k letters) of the dedup key (a sample: junk repeats throughout).
+"""
 from __future__ import annotations
 
+import html
 import re
 import unicodedata
+
 import numpy as np
 
 from .config import FilterConfig
-from .dedup import gram_hashes, units_batch
+from .dedup import KeyedBatch, gram_hashes, keyed_batch, units_batch
 
-# C0/C1 controls except tab and newline, plus BOM, zero-width no-break space and other format marks that
-# carry no text
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff\ufffe\u200b]")
+# C0/C1 controls except tab and newline, plus BOM, zero-width space, soft hyphen: characters that carry
+# no text (zero-width joiners stay: emoji sequences and Persian or Indic script need them). Unicode line
+# and paragraph separators and NEL become newlines.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff\ufffe\u200b\u00ad\u2028\u2029]")
+_NEWLINES = frozenset("\x85\u2028\u2029")
 _PARA = re.compile(r"\n\s*\n")
+# UTF-8 read as Windows-1252 or Latin-1: a lead byte's character followed by continuation bytes'
+# characters (one after a 2-byte lead Â/Ã..., two after a 3-byte lead â...)
+_CONT = ("\u0080-\u00bf\u20ac\u201a\u0192\u201e\u2026\u2020\u2021\u02c6\u2030\u0160\u2039\u0152"
+         "\u017d\u2018\u2019\u201c\u201d\u2022\u2013\u2014\u02dc\u2122\u0161\u203a\u0153\u017e\u0178")
+_MOJIBAKE = re.compile(f"[\u00c2-\u00df][{_CONT}]|[\u00e0-\u00ef][{_CONT}]{{2}}")
+_ENTITY = re.compile(r"&(?:[a-zA-Z]{2,8}|#[0-9]{2,7}|#[xX][0-9a-fA-F]{2,6});")
 
-FILTER_NAMES = ("too_short", "too_long", "dup_lines", "dup_paragraphs", "top_ngram", "wrong_script")
+FILTER_NAMES = ("too_short", "too_long", "lorem_ipsum", "markup", "urls", "long_tokens", "symbols",
+                "non_alpha", "language", "dup_lines", "dup_paragraphs", "dup_ngrams", "top_ngram",
+                "word_variety", "keyword_list", "stop_words")
+HEAD = 100_000  # characters of a document the script, symbol and markup checks read
+HEAD_UNITS = {"en": 20_000, "zh": 80_000}  # units (words; zh: letters) the n-gram and word checks read
 
 
 def clean(text: str) -> str:
-    """NFC, Windows/Mac line ends to \\n, control characters removed, outer whitespace stripped."""
+    """Repairs and normalises a raw document: mojibake (UTF-8 decoded as Windows-1252/Latin-1) fixed
+    with ftfy, HTML character references unescaped (&amp; -> &), line ends and Unicode line separators
+    to \\n, control characters, BOM, zero-width space and soft hyphens removed, NFC, outer whitespace
+    stripped. ftfy (about 1 M characters/s) runs only on the lines that show a mojibake pattern."""
+    if _MOJIBAKE.search(text):
+        text = "".join(_ftfy(line) if _MOJIBAKE.search(line) else line for line in text.splitlines(True))
+    if "&" in text and _ENTITY.search(text):
+        text = html.unescape(text)
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = _CONTROL.sub("", text)
+    text = _CONTROL.sub(_control, text)
     return unicodedata.normalize("NFC", text).strip()
 
 
-def script_ratio(text: str, language: str) -> float:
-    """Share of the source language's script among Latin and CJK letters (1.0 when there are none),
-    over the first 100k characters."""
-    return float(script_ratios([text], language)[0])
+def _control(m: re.Match) -> str:
+    return "\n" if m.group() in _NEWLINES else ""
 
 
-def script_ratios(texts: list[str], language: str) -> np.ndarray:
-    """script_ratio() of several documents, with one pass of numpy calls for all of them."""
-    heads = [t[:100_000] for t in texts]
-    cp = np.frombuffer("".join(heads).encode("utf-32-le"), dtype=np.uint32)
-    cjk = (((cp >= 0x3400) & (cp <= 0x9FFF)) | ((cp >= 0xF900) & (cp <= 0xFAFF))
-           | ((cp >= 0x20000) & (cp <= 0x2FA1F)))
-    latin = (((cp | 0x20) >= 0x61) & ((cp | 0x20) <= 0x7A)) | ((cp >= 0xC0) & (cp <= 0x24F))
-    bounds = np.zeros(len(heads) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, heads), np.int64, len(heads)), out=bounds[1:])
-    n_cjk, n_latin = (np.concatenate([[0], np.cumsum(m, dtype=np.int64)])[bounds] for m in (cjk, latin))
-    n_cjk, n_latin = np.diff(n_cjk), np.diff(n_latin)
-    letters = n_cjk + n_latin
-    mine = n_cjk if language == "zh" else n_latin
-    # integer counts below 2**53: the float64 quotient is the same as Python's int / int
-    return np.where(letters > 0, mine / np.maximum(letters, 1), 1.0)
+def _ftfy(text: str) -> str:
+    import ftfy
+    # only the encoding repair: curly quotes, full-width forms and ligatures are real text
+    return ftfy.fix_text(text, _FTFY_CONFIG or _ftfy_config())
+
+
+_FTFY_CONFIG = None
+
+
+def _ftfy_config():
+    global _FTFY_CONFIG
+    import ftfy
+    _FTFY_CONFIG = ftfy.TextFixerConfig(unescape_html=False, uncurl_quotes=False, fix_character_width=False,
+                                        fix_latin_ligatures=False, normalization=None, explain=False)
+    return _FTFY_CONFIG
+
+
+# -- character classes -------------------------------------------------------------------------------
+_LATIN, _HAN, _KANA, _HANGUL, _OTHER_LETTER, _DIGIT, _SPACE, _SYMBOL, _PUNCT, _REST = range(10)
+_N_CLASSES = 10
+_SYMBOLS = "{}[]<>=;|\\^~`@#$%&*+/_"
+_TABLE_LIMIT = 0x30000
+
+
+def _class_table() -> np.ndarray:
+    t = _TABLES.get("class")
+    if t is not None:
+        return t
+    t = np.full(_TABLE_LIMIT, _REST, np.uint8)
+    for c in range(_TABLE_LIMIT):
+        if 0xD800 <= c < 0xE000:
+            continue
+        ch = chr(c)
+        cat = unicodedata.category(ch)
+        if ch in _SYMBOLS:
+            t[c] = _SYMBOL
+        elif ch.isspace():
+            t[c] = _SPACE
+        elif cat == "Nd":
+            t[c] = _DIGIT
+        elif cat[0] == "L":
+            if 0x3040 <= c <= 0x30FF or 0x31F0 <= c <= 0x31FF or 0xFF66 <= c <= 0xFF9D:
+                t[c] = _KANA
+            elif 0x1100 <= c <= 0x11FF or 0x3130 <= c <= 0x318F or 0xAC00 <= c <= 0xD7AF:
+                t[c] = _HANGUL
+            elif (0x3400 <= c <= 0x9FFF or 0xF900 <= c <= 0xFAFF or 0x20000 <= c <= 0x2FA1F or c == 0x3007):
+                t[c] = _HAN
+            elif c < 0x250 or 0x1E00 <= c <= 0x1EFF or 0xFF21 <= c <= 0xFF5A:
+                t[c] = _LATIN
+            else:
+                t[c] = _OTHER_LETTER
+        elif cat[0] == "P":
+            t[c] = _PUNCT
+    _TABLES["class"] = t
+    return t
+
+
+_TABLES: dict = {}
+
+# English function words (a standard stop list); Chinese: the most frequent characters of running text,
+# simplified and traditional forms
+EN_STOP_WORDS = frozenset(
+    "a about above after again against all am an and any are as at be because been before being below "
+    "between both but by can could did do does doing down during each few for from further had has have "
+    "having he her here hers herself him himself his how i if in into is it its itself just me more most "
+    "my myself no nor not now of off on once only or other our ours out over own same she should so some "
+    "such than that the their theirs them themselves then there these they this those through to too under "
+    "until up very was we were what when where which while who whom why will with would you your yours".split())
+ZH_STOP_CHARS = frozenset(
+    "的一是不了在人有我他这个们中来上大为和国地到以说时要就出会可也你对生能而子那得于着下自之年过发后作里"
+    "用道行所然家种事成方多经么去法学如都同现当没动面起看定天分还进好小部其些主样理心她本前开但因只从想实"
+    "日者意无力它与长把机十民第公此已工使情明性知全三又关点正业外将两高间由问很最重并物手应向头文体政美相"
+    "见被利什二等产或新己制身果加西月话合回特代内信表化老给世位次度门任常先海通教儿原东声提立及比员解水名"
+    "真论处走义各入几口认条平系气题活更别打女变四神总何电数安少报才结反受目太量再感建务做接必场件计管期市"
+    "直德资命山金指许统区保至队形社便空决治展马科司五基眼书非则听白却界达光放强即像难且权思王象完设式色路"
+    "記這個們來為國說時會對過後於與從還進樣裡發動現開麼經當學種將長間問點無頭體見給電樣話軍實產義關"
+    "書應數讓聽東車門錢氣總處條區隊員覺難戰萬內兩萬愛係")
+_END_TABLE = np.zeros(_TABLE_LIMIT, bool)
+_END_TABLE[[ord(c) for c in ".!?。！？…"]] = True
+_ZH_STOP_TABLE = np.zeros(_TABLE_LIMIT, bool)
+_ZH_STOP_TABLE[[ord(c) for c in ZH_STOP_CHARS]] = True
+_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9:-]*(?:\s[^<>]{0,500})?/?>|<!--.{0,2000}?-->|<!DOCTYPE[^>]{0,500}>|<\?xml[^>]{0,500}\?>",
+                  re.S)
+_BR = re.compile(r"<br\s*/?>", re.I)
+_URL = re.compile(r"(?:https?|ftp)://\S+|\bwww\.[A-Za-z0-9-]+\.\S+")
+
+
+def _stop_word_hashes() -> np.ndarray:
+    if "stop" not in _TABLES:
+        u, _, _ = units_batch([" ".join(sorted(EN_STOP_WORDS))], "en")
+        _TABLES["stop"] = np.sort(u)
+    return _TABLES["stop"]
 
 
 def _dup_fraction(parts: list[str]) -> float:
@@ -56,52 +187,191 @@ def _dup_fraction(parts: list[str]) -> float:
     return (total - sum(map(len, set(parts)))) / total if total else 0.0
 
 
-def top_ngram_share(text: str, language: str) -> float:
-    """Characters covered by the most frequent n-gram (counting every occurrence): word 2-grams (en) or
-    character 4-grams (zh), over the first 100k characters (a sample: spam repeats throughout)."""
-    return float(top_ngram_shares([text], language)[0])
+def features(texts: list[str], language: str, kb: KeyedBatch | None = None) -> dict[str, np.ndarray]:
+    """Per-document measurements behind the filters, computed with one pass of numpy calls for all
+    documents: letter shares by script, symbol and letter ratios, long-token share (over the first HEAD
+    characters), function-word share, word variety, repeated and top n-gram coverage (over the first
+    HEAD_UNITS units of the dedup key, which `kb`, the texts' keyed_batch(), supplies when given).
+    Regex measures (markup, URLs) run only on documents that contain a trigger character."""
+    heads = [t[:HEAD] for t in texts]
+    n = len(heads)
+    f: dict[str, np.ndarray] = {}
+    lengths = np.fromiter(map(len, heads), np.int64, n)
+    cp = np.frombuffer("".join(heads).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    doc = np.repeat(np.arange(n), lengths)
+    cls = _class_table()[np.minimum(cp, _TABLE_LIMIT - 1)]
+    counts = np.bincount(doc * _N_CLASSES + cls, minlength=n * _N_CLASSES).reshape(n, _N_CLASSES)
+    letters = counts[:, [_LATIN, _HAN, _KANA, _HANGUL, _OTHER_LETTER]].sum(1)
+    nonspace = np.maximum(lengths - counts[:, _SPACE], 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f["latin_share"] = np.where(letters > 0, counts[:, _LATIN] / np.maximum(letters, 1), 1.0)
+        f["han_share"] = np.where(letters > 0, counts[:, _HAN] / np.maximum(letters, 1), 1.0)
+        f["kana_share"] = counts[:, _KANA] / np.maximum(counts[:, _HAN] + counts[:, _KANA], 1)
+        f["hangul_share"] = counts[:, _HANGUL] / np.maximum(letters, 1)
+    f["symbol_ratio"] = counts[:, _SYMBOL] / nonspace
+    f["sentence_ends"] = np.bincount(doc, weights=_END_TABLE[np.minimum(cp, _TABLE_LIMIT - 1)], minlength=n)
+    f["alpha_share"] = letters / nonspace
+    # ASCII tokens of over 40 characters (maximal runs of non-space characters within a document)
+    space = cls == _SPACE
+    prev_space = np.ones(len(cp), bool)
+    prev_space[1:] = space[:-1]
+    prev_space[(np.cumsum(lengths) - lengths)[lengths > 0]] = True
+    tok_start = ~space & prev_space
+    tok_id = np.cumsum(tok_start) - 1
+    nonspace_idx = np.flatnonzero(~space)
+    long_chars = np.zeros(n)
+    if len(nonspace_idx):
+        ids = tok_id[nonspace_idx]
+        tok_len = np.bincount(ids)
+        tok_nonascii = np.bincount(ids, weights=cp[nonspace_idx] > 127)
+        tok_doc = np.zeros(len(tok_len), np.int64)
+        tok_doc[ids] = doc[nonspace_idx]
+        long_ascii = (tok_len > 40) & (tok_nonascii == 0)
+        long_chars = np.bincount(tok_doc[long_ascii], weights=tok_len[long_ascii], minlength=n)
+    f["long_token_share"] = long_chars / nonspace
+    # units of the dedup key: words (zh: letters and digits), the first HEAD_UNITS of each document
+    kb = kb if kb is not None else keyed_batch(texts, language)
+    u, ulen, udoc = kb.u, kb.ulen, kb.udoc
+    if len(u):
+        rank = np.arange(len(u)) - np.searchsorted(udoc, np.arange(n))[udoc]
+        head = rank < HEAD_UNITS[language]
+        if not head.all():
+            u, ulen, udoc = u[head], ulen[head], udoc[head]
+    if language == "zh":
+        han_units = np.flatnonzero(cls == _HAN)
+        stop = np.bincount(doc[han_units], weights=_ZH_STOP_TABLE[cp[han_units]], minlength=n)
+        f["stop_share"] = np.where(counts[:, _HAN] > 0, stop / np.maximum(counts[:, _HAN], 1), 0.0)
+    else:
+        words = np.bincount(udoc, minlength=n)
+        hits = np.isin(u, _stop_word_hashes())
+        stop = np.bincount(udoc, weights=hits, minlength=n)
+        f["stop_share"] = np.where(words > 0, stop / np.maximum(words, 1), 0.0)
+    f["units"] = np.bincount(udoc, minlength=n)
+    f["word_variety"] = _variety(u, udoc, n, VARIETY_WINDOW_ZH if language == "zh" else VARIETY_WINDOW)
+    dup_n, top_n = (20, 4) if language == "zh" else (10, 2)
+    f["dup_ngram_share"] = _repeated_coverage(u, ulen, udoc, n, dup_n)
+    f["top_ngram_share"] = _top_coverage(u, ulen, udoc, n, top_n)
+    # regex measures, on documents with a trigger
+    markup = np.zeros(n)
+    urls = np.zeros(n)
+    lorem = np.zeros(n, bool)
+    tag_rate = np.zeros(n)
+    for i, h in enumerate(heads):
+        if "<" in h:
+            spans = [m.span() for m in _TAG.finditer(h)]
+            markup[i] = sum(b - a for a, b in spans) / max(len(h), 1)
+            # tags per 100 characters, line breaks aside (encyclopaedia dumps keep some <br>)
+            tag_rate[i] = sum(not _BR.fullmatch(h, a, b) for a, b in spans) * 100 / max(len(h), 1)
+        if "://" in h or "www." in h:
+            urls[i] = sum(m.end() - m.start() for m in _URL.finditer(h)) / max(len(h), 1)
+        lorem[i] = "orem ipsum" in h or "OREM IPSUM" in h
+    f["markup_share"], f["tag_rate"], f["url_share"], f["lorem"] = markup, tag_rate, urls, lorem
+    return f
 
 
-def top_ngram_shares(texts: list[str], language: str) -> np.ndarray:
-    """top_ngram_share() of several documents, with one pass of numpy calls for all of them. Ties
-    between n-grams go to the smallest hash and the share uses the n-gram's first occurrence, as for
-    one document."""
-    n = 4 if language == "zh" else 2
-    out = np.zeros(len(texts))
-    u, lengths, doc = units_batch([t[:100_000] for t in texts], language)
-    # units of document d are [ub[d], ub[d + 1]); a document with fewer than n + 1 units scores 0
-    ub = np.searchsorted(doc, np.arange(len(texts) + 1))
-    scored = np.diff(ub) >= n + 1
-    if len(u) < n or not scored.any():
+VARIETY_WINDOW = 200  # words
+VARIETY_WINDOW_ZH = 400  # letters and digits
+
+
+MIN_VARIETY_UNITS = 30
+
+
+def _variety(u: np.ndarray, udoc: np.ndarray, n_docs: int, window: int) -> np.ndarray:
+    """Distinct units among each document's first `window` units, over their number; 1 for documents of
+    fewer than MIN_VARIETY_UNITS units (too short to say). Keyword lists repeat a few words in every
+    entry. Prose of `window` units scores 0.35-0.7 (English, 200 words; Chinese, 400 characters: 0.2-0.6)."""
+    if not len(u):
+        return np.ones(n_docs)
+    doc_start = np.searchsorted(udoc, np.arange(n_docs))
+    rank = np.arange(len(u)) - doc_start[udoc]
+    sel = rank < window
+    du, dd = u[sel], udoc[sel]
+    order = np.lexsort((du, dd))
+    du, dd = du[order], dd[order]
+    new = np.ones(len(du), bool)
+    new[1:] = (du[1:] != du[:-1]) | (dd[1:] != dd[:-1])
+    distinct = np.bincount(dd, weights=new, minlength=n_docs)
+    total = np.bincount(dd, minlength=n_docs)
+    return np.where(total >= MIN_VARIETY_UNITS, distinct / np.maximum(total, 1), 1.0)
+
+
+def _windows(u: np.ndarray, udoc: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(hash, first unit) of every n-gram that lies inside one document."""
+    if len(u) < n:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    g = gram_hashes(u, n)
+    pos = np.flatnonzero(udoc[n - 1:] == udoc[:len(g)])
+    return g[pos], pos
+
+
+def _coverage(starts: np.ndarray, n: int, ulen: np.ndarray, udoc: np.ndarray, n_docs: int) -> np.ndarray:
+    """Characters of the units covered by the n-grams starting at `starts`, counted once each, per
+    document, over the characters of all its units (so at most 1)."""
+    diff = np.zeros(len(ulen) + 1, np.int64)
+    np.add.at(diff, starts, 1)
+    np.add.at(diff, starts + n, -1)
+    covered = np.cumsum(diff[:-1]) > 0
+    total = np.bincount(udoc, weights=ulen, minlength=n_docs)
+    cov = np.bincount(udoc[covered], weights=ulen[covered], minlength=n_docs)
+    return np.where(total > 0, cov / np.maximum(total, 1), 0.0)
+
+
+def _doc_keys(g: np.ndarray, gdoc: np.ndarray) -> np.ndarray:
+    """One sortable uint64 per n-gram: document index in the top 24 bits, the hash's top 40 bits below
+    (a 40-bit collision inside one document is rare enough not to matter for a share)."""
+    return (gdoc.astype(np.uint64) << np.uint64(40)) | (g >> np.uint64(24))
+
+
+def _repeated_coverage(u, ulen, udoc, n_docs, n) -> np.ndarray:
+    """Share of each document's characters covered by n-grams that occurred earlier in it (Gopher's
+    duplicate n-gram fraction, each character counted once)."""
+    g, pos = _windows(u, udoc, n)
+    if not len(g):
+        return np.zeros(n_docs)
+    key = _doc_keys(g, udoc[pos])
+    order = np.argsort(key, kind="stable")  # equal n-grams in text order: all but the first repeat
+    k = key[order]
+    repeat = np.zeros(len(order), bool)
+    repeat[1:] = k[1:] == k[:-1]
+    return _coverage(pos[order[repeat]], n, ulen, udoc, n_docs)
+
+
+def _top_coverage(u, ulen, udoc, n_docs, n) -> np.ndarray:
+    """Share of each document's characters covered by the occurrences of its most frequent n-gram (ties:
+    the smallest hash), each character counted once, so overlapping occurrences never pass 1."""
+    g, pos = _windows(u, udoc, n)
+    out = np.zeros(n_docs)
+    if not len(g):
         return out
-    g = gram_hashes(u, n)  # every window, including ones across documents (dropped next)
-    gpos = np.flatnonzero((doc[n - 1:] == doc[:len(g)]) & scored[doc[:len(g)]])
-    g, gdoc = g[gpos], doc[gpos]
-    # n-grams by (document, hash): the hash replaced by its rank among the batch's distinct hashes, so
-    # that one int64 key sorts both
-    by_hash = np.argsort(g)
-    gs = g[by_hash]
-    rank = np.empty(len(g), np.int64)
-    rank[by_hash] = np.cumsum(np.concatenate([[True], gs[1:] != gs[:-1]])) - 1
-    n_ranks = int(rank.max()) + 1
-    key = np.sort(gdoc * n_ranks + rank)
-    run_start = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    gdoc = udoc[pos]
+    key = np.sort(_doc_keys(g, gdoc))
+    run = np.ones(len(key), bool)
+    run[1:] = key[1:] != key[:-1]
+    run_start = np.flatnonzero(run)
     run_count = np.diff(np.append(run_start, len(key)))
-    run_doc = key[run_start] // n_ranks
-    doc_first_run = np.flatnonzero(np.concatenate([[True], run_doc[1:] != run_doc[:-1]]))
-    best = np.maximum.reduceat(run_count, doc_first_run)
-    # each document's most frequent n-gram; of a tie, the first run, which has the smallest hash
-    top = np.flatnonzero(run_count == np.repeat(best, np.diff(np.append(doc_first_run, len(run_count)))))
-    top = top[np.concatenate([[True], run_doc[top[1:]] != run_doc[top[:-1]]])]
-    d = run_doc[top]
-    top_rank = np.full(len(texts), -1, np.int64)
-    top_rank[d] = key[run_start[top]] % n_ranks
-    hits = np.flatnonzero(rank == top_rank[gdoc])  # occurrences of the top n-grams, in text order
-    first = gpos[hits[np.concatenate([[True], gdoc[hits[1:]] != gdoc[hits[:-1]]])]]  # unit of the first
-    cum = np.concatenate([[0], np.cumsum(lengths)])
-    gram_chars = cum[first + n] - cum[first]
-    out[d] = run_count[top] * gram_chars / (cum[ub[d + 1]] - cum[ub[d]])
-    return out
+    run_key = key[run_start]
+    run_doc = (run_key >> np.uint64(40)).astype(np.int64)
+    # per document, the run with the highest count; of a tie the first (smallest hash): runs are in key
+    # order, so the first maximum of each document's segment
+    doc_first = np.flatnonzero(np.concatenate([[True], run_doc[1:] != run_doc[:-1]]))
+    best = np.maximum.reduceat(run_count, doc_first)
+    is_best = run_count == np.repeat(best, np.diff(np.append(doc_first, len(run_count))))
+    is_best &= np.cumsum(is_best) - np.repeat(np.cumsum(is_best)[doc_first] - is_best[doc_first],
+                                              np.diff(np.append(doc_first, len(run_count)))) == 1
+    top_key = np.zeros(n_docs, np.uint64)
+    has_top = np.zeros(n_docs, bool)
+    top_key[run_doc[is_best]] = run_key[is_best]
+    has_top[run_doc[is_best]] = True
+    hits = has_top[gdoc] & (_doc_keys(g, gdoc) == top_key[gdoc])
+    return _coverage(pos[hits], n, ulen, udoc, n_docs)
+
+
+def prepare_tables() -> None:
+    """Builds the per-process lookup tables now (about half a second), e.g. before forking workers."""
+    from .dedup import key_codepoints
+    _class_table()
+    key_codepoints(["x"])
+    _stop_word_hashes()
 
 
 def check(text: str, language: str, cfg: FilterConfig) -> str | None:
@@ -109,49 +379,90 @@ def check(text: str, language: str, cfg: FilterConfig) -> str | None:
     return check_batch([text], language, cfg)[0]
 
 
-def check_batch(texts: list[str], language: str, cfg: FilterConfig) -> list[str | None]:
-    """check() of several documents of one language; the numpy filters run over groups of documents
-    (see _groups) rather than one document at a time. Same results as check() on each."""
+def check_batch(texts: list[str], language: str, cfg: FilterConfig, kb: KeyedBatch | None = None
+                ) -> list[str | None]:
+    """check() of several documents of one language; the numpy measures run over runs of documents of
+    about GROUP_CHARS characters rather than one document at a time (with `kb`, the texts'
+    keyed_batch(), sliced instead of recomputed). Same results as check() on each."""
     reasons: list[str | None] = [None] * len(texts)
-    pending = []  # documents that pass the per-document filters
     min_chars = cfg.min_chars_zh if language == "zh" else cfg.min_chars
-    for i, text in enumerate(texts):
-        n = len(text)
-        if n < min_chars:
-            reasons[i] = "too_short"
-        elif n > cfg.max_chars:
-            reasons[i] = "too_long"
-        elif _dup_fraction(list(filter(None, map(str.strip, text.split("\n"))))) > cfg.max_dup_line_fraction:
-            reasons[i] = "dup_lines"
-        else:
-            paras = list(filter(None, map(str.strip, _PARA.split(text))))
-            if len(paras) > 1 and _dup_fraction(paras) > cfg.max_dup_paragraph_fraction:
-                reasons[i] = "dup_paragraphs"
+    for a, b in _ranges(texts):
+        docs = texts[a:b]
+        f = features(docs, language, kb.slice(a, b) if kb is not None else None)
+        for j, text in enumerate(docs):
+            if len(text) < min_chars:
+                reasons[a + j] = "too_short"
+            elif len(text) > cfg.max_chars:
+                reasons[a + j] = "too_long"
             else:
-                pending.append(i)
-    for group in _groups(pending, texts):
-        docs = [texts[i] for i in group]
-        for i, t, s in zip(group, top_ngram_shares(docs, language), script_ratios(docs, language)):
-            if t > cfg.max_top_ngram_share:
-                reasons[i] = "top_ngram"
-            elif s < cfg.min_script_ratio:
-                reasons[i] = "wrong_script"
+                reasons[a + j] = _decide(text, language, cfg, {k: v[j] for k, v in f.items()})
     return reasons
 
 
-GROUP_CHARS = 1 << 14  # 16k-32k measured fastest on the shared corpus (4k: +20%, 256k and up: +60%)
+def _decide(text: str, language: str, cfg: FilterConfig, f: dict) -> str | None:
+    if f["lorem"]:
+        return "lorem_ipsum"
+    if f["markup_share"] > cfg.max_markup_share or f["tag_rate"] > cfg.max_tag_rate:
+        return "markup"
+    if f["url_share"] > cfg.max_url_share:
+        return "urls"
+    if f["long_token_share"] > cfg.max_long_token_share:
+        return "long_tokens"
+    if f["symbol_ratio"] > cfg.max_symbol_ratio:
+        return "symbols"
+    if f["alpha_share"] < cfg.min_alpha_share:
+        return "non_alpha"
+    if not _is_language(text, language, cfg, f):
+        return "language"
+    if _dup_fraction(list(filter(None, map(str.strip, text.split("\n"))))) > cfg.max_dup_line_fraction:
+        return "dup_lines"
+    paras = list(filter(None, map(str.strip, _PARA.split(text))))
+    if len(paras) > 1 and _dup_fraction(paras) > cfg.max_dup_paragraph_fraction:
+        return "dup_paragraphs"
+    if f["dup_ngram_share"] > cfg.max_dup_ngram_share:
+        return "dup_ngrams"
+    min_units = 200 if language == "zh" else 100
+    if f["units"] >= min_units and f["top_ngram_share"] > cfg.max_top_ngram_share:
+        return "top_ngram"
+    zh = language == "zh"
+    if f["word_variety"] < (cfg.min_word_variety_zh if zh else cfg.min_word_variety):
+        return "word_variety"
+    if (f["units"] >= MIN_VARIETY_UNITS and f["sentence_ends"] < f["units"] / (150 if zh else 60)
+            and f["word_variety"] < (cfg.max_list_variety_zh if zh else cfg.max_list_variety)):
+        return "keyword_list"
+    if f["stop_share"] < (cfg.min_stop_share_zh if language == "zh" else cfg.min_stop_share):
+        return "stop_words"
+    return None
 
 
-def _groups(indices: list[int], texts: list[str]):
-    """indices split into runs of documents with about GROUP_CHARS characters (of the first 100k of each)
-    together: enough documents to spread numpy's per-call cost, arrays small enough to stay in cache
-    (large temporary arrays cost more in page faults than they save in calls)."""
-    group, size = [], 0
-    for i in indices:
-        group.append(i)
-        size += min(len(texts[i]), 100_000)
+def _is_language(text: str, language: str, cfg: FilterConfig, f: dict) -> bool:
+    """Scripts settle the clear cases; the lid.176 model the rest (the model costs ~0.1 ms a sample)."""
+    if language == "zh":
+        if f["kana_share"] > 0.2 or f["hangul_share"] > 0.2:
+            return False  # Japanese or Korean
+        if f["han_share"] >= 0.7:
+            return True  # Han text without kana or Hangul: Chinese
+    else:
+        if f["latin_share"] < 0.3:
+            return False  # Cyrillic, Greek, Arabic, CJK...
+        if f["latin_share"] >= 0.9 and f["stop_share"] >= 0.25:
+            return True  # Latin text made of English function words: English
+    from .langid import language_score
+    return language_score(text, language) >= cfg.min_language_score
+
+
+GROUP_CHARS = 1 << 16  # CPU time over the shared corpus: 32k and 64k lowest, 128k +15%, 256k +30%
+
+
+def _ranges(texts: list[str]):
+    """(start, stop) of runs of consecutive documents with about GROUP_CHARS characters (of the first HEAD
+    of each) together: enough documents to spread numpy's per-call cost, arrays small enough to stay in
+    cache (large temporary arrays cost more in page faults than they save in calls)."""
+    start, size = 0, 0
+    for i, t in enumerate(texts):
+        size += min(len(t), HEAD)
         if size >= GROUP_CHARS:
-            yield group
-            group, size = [], 0
-    if group:
-        yield group
+            yield start, i + 1
+            start, size = i + 1, 0
+    if start < len(texts):
+        yield start, len(texts)

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from .config import DataConfig, SourceConfig, source_weights
-from .dedup import MinHasher, exact_key, near_duplicates, shingles
-from .filters import FILTER_NAMES, check_batch, clean
+from .dedup import MinHasher, exact_keys, keyed_batch, near_duplicates, shingles_batch
+from .filters import FILTER_NAMES, check_batch, clean, prepare_tables
 from .shards import ShardWriter, SourceMeta, write_meta
 from .sources import Counts, iter_file, iter_source
 from .tokenizer import encode_document_array, get_tokenizer
@@ -81,23 +81,23 @@ def _process(batch: _Batch) -> _Done:
     out = _Done(batch.source)
     out.chars_in = sum(map(len, batch.texts))
     texts = [clean(t) for t in batch.texts]
-    kept: list[str] = []
-    sigs, bands = [], []
-    for text, key, reason in zip(texts, batch.keys, check_batch(texts, batch.language, cfg.filters)):
+    kb = keyed_batch(texts, batch.language)  # dedup keys and units, shared by the filters and dedup
+    kept: list[int] = []
+    for i, (text, key, reason) in enumerate(zip(texts, batch.keys, check_batch(texts, batch.language,
+                                                                                 cfg.filters, kb))):
         if reason:
             out.removed[reason] += 1
             out.removed_chars[reason] += len(text)
             continue
-        kept.append(text)
+        kept.append(i)
         out.keys.append(key)
-        out.hashes.append(exact_key(text))
-        if cfg.dedup.near:
-            sig = mh.signature(shingles(text, batch.language, cfg.dedup.ngram))
-            sigs.append(sig)
-            bands.append(mh.band_keys(sig))
+    hashes = exact_keys(texts, kb)
+    out.hashes = [hashes[i] for i in kept]
     if cfg.dedup.near:
-        out.sigs = np.asarray(sigs, dtype=np.uint32).reshape(-1, cfg.dedup.num_perm)
-        out.bands = np.asarray(bands, dtype=np.uint64).reshape(-1, cfg.dedup.bands)
+        sh = shingles_batch(texts, batch.language, cfg.dedup.ngram, kb)
+        out.sigs = mh.signatures([sh[i] for i in kept])
+        out.bands = np.asarray([mh.band_keys(sig) for sig in out.sigs], dtype=np.uint64).reshape(-1, cfg.dedup.bands)
+    kept = [texts[i] for i in kept]
     out.tokens = [encode_document_array(text) for text in kept]
     return out
 
@@ -183,6 +183,7 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
     chars_in = tokens_out = 0
     bar = _bar(progress, f"prepare part {part}")
     get_tokenizer()  # loaded once here: forked workers share it instead of each parsing the BPE file
+    prepare_tables()  # the same for the filters' character tables
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     pool = ctx.Pool(workers, _init_worker, (cfg,)) if workers > 1 else None
     if pool is None:

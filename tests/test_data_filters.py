@@ -9,9 +9,8 @@ import pytest
 from data_pipeline.config import FilterConfig
 import xxhash
 
-from data_pipeline.dedup import _ASCII_SPACE, _NON_ASCII_SPACE, MinHasher, exact_key, gram_hashes, shingles, units
-from data_pipeline.filters import (check, check_batch, clean, script_ratio, script_ratios, top_ngram_share,
-                                   top_ngram_shares)
+from data_pipeline.dedup import _SPACE_CPS, MinHasher, exact_key, gram_hashes, shingles, units
+from data_pipeline.filters import FILTER_NAMES, check, check_batch, clean, features
 from data_pipeline.tokenizer import encode_document, encode_document_array
 
 WORDS = ("alpha beta gamma delta river stone maple cloud winter harbor lantern copper velvet orchard "
@@ -22,49 +21,113 @@ def _prose(rng, n):
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def test_clean_normalises():
-    raw = "\ufeffCafe\u0301 line\r\nnext\x00\x07 line\rlast\u200b  "
+def test_clean_normalises_and_repairs():
+    raw = "\ufeffCafe\u0301 line\r\nnext\x00\x07 line\rlast\u200b soft\u00adhyphen\u2028sep  "
     got = clean(raw)
-    assert got == unicodedata.normalize("NFC", "Café line\nnext line\nlast")
+    assert got == unicodedata.normalize("NFC", "Café line\nnext line\nlast softhyphen\nsep")
     assert unicodedata.is_normalized("NFC", got)
+    # UTF-8 read as Windows-1252 (mojibake) is repaired line by line; clean lines are left alone
+    assert clean("The cafÃ© opened â€” at last.\nA plain line: naïve “quotes”.") == \
+        "The café opened — at last.\nA plain line: naïve “quotes”."
+    assert clean("Vera&amp;John &lt;b&gt; &#233;") == "Vera&John <b> é"
+    assert clean("全角，标点（保留）") == "全角，标点（保留）"  # full-width forms are real text
 
 
 def test_each_filter_fires_on_its_case():
     rng = random.Random(0)
     cfg = FilterConfig()
-    good = _prose(rng, 300)
+    good = ("The village lies on the bank of a river that runs slowly to the sea, and most of the people who "
+            "live there have worked in the fields for as long as anyone can remember. In the winter the roads "
+            "were closed by snow, so the children stayed at home with their families and read by the fire. "
+            "A new bridge was built after the war, when the town council finally found the money for it. "
+            "It takes about two hours by train to reach the capital from the small station at the edge of "
+            "town, and the first train leaves before dawn. The church on the hill was rebuilt twice, once "
+            "after a fire and once after a storm that took off its roof. Every summer there is a fair in the "
+            "square, with music, dancing and a market that draws visitors from all over the valley. The old "
+            "mill still stands by the water, although it has not ground any wheat for fifty years.")
     assert check(good, "en", cfg) is None
-    assert check("short text", "en", cfg) == "too_short"
+    content = sorted({w for w in re.findall(r"[a-z]{4,}", good.lower())} - {"that", "there", "with", "from",
+                                                                              "have", "were", "when", "once"}) + WORDS
+    cases = {
+        "too_short": "short text",
+        "lorem_ipsum": "Lorem ipsum dolor sit amet. " + good,
+        "markup": "<div class='a'><p>" + "</p><p>".join(good.split(". ")) + "</p></div>",
+        "urls": "\n".join(f"https://example.com/page/{i}?ref=abc" for i in range(30)) + " " + good[:300],
+        "long_tokens": " ".join(["QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo" * 3] * 12) + " " + good[:200],
+        "symbols": "var a = {x: 1}; if (a && b) { c = [d | e] ^ f; } # x @ y $ z % w & v * u + t / s = q; " * 20,
+        "non_alpha": "\n".join(", ".join(str(rng.randint(0, 99999)) for _ in range(8)) for _ in range(40)),
+        "dup_lines": "\n".join([good[:150]] * 5 + [good[150:300]]),
+        "dup_paragraphs": "\n\n".join([good[:400] + " one", good[:400] + " two", good[:400] + " one",
+                                         good[:400] + " one"]),
+        "dup_ngrams": " ".join([good[:120]] * 20),
+        "top_ngram": " ".join(f"buy now {w}" for w in good.split()[:120]) + ".",
+        "word_variety": " ".join(rng.choice(WORDS + ["the", "of", "and", "a", "in"]) + ("." if rng.random() < 0.1 else "")
+                                 for _ in range(300)),
+        "keyword_list": ", ".join(" ".join(rng.choice(content) for _ in range(3)) for _ in range(60)),
+        # English words, a list the language model reads as English, without English function words
+        "stop_words": ". ".join(" ".join(rng.choice(content) for _ in range(5)) for _ in range(40)),
+        "language": "Das Dorf liegt am Ufer eines Flusses, der langsam in Richtung Meer fließt. Im Sommer findet "
+                    "auf dem Marktplatz ein Fest statt, zu dem viele Besucher kommen und die Musik hören. Die Kirche "
+                    "wurde nach dem großen Brand im Jahr siebzehnhundert neu aufgebaut. Es dauert ungefähr zwei "
+                    "Stunden, mit dem Zug in die Hauptstadt zu fahren, und der erste Zug fährt vor Sonnenaufgang.",
+    }
+    assert set(cases) | {"too_long"} == set(FILTER_NAMES)
+    for name, junk in cases.items():
+        c = FilterConfig(max_dup_line_fraction=1.0) if name == "dup_paragraphs" else cfg  # lines repeat too
+        assert check(junk, "en", c) == name, (name, check(junk, "en", c), features([junk], "en"))
     assert check("x" * 50 + " " + good, "en", FilterConfig(max_chars=100)) == "too_long"
-    dup_lines = "\n".join([_prose(rng, 12)] * 5 + [_prose(rng, 12)])
-    assert check(dup_lines, "en", cfg) == "dup_lines"
-    para = _prose(rng, 60)
-    dup_paras = "\n\n".join([para + " " + w for w in ("one", "two")] + [para + " one"] * 2)
-    assert check(dup_paras, "en", FilterConfig(max_dup_line_fraction=1.0)) == "dup_paragraphs"
-    spam = " ".join(["buy now"] * 60 + [_prose(rng, 40)])
-    assert check(spam, "en", cfg) == "top_ngram"
-    zh_text = "".join(rng.choice("天地玄黄宇宙洪荒日月盈昃辰宿列张寒来暑往秋收冬藏") for _ in range(300))
-    assert check(zh_text, "zh", cfg) is None
-    assert check(zh_text, "en", cfg) == "wrong_script"
-    assert check(good, "zh", cfg) == "wrong_script"
+    zh = ("他从小就住在河边的村子里，每天早上都要走很远的路去学校上课。后来村里修了一座新桥，"
+          "孩子们上学就方便多了。这是一个关于家乡和成长的故事，我们至今仍然记得那些日子。")
+    assert check(zh, "zh", cfg) is None
+    assert check(zh, "en", FilterConfig(min_chars=50)) == "language"
+    assert check(good, "zh", cfg) == "language"
+    assert check("この村は、海に向かってゆっくり流れる川のほとりにある。子どもたちは雨の日でも毎朝歩いて学校に通っていた。" * 2,
+                 "zh", cfg) == "language"
+    # a Chinese article full of Latin names stays (the model reads it as Chinese)
+    mixed = ("Windows Central是由Mobile Nations創建的科技網站。它報導、介紹並評論有關於Microsoft Windows、"
+             "Windows Phone、Xbox One與Surface等產品的新聞。網站的總部位於New York，主編為Daniel Rubino。")
+    assert check(mixed * 2, "zh", cfg) is None
 
 
-def test_script_ratio_and_top_ngram_against_reference():
+def _ref_covered(units_, lengths, starts, n):
+    covered = set()
+    for p in starts:
+        covered.update(range(p, p + n))
+    return sum(int(lengths[i]) for i in covered) / int(lengths.sum())
+
+
+def test_ngram_measures_against_plain_python():
+    """Top n-gram and repeated n-gram coverage and word variety against loops over the units; the top
+    n-gram's coverage counts each character once, so overlapping occurrences never pass 1."""
     rng = random.Random(1)
-    text = _prose(rng, 200) + " 中文字符" * 30
-    cjk = len(re.findall(r"[\u4e00-\u9fff]", text))
-    latin = len(re.findall(r"[A-Za-z]", text))
-    assert script_ratio(text, "zh") == pytest.approx(cjk / (cjk + latin))
-    words = re.findall(r"\w+", text.lower())
-    pairs = list(zip(words, words[1:]))
-    top = max(set(pairs), key=pairs.count)
-    want = pairs.count(top) * (len(top[0]) + len(top[1])) / sum(map(len, words))
-    assert top_ngram_share(text, "en") == pytest.approx(want)
+    docs = [" ".join(["a"] * 50), "x y " * 40 + "z", _prose(rng, 300), " ".join([_prose(rng, 15)] * 6) + _prose(rng, 40)]
+    f = features(docs, "en")
+    for d, top, dup, var in zip(docs, f["top_ngram_share"], f["dup_ngram_share"], f["word_variety"]):
+        u, lengths = units(d, "en")
+        grams = [tuple(u[i:i + 2]) for i in range(len(u) - 1)]
+        counts = {}
+        for g in grams:
+            counts[g] = counts.get(g, 0) + 1
+        best = max(counts.values())
+        # of tied n-grams the implementation takes the smallest hash; the coverage is the same here
+        want = max(_ref_covered(u, lengths, [i for i, g in enumerate(grams) if g == b], 2)
+                   for b in counts if counts[b] == best)
+        assert top == pytest.approx(want) and top <= 1.0
+        seen, rep = set(), []
+        for i in range(len(u) - 9):
+            g = tuple(u[i:i + 10])
+            if g in seen:
+                rep.append(i)
+            seen.add(g)
+        assert dup == pytest.approx(_ref_covered(u, lengths, rep, 10) if rep else 0.0)
+        first = [int(x) for x in u[:200]]
+        assert var == pytest.approx(len(set(first)) / len(first) if len(first) >= 30 else 1.0)
+    assert f["top_ngram_share"][0] == 1.0  # "a a a ...": every character once, not 49 overlapping counts
 
 
 def _ref_shingles(text, lang, n=5):
     if lang == "zh":
-        units = [c for c in text.lower() if not c.isspace()]
+        units = [c for c in text.lower() if c.isalnum()]
     else:
         units = re.findall(r"[^\W_]+", text.lower())
     return {tuple(units[i:i + n]) for i in range(len(units) - n + 1)}
@@ -101,6 +164,22 @@ def test_exact_key_ignores_case_and_whitespace_only():
     assert exact_key("hello world") != exact_key("hello worlds")
 
 
+def test_dedup_keys_see_through_unicode_variants():
+    """Copies that a reader cannot tell apart get the same exact key and the same shingles: full-width
+    vs ASCII punctuation and letters, CJK vs ASCII punctuation, soft hyphens and zero-width characters
+    inside words, ligatures; a changed letter still changes the key."""
+    zh = "他说：“你好！”这是ＡＢＣ１２３，也是（测试）。" * 5
+    zh_ascii = '他说:"你好!"这是ABC123,也是(测试).' * 5
+    en = "An example of a difficult word in the official text. " * 8
+    en_marked = en.replace("example", "exam\u00adple").replace("difficult", "diffi\u200ccult").replace(
+        "official", "oﬃcial").replace("word", "wo\u200brd")
+    for a, b, lang in ((zh, zh_ascii, "zh"), (en, en_marked, "en")):
+        assert exact_key(a) == exact_key(b)
+        assert np.array_equal(shingles(a, lang), shingles(b, lang))
+    assert exact_key(zh) != exact_key(zh.replace("测", "侧"))
+    assert exact_key(en) != exact_key(en.replace("word", "ward"))
+
+
 def _mixed_docs(rng, n=120):
     """Short, long, empty, spammy, mixed-script and tie-heavy documents, in one batch."""
     alphabet = "ab cΣİ中文\n\u3000é1"
@@ -120,28 +199,15 @@ def _mixed_docs(rng, n=120):
     return docs
 
 
-def _ref_top_ngram_share(text, language):
-    """One document, the n-grams counted in Python: the most frequent (ties: smallest hash), its first
-    occurrence's length in characters, times its count, over all characters of the units."""
-    n = 4 if language == "zh" else 2
-    u, lengths = units(text[:100_000], language)
-    if len(u) < n + 1:
-        return 0.0
-    g = [int(x) for x in gram_hashes(u, n)]
-    counts = {}
-    for x in g:
-        counts[x] = counts.get(x, 0) + 1
-    top = min(counts, key=lambda x: (-counts[x], x))
-    first = g.index(top)
-    return counts[top] * int(lengths[first:first + n].sum()) / int(lengths.sum())
-
-
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_batched_filters_match_one_document_at_a_time(lang):
     rng = random.Random(3)
     docs = _mixed_docs(rng)
-    assert list(top_ngram_shares(docs, lang)) == [_ref_top_ngram_share(d, lang) for d in docs]
-    assert list(script_ratios(docs, lang)) == [script_ratio(d, lang) for d in docs]
+    whole = features(docs, lang)
+    for i, d in enumerate(docs):
+        one = features([d], lang)
+        for k, v in whole.items():
+            assert v[i] == pytest.approx(one[k][0]), (k, i)
     for cfg in (FilterConfig(), FilterConfig(min_chars=0, min_chars_zh=0, max_dup_line_fraction=1.0,
                                              max_dup_paragraph_fraction=1.0)):
         want = [check(d, lang, cfg) for d in docs]
@@ -150,18 +216,30 @@ def test_batched_filters_match_one_document_at_a_time(lang):
         assert check_batch(docs[::-1], lang, cfg) == want[::-1]
 
 
-def test_exact_key_is_the_hash_of_split_and_joined_text():
-    assert all(chr(c).isspace() == bool(_ASCII_SPACE[c]) for c in range(128))
-    others = "".join(chr(c) for c in range(128, 0x110000) if chr(c).isspace())
-    assert len(_NON_ASCII_SPACE.findall(others)) == len(others)
+def test_exact_key_is_the_hash_of_the_normalised_text():
+    """exact_key against a plain-Python reference: per character NFKC, lower case, CJK punctuation to
+    ASCII, invisible characters dropped, whitespace runs as one space, xxh3 of the UTF-32LE bytes."""
+    assert sorted(c for c in range(0x110000) if chr(c).isspace()) == sorted(_SPACE_CPS.tolist())
+    cjk = {"。": ".", "、": ",", "「": '"', "」": '"', "『": '"', "』": '"', "“": '"', "”": '"', "‘": "'",
+           "’": "'", "〈": "<", "〉": ">", "《": '"', "》": '"', "【": "[", "】": "]", "〔": "(", "〕": ")",
+           "—": "-", "–": "-", "…": "."}
+    invisible = {0xAD, 0x34F, 0x180E, *range(0x200B, 0x2010), *range(0x2060, 0x2065), 0xFEFF, *range(0xFE00, 0xFE10)}
+
+    def ref(text):
+        out = []
+        for ch in text:
+            if ord(ch) in invisible:
+                continue
+            f = unicodedata.normalize("NFKC", ch)
+            out.append(cjk.get(f, f).lower())
+        return xxhash.xxh3_64_intdigest(" ".join("".join(out).split()).encode("utf-32-le"))
+
     rng = random.Random(4)
-    pieces = ["Word", "ÄÖ", "中文", " ", "  ", "\n", "\t", "\x0b", "\x0c", "\x1c", "\u3000", "\xa0", "\u2009"]
-    for _ in range(60):
-        text = "".join(rng.choice(pieces) for _ in range(rng.choice([10, 3000, 6000])))
-        if rng.random() < 0.5:  # long texts without non-ASCII spaces take the numpy path
-            text = _NON_ASCII_SPACE.sub("", text)
-        want = xxhash.xxh3_64_intdigest(" ".join(text.lower().split()).encode("utf-8"))
-        assert exact_key(text) == want
+    pieces = ["Word", "ÄÖ", "中文", " ", "  ", "\n", "\t", "\x0b", "\x0c", "\x1c", "\u3000", "\xa0", "\u2009",
+              "，", "。", "Ａ", "ﬁ", "½", "\u00ad", "\u200c", "İ", "…", "😀", "\U0002F800"]
+    for _ in range(80):
+        text = "".join(rng.choice(pieces) for _ in range(rng.choice([10, 300, 3000])))
+        assert exact_key(text) == ref(text), text[:80]
     assert exact_key(" \n" * 5000) == xxhash.xxh3_64_intdigest(b"")
 
 

@@ -18,6 +18,7 @@ from data_pipeline.prepare import prepare
 from data_pipeline.shards import read_meta
 from data_pipeline.sources import _wikiextractor_docs, Counts
 from data_pipeline.tokenizer import EOT_ID, decode
+from data_utils import english_text
 
 EN_WIKI = "train/en/wikipedia_2014_wikiextractor"
 ZH_WIKI = "train/zh/wikipedia_zh_wikiextractor"
@@ -60,7 +61,7 @@ def test_token_mix_is_two_to_one(shared_data, tmp_path):
     en = zh = 0
     for _ in range(60):  # 1800 windows; each is one source, told apart here by its script alone
         for row in ld.next_batch()["input_ids"]:
-            if _cjk_share(row.tolist()) > 0.5:
+            if _cjk_share(row.tolist()) > 0.2:  # Chinese articles keep Latin names: a low bar
                 zh += 256
             else:
                 en += 256
@@ -123,7 +124,7 @@ def test_dedup_removes_planted_duplicates(shared_data, tmp_path, num_parts):
 def test_malformed_input_is_skipped_and_counted(tmp_path, caplog):
     rng = random.Random(5)
     words = "the river ran past seven old mills where millers ground wheat for bread and sold flour".split()
-    good = [f"Document {i}: " + " ".join(rng.choice(words) for _ in range(80)) for i in range(7)]
+    good = [f"Document {i}: " + english_text(rng, 80) for i in range(7)]
     with open(tmp_path / "a.jsonl", "wb") as f:
         f.write(json.dumps({"text": good[0]}).encode() + b"\n")
         f.write(b'{"text": "unterminated\n')  # line 2: bad JSON
@@ -170,8 +171,7 @@ def test_formats_text_blocks_zstd_parquet(tmp_path):
     import pyarrow.parquet as pq
     import zstandard
     rng = random.Random(6)
-    words = "a plain text file holds paragraphs of words long enough to pass every filter we set".split()
-    docs = [f"Paragraph {i}: " + " ".join(rng.choice(words) for _ in range(60)) for i in range(9)]
+    docs = [f"Paragraph {i}: " + english_text(rng, 60) for i in range(9)]
     (tmp_path / "blocks.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(
         ("\r\n\r\n".join(docs[:3]) + "\r\n").encode()))
     pq.write_table(pa.table({"body": docs[3:6]}), tmp_path / "t.parquet")
@@ -225,8 +225,7 @@ def test_hf_datasets_streaming_source(tmp_path):
     exercises that path without a download."""
     pytest.importorskip("datasets")
     rng = random.Random(7)
-    words = "streamed records come from a hugging face dataset builder in streaming mode today".split()
-    docs = [f"Record {i}: " + " ".join(rng.choice(words) for _ in range(50)) for i in range(5)]
+    docs = [f"Record {i}: " + english_text(rng, 50) for i in range(5)]
     with open(tmp_path / "d.jsonl", "w") as f:
         for d in docs:
             f.write(json.dumps({"content": d}) + "\n")
@@ -282,8 +281,7 @@ def _hf_config(folder, docs, extra_sources=()):
 
 def _record_docs(n, seed=8):
     rng = random.Random(seed)
-    words = "streamed records come from a hugging face dataset builder in streaming mode today".split()
-    return [f"Record {i}: " + " ".join(rng.choice(words) for _ in range(50)) for i in range(n)]
+    return [f"Record {i}: " + english_text(rng, 50, marker="Streamed") for i in range(n)]
 
 
 def test_hf_relative_data_files_resolve_against_the_config(tmp_path, monkeypatch):
@@ -320,10 +318,9 @@ def test_weightless_hf_source_gets_its_share_in_streaming(tmp_path):
     is split by bytes on disk, the hf source's bytes being those of its data_files."""
     pytest.importorskip("datasets")
     rng = random.Random(9)
-    words = "plain text files are measured by their bytes on disk like any other source here".split()
     (tmp_path / "cfg").mkdir()
     with open(tmp_path / "cfg" / "t.txt", "w") as f:
-        f.write("\n\n".join("Text " + " ".join(rng.choice(words) for _ in range(60)) for _ in range(12)))
+        f.write("\n\n".join("Text " + english_text(rng, 60, marker="Plain") for _ in range(12)))
     path = _hf_config(tmp_path / "cfg", _record_docs(12), [
         {"name": "txt", "language": "en", "type": "text", "text_unit": "blank_line", "paths": ["t.txt"]}])
     ld = build_loader(str(path), 32, 8, 8)
@@ -333,5 +330,5 @@ def test_weightless_hf_source_gets_its_share_in_streaming(tmp_path):
     share = ld.weights[names.index("hub")]
     assert share == pytest.approx(hf_bytes / (hf_bytes + txt_bytes))
     rows = [decode(r.tolist()) for _ in range(8) for r in ld.next_batch()["input_ids"]]
-    from_hub = sum("Record" in r or "streamed" in r or "hugging" in r for r in rows)
+    from_hub = sum("Streamed" in r or "Record" in r for r in rows)
     assert abs(from_hub / len(rows) - share) < 0.1, (from_hub, len(rows), share)
