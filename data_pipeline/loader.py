@@ -22,7 +22,9 @@ from .mixing import assign_sources, normalise_weights
 from .shards import SourceMeta, TokenStore, read_meta
 from .tokenizer import EOT_ID
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+# the epoch permutation scheme: part of the fingerprint, so that a state never resumes on another scheme
+PERMUTATION = "feistel4-v1"
 
 
 class WindowProvider(Protocol):
@@ -36,6 +38,9 @@ class WindowProvider(Protocol):
     def window(self, source: int, index: int, seq_len: int, out: np.ndarray) -> None: ...
 
     def describe(self) -> str: ...
+
+    # optional, for providers that can seek (ShardProvider): cursors(counts, seq_len) gives where each
+    # source's stream stands after counts[i] windows, for the loader state; seek(cursors) restores it
 
 
 class ShardProvider:
@@ -56,12 +61,20 @@ class ShardProvider:
         self.weights = [float(weights.get(s.name, s.weight)) for s in srcs]
         # stream ids come from the source name, so adding or removing another source leaves its order alone
         self.stores = [TokenStore(self.root, s, seed, _stable_id(s.name)) for s in srcs]
-        self.fingerprint = _digest({"sources": [(s.name, s.tokens, s.documents) for s in srcs],
-                                    "weights": self.weights})
+        # the order digest of each source: the same documents in another order is other data
+        self.fingerprint = _digest({"sources": [(s.name, s.tokens, s.documents, s.order) for s in srcs],
+                                    "weights": self.weights, "permutation": PERMUTATION})
         self.label = meta.get("label", str(self.root))
 
     def window(self, source: int, index: int, seq_len: int, out: np.ndarray) -> None:
         self.stores[source].read(index * seq_len, seq_len + 1, out)
+
+    def cursors(self, counts: list[int], seq_len: int) -> list:
+        return [list(st.cursor_at(c * seq_len)) for st, c in zip(self.stores, counts)]
+
+    def seek(self, cursors: list) -> None:
+        for st, c in zip(self.stores, cursors):
+            st.set_cursor(c)  # an inconsistent cursor is ignored: the store then walks to the position
 
     def describe(self) -> str:
         w = normalise_weights(self.weights, self.names)
@@ -119,10 +132,13 @@ class Loader:
             yield self.next_batch()
 
     def state_dict(self) -> dict:
+        """A few integers per source, the same on every rank: position at the start of the current step
+        and, for prepared data, each source's cursor there (so a resume seeks without walking)."""
+        cursors = self.provider.cursors(self.counts, self.seq_len) if hasattr(self.provider, "cursors") else None
         return {"version": STATE_VERSION, "fingerprint": self.provider.fingerprint, "seed": self.seed,
                 "seq_len": self.seq_len, "samples": self.samples, "counts": list(self.counts),
                 "micro": self.micro, "global_batch": self.global_batch, "micro_batch": self.micro_batch,
-                "world_size": self.world_size}
+                "world_size": self.world_size, "cursors": cursors}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != STATE_VERSION:
@@ -130,8 +146,11 @@ class Loader:
         for key, mine in (("fingerprint", self.provider.fingerprint), ("seed", self.seed),
                           ("seq_len", self.seq_len)):
             if state[key] != mine:
+                what = ("the data, its document order or the permutation scheme differ"
+                        if key == "fingerprint" else "")
                 raise ValueError(f"loader state was saved with {key}={state[key]!r} but this loader has "
-                                 f"{mine!r}: resume with the same data, seed and seq_len")
+                                 f"{mine!r}{': ' + what if what else ''}; resume with the same data, seed "
+                                 f"and seq_len")
         if len(state["counts"]) != len(self.counts) or sum(state["counts"]) != state["samples"]:
             raise ValueError("loader state is inconsistent (per-source counts do not add up)")
         if state["micro"] and (state["world_size"], state["global_batch"], state["micro_batch"]) != \
@@ -140,6 +159,8 @@ class Loader:
                              "resumed with the same world size, global batch and micro batch")
         self.samples = int(state["samples"])
         self.counts = [int(c) for c in state["counts"]]
+        if state.get("cursors") and hasattr(self.provider, "seek"):
+            self.provider.seek(state["cursors"])
         self.micro = 0
         if state["micro"]:
             self._start_step()

@@ -32,7 +32,7 @@ import numpy as np
 from .config import DataConfig, SourceConfig, source_weights
 from .dedup import MinHasher, exact_keys, keyed_batch, near_duplicates, shingles_batch
 from .filters import FILTER_NAMES, check_batch, clean, prepare_tables
-from .shards import ShardWriter, SourceMeta, write_meta
+from .shards import ShardWriter, SourceMeta, order_digest, write_meta
 from .sources import Counts, iter_file, iter_source
 from .tokenizer import encode_document_array, get_tokenizer
 
@@ -305,29 +305,33 @@ def merge(cfg: DataConfig, out: Path) -> dict:
         metas = []
         for si, src in enumerate(cfg.sources):
             sel = np.nonzero(mask & (t["source"] == si))[0]
-            sel = sel[np.argsort(t["keys"][sel], kind="stable")]
-            entries, docs_n, tok_n = [], 0, 0
-            for (p, sh), idx in _group(sel, t["part"], t["shard"]).items():
-                stem = part_shards[(p, si)][sh]
-                rows = doc_tables[stem][t["row"][idx]]
-                (out / split / src.name).mkdir(parents=True, exist_ok=True)
-                rel = f"{src.name}/{Path(stem).name}.docs.npy"
-                np.save(out / split / rel, rows)
-                entries.append({"tokens": f"../tokens/{stem}.tokens.bin", "docs": rel})
-                docs_n += len(rows)
-                tok_n += int(rows[:, 1].sum())
-            metas.append(SourceMeta(src.name, src.language, w.get(src.name, 0.0), entries, docs_n, tok_n))
+            sel = sel[np.argsort(t["keys"][sel], kind="stable")]  # the global order, whatever the parts
+            metas.append(_write_index(out, split, src, w.get(src.name, 0.0), sel, t, part_shards, doc_tables, si))
         write_meta(out / split, metas, {"label": f"{cfg.name} [{split}]", "config_fingerprint": cfg.fingerprint()})
     stats = _stats(cfg, parts, t, drop_exact, drop_near, keep, is_val, lengths, weights["train"], time.time() - t0)
     (out / "stats.json").write_text(json.dumps(stats, indent=1))
     return stats
 
 
-def _group(sel: np.ndarray, part: np.ndarray, shard: np.ndarray) -> dict:
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i in sel:
-        groups.setdefault((int(part[i]), int(shard[i])), []).append(int(i))
-    return {k: np.asarray(v, np.int64) for k, v in groups.items()}
+def _write_index(out: Path, split: str, src, weight: float, sel: np.ndarray, t: dict, part_shards: dict,
+                 doc_tables: dict, si: int) -> SourceMeta:
+    """A source's index for one split: its documents `sel` (in global order) as offsets into all of the
+    source's token files laid end to end (every part's, sorted by name)."""
+    stems = sorted(stem for (p, s_), lst in part_shards.items() if s_ == si for stem in lst)
+    sizes = [(out / "tokens" / f"{stem}.tokens.bin").stat().st_size // 4 for stem in stems]
+    file_no = {stem: k for k, stem in enumerate(stems)}
+    file_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    rows = np.zeros((len(sel), 2), np.int64)
+    for j, i in enumerate(sel):
+        stem = part_shards[(int(t["part"][i]), si)][int(t["shard"][i])]
+        off, length = doc_tables[stem][t["row"][i]]
+        rows[j] = (file_start[file_no[stem]] + off, length)
+    (out / split).mkdir(parents=True, exist_ok=True)
+    name = f"{src.name}.index.npy"
+    np.save(out / split / name, rows)
+    return SourceMeta(src.name, src.language, weight, [], len(rows), int(rows[:, 1].sum()),
+                      [f"../tokens/{stem}.tokens.bin" for stem in stems], sizes, name,
+                      order_digest(t["keys"][sel], rows[:, 1]))
 
 
 def _stats(cfg, parts, t, drop_exact, drop_near, keep, is_val, lengths, weights, merge_s) -> dict:

@@ -3,19 +3,26 @@
 Layout of one split of a prepared dataset:
 
     SPLIT/meta.json             format version, tokenizer, sources: name, language, weight, documents,
-                                tokens, shards = [{"tokens": path, "docs": path}] relative to SPLIT
-    <shard>.tokens.bin          uint32 token ids, documents back to back, each ending in <|endoftext|>
-    <shard>.docs.npy            int64 [n_docs, 2]: (offset, length) of each document in its token file
+                                tokens, token_files (paths relative to SPLIT), index, order
+    SPLIT/<source>.index.npy    int64 [documents, 2]: (offset, length) of each document, the offset into
+                                the source's token files laid end to end in the listed order
+    <token file>.tokens.bin     uint32 token ids, documents back to back, each ending in <|endoftext|>
 
-A docs index may list a subset of its token file's documents: prepare_data writes the tokens once and
-the train and val indexes (after dedup) point into the same files. Source and language are per source
-(in meta.json) rather than per document: every document of a source shares them, and this keeps the
-index at 16 bytes a document.
+The index lists a source's documents in the corpus's global order (source, file, document in file), so
+it is the same whatever the number of prepare parts, and the loader's epoch permutations (of index
+positions) give the same sample stream. `order` is a digest of that order (documents' global keys and
+lengths), which the loader's state carries: a state never resumes on another order. An index may list
+a subset of its token files' documents: prepare writes the tokens once and the train and val indexes
+(after dedup) point into the same files. Source and language are per source (in meta.json): every
+document of a source shares them, and this keeps the index at 16 bytes a document; the loader
+memory-maps it (the ranks of a node share the pages), never copies it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,8 +30,9 @@ import numpy as np
 
 from .tokenizer import ENCODING_NAME, EOT_ID
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 TOKEN_DTYPE = np.uint32
+OPEN_TOKEN_FILES = 64  # memory maps a store keeps open (each holds a file descriptor)
 
 
 @dataclass
@@ -32,9 +40,13 @@ class SourceMeta:
     name: str
     language: str
     weight: float
-    shards: list[dict] = field(default_factory=list)  # {"tokens": path, "docs": path}, relative to the split
+    shards: list[dict] = field(default_factory=list)  # writer entries; write_meta turns them into an index
     documents: int = 0
     tokens: int = 0
+    token_files: list[str] = field(default_factory=list)  # relative to the split
+    token_file_tokens: list[int] = field(default_factory=list)  # size of each, in tokens
+    index: str = ""  # relative to the split
+    order: str = ""  # digest of the document order
 
 
 class ShardWriter:
@@ -98,13 +110,47 @@ class ShardWriter:
 
 
 def write_meta(root: Path, sources: list[SourceMeta], extra: dict | None = None) -> None:
+    """meta.json of a split (written last: its presence marks a complete split). A source given as
+    writer `shards` (ShardWriter.shard_entries(), paths relative to root) gets its index built here,
+    its documents in the writers' order."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    out = []
+    for s in sources:
+        if s.shards and not s.index:
+            s = _index_from_shards(root, s)
+        d = {k: v for k, v in vars(s).items() if k != "shards"}
+        out.append(d)
     meta = {"format_version": FORMAT_VERSION, "tokenizer": ENCODING_NAME, "eot_id": EOT_ID,
-            "token_dtype": "uint32", "sources": [vars(s) for s in sources]}
+            "token_dtype": "uint32", "sources": out}
     meta.update(extra or {})
-    Path(root).mkdir(parents=True, exist_ok=True)
-    tmp = Path(root) / "meta.json.tmp"
+    tmp = root / "meta.json.tmp"
     tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, Path(root) / "meta.json")  # meta.json last: its presence marks a complete dataset
+    os.replace(tmp, root / "meta.json")
+
+
+def _index_from_shards(root: Path, s: SourceMeta) -> SourceMeta:
+    files, sizes, parts, base = [], [], [], 0
+    for sh in s.shards:
+        docs = np.load(root / sh["docs"]).reshape(-1, 2)
+        size = (root / sh["tokens"]).stat().st_size // 4
+        files.append(sh["tokens"])
+        sizes.append(size)
+        parts.append(docs + np.array([base, 0]))
+        base += size
+    index = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
+    name = f"{s.name}.index.npy"
+    np.save(root / name, index.astype(np.int64))
+    return SourceMeta(s.name, s.language, s.weight, [], len(index), int(index[:, 1].sum()), files, sizes, name,
+                      order_digest(np.arange(len(index)), index[:, 1]))
+
+
+def order_digest(keys: np.ndarray, lengths: np.ndarray) -> str:
+    """Digest of a document order: the documents' global keys and token counts, in index order."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(keys, dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
 
 
 def read_meta(root: Path) -> dict:
@@ -121,58 +167,143 @@ def read_meta(root: Path) -> dict:
     return meta
 
 
-class TokenStore:
-    """All documents of one source, memory-mapped, read as an endless stream of epochs.
+def documents(split_dir: Path, source: str):
+    """The token arrays of a source's documents in index order (each ending in <|endoftext|>): for
+    inspection and tests; training reads through TokenStore."""
+    split_dir = Path(split_dir)
+    meta = next(s for s in read_meta(split_dir)["sources"] if s["name"] == source)
+    index = np.load(split_dir / meta["index"], mmap_mode="r")
+    tokens = np.concatenate([np.fromfile(split_dir / f, dtype=TOKEN_DTYPE) for f in meta["token_files"]]
+                            or [np.zeros(0, TOKEN_DTYPE)])
+    for off, n in index:
+        yield tokens[off:off + n]
 
-    Epoch e is every document once, in a permutation seeded by (seed, source, e); the stream is the
-    concatenation of epochs, so position p of the stream is a pure function of (seed, p)."""
+
+class TokenStore:
+    """All documents of one source, read as an endless stream of epochs without holding anything per
+    document in memory: the index is memory-mapped, and epoch e is the index positions in the order of
+    a seeded bijection of [0, documents) (feistel_permutation; no shuffle array), so position p of
+    the stream is a pure function of (seed, p).
+
+    A cursor (epoch, position in the epoch, stream offset of that document's start) moves forward
+    over the documents' lengths as windows are read; reading behind it walks again from the start of
+    that epoch. cursor_at() gives the cursor of any later offset, which the loader's state keeps, so
+    that a resume seeks at once instead of walking an epoch."""
+
+    WALK = 8192  # documents whose lengths are looked up per step of a walk
 
     def __init__(self, root: Path, meta: SourceMeta, seed: int, stream_id: int):
         self.meta = meta
-        root = Path(root)
-        self.files = []
-        shard_of, offsets, lengths = [], [], []
-        for k, shard in enumerate(meta.shards):
-            docs = np.load(root / shard["docs"]).reshape(-1, 2)
-            path = root / shard["tokens"]
-            size = path.stat().st_size // 4
-            self.files.append(np.memmap(path, dtype=TOKEN_DTYPE, mode="r", shape=(size,))
-                              if size else np.zeros(0, TOKEN_DTYPE))
-            shard_of.append(np.full(len(docs), k, dtype=np.int32))
-            offsets.append(docs[:, 0])
-            lengths.append(docs[:, 1])
-        self.doc_shard = np.concatenate(shard_of) if shard_of else np.zeros(0, np.int32)
-        self.doc_offset = np.concatenate(offsets) if offsets else np.zeros(0, np.int64)
-        self.doc_len = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        self.total = int(self.doc_len.sum())
-        if self.total == 0:
+        self.root = Path(root)
+        if not meta.index:
+            raise ValueError(f"source {meta.name!r} in {root} has no index (format {FORMAT_VERSION} needed)")
+        self.index = np.load(self.root / meta.index, mmap_mode="r")
+        if self.index.ndim != 2 or self.index.shape[1] != 2 or len(self.index) != meta.documents:
+            raise ValueError(f"{self.root / meta.index}: expected int64 [{meta.documents}, 2], "
+                             f"found {self.index.shape}; the dataset is damaged, prepare it again")
+        self.n = int(meta.documents)
+        self.total = int(meta.tokens)
+        if self.total == 0 or self.n == 0:
             raise ValueError(f"source {meta.name!r} in {root} holds no tokens")
+        self.file_start = np.concatenate([[0], np.cumsum(meta.token_file_tokens)]).astype(np.int64)
+        self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
         self.seed, self.stream_id = seed, stream_id
-        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.cursor = (0, 0, 0)  # (epoch, position in epoch, stream offset of that document)
 
-    def _epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
-        if e not in self._epochs:
-            if len(self._epochs) >= 2:
-                self._epochs.pop(min(self._epochs))
-            perm = np.random.default_rng([self.seed, self.stream_id, e]).permutation(len(self.doc_len))
-            cum = np.zeros(len(perm) + 1, dtype=np.int64)
-            np.cumsum(self.doc_len[perm], out=cum[1:])
-            self._epochs[e] = (perm, cum)
-        return self._epochs[e]
+    def docs_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """Index rows (documents) at the given positions of an epoch."""
+        return feistel_permutation(positions, self.n, (self.seed, self.stream_id, epoch))
+
+    def _file(self, k: int) -> np.ndarray:
+        m = self._maps.get(k)
+        if m is None:
+            if len(self._maps) >= OPEN_TOKEN_FILES:
+                self._maps.popitem(last=False)
+            path = self.root / self.meta.token_files[k]
+            m = np.memmap(path, dtype=TOKEN_DTYPE, mode="r", shape=(int(self.meta.token_file_tokens[k]),))
+            self._maps[k] = m
+        else:
+            self._maps.move_to_end(k)
+        return m
+
+    def cursor_at(self, pos: int) -> tuple[int, int, int]:
+        """The cursor of the document holding stream offset pos (moving this store's cursor there)."""
+        e, i, start = self.cursor
+        if pos < start or pos >= (e + 1) * self.total:
+            e = pos // self.total
+            i, start = 0, e * self.total  # walk from the start of that epoch
+        while True:
+            if i >= self.n:
+                e, i = e + 1, 0
+                continue
+            pos_block = np.arange(i, min(i + self.WALK, self.n))
+            lens = self.index[self.docs_at(e, pos_block), 1]
+            ends = start + np.cumsum(lens)
+            k = int(np.searchsorted(ends, pos, side="right"))
+            if k < len(pos_block):
+                self.cursor = (e, i + k, int(ends[k] - lens[k]))
+                return self.cursor
+            i, start = i + len(pos_block), int(ends[-1])
+
+    def set_cursor(self, cursor) -> bool:
+        """Adopt a saved cursor if it is consistent with this index (its document's span is in the
+        epoch); False (and nothing changed) otherwise."""
+        e, i, start = (int(x) for x in cursor)
+        if not (0 <= i < self.n and e >= 0 and e * self.total <= start < (e + 1) * self.total):
+            return False
+        length = int(self.index[int(self.docs_at(e, np.array([i]))[0]), 1])
+        if start + length > (e + 1) * self.total:
+            return False
+        self.cursor = (e, i, start)
+        return True
 
     def read(self, pos: int, n: int, out: np.ndarray) -> None:
         """Copy stream positions [pos, pos+n) into out[:n]."""
+        e, i, start = self.cursor_at(pos)
         done = 0
+        docs, first = np.zeros(0, np.int64), i
         while done < n:
-            e, off = divmod(pos + done, self.total)
-            perm, cum = self._epoch(e)
-            i = int(np.searchsorted(cum, off, side="right")) - 1
-            while done < n and i < len(perm):
-                d = perm[i]
-                start = off - cum[i]
-                take = min(n - done, int(self.doc_len[d] - start))
-                base = self.doc_offset[d] + start
-                out[done:done + take] = self.files[self.doc_shard[d]][base:base + take]
-                done += take
-                off += take
+            if i >= self.n:
+                e, i = e + 1, 0
+                docs, first = np.zeros(0, np.int64), 0
+            if i - first >= len(docs):  # the next few documents of the epoch in one call
+                first = i
+                docs = self.docs_at(e, np.arange(i, min(i + 64, self.n)))
+            off, length = (int(x) for x in self.index[int(docs[i - first])])
+            skip = pos + done - start
+            take = min(n - done, length - skip)
+            k = int(np.searchsorted(self.file_start, off, side="right")) - 1
+            local = off - self.file_start[k] + skip
+            out[done:done + take] = self._file(k)[local:local + take]
+            done += take
+            if skip + take == length:
+                start += length
                 i += 1
+
+
+def feistel_permutation(x: np.ndarray, n: int, key: tuple[int, ...], rounds: int = 4) -> np.ndarray:
+    """A seeded bijection of [0, n) evaluated at x (any shape): a balanced 4-round Feistel network (a
+    pseudo-random permutation, Luby-Rackoff) over the smallest even number of bits covering n, with
+    cycle-walking for values that land outside [0, n). Round function: multiplicative hashing of the
+    right half xor a round key. A dozen vector operations per call, no memory per element of [0, n)."""
+    x = np.asarray(x, dtype=np.uint64)
+    half = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half) - 1)
+    shift = np.uint64(64 - half)
+    seed = int.from_bytes(hashlib.sha256(repr(key).encode()).digest(), "little")
+    keys = [np.uint64((seed >> (64 * r)) & 0xFFFFFFFFFFFFFFFF) for r in range(rounds)]
+    mult = np.uint64(0x9E3779B97F4A7C15)
+
+    def once(v):
+        left, right = v >> np.uint64(half), v & mask
+        with np.errstate(over="ignore"):
+            for k in keys:
+                left, right = right, left ^ (((right ^ k) * mult) >> shift)
+        return (left << np.uint64(half)) | right
+
+    out = once(x)
+    bad = out >= np.uint64(n)
+    while bad.any():  # cycle-walking: apply again until inside the domain (expected < 4 times)
+        out[bad] = once(out[bad])
+        bad = out >= np.uint64(n)
+    return out.astype(np.int64)

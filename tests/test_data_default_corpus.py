@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from data_pipeline import build_loader, default_corpus
-from data_pipeline.shards import read_meta
+from data_pipeline.shards import documents, read_meta
 from data_pipeline.tokenizer import EOT_ID, decode
 
 
@@ -21,14 +21,10 @@ def corpus(tmp_path_factory):
 
 
 def _docs(split_dir, source):
-    meta = read_meta(split_dir)
-    src = next(s for s in meta["sources"] if s["name"] == source)
     texts = []
-    for shard in src["shards"]:
-        toks = np.fromfile(split_dir / shard["tokens"], dtype=np.uint32)
-        for off, n in np.load(split_dir / shard["docs"]):
-            assert toks[off + n - 1] == EOT_ID
-            texts.append(decode(toks[off:off + n - 1].tolist()))
+    for toks in documents(split_dir, source):
+        assert toks[-1] == EOT_ID
+        texts.append(decode(toks[:-1].tolist()))
     return texts
 
 

@@ -15,7 +15,7 @@ from data_pipeline.config import parse_data_config
 from data_pipeline.config import FilterConfig
 from data_pipeline.filters import check, clean
 from data_pipeline.prepare import prepare
-from data_pipeline.shards import read_meta
+from data_pipeline.shards import documents, read_meta
 from data_pipeline.sources import _wikiextractor_docs, Counts
 from data_pipeline.tokenizer import EOT_ID, decode
 from data_utils import english_text
@@ -34,11 +34,9 @@ def _wiki_docs(path, min_len, n, language="en"):
 def _output_docs(split_dir):
     out = {}
     for s in read_meta(split_dir)["sources"]:
-        for sh in s["shards"]:
-            toks = np.fromfile(split_dir / sh["tokens"], dtype=np.uint32)
-            for off, n in np.load(split_dir / sh["docs"]):
-                assert toks[off + n - 1] == EOT_ID
-                out.setdefault(s["name"], []).append(decode(toks[off:off + n - 1].tolist()))
+        for toks in documents(split_dir, s["name"]):
+            assert toks[-1] == EOT_ID
+            out.setdefault(s["name"], []).append(decode(toks[:-1].tolist()))
     return out
 
 
@@ -332,3 +330,47 @@ def test_weightless_hf_source_gets_its_share_in_streaming(tmp_path):
     rows = [decode(r.tolist()) for _ in range(8) for r in ld.next_batch()["input_ids"]]
     from_hub = sum("Streamed" in r or "Record" in r for r in rows)
     assert abs(from_hub / len(rows) - share) < 0.1, (from_hub, len(rows), share)
+
+
+def test_sample_order_independent_of_the_number_of_parts(shared_data, tmp_path):
+    """The same corpus prepared with 1, 2 and 3 parts gives the same sample stream; a loader state of
+    one resumes on another; a corpus whose document order differs (its files renamed) is refused."""
+    src = tmp_path / "src"
+    src.mkdir()
+    names = ["AA_wiki_07", "AA_wiki_08", "AA_wiki_09"]
+    for name in names:
+        (src / f"{name}.txt.gz").write_bytes((shared_data / EN_WIKI / f"{name}.txt.gz").read_bytes())
+    for name in ("yecao", "refeng"):
+        (src / f"zh_{name}.txt.gz").write_bytes((shared_data / "train/zh/luxun" / f"{name}.txt.gz").read_bytes())
+
+    def config(folder):
+        return parse_data_config({"name": "p", "val_fraction": 0.05, "shard_tokens": 100_000, "sources": [
+            {"name": "en", "language": "en", "type": "wikiextractor", "paths": [str(folder / "AA_*.txt.gz")]},
+            {"name": "zh", "language": "zh", "type": "text", "paths": [str(folder / "zh_*.txt.gz")]}]})
+
+    streams, states = {}, {}
+    for parts in (1, 2, 3):
+        out = tmp_path / f"p{parts}"
+        for p in range(parts):
+            prepare(config(src), out, workers=1, part=p, num_parts=parts, do_merge=p == parts - 1, progress=False)
+        ld = build_loader(str(out), 64, 16, 16)
+        streams[parts] = torch.cat([ld.next_batch()["input_ids"] for _ in range(12)])
+        states[parts] = ld.state_dict()
+    assert torch.equal(streams[1], streams[2]) and torch.equal(streams[1], streams[3])
+    # a state of the one-part output continues the three-part one exactly
+    ref = build_loader(str(tmp_path / "p1"), 64, 16, 16)
+    ref.load_state_dict(states[1])
+    other = build_loader(str(tmp_path / "p3"), 64, 16, 8, rank=1, world_size=2)
+    other.load_state_dict(states[1])
+    want = ref.next_batch()["input_ids"]
+    assert torch.equal(other.next_batch()["input_ids"], want[8:])
+    # the same documents in another order (files sorted differently): the state is refused
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for k, name in enumerate(reversed(names)):
+        (moved / f"AA_{k}.txt.gz").write_bytes((src / f"{name}.txt.gz").read_bytes())
+    for name in ("yecao", "refeng"):
+        (moved / f"zh_{name}.txt.gz").write_bytes((src / f"zh_{name}.txt.gz").read_bytes())
+    prepare(config(moved), tmp_path / "moved_ds", workers=1, progress=False)
+    with pytest.raises(ValueError, match="order"):
+        build_loader(str(tmp_path / "moved_ds"), 64, 16, 16).load_state_dict(states[1])
