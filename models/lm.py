@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from models.config import ModelConfig
@@ -38,6 +39,9 @@ class InferenceCache:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+AC_MODES = ("none", "mlp", "full")  # what an activation-checkpointed block recomputes in its backward
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -45,10 +49,28 @@ class Block(nn.Module):
         self.token_mixer = TOKEN_MIXERS[cfg.arch](cfg, layer)
         self.channel_norm = Norm(cfg.d_model, cfg.norm_type, cfg.norm_eps)
         self.channel_mixer = channel_mixer(cfg)
+        # activation checkpointing (set by LanguageModel.set_activation_checkpointing): 'full' keeps only
+        # the block's input and recomputes the block; 'mlp' recomputes the channel mixer and its norm (the
+        # GLU's two [tokens, g] intermediates and their product, the largest activations of a block)
+        self.recompute = "none"
 
     def forward(self, x: Tensor, **mixer_kwargs) -> Tensor:
+        if self.recompute == "full" and self._checkpointing(mixer_kwargs):
+            return torch.utils.checkpoint.checkpoint(self._forward, x, use_reentrant=False, **mixer_kwargs)
+        return self._forward(x, **mixer_kwargs)
+
+    def _forward(self, x: Tensor, **mixer_kwargs) -> Tensor:
         x = x + self.token_mixer(self.mixer_norm(x), **mixer_kwargs)
-        return x + self.channel_mixer(self.channel_norm(x))
+        if self.recompute == "mlp" and self._checkpointing(mixer_kwargs):
+            return x + torch.utils.checkpoint.checkpoint(self._channel, x, use_reentrant=False)
+        return x + self._channel(x)
+
+    def _channel(self, x: Tensor) -> Tensor:
+        return self.channel_mixer(self.channel_norm(x))
+
+    def _checkpointing(self, mixer_kwargs: dict) -> bool:
+        # training only, and never while decoding (the inference cache is written during the forward)
+        return self.training and torch.is_grad_enabled() and mixer_kwargs.get("state") is None
 
 
 class LanguageModel(nn.Module):
@@ -60,8 +82,31 @@ class LanguageModel(nn.Module):
         self.lower_bounds = HgrnLowerBounds(cfg.n_layers, cfg.d_model) if cfg.arch == "hgrn2" else None
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.final_norm = Norm(cfg.d_model, cfg.norm_type, cfg.norm_eps)
-        self.gradient_checkpointing = False
         self.init_weights()
+
+    # -- activation checkpointing -------------------------------------------------------------------
+    def set_activation_checkpointing(self, mode: str, fraction: float = 1.0) -> list[int]:
+        """Recompute activations in the backward instead of keeping them. `mode` (AC_MODES): 'none',
+        'mlp' (each chosen block recomputes its channel mixer) or 'full' (each chosen block keeps only its
+        input and recomputes itself); `fraction` of the blocks is chosen, spread evenly over the depth
+        (0.5: every second block). Returns the indices of the checkpointed blocks."""
+        if mode not in AC_MODES:
+            raise ValueError(f"activation checkpointing {mode!r}; choose from {', '.join(AC_MODES)}")
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"activation-checkpointing fraction must lie in [0, 1], got {fraction}")
+        n = len(self.blocks)
+        chosen = [] if mode == "none" else [i for i in range(n) if math.floor((i + 1) * fraction) > math.floor(i * fraction)]
+        for i, block in enumerate(self.blocks):
+            block.recompute = mode if i in chosen else "none"
+        return chosen
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return any(b.recompute != "none" for b in self.blocks)
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, on: bool) -> None:  # the usual switch: every block, fully
+        self.set_activation_checkpointing("full" if on else "none")
 
     # -- init ---------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -103,15 +148,18 @@ class LanguageModel(nn.Module):
         extra = {}
         if self.lower_bounds is not None:
             betas = self.lower_bounds()
+        if cfg.arch == "tnl":
+            # the per-layer decays enter each block as a tensor, not as Python constants baked into its
+            # code, so that all blocks share one compiled graph (TrainModule.compile compiles per block)
+            decays = torch.tensor([b.token_mixer.decays for b in self.blocks], dtype=torch.float32,
+                                  device=x.device)
         for i, block in enumerate(self.blocks):
             if self.lower_bounds is not None:
                 extra["lower_bound"] = betas[i]
+            if cfg.arch == "tnl":
+                extra["decay"] = decays[i]
             state = None if cache is None else cache.layers[i]
-            if self.gradient_checkpointing and self.training and cache is None:
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, state=state, pos=pos,
-                                                      cu_seqlens=cu_seqlens, **extra)
-            else:
-                x = block(x, state=state, pos=pos, cu_seqlens=cu_seqlens, **extra)
+            x = block(x, state=state, pos=pos, cu_seqlens=cu_seqlens, **extra)
         if cache is not None:
             cache.pos += input_ids.shape[1]
         return self.final_norm(x)

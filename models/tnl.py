@@ -50,11 +50,15 @@ class TnlTokenMixer(nn.Module):
         # a Python constant, not a buffer: a bf16 cast of the module must not round 0.99998 to 1.0
         self.decays = tnl_decays(cfg.n_heads, layer, cfg.n_layers, cfg.tnl_decay_schedule)
 
-    def forward(self, x: Tensor, state: dict | None = None, cu_seqlens: Tensor | None = None, **_) -> Tensor:
+    def forward(self, x: Tensor, state: dict | None = None, cu_seqlens: Tensor | None = None,
+                decay: Tensor | None = None, **_) -> Tensor:
+        """`decay`: this layer's lambdas as an fp32 tensor [h] (the language model passes them in, so that
+        every block runs the same compiled graph); built from `self.decays` when not given."""
         q = split_heads(F.silu(self.q_proj(x)), self.n_heads)
         k = split_heads(F.silu(self.k_proj(x)), self.n_heads)
         v = split_heads(self.v_proj(x), self.n_heads)
-        decay = torch.tensor(self.decays, dtype=torch.float32, device=x.device)
+        if decay is None:
+            decay = torch.tensor(self.decays, dtype=torch.float32, device=x.device)
         h0 = None if state is None else state.get("S")
         o, S = lightning_attn(q, k, v, decay, initial_state=h0, output_final_state=True,
                               cu_seqlens=cu_seqlens, check_values=False)

@@ -1,71 +1,132 @@
 """Cross-entropy fused with the LM head, chunked over tokens.
 
-With v = 100,280 the logits of one 8192-token sequence are 3.3 GB in fp32; this op never holds more
-than `chunk_size` rows of them. The backward recomputes each chunk's logits rather than storing them
-(one extra head matmul, the usual trade)."""
+With v = 100,280 the logits of one 8192-token sequence are 3.3 GB in fp32; this op never holds more than
+`chunk_size` rows of them. The gradient is computed in the forward pass, chunk by chunk, while each
+chunk's logits are at hand (the loss is the last node of the graph, so its gradient is known up to the
+scalar that reaches the backward): per chunk one head matmul for the logits, one softmax pass that turns
+them into their gradient in place (`ops.triton_cross_entropy` on CUDA, its plain-PyTorch twin
+`_ce_rows_torch` elsewhere), and the two matmuls of the gradients. The backward only scales the stored
+gradients. Three head matmuls instead of the four of a recomputing backward.
+
+The op is a `torch.library` custom op, so torch.compile keeps it as one opaque node. Traced as plain
+tensor code instead, Inductor fused the unrolled chunk loop into one kernel over all N rows that gathered
+each row's target logit from its chunk at the address `V*row - V*chunk_start + target`, computed in int32
+because every single buffer is below 2^31 elements: from N*V >= 2^31 on (N = 21,414 rows at v = 100,280),
+an illegal memory access (and it held every chunk's logits alive at once). docs/training.md has the
+details and a plain-PyTorch reproducer.
+"""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+try:
+    from ops.triton_cross_entropy import ce_rows_triton
+except ImportError:  # Triton is optional
+    ce_rows_triton = None
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk_size: int):
+
+def _ce_rows_torch(logits: Tensor, targets: Tensor, scale: Tensor, ignore_index: int,
+                   write_grad: bool) -> tuple[Tensor, Tensor]:
+    """The plain-PyTorch twin of `ops.triton_cross_entropy.ce_rows_triton` (same contract)."""
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    x = logits.to(acc)
+    lse = torch.logsumexp(x, dim=-1)
+    valid = targets != ignore_index
+    safe_t = torch.where(valid, targets, torch.zeros_like(targets))
+    tgt = x.gather(1, safe_t[:, None]).squeeze(1)
+    if write_grad:
+        g = (x - lse[:, None]).exp_()
+        g.scatter_add_(1, safe_t[:, None], -torch.ones_like(g[:, :1]))
+        g.mul_((valid.to(acc) * scale.to(acc))[:, None])
+        logits.copy_(g)
+    return lse, tgt
+
+
+def _rows_impl(logits: Tensor):
+    if logits.is_cuda and ce_rows_triton is not None and logits.dtype != torch.float64:
+        return ce_rows_triton
+    return _ce_rows_torch
+
+
+@torch.library.custom_op("linscale::linear_cross_entropy", mutates_args=())
+def _linear_ce(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk_size: int,
+               compute_dtype: torch.dtype, with_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Mean loss (0-dim, fp32; fp64 for fp64 compute), and with `with_grad` its gradients with respect to
+    `hidden` (hidden's dtype) and `weight` (weight's dtype; summed over chunks in fp32); empty otherwise."""
+    with torch.autocast(hidden.device.type, enabled=False):  # every cast here is explicit
         n = hidden.shape[0]
-        w = weight.to(hidden.dtype)
-        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-        lse = torch.empty(n, dtype=acc, device=hidden.device)
-        target_logit = torch.zeros(n, dtype=acc, device=hidden.device)
+        acc = torch.float64 if compute_dtype == torch.float64 else torch.float32
+        w = weight.to(compute_dtype)
         valid = targets != ignore_index
-        safe_t = torch.where(valid, targets, torch.zeros_like(targets))
-        for s in range(0, n, chunk_size):
-            logits = (hidden[s:s + chunk_size] @ w.t()).to(acc)
-            lse[s:s + chunk_size] = torch.logsumexp(logits, dim=-1)
-            target_logit[s:s + chunk_size] = logits.gather(1, safe_t[s:s + chunk_size, None]).squeeze(1)
         n_valid = valid.sum().clamp(min=1)
-        loss = ((lse - target_logit) * valid).sum() / n_valid
-        ctx.save_for_backward(hidden, weight, safe_t, valid, lse, n_valid)
-        ctx.chunk_size = chunk_size
-        # the backward runs outside autocast; without this its three head matmuls per chunk would run on
-        # the fp32 hidden state in fp32 (measured: a quarter of an eager HGRN2 410m micro-step on an H200)
-        dev = hidden.device.type
-        ctx.amp = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
-        return loss
+        scale = (1.0 / n_valid.to(acc)).reshape(1)
+        rows = _rows_impl(hidden)
+        loss = torch.zeros((), dtype=acc, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if with_grad else hidden.new_empty(0)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if with_grad else weight.new_empty(0)
+        for s in range(0, n, chunk_size):
+            h = hidden[s:s + chunk_size].to(compute_dtype)
+            logits = h @ w.t()                       # [rows, V] in the compute dtype
+            t = targets[s:s + chunk_size]
+            lse, tgt = rows(logits, t, scale, ignore_index, with_grad)
+            loss += ((lse - tgt) * valid[s:s + chunk_size]).sum(dtype=acc)
+            if with_grad:                            # `logits` now holds d(mean loss)/d(logits)
+                grad_hidden[s:s + chunk_size] = logits @ w
+                grad_w += (logits.t() @ h).to(acc)
+        loss = loss / n_valid.to(acc)
+    return loss, grad_hidden, grad_w.to(weight.dtype) if with_grad else grad_w
 
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor):
-        dev, enabled, dtype = ctx.amp
-        with torch.autocast(dev, dtype=dtype, enabled=enabled):  # the forward's autocast state
-            return _LinearCrossEntropy._backward(ctx, grad_loss)
 
-    @staticmethod
-    def _backward(ctx, grad_loss: Tensor):
-        hidden, weight, safe_t, valid, lse, n_valid = ctx.saved_tensors
-        w = weight.to(hidden.dtype)
-        grad_hidden = torch.empty_like(hidden)
-        acc = lse.dtype
-        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
-        scale = (grad_loss / n_valid).to(acc)
-        cs = ctx.chunk_size
-        for s in range(0, hidden.shape[0], cs):
-            h = hidden[s:s + cs]
-            p = ((h @ w.t()).to(acc) - lse[s:s + cs, None]).exp()
-            p.scatter_add_(1, safe_t[s:s + cs, None], -torch.ones_like(p[:, :1]))
-            p = p * (valid[s:s + cs, None] * scale)
-            g = p.to(hidden.dtype)
-            grad_hidden[s:s + cs] = g @ w
-            grad_weight += (g.t() @ h).to(acc)
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
+@_linear_ce.register_fake
+def _(hidden, weight, targets, ignore_index, chunk_size, compute_dtype, with_grad):
+    acc = torch.float64 if compute_dtype == torch.float64 else torch.float32
+    return (hidden.new_empty((), dtype=acc), hidden.new_empty(hidden.shape if with_grad else (0,)),
+            weight.new_empty(weight.shape if with_grad else (0,)))
+
+
+def _linear_ce_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output[1], output[2])
+
+
+def _linear_ce_backward(ctx, grad_loss, _grad_h, _grad_w):
+    grad_hidden, grad_w = ctx.saved_tensors
+    if grad_hidden.numel() == 0 and grad_w.numel() == 0:
+        raise RuntimeError("linear_cross_entropy: the forward ran without gradients (no input required "
+                           "grad, or grad mode was off), so there are none to return")
+    return (grad_hidden * grad_loss.to(grad_hidden.dtype), grad_w * grad_loss.to(grad_w.dtype),
+            None, None, None, None, None)
+
+
+torch.library.register_autograd("linscale::linear_cross_entropy", _linear_ce_backward,
+                                setup_context=_linear_ce_setup)
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100,
                          chunk_size: int = 4096) -> Tensor:
-    """Mean cross-entropy of softmax(hidden @ weight^T) against targets, ignoring `ignore_index`.
-    hidden [N, d], weight [V, d], targets [N] int64."""
+    """Mean cross-entropy of softmax(hidden @ weight^T) against targets, ignoring `ignore_index` (the
+    mean over the other rows; 0 when every row is ignored).
+
+    Args:
+        hidden: [N, d] final hidden states.
+        weight: [V, d] the (tied) output embedding.
+        targets: [N] int64 class ids.
+        chunk_size: rows of logits held at a time ([chunk_size, V] in the compute dtype).
+    Returns:
+        the 0-dim loss (fp32; fp64 for an fp64 `hidden`). Under autocast the head matmuls run in the
+        autocast dtype, as `hidden @ weight.t()` would; the gradients reach `hidden` and `weight` in
+        their own dtypes.
+    """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"linear_cross_entropy: `hidden` [N, d] and `weight` [V, d] must share d, got "
                          f"{tuple(hidden.shape)} and {tuple(weight.shape)}")
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"linear_cross_entropy: `targets` must be [N={hidden.shape[0]}], got {tuple(targets.shape)}")
-    return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_size)
+    if chunk_size <= 0:
+        raise ValueError(f"linear_cross_entropy: chunk_size must be positive, got {chunk_size}")
+    dev = hidden.device.type
+    compute_dtype = hidden.dtype
+    if hidden.dtype != torch.float64 and torch.is_autocast_enabled(dev):
+        compute_dtype = torch.get_autocast_dtype(dev)
+    with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    return _linear_ce(hidden, weight, targets.long(), ignore_index, chunk_size, compute_dtype, with_grad)[0]

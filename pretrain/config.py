@@ -71,8 +71,13 @@ class TrainConfig:
     seed: int = param(0, ge=0, lt=2**63)
     precision: str = param("auto", choices=("auto", "bf16", "fp32"))  # auto: bf16 autocast on CUDA, fp32 on CPU
     device: str = param("auto", choices=("auto", "cpu", "cuda"))
-    activation_checkpointing: bool = False
-    compile: bool = False
+    # recompute activations in the backward (models.lm.AC_MODES): none | mlp (each chosen block's channel
+    # mixer) | full (each chosen block) | auto (on CUDA the cheapest setting pretrain.memory estimates to
+    # fit the GPU: none, else full on the fewest blocks); a bare --activation-checkpointing means full
+    activation_checkpointing: str = param("none", choices=("none", "mlp", "full", "auto"), casefold=True)
+    ac_fraction: float = param(1.0, gt=0, le=1)  # share of the blocks checkpointed, spread over the depth (not auto)
+    # auto: torch.compile on CUDA on the plain PyTorch path, eager on CPU and under DeepSpeed; --no-compile
+    compile: str = param("auto", choices=("auto", "true", "false"), casefold=True)
     ops_impl: str = param("auto", choices=("auto", "triton", "chunked", "recurrent"))  # see ops.linear_attention
     doc_reset: bool = False        # reset linear-attention state at document starts (cu_seqlens)
     log_every: int = param(1, ge=1)
@@ -160,6 +165,11 @@ def _parse_bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
 
 
+# fields whose flag may be given bare (`--compile`), with the value a bare flag means; the value is a
+# string checked against the field's choices by `validate`, like every other field
+OPTIONAL_VALUE_FLAGS = {"train.compile": "true", "train.activation_checkpointing": "full"}
+
+
 def _field_type(f: dataclasses.Field):
     t = str(f.type)
     if "bool" in t:
@@ -198,11 +208,16 @@ def build_parser() -> argparse.ArgumentParser:
         for f in fields(cls):
             path = f"{section}.{f.name}"
             kind = _field_type(f)
-            if kind is _parse_bool:
+            if path in OPTIONAL_VALUE_FLAGS:
+                g.add_argument(_flag(path), dest=path, nargs="?", const=OPTIONAL_VALUE_FLAGS[path], default=None,
+                               help=_help(path, f) + f"; the bare flag means {OPTIONAL_VALUE_FLAGS[path]}")
+            elif kind is _parse_bool:
                 g.add_argument(_flag(path), dest=path, nargs="?", const=True, type=_parse_bool, default=None,
                                help=_help(path, f))
             else:
                 g.add_argument(_flag(path), dest=path, type=kind, default=None, help=_help(path, f))
+    p.add_argument("--no-compile", dest="train.compile", action="store_const", const="false",
+                   help="train eagerly (train.compile=false), also on CUDA")
     return p
 
 
@@ -419,6 +434,7 @@ def _check_model_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
 def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
     """Every field against its declared type and range/choices, then the checks that involve several."""
     origin = origin or {}
+    cfg.train.activation_checkpointing = ac_mode(cfg.train)  # a YAML true/false: the switch it used to be
     for f in fields(RunConfig):
         if f.name in SECTIONS or f.name == "model_overrides":
             continue
@@ -443,6 +459,27 @@ def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
     if cfg.overwrite and cfg.resume == "auto":
         raise ConfigError(f"--overwrite and --resume auto contradict each other: --resume auto continues the "
                           f"run in {cfg.run_dir}, --overwrite starts it afresh; pass one of them")
+    t.activation_checkpointing = t.activation_checkpointing.lower()
+    t.compile = str(t.compile).lower()
+
+
+def ac_mode(t: TrainConfig) -> str:
+    """The activation-checkpointing mode; a boolean (a YAML `true`, or a config written when the field was
+    a switch) or true/false mean full or none."""
+    v = t.activation_checkpointing
+    if isinstance(v, bool) or str(v).lower() in ("true", "false"):
+        return "full" if str(v).lower() == "true" else "none"
+    return str(v).lower()
+
+
+def resolve_compile(cfg: RunConfig, device_type: str) -> bool:
+    """--compile auto: on for CUDA on the plain PyTorch path (torch.compile is worth 2-3x there); off on
+    CPU, where compiling costs more than it saves, and under DeepSpeed, whose compiled path is not
+    measured here (pass --compile to opt in)."""
+    c = str(cfg.train.compile).lower()
+    if c != "auto":
+        return c == "true"
+    return device_type == "cuda" and cfg.dist.zero == 0
 
 
 def gradient_accumulation(global_batch: int, world_size: int, micro_batch: int, allow_inexact: bool = False) -> int:

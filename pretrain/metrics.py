@@ -79,7 +79,8 @@ class Progress:
         if self.total and steps_done_this_session:
             eta = elapsed / steps_done_this_session * (self.total - step)
         parts = [f"step {step}" + (f"/{self.total}" if self.total else ""), f"loss {row['loss']:.4f}",
-                 f"lr {row['lr']:.2e}", f"{row['tokens_per_s']:,.0f} tok/s"]
+                 f"lr {row['lr']:.2e}",
+                 "compiling" if row.get("tokens_per_s") is None else f"{row['tokens_per_s']:,.0f} tok/s"]
         if row.get("mfu") is not None:
             parts.append(f"MFU {100 * row['mfu']:.1f}%")
         if row.get("val_loss") is not None:

@@ -16,7 +16,7 @@ import torch
 
 import ops
 from models import LanguageModel, build_from_config, flops_per_step, model_info
-from pretrain.config import RunConfig, gradient_accumulation, save_config
+from pretrain.config import RunConfig, ac_mode, gradient_accumulation, resolve_compile, save_config
 from pretrain.distributed import DistEnv, barrier, dist_env, init_process_group
 from pretrain.errors import EXIT_STOPPED, UserError, run_cli
 from pretrain.metrics import MetricsLogger, Progress, peak_flops
@@ -82,6 +82,43 @@ def check_device(requested: str) -> None:
                         f"use --device cpu (or auto), or run on a machine with a GPU")
 
 
+def compiled_graph_count() -> int:
+    """Graphs torch.compile has produced in this process (grows by one with every compile or recompile)."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    # cuBLAS reports a failed workspace allocation as its own error, not as torch.OutOfMemoryError
+    return isinstance(err, torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and ("CUBLAS_STATUS_ALLOC_FAILED" in str(err) or "out of memory" in str(err)))
+
+
+def out_of_memory_message(cfg: RunConfig, device: torch.device, step: int) -> str:
+    """What did not fit and the settings that change it (the caller adds the original error)."""
+    t = cfg.train
+    mode = ac_mode(t)
+    where = f"{device}"
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        where = f"the {total:.0f} GiB of {torch.cuda.get_device_name(device)}"
+    ac = "off" if mode == "none" else f"{mode}" + (f" on {t.ac_fraction:.0%} of the blocks" if t.ac_fraction < 1 else "")
+    fixes = []
+    if t.micro_batch > 1:
+        fixes.append(f"a smaller --micro-batch (e.g. {max(1, t.micro_batch // 2)}; gradient accumulation keeps the "
+                     f"global batch)")
+    if mode != "full" or t.ac_fraction < 1:
+        fixes.append("activation checkpointing: --activation-checkpointing full (recompute each block in the "
+                     "backward, ~25% slower), or mlp / --ac-fraction 0.5 for a part of that saving at a part "
+                     "of the cost")
+    fixes.append(f"a shorter --seq-len (now {t.seq_len})")
+    if cfg.dist.zero < 3:
+        fixes.append("more GPUs with --zero 3 (shards weights and optimizer state)")
+    return (f"out of memory in step {step + 1}: {cfg.arch} {cfg.size} with --seq-len {t.seq_len} x --micro-batch "
+            f"{t.micro_batch} = {t.seq_len * t.micro_batch:,} tokens per micro-batch (activation checkpointing "
+            f"{ac}) does not fit in {where}. Use " + "; or ".join(fixes) + ". See docs/training.md, Long context")
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig):
         from data_pipeline import build_loader
@@ -118,15 +155,17 @@ class Trainer:
 
         init_process_group(env, cfg.dist.backend)
         model = build_from_config(self.model_cfg)
-        model.gradient_checkpointing = t.activation_checkpointing
+        self.ac_blocks = model.set_activation_checkpointing(ac_mode(t), t.ac_fraction)
         self.model = model
         if cfg.dist.zero > 0:
             from pretrain.deepspeed_module import DeepSpeedTrainModule
             self.module = DeepSpeedTrainModule(model, cfg, env, self.precision, self.accum)
         else:
             self.module = TorchTrainModule(model, cfg.optim, env.device, self.precision, ddp=env.world_size > 1)
-        if t.compile:
+        self.compiled = resolve_compile(cfg, env.device.type)
+        if self.compiled:
             self.module.compile()
+        self.compile_time_s = 0.0  # wall time of the steps that compiled (excluded from tokens/s)
 
         self.loader = build_loader(cfg.data, t.seq_len, self.global_batch, t.micro_batch,
                                    rank=env.rank, world_size=env.world_size, seed=t.seed, doc_starts=t.doc_reset)
@@ -216,6 +255,10 @@ class Trainer:
         log(f"engine: {engine}; batch: {self.global_batch} x {self.cfg.train.seq_len} tokens = {e.world_size} ranks x micro "
             f"{self.cfg.train.micro_batch} x accumulation {self.accum}; precision {self.precision}; device {e.device}", e)
         log(f"data: {self.loader.describe()}", e)
+        t = self.cfg.train
+        ac = "off" if not self.ac_blocks else \
+            f"{ac_mode(t)} on {len(self.ac_blocks)} of {self.model_cfg.n_layers} blocks"
+        log(f"torch.compile: {'on' if self.compiled else 'off'} (--compile {t.compile}); activation checkpointing: {ac}", e)
         table = decay_table(self.model)
         if table is not None:
             log(f"TNL decay schedule '{self.model_cfg.tnl_decay_schedule}' (lambda per layer x head):", e)
@@ -239,6 +282,7 @@ class Trainer:
         steps_this_session = 0
         last_time = time.time()
         last_log_step = self.step
+        compile_time_in_interval, compile_steps_in_interval = 0.0, 0
         last = {}
         stop_reason = "finished"
         while not self.done():
@@ -247,7 +291,24 @@ class Trainer:
                 break
             micro = [self.loader.next_batch() for _ in range(self.accum)]
             inject = self.step in self.inject_nonfinite_steps
-            res = self.module.train_step(micro, self.step, inject_nonfinite=inject)
+            graphs, step_start = compiled_graph_count(), time.time()
+            try:
+                res = self.module.train_step(micro, self.step, inject_nonfinite=inject)
+            except (torch.OutOfMemoryError, RuntimeError) as err:
+                if not is_out_of_memory(err):
+                    raise
+                self.metrics.close()
+                raise TrainingStopped(out_of_memory_message(self.cfg, self.env.device, self.step)
+                                      + f" (original error: {str(err).splitlines()[0]})") from err
+            if compiled_graph_count() != graphs:
+                # this step compiled: report its time as compile time and keep it out of tokens/s
+                spent = time.time() - step_start
+                self.compile_time_s += spent
+                compile_time_in_interval += spent
+                compile_steps_in_interval += 1
+                log(f"step {self.step + 1}: torch.compile built {compiled_graph_count() - graphs} graph(s); the step "
+                    f"took {spent:.1f} s (compile time so far {self.compile_time_s:.1f} s, not counted in tokens/s)",
+                    self.env)
             lr = lr_at(self.step, self.cfg.optim)
             self.step += 1
             steps_this_session += 1
@@ -272,19 +333,24 @@ class Trainer:
                 if self.env.device.type == "cuda":
                     torch.cuda.synchronize()
                 now = time.time()
-                dt = (now - last_time) / max(1, self.step - last_log_step)
+                timed_steps = self.step - last_log_step - compile_steps_in_interval
+                dt = (now - last_time - compile_time_in_interval) / timed_steps if timed_steps > 0 else None
                 last_time, last_log_step = now, self.step
+                compile_time_in_interval, compile_steps_in_interval = 0.0, 0
                 row = {"step": self.step, "tokens": self.tokens, "loss": res.loss, "lr": lr,
                        "flops": self.flops, "flops_non_embedding": self.step * self.flops_per_step_ne,
-                       "tokens_per_s": self.tokens_per_step / dt, "grad_norm": res.grad_norm,
+                       "tokens_per_s": self.tokens_per_step / dt if dt else None, "grad_norm": res.grad_norm,
                        "step_time_s": dt, "skipped": res.skipped, "bad_steps_total": self.bad_steps_total}
+                if self.compile_time_s:
+                    row["compile_s"] = self.compile_time_s
                 if spike:
                     row["loss_spike"] = True
-                if self.peak:
+                if self.peak and dt:
                     row["mfu"] = self.flops_per_step / dt / (self.peak * self.env.world_size)
                 row.update(memory_stats(self.env.device))
                 if is_eval:
                     row["val_loss"] = self.module.eval_loss(self.val_batches)
+                    last_time = time.time()  # the evaluation is not training time
                 self.metrics.log(row)
                 progress.line(self.step, row, steps_this_session)
                 last = row

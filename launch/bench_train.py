@@ -1,0 +1,389 @@
+"""End-to-end training throughput: architectures x sizes x sequence lengths at the same tokens per step.
+
+    python launch/bench_train.py                                     # 4 archs x 410m, 1b x 2K, 8K, 32K, 64K
+    python launch/bench_train.py --archs tnl,llama --sizes 1b --seqs 8192 --out bench/train     # a subset
+    python launch/bench_train.py --report bench/train                # the tables of what is measured so far
+
+Each cell (arch, size, seq) runs the training step of `pretrain.train_module.TorchTrainModule` (the one
+`launch/pretrain.py` runs on the plain PyTorch path: bf16 autocast, fused AdamW, clipping, regional
+torch.compile) on random tokens, in a process of its own, and writes `<out>/<cell>.json`. Cells already in
+`<out>` are skipped, so a matrix can be filled over several device sessions (`--time-budget` stops
+starting new cells in time). Per cell: the first step's wall time (compilation), then the median of the
+timed steps: tokens/s, MFU by the paper's FLOPs (`models.flops_per_step`), peak memory, graph breaks.
+Micro-batches hold max(seq, 8192) tokens by default (one sequence from 8K on; accumulation makes up
+the step). Activation checkpointing (`--ac auto`) takes the lightest mode a memory estimate says fits;
+when a step still runs out of memory the cell moves on to the next mode (none -> mlp -> full), and the
+JSON keeps every attempt. `--profile` adds the per-kernel-class share of one profiled step.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ARCHS = ["llama", "tnl", "hgrn2", "cos2"]
+SIZES = ["410m", "1b"]
+SEQS = [2048, 8192, 32768, 65536]
+AC_ORDER = ["none", "mlp", "full"]
+# activation bytes a block keeps per token, in units of d, as measured compiled (docs/benchmarks.md):
+# LLaMA about 60 d, the linear models about 80 d; 'mlp' drops the GLU's three [tokens, g] bf16 tensors
+ACT_BYTES_PER_D = {"llama": 60, "tnl": 80, "hgrn2": 80, "cos2": 80}
+
+# kernel classes of a profiled step, by kernel-name fragments (first match wins)
+KERNEL_CLASSES = [
+    ("linear attention (Triton)", ("scan_kernel", "gla_", "_lin_rec")),
+    ("softmax attention (SDPA)", ("flash", "fmha", "sdpa", "attention")),
+    ("loss softmax pass (Triton)", ("_ce_rows",)),
+    ("RMSNorm (Triton)", ("_rms_",)),
+    ("matmul (cuBLAS)", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_", "cublas", "splitk")),
+    ("fused elementwise (Inductor)", ("triton_poi", "triton_red", "triton_per", "triton_")),
+    ("optimizer (fused AdamW)", ("adam", "multi_tensor")),
+    ("FFT (cos2 TPE)", ("fft",)),
+    ("eager elementwise / reductions", ("elementwise", "reduce_kernel", "vectorized", "index", "gather",
+                                        "scatter", "embedding", "copy", "fill", "cat")),
+]
+
+
+def cell_name(arch: str, size: str, seq: int, micro_tokens: int, ac: str, ac_fraction: float, compile_: bool) -> str:
+    frac = "" if ac_fraction == 1.0 else f"{ac_fraction:g}"
+    return f"{arch}-{size}-s{seq}-m{micro_tokens}-ac{ac}{frac}" + ("" if compile_ else "-eager")
+
+
+def estimate_gib(arch: str, size: str, micro_tokens: int, ac: str, ac_fraction: float = 1.0) -> float:
+    """Rough peak memory of a training step (GiB): fp32 weights + grads + AdamW state, the loss's chunk
+    buffers, and the activations the blocks keep; used only to pick the first checkpointing mode."""
+    from models import exact_params, model_config
+    cfg = model_config(arch, size)
+    d, g, l = cfg.d_model, cfg.d_glu, cfg.n_layers
+    per_block = ACT_BYTES_PER_D[arch] * d
+    kept = {"none": per_block, "mlp": per_block - 6 * g, "full": 4 * d}[ac]
+    n_ckpt = l * ac_fraction if ac != "none" else 0
+    act = micro_tokens * ((l - n_ckpt) * per_block + n_ckpt * kept + (per_block if ac == "full" else 0))
+    state = 16 * exact_params(cfg)["total"]
+    loss = 4096 * cfg.vocab_size * 2 + cfg.vocab_size * d * 8
+    return (act + state + loss) / 2**30 + 2.0
+
+
+def choose_ac(arch: str, size: str, micro_tokens: int, budget_gib: float) -> str:
+    for mode in AC_ORDER:
+        if estimate_gib(arch, size, micro_tokens, mode) <= budget_gib:
+            return mode
+    return "full"
+
+
+# ----------------------------------------------------------------------------------------------------
+# one cell (runs in its own process)
+# ----------------------------------------------------------------------------------------------------
+
+def _graph_stats() -> dict:
+    from torch._dynamo.utils import counters
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "graph_break_reasons": sorted(counters["graph_break"])[:10]}
+
+
+def _classify(name: str) -> str:
+    low = name.lower()
+    for label, keys in KERNEL_CLASSES:
+        if any(k in low for k in keys):
+            return label
+    return "other"
+
+
+def _profile_step(step_fn) -> dict:
+    """Kernel time of one step, by class (share of the summed kernel time) and the top kernels."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.time()
+        step_fn()
+        torch.cuda.synchronize()
+        wall = time.time() - t0
+    kernels = {}
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+        if us > 0 and not e.key.startswith(("aten::", "linscale::", "ProfilerStep", "autograd::")):
+            kernels[e.key] = kernels.get(e.key, 0.0) + us / 1e6
+    total = sum(kernels.values()) or 1.0
+    classes: dict[str, float] = {}
+    for k, s in kernels.items():
+        c = _classify(k)
+        classes[c] = classes.get(c, 0.0) + s
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
+    return {"wall_s": wall, "kernel_s": total,
+            "classes": {c: {"s": s, "share": s / total} for c, s in sorted(classes.items(), key=lambda kv: -kv[1])},
+            "top_kernels": [{"name": k[:120], "s": s, "share": s / total} for k, s in top]}
+
+
+def run_cell(spec: dict) -> dict:
+    import torch
+
+    from models import build_model, flops_per_step
+    from pretrain.config import OptimConfig
+    from pretrain.metrics import peak_flops
+    from pretrain.trainer import is_out_of_memory
+    from pretrain.train_module import TorchTrainModule
+
+    arch, size, seq = spec["arch"], spec["size"], spec["seq"]
+    micro_tokens, tokens_per_step = spec["micro_tokens"], spec["tokens_per_step"]
+    mb, accum = micro_tokens // seq, tokens_per_step // micro_tokens
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")  # CPU: only for a smoke test of the machinery
+    total_gib = (torch.cuda.get_device_properties(dev).total_memory if cuda else
+                 os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**30
+    modes = [spec["ac"]] if spec["ac"] != "auto" else \
+        AC_ORDER[AC_ORDER.index(choose_ac(arch, size, micro_tokens, 0.9 * total_gib)):]
+    out = {**spec, "micro_batch": mb, "accumulation": accum, "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
+           "device_gib": round(total_gib, 1), "torch": torch.__version__, "attempts": []}
+    try:
+        import triton
+        out["triton"] = triton.__version__
+    except ImportError:
+        pass
+    for mode in modes:
+        torch._dynamo.reset()
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        attempt = {"ac": mode, "ac_fraction": spec["ac_fraction"],
+                   "estimate_gib": round(estimate_gib(arch, size, micro_tokens, mode, spec["ac_fraction"]), 1)}
+        out["attempts"].append(attempt)
+        module = None
+        try:
+            torch.manual_seed(0)
+            with torch.device(dev):
+                overrides = {"max_seq_len": max(seq, 8192)} if arch == "llama" else {}
+                model = build_model(arch, size, **overrides)
+            model.set_activation_checkpointing(mode, spec["ac_fraction"])
+            module = TorchTrainModule(model, OptimConfig(warmup_steps=0), dev, "bf16" if cuda else "fp32")
+            if spec["compile"]:
+                module.compile()
+            gen = torch.Generator(device=dev).manual_seed(0)
+
+            def batch():
+                x = torch.randint(0, model.config.vocab_size, (mb, seq + 1), device=dev, generator=gen)
+                return {"input_ids": x[:, :-1], "targets": x[:, 1:]}
+
+            times, losses = [], []
+            for i in range(spec["warmup"] + spec["steps"]):
+                micro = [batch() for _ in range(accum)]
+                sync()
+                t0 = time.time()
+                res = module.train_step(micro, i)  # reads the loss back: the step has finished
+                times.append(time.time() - t0)
+                losses.append(res.loss)
+                if i == 0:
+                    attempt["first_step_s"] = times[0]
+                    print(f"[bench] {arch} {size} seq {seq} ac {mode}: first step {times[0]:.1f} s", flush=True)
+            timed = times[spec["warmup"]:]
+            step = statistics.median(timed)
+            flops = flops_per_step(model.config, tokens_per_step // seq, seq)
+            peak = peak_flops(dev)
+            attempt.update({
+                "status": "ok", "step_s": step, "step_s_all": times, "tokens_per_s": tokens_per_step / step,
+                "mfu": flops / step / peak if peak else None, "flops_per_step": flops,
+                "compile_s": max(0.0, times[0] - step) if spec["compile"] else 0.0,
+                "peak_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else float("nan"),
+                "reserved_gib": torch.cuda.max_memory_reserved(dev) / 2**30 if cuda else float("nan"),
+                "loss_first": losses[0], "loss_last": losses[-1], **_graph_stats()})
+            if spec.get("profile") and cuda:
+                attempt["profile"] = _profile_step(lambda: module.train_step([batch() for _ in range(accum)], 99))
+            out.update({k: attempt[k] for k in ("status", "ac", "tokens_per_s", "mfu", "peak_gib", "step_s",
+                                                  "compile_s", "graph_breaks")})
+            return out
+        except (torch.OutOfMemoryError, RuntimeError) as err:
+            if not is_out_of_memory(err):
+                raise
+            attempt.update({"status": "oom", "peak_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else None,
+                            "error": str(err).splitlines()[0][:300]})
+            print(f"[bench] {arch} {size} seq {seq} ac {mode}: out of memory", flush=True)
+        finally:
+            module = model = micro = None
+    out["status"] = "oom"
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# the matrix (parent process) and the report
+# ----------------------------------------------------------------------------------------------------
+
+def _commit() -> str | None:
+    if os.environ.get("LINSCALE_COMMIT"):
+        return os.environ["LINSCALE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[1], check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def run_matrix(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    cells = [(a, s, q) for s in args.sizes for q in args.seqs for a in args.archs]
+    if args.order == "given":
+        cells = [(a, s, q) for a in args.archs for s in args.sizes for q in args.seqs]
+    for arch, size, seq in cells:
+        micro = args.micro_tokens or max(seq, 8192)
+        micro = max(micro, seq)
+        if args.tokens_per_step % micro or micro % seq:
+            print(f"[bench] skip {arch} {size} seq {seq}: {args.tokens_per_step} tokens per step is not a whole "
+                  f"number of {micro}-token micro-batches of whole sequences", flush=True)
+            continue
+        name = cell_name(arch, size, seq, micro, args.ac, args.ac_fraction, not args.no_compile)
+        path = out / f"{name}.json"
+        if path.exists() and not args.force:
+            print(f"[bench] {name}: measured already ({path})", flush=True)
+            continue
+        left = args.time_budget - (time.time() - start) if args.time_budget else None
+        if left is not None and left < args.min_cell_s:
+            print(f"[bench] time budget: {left:.0f} s left, not starting {name} (run again to continue)", flush=True)
+            break
+        spec = {"arch": arch, "size": size, "seq": seq, "micro_tokens": micro, "tokens_per_step": args.tokens_per_step,
+                "ac": args.ac, "ac_fraction": args.ac_fraction, "compile": not args.no_compile,
+                "warmup": args.warmup, "steps": args.steps, "profile": args.profile, "commit": _commit(),
+                "date": dt.date.today().isoformat()}
+        timeout = args.cell_timeout if left is None else max(30, min(args.cell_timeout, left))
+        print(f"[bench] {name} ...", flush=True)
+        t0 = time.time()
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--cell", json.dumps(spec)], capture_output=True,
+                                  text=True, timeout=timeout)
+            tail = (proc.stdout + proc.stderr)[-3000:]
+            res = None
+            for line in proc.stdout.splitlines():
+                if line.startswith("BENCH_RESULT "):
+                    res = json.loads(line[len("BENCH_RESULT "):])
+            if res is None:
+                res = {**spec, "status": "error", "returncode": proc.returncode, "log_tail": tail}
+        except subprocess.TimeoutExpired as err:
+            res = {**spec, "status": "timeout", "timeout_s": timeout,
+                   "log_tail": ((err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace"))[-3000:]}
+        res["wall_s"] = time.time() - t0
+        if res["status"] in ("ok", "oom") or args.keep_failures:
+            path.write_text(json.dumps(res, indent=1))
+        else:
+            (out / f"{name}.failed.json").write_text(json.dumps(res, indent=1))
+        print(f"[bench] {name}: {res['status']}" + (f", {res['tokens_per_s']:,.0f} tokens/s, MFU "
+              f"{100 * (res.get('mfu') or 0):.1f}%, peak {res['peak_gib']:.1f} GiB, ac {res['ac']}, compile "
+              f"{res['compile_s']:.0f} s" if res["status"] == "ok" else "") + f" ({res['wall_s']:.0f} s)", flush=True)
+        if res["status"] not in ("ok", "oom"):
+            print(res.get("log_tail", "")[-1500:], flush=True)
+
+
+def load_results(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(Path(out).glob("*.json")) if not p.name.endswith(".failed.json")]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def report(out: Path) -> str:
+    rows = load_results(out)
+    if not rows:
+        return f"no results in {out}"
+    llama = {(r["size"], r["seq"]): r for r in rows if r["arch"] == "llama" and r.get("status") == "ok"}
+    devices = sorted({r.get("device", "?") for r in rows})
+    dates = sorted({r.get("date", "?") for r in rows})
+    commits = sorted({str(r.get("commit")) for r in rows})
+    lines = [f"Device: {', '.join(devices)}; dates: {', '.join(dates)}; code: {', '.join(commits)}; "
+             f"tokens per step: {', '.join(sorted({str(r['tokens_per_step']) for r in rows}))}", "",
+             "| arch | size | seq | micro x accum | act. ckpt | tokens/s | MFU | peak GiB | vs LLaMA | first step s |",
+             "|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
+    order = {a: i for i, a in enumerate(ARCHS)}
+    for r in sorted(rows, key=lambda r: (SIZES.index(r["size"]) if r["size"] in SIZES else 9, r["seq"],
+                                         order.get(r["arch"], 9))):
+        if r.get("status") != "ok":
+            tried = ", ".join(f"{a['ac']}: {a.get('status')}" for a in r.get("attempts", []))
+            lines.append(f"| {r['arch']} | {r['size']} | {r['seq']} | {r.get('micro_batch', '?')} x "
+                         f"{r.get('accumulation', '?')} | {tried or '-'} | {r.get('status')} | | | | |")
+            continue
+        ref = llama.get((r["size"], r["seq"]))
+        ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}x" if ref else "-"
+        first = next((a.get("first_step_s") for a in r["attempts"] if a.get("status") == "ok"), None)
+        ac = r["ac"] + ("" if r.get("ac_fraction", 1.0) == 1.0 else f" {r['ac_fraction']:g}")
+        if any(a.get("status") == "oom" for a in r["attempts"]):
+            ac += " (" + ", ".join(a["ac"] for a in r["attempts"] if a.get("status") == "oom") + ": OOM)"
+        lines.append(f"| {r['arch']} | {r['size']} | {r['seq']} | {r['micro_batch']} x {r['accumulation']} | {ac} | "
+                     f"{r['tokens_per_s'] / 1e3:,.1f}k | {_pct(r.get('mfu'))} | {r['peak_gib']:.1f} | {ratio} | "
+                     f"{first:.0f} |")
+    # flatness: each linear model's tokens/s against its own at the shortest measured length
+    flat = []
+    for arch in ARCHS:
+        for size in SIZES:
+            mine = sorted((r for r in rows if r["arch"] == arch and r["size"] == size and r.get("status") == "ok"),
+                          key=lambda r: r["seq"])
+            if len(mine) > 1:
+                base = mine[0]
+                flat.append(f"| {arch} | {size} | " + " | ".join(
+                    f"{r['seq']}: {r['tokens_per_s'] / base['tokens_per_s']:.2f}" for r in mine) + " |")
+    if flat:
+        lines += ["", "tokens/s relative to the shortest measured sequence of the same model:", "",
+                  "| arch | size | seq: ratio |", "|---|---|---|"] + flat
+    profiles = [r for r in rows if r.get("status") == "ok" and any("profile" in a for a in r["attempts"])]
+    for r in profiles:
+        p = next(a["profile"] for a in r["attempts"] if "profile" in a)
+        lines += ["", f"Kernel time of one step, {r['arch']} {r['size']} seq {r['seq']} (kernels {p['kernel_s']:.3f} s "
+                      f"of a {p['wall_s']:.3f} s profiled step):", "", "| kernel class | share |", "|---|---:|"]
+        lines += [f"| {c} | {100 * v['share']:.1f}% |" for c, v in p["classes"].items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--archs", default=",".join(ARCHS), type=lambda s: s.split(","))
+    p.add_argument("--sizes", default=",".join(SIZES), type=lambda s: s.split(","))
+    p.add_argument("--seqs", default=",".join(map(str, SEQS)), type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--tokens-per-step", type=int, default=65536)
+    p.add_argument("--micro-tokens", type=int, default=None, help="tokens per micro-batch (default max(seq, 8192))")
+    p.add_argument("--ac", default="auto", choices=["auto"] + AC_ORDER, help="activation checkpointing")
+    p.add_argument("--ac-fraction", type=float, default=1.0)
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps (the first compiles)")
+    p.add_argument("--steps", type=int, default=4, help="timed steps (median)")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--profile", action="store_true", help="also profile one step (kernel classes)")
+    p.add_argument("--order", default="size-seq", choices=["size-seq", "given"],
+                   help="size-seq: by size, then length, then arch; given: arch, size, seq as listed")
+    p.add_argument("--out", default="bench_results/train")
+    p.add_argument("--force", action="store_true", help="re-measure cells already in --out")
+    p.add_argument("--keep-failures", action="store_true", help="record failed cells as measured")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds; start no cell after it is spent")
+    p.add_argument("--min-cell-s", type=float, default=60, help="do not start a cell with less time left")
+    p.add_argument("--cell-timeout", type=float, default=900)
+    p.add_argument("--report", metavar="DIR", help="print the tables of the results in DIR and exit")
+    p.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # smoke test of the machinery
+    p.add_argument("--cell", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.cell:
+        res = run_cell(json.loads(args.cell))
+        print("BENCH_RESULT " + json.dumps(res), flush=True)
+        return 0
+    if args.report:
+        print(report(Path(args.report)))
+        return 0
+    import torch
+    if not torch.cuda.is_available() and not args.allow_cpu:
+        print("bench_train needs a CUDA GPU (it measures training throughput); --report works anywhere", file=sys.stderr)
+        return 2
+    run_matrix(args)
+    print(report(Path(args.out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""Long-context training on CPU: the fused loss (its Triton softmax pass against the twin, its chunking, and
+what torch.compile makes of it: one opaque node, no index past int32), activation checkpointing (same
+gradients, fewer saved bytes), regional compilation (one graph for all blocks, no graph break in any
+architecture), the --compile / --activation-checkpointing flags, compile time kept out of tokens/s, and
+the out-of-memory message."""
+from __future__ import annotations
+
+import logging
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ops
+from ops.cross_entropy import _ce_rows_torch
+
+ARCHS = ["llama", "tnl", "hgrn2", "cos2"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# the fused loss
+# ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("V", [300, 5000])  # one block of columns, and two (the second one partial)
+def test_loss_rows_kernel_matches_twin_and_reference(V):
+    from ops.triton_cross_entropy import ce_rows_triton
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(7, V, generator=g) * 4
+    t = torch.randint(0, V, (7,), generator=g)
+    t[2] = -100
+    t[5] = V - 1  # the last column, in the partial block
+    scale = torch.tensor([1 / 6])
+    a, b = x.clone(), x.clone()
+    lse, tgt = ce_rows_triton(a, t, scale, -100, write_grad=True)
+    lse_t, tgt_t = _ce_rows_torch(b, t, scale, -100, write_grad=True)
+    torch.testing.assert_close(lse, lse_t, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(tgt, tgt_t)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
+    # the reference: the gradient of the mean cross-entropy over the 6 valid rows
+    xr = x.double().requires_grad_(True)
+    F.cross_entropy(xr, t).backward()
+    torch.testing.assert_close(a.double(), xr.grad, rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(x.double(), -1), rtol=1e-6, atol=1e-5)
+
+
+def _ref_loss(h, w, t):
+    return F.cross_entropy(h @ w.t(), t) if (t != -100).any() else (h @ w.t()).sum() * 0
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 50, 64])
+def test_fused_loss_chunks_match_full_logits(chunk):
+    """Chunk boundaries anywhere (1 row, not dividing N, exactly N, more than N), ignored rows, fp64."""
+    g = torch.Generator().manual_seed(chunk)
+    h = torch.randn(50, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(100, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    t = torch.randint(0, 100, (50,), generator=g)
+    t[[0, 7, 49]] = -100
+    loss = ops.linear_cross_entropy(h, w, t, chunk_size=chunk)
+    (3 * loss).backward()  # the backward scales the gradients it computed in the forward
+    h2, w2 = h.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    ref = _ref_loss(h2, w2, t)
+    (3 * ref).backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(h.grad, h2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)
+    with torch.no_grad():  # the evaluation path computes no gradient and the same loss
+        torch.testing.assert_close(ops.linear_cross_entropy(h, w, t, chunk_size=chunk), loss.detach())
+
+
+def test_fused_loss_all_ignored_is_zero_with_zero_gradients():
+    h = torch.randn(9, 4, requires_grad=True)
+    w = torch.randn(11, 4, requires_grad=True)
+    loss = ops.linear_cross_entropy(h, w, torch.full((9,), -100), chunk_size=4)
+    loss.backward()
+    assert float(loss) == 0.0 and float(h.grad.abs().max()) == 0.0 and float(w.grad.abs().max()) == 0.0
+
+
+def test_fused_loss_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="must share d"):
+        ops.linear_cross_entropy(torch.randn(3, 4), torch.randn(5, 6), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="chunk_size"):
+        ops.linear_cross_entropy(torch.randn(3, 4), torch.randn(5, 4), torch.zeros(3, dtype=torch.long), chunk_size=0)
+
+
+def test_compiled_loss_is_one_opaque_node_and_matches_eager():
+    torch._dynamo.reset()
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    g = torch.Generator().manual_seed(0)
+    h0, w0 = torch.randn(40, 8, generator=g), torch.randn(30, 8, generator=g)
+    t = torch.randint(0, 30, (40,), generator=g)
+
+    def run(fn):
+        h, w = h0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
+        loss = fn(h, w, t)
+        loss.backward()
+        return loss.detach(), h.grad, w.grad
+
+    eager = run(lambda h, w, t: ops.linear_cross_entropy(h, w, t, chunk_size=16))
+    compiled = run(torch.compile(lambda h, w, t: ops.linear_cross_entropy(h, w, t, chunk_size=16),
+                                 backend=capture, fullgraph=True))
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b)
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert sum("linear_cross_entropy" in x for x in targets) == 1, targets
+    assert not any("matmul" in x or "gather" in x or "logsumexp" in x for x in targets), targets
+
+
+def test_compiled_loss_has_no_index_past_int32_at_32k_tokens():
+    """The crash, checked where it was made: Inductor's generated code for the loss at 32,768 tokens x
+    100,280 classes (fake tensors, code generation only). The chunked loss written as plain tensor code
+    gave a kernel over all rows with address constants up to -2,875,228,160 (computed in int32 on CUDA:
+    an illegal memory access); as a custom op nothing of it reaches Inductor."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    torch._dynamo.reset()
+    sources = []
+
+    def codegen_only(gm, example_inputs):  # let Inductor write its code, then run the graph as it is
+        sources.append(getattr(compile_fx_inner(gm, example_inputs), "source_code", "") or "")
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=codegen_only, bw_compiler=codegen_only,
+                                     decompositions=select_decomp_table())
+
+    N, d, V = 32768, 16, 100_280
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        h = torch.randn(N, d, requires_grad=True)
+        w = torch.randn(V, d, requires_grad=True)
+        t = torch.randint(0, V, (N,))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.compile(ops.linear_cross_entropy, backend=backend, fullgraph=True)(h, w, t)
+        loss.backward()
+    assert len(sources) == 2 and all(sources)  # forward and backward were generated
+    constants = [abs(int(x)) for x in re.findall(r"(?<![\w.])-?\d{10,}", "\n".join(sources))]
+    assert max(constants, default=0) < 2**31
+
+
+# ----------------------------------------------------------------------------------------------------
+# activation checkpointing and regional compilation
+# ----------------------------------------------------------------------------------------------------
+
+def _tiny(arch, n_layers=4):
+    from models import build_model
+    torch.manual_seed(0)
+    return build_model(arch, "tiny", vocab_size=256, n_layers=n_layers)
+
+
+def _saved_bytes_and_grads(model, ids):
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(ids, targets=ids)
+    return sum(saved), loss.detach(), torch.autograd.grad(loss, list(model.parameters()))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_activation_checkpointing_same_gradients_fewer_saved_bytes(arch):
+    model = _tiny(arch)
+    ids = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(0))
+    results = {}
+    for mode, frac in [("none", 1.0), ("mlp", 1.0), ("full", 0.5), ("full", 1.0)]:
+        chosen = model.set_activation_checkpointing(mode, frac)
+        assert len(chosen) == {("none", 1.0): 0, ("mlp", 1.0): 4, ("full", 0.5): 2, ("full", 1.0): 4}[(mode, frac)]
+        results[(mode, frac)] = _saved_bytes_and_grads(model, ids)
+    base_bytes, base_loss, base_grads = results[("none", 1.0)]
+    for key, (nbytes, loss, grads) in results.items():
+        torch.testing.assert_close(loss, base_loss, rtol=0, atol=0)
+        for a, b in zip(grads, base_grads):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    b = {k: v[0] for k, v in results.items()}
+    assert b[("full", 1.0)] < b[("full", 0.5)] < b[("none", 1.0)]
+    assert b[("mlp", 1.0)] < b[("none", 1.0)]
+    model.eval()  # never while evaluating or decoding
+    assert _saved_bytes_and_grads(model, ids)[0] == base_bytes
+
+
+def test_checkpointed_blocks_spread_over_the_depth():
+    model = _tiny("llama", n_layers=8)
+    assert model.set_activation_checkpointing("full", 0.5) == [1, 3, 5, 7]
+    assert model.set_activation_checkpointing("mlp", 0.25) == [3, 7]
+    assert model.set_activation_checkpointing("none") == [] and not model.gradient_checkpointing
+    model.gradient_checkpointing = True
+    assert all(b.recompute == "full" for b in model.blocks)
+    with pytest.raises(ValueError, match="choose from"):
+        model.set_activation_checkpointing("selective")
+
+
+def _graph_break_log():
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    torch._logging.set_logs(graph_breaks=True)
+    handler = Keep()
+    logging.getLogger("torch._dynamo").addHandler(handler)
+    return records, handler
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_regional_compile_one_graph_no_graph_break(arch):
+    """TrainModule.compile compiles each block: all blocks share one graph (TNL's decays are inputs), no
+    graph break (the TORCH_LOGS=graph_breaks log stays empty), the gradients equal eager ones. The whole
+    model also compiles as one graph (fullgraph=True raises on a break), the way DeepSpeed compiles it."""
+    from torch._dynamo.utils import counters
+
+    from pretrain.config import OptimConfig
+    from pretrain.train_module import TorchTrainModule
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(0))
+    model = _tiny(arch)
+    model.set_activation_checkpointing("mlp", 0.5)  # two kinds of block: two graphs
+    loss = model(ids, targets=ids)
+    ref = torch.autograd.grad(loss, list(model.parameters()))
+    torch._dynamo.reset()
+    counters.clear()
+    records, handler = _graph_break_log()
+    try:
+        TorchTrainModule(model, OptimConfig(), torch.device("cpu"), "fp32").compile(backend="aot_eager")
+        loss2 = model(ids, targets=ids)
+        got = torch.autograd.grad(loss2, list(model.parameters()))
+        assert counters["stats"]["unique_graphs"] == 2
+        torch._dynamo.reset()
+        whole = torch.compile(_tiny(arch), backend="aot_eager", fullgraph=True)
+        whole(ids, targets=ids).backward()
+    finally:
+        logging.getLogger("torch._dynamo").removeHandler(handler)
+        torch._logging.set_logs()
+        torch._dynamo.reset()
+    assert sum(counters["graph_break"].values()) == 0 and not [r for r in records if "break" in r.lower()], records
+    torch.testing.assert_close(loss2, loss)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------------------------------
+# flags, compile time in the log, out-of-memory message
+# ----------------------------------------------------------------------------------------------------
+
+def test_compile_and_checkpointing_flags():
+    from pretrain.config import parse_config, resolve_compile
+    cfg = parse_config(["--size", "70m"])
+    assert cfg.train.compile == "auto" and cfg.train.activation_checkpointing == "none"
+    assert resolve_compile(cfg, "cuda") and not resolve_compile(cfg, "cpu")
+    assert not resolve_compile(parse_config(["--size", "70m", "--zero", "3"]), "cuda")  # opt in under ZeRO-3
+    assert not resolve_compile(parse_config(["--size", "70m", "--no-compile"]), "cuda")
+    assert resolve_compile(parse_config(["--size", "70m", "--compile"]), "cpu")
+    assert parse_config(["--size", "70m", "--compile", "false"]).train.compile is False
+    assert parse_config(["--activation-checkpointing"]).train.activation_checkpointing == "full"
+    c = parse_config(["--activation-checkpointing", "mlp", "--ac-fraction", "0.5"])
+    assert (c.train.activation_checkpointing, c.train.ac_fraction) == ("mlp", 0.5)
+    assert parse_config(["--activation-checkpointing", "true"]).train.activation_checkpointing == "full"
+    with pytest.raises(SystemExit):
+        parse_config(["--activation-checkpointing", "selective"])
+    with pytest.raises(ValueError, match="ac-fraction"):
+        parse_config(["--ac-fraction", "0"])
+
+
+def test_yaml_checkpointing_switch_still_works(tmp_path):
+    from pretrain.config import parse_config
+    p = tmp_path / "run.yaml"
+    p.write_text("train: {activation_checkpointing: true, compile: false}\n")
+    cfg = parse_config(["--config", str(p)])
+    assert cfg.train.activation_checkpointing == "full" and cfg.train.compile is False
+
+
+def _flags(tmp_path, arch="tnl"):
+    from checkpoint_utils import VOCAB, make_dataset
+    data = make_dataset(tmp_path / "data", docs=40)
+    return ["--arch", arch, "--size", "tiny", "--model", f"vocab_size={VOCAB}", "--model", "n_layers=2",
+            "--data", str(data), "--seq-len", "16", "--global-batch-tokens", "64", "--micro-batch", "2",
+            "--max-steps", "4", "--log-every", "2", "--eval-every", "0", "--save-every", "0",
+            "--out", str(tmp_path / "run")]
+
+
+def test_compile_time_is_logged_and_kept_out_of_tokens_per_s(tmp_path, monkeypatch, capsys):
+    import json
+
+    from pretrain.train_module import TorchTrainModule
+    real = TorchTrainModule.compile
+    monkeypatch.setattr(TorchTrainModule, "compile", lambda self: real(self, backend="aot_eager"))
+    from pretrain.config import parse_config
+    from pretrain.trainer import Trainer
+    torch._dynamo.reset()
+    trainer = Trainer(parse_config(_flags(tmp_path) + ["--compile"]))
+    trainer.fit()
+    torch._dynamo.reset()
+    out = capsys.readouterr().out
+    assert "torch.compile: on" in out and "step 1: torch.compile built 1 graph(s)" in out
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 2 and rows[0]["compile_s"] > 0
+    # the first interval's rate is step 2's alone: its time is below the compile step's
+    assert rows[0]["step_time_s"] < rows[0]["compile_s"]
+    assert math.isclose(rows[0]["tokens_per_s"] * rows[0]["step_time_s"], trainer.tokens_per_step, rel_tol=1e-9)
+    assert rows[1]["compile_s"] == rows[0]["compile_s"]  # nothing compiled after step 1
+
+
+def test_out_of_memory_names_the_settings(tmp_path, monkeypatch, capsys):
+    from pretrain import trainer as trainer_mod
+    from pretrain.train_module import TorchTrainModule
+
+    def oom(self, *a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 24.00 GiB")
+
+    monkeypatch.setattr(TorchTrainModule, "train_step", oom)
+    code = trainer_mod.main(_flags(tmp_path, "llama") + ["--micro-batch", "4", "--no-compile"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "out of memory in step 1" in err and "--seq-len 16 x --micro-batch 4 = 64 tokens" in err
+    assert "--micro-batch (e.g. 2" in err and "--activation-checkpointing full" in err
+    assert "Tried to allocate 24.00 GiB" in err and "Traceback" not in err
