@@ -11,9 +11,9 @@ torch.compile) on random tokens, in a process of its own, and writes `<out>/<cel
 starting new cells in time). Per cell: the first step's wall time (compilation), then the median of the
 timed steps: tokens/s, MFU by the paper's FLOPs (`models.flops_per_step`), peak memory, graph breaks.
 Micro-batches hold max(seq, 8192) tokens by default (one sequence from 8K on; accumulation makes up
-the step). Activation checkpointing (`--ac auto`) takes the lightest mode a memory estimate says fits;
-when a step still runs out of memory the cell moves on to the next mode (none -> mlp -> full), and the
-JSON keeps every attempt. `--profile` adds the per-kernel-class share of one profiled step.
+the step). Activation checkpointing (`--ac auto`) takes the cheapest setting the memory estimate of
+`pretrain.memory` says fits (none, else full checkpointing of the fewest blocks); when a step still runs
+out of memory the cell retries with every block checkpointed, and the JSON keeps every attempt. `--profile` adds the per-kernel-class share of one profiled step.
 """
 from __future__ import annotations
 
@@ -34,10 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ARCHS = ["llama", "tnl", "hgrn2", "cos2"]
 SIZES = ["410m", "1b"]
 SEQS = [2048, 8192, 32768, 65536]
-AC_ORDER = ["none", "mlp", "full"]
-# activation bytes a block keeps per token, in units of d, as measured compiled (docs/benchmarks.md):
-# LLaMA about 60 d, the linear models about 80 d; 'mlp' drops the GLU's three [tokens, g] bf16 tensors
-ACT_BYTES_PER_D = {"llama": 60, "tnl": 80, "hgrn2": 80, "cos2": 80}
+AC_MODES = ["none", "mlp", "full"]
 
 # kernel classes of a profiled step, by kernel-name fragments (first match wins)
 KERNEL_CLASSES = [
@@ -57,28 +54,6 @@ KERNEL_CLASSES = [
 def cell_name(arch: str, size: str, seq: int, micro_tokens: int, ac: str, ac_fraction: float, compile_: bool) -> str:
     frac = "" if ac_fraction == 1.0 else f"{ac_fraction:g}"
     return f"{arch}-{size}-s{seq}-m{micro_tokens}-ac{ac}{frac}" + ("" if compile_ else "-eager")
-
-
-def estimate_gib(arch: str, size: str, micro_tokens: int, ac: str, ac_fraction: float = 1.0) -> float:
-    """Rough peak memory of a training step (GiB): fp32 weights + grads + AdamW state, the loss's chunk
-    buffers, and the activations the blocks keep; used only to pick the first checkpointing mode."""
-    from models import exact_params, model_config
-    cfg = model_config(arch, size)
-    d, g, l = cfg.d_model, cfg.d_glu, cfg.n_layers
-    per_block = ACT_BYTES_PER_D[arch] * d
-    kept = {"none": per_block, "mlp": per_block - 6 * g, "full": 4 * d}[ac]
-    n_ckpt = l * ac_fraction if ac != "none" else 0
-    act = micro_tokens * ((l - n_ckpt) * per_block + n_ckpt * kept + (per_block if ac == "full" else 0))
-    state = 16 * exact_params(cfg)["total"]
-    loss = 4096 * cfg.vocab_size * 2 + cfg.vocab_size * d * 8
-    return (act + state + loss) / 2**30 + 2.0
-
-
-def choose_ac(arch: str, size: str, micro_tokens: int, budget_gib: float) -> str:
-    for mode in AC_ORDER:
-        if estimate_gib(arch, size, micro_tokens, mode) <= budget_gib:
-            return mode
-    return "full"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -128,8 +103,9 @@ def _profile_step(step_fn) -> dict:
 def run_cell(spec: dict) -> dict:
     import torch
 
-    from models import build_model, flops_per_step
+    from models import build_model, flops_per_step, model_config
     from pretrain.config import OptimConfig
+    from pretrain.memory import choose_checkpointing, estimate_peak_gib
     from pretrain.metrics import peak_flops
     from pretrain.trainer import is_out_of_memory
     from pretrain.train_module import TorchTrainModule
@@ -141,8 +117,13 @@ def run_cell(spec: dict) -> dict:
     dev = torch.device("cuda" if cuda else "cpu")  # CPU: only for a smoke test of the machinery
     total_gib = (torch.cuda.get_device_properties(dev).total_memory if cuda else
                  os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**30
-    modes = [spec["ac"]] if spec["ac"] != "auto" else \
-        AC_ORDER[AC_ORDER.index(choose_ac(arch, size, micro_tokens, 0.9 * total_gib)):]
+    mcfg = model_config(arch, size)
+    if spec["ac"] == "auto":
+        settings = [choose_checkpointing(mcfg, micro_tokens, 0.9 * total_gib)]
+        if settings[0] != ("full", 1.0):
+            settings.append(("full", 1.0))
+    else:
+        settings = [(spec["ac"], spec["ac_fraction"])]
     out = {**spec, "micro_batch": mb, "accumulation": accum, "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
            "device_gib": round(total_gib, 1), "torch": torch.__version__, "attempts": []}
     try:
@@ -150,15 +131,15 @@ def run_cell(spec: dict) -> dict:
         out["triton"] = triton.__version__
     except ImportError:
         pass
-    for mode in modes:
+    for mode, fraction in settings:
         torch._dynamo.reset()
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(dev)
         sync = torch.cuda.synchronize if cuda else (lambda: None)
-        attempt = {"ac": mode, "ac_fraction": spec["ac_fraction"],
-                   "estimate_gib": round(estimate_gib(arch, size, micro_tokens, mode, spec["ac_fraction"]), 1)}
+        attempt = {"ac": mode, "ac_fraction": fraction,
+                   "estimate_gib": round(estimate_peak_gib(mcfg, micro_tokens, mode, fraction), 1)}
         out["attempts"].append(attempt)
         module = None
         try:
@@ -166,7 +147,7 @@ def run_cell(spec: dict) -> dict:
             with torch.device(dev):
                 overrides = {"max_seq_len": max(seq, 8192)} if arch == "llama" else {}
                 model = build_model(arch, size, **overrides)
-            model.set_activation_checkpointing(mode, spec["ac_fraction"])
+            attempt["checkpointed_blocks"] = len(model.set_activation_checkpointing(mode, fraction))
             module = TorchTrainModule(model, OptimConfig(warmup_steps=0), dev, "bf16" if cuda else "fp32")
             if spec["compile"]:
                 module.compile()
@@ -200,8 +181,8 @@ def run_cell(spec: dict) -> dict:
                 "loss_first": losses[0], "loss_last": losses[-1], **_graph_stats()})
             if spec.get("profile") and cuda:
                 attempt["profile"] = _profile_step(lambda: module.train_step([batch() for _ in range(accum)], 99))
-            out.update({k: attempt[k] for k in ("status", "ac", "tokens_per_s", "mfu", "peak_gib", "step_s",
-                                                  "compile_s", "graph_breaks")})
+            out.update({k: attempt[k] for k in ("status", "ac", "ac_fraction", "tokens_per_s", "mfu", "peak_gib",
+                                                  "step_s", "compile_s", "graph_breaks")})
             return out
         except (torch.OutOfMemoryError, RuntimeError) as err:
             if not is_out_of_memory(err):
@@ -229,7 +210,14 @@ def _commit() -> str | None:
         return None
 
 
+def device_slug(name: str) -> str:
+    """File-name form of a device name: results of different GPUs never stand for one another."""
+    return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+
+
 def run_matrix(args) -> None:
+    import torch
+    slug = device_slug(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -244,7 +232,7 @@ def run_matrix(args) -> None:
                   f"number of {micro}-token micro-batches of whole sequences", flush=True)
             continue
         name = cell_name(arch, size, seq, micro, args.ac, args.ac_fraction, not args.no_compile)
-        path = out / f"{name}.json"
+        path = out / f"{name}@{slug}.json"
         if path.exists() and not args.force:
             print(f"[bench] {name}: measured already ({path})", flush=True)
             continue
@@ -276,7 +264,7 @@ def run_matrix(args) -> None:
         if res["status"] in ("ok", "oom") or args.keep_failures:
             path.write_text(json.dumps(res, indent=1))
         else:
-            (out / f"{name}.failed.json").write_text(json.dumps(res, indent=1))
+            (out / f"{name}@{slug}.failed.json").write_text(json.dumps(res, indent=1))
         print(f"[bench] {name}: {res['status']}" + (f", {res['tokens_per_s']:,.0f} tokens/s, MFU "
               f"{100 * (res.get('mfu') or 0):.1f}%, peak {res['peak_gib']:.1f} GiB, ac {res['ac']}, compile "
               f"{res['compile_s']:.0f} s" if res["status"] == "ok" else "") + f" ({res['wall_s']:.0f} s)", flush=True)
@@ -288,14 +276,24 @@ def load_results(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(out).glob("*.json")) if not p.name.endswith(".failed.json")]
 
 
+def _ac_label(r: dict) -> str:
+    return r["ac"] + ("" if r.get("ac_fraction", 1.0) == 1.0 else f" {r['ac_fraction']:g}")
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def report(out: Path) -> str:
+    """The tables of the results in `out`, one set per device."""
     rows = load_results(out)
     if not rows:
         return f"no results in {out}"
+    devices = sorted({r.get("device", "?") for r in rows})
+    return "\n\n".join(_report_device([r for r in rows if r.get("device", "?") == d]) for d in devices)
+
+
+def _report_device(rows: list[dict]) -> str:
     llama = {(r["size"], r["seq"]): r for r in rows if r["arch"] == "llama" and r.get("status") == "ok"}
     devices = sorted({r.get("device", "?") for r in rows})
     dates = sorted({r.get("date", "?") for r in rows})
@@ -315,25 +313,30 @@ def report(out: Path) -> str:
         ref = llama.get((r["size"], r["seq"]))
         ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}x" if ref else "-"
         first = next((a.get("first_step_s") for a in r["attempts"] if a.get("status") == "ok"), None)
-        ac = r["ac"] + ("" if r.get("ac_fraction", 1.0) == 1.0 else f" {r['ac_fraction']:g}")
+        ac = _ac_label(r)
         if any(a.get("status") == "oom" for a in r["attempts"]):
             ac += " (" + ", ".join(a["ac"] for a in r["attempts"] if a.get("status") == "oom") + ": OOM)"
         lines.append(f"| {r['arch']} | {r['size']} | {r['seq']} | {r['micro_batch']} x {r['accumulation']} | {ac} | "
                      f"{r['tokens_per_s'] / 1e3:,.1f}k | {_pct(r.get('mfu'))} | {r['peak_gib']:.1f} | {ratio} | "
                      f"{first:.0f} |")
-    # flatness: each linear model's tokens/s against its own at the shortest measured length
+    # flatness: each model's fastest setting at each length against its fastest at the shortest length
     flat = []
     for arch in ARCHS:
         for size in SIZES:
-            mine = sorted((r for r in rows if r["arch"] == arch and r["size"] == size and r.get("status") == "ok"),
-                          key=lambda r: r["seq"])
-            if len(mine) > 1:
-                base = mine[0]
+            best: dict[int, dict] = {}
+            for r in rows:
+                if r["arch"] == arch and r["size"] == size and r.get("status") == "ok":
+                    if r["seq"] not in best or r["tokens_per_s"] > best[r["seq"]]["tokens_per_s"]:
+                        best[r["seq"]] = r
+            if len(best) > 1:
+                base = best[min(best)]
                 flat.append(f"| {arch} | {size} | " + " | ".join(
-                    f"{r['seq']}: {r['tokens_per_s'] / base['tokens_per_s']:.2f}" for r in mine) + " |")
+                    f"{q} ({_ac_label(r)}): {r['tokens_per_s'] / base['tokens_per_s']:.2f}"
+                    for q, r in sorted(best.items())) + " |")
     if flat:
-        lines += ["", "tokens/s relative to the shortest measured sequence of the same model:", "",
-                  "| arch | size | seq: ratio |", "|---|---|---|"] + flat
+        lines += ["", "tokens/s of each model's fastest measured setting at each length, relative to the shortest "
+                      "length (activation checkpointing in brackets):", "",
+                  "| arch | size | seq (checkpointing): ratio |", "|---|---|---|"] + flat
     profiles = [r for r in rows if r.get("status") == "ok" and any("profile" in a for a in r["attempts"])]
     for r in profiles:
         p = next(a["profile"] for a in r["attempts"] if "profile" in a)
@@ -351,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seqs", default=",".join(map(str, SEQS)), type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--tokens-per-step", type=int, default=65536)
     p.add_argument("--micro-tokens", type=int, default=None, help="tokens per micro-batch (default max(seq, 8192))")
-    p.add_argument("--ac", default="auto", choices=["auto"] + AC_ORDER, help="activation checkpointing")
-    p.add_argument("--ac-fraction", type=float, default=1.0)
+    p.add_argument("--ac", default="auto", choices=["auto"] + AC_MODES,
+                   help="activation checkpointing (auto: the cheapest setting pretrain.memory says fits)")
+    p.add_argument("--ac-fraction", type=float, default=1.0, help="share of blocks checkpointed (not with auto)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps (the first compiles)")
     p.add_argument("--steps", type=int, default=4, help="timed steps (median)")
     p.add_argument("--no-compile", action="store_true")

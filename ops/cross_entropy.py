@@ -10,10 +10,11 @@ gradients. Three head matmuls instead of the four of a recomputing backward.
 
 The op is a `torch.library` custom op, so torch.compile keeps it as one opaque node. Traced as plain
 tensor code instead, Inductor fused the unrolled chunk loop into one kernel over all N rows that gathered
-each row's target logit from its chunk at the address `V*row - V*chunk_start + target`, computed in int32
-because every single buffer is below 2^31 elements: from N*V >= 2^31 on (N = 21,414 rows at v = 100,280),
-an illegal memory access (and it held every chunk's logits alive at once). docs/training.md has the
-details and a plain-PyTorch reproducer.
+each row's target logit from its chunk at the address `V*row - V*chunk_start + target`, with int32
+indexing because every single buffer is below 2^31 elements. Once a chunk starts past row 2^31 / V
+(21,414 at v = 100,280; with 4096-row chunks: from N > 24,576 tokens) the address overflows: an illegal
+memory access on the GPU (and the fused kernel held every chunk's logits alive at once).
+docs/training.md has the details and a plain-PyTorch reproducer.
 """
 from __future__ import annotations
 

@@ -94,23 +94,26 @@ def is_out_of_memory(err: BaseException) -> bool:
         isinstance(err, RuntimeError) and ("CUBLAS_STATUS_ALLOC_FAILED" in str(err) or "out of memory" in str(err)))
 
 
-def out_of_memory_message(cfg: RunConfig, device: torch.device, step: int) -> str:
-    """What did not fit and the settings that change it (the caller adds the original error)."""
+def out_of_memory_message(cfg: RunConfig, device: torch.device, step: int, mode: str | None = None,
+                          fraction: float | None = None) -> str:
+    """What did not fit and the settings that change it (the caller adds the original error). `mode` and
+    `fraction`: the activation checkpointing in use (default: as configured)."""
     t = cfg.train
-    mode = ac_mode(t)
+    mode = mode or ac_mode(t)
+    fraction = t.ac_fraction if fraction is None else fraction
     where = f"{device}"
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
         where = f"the {total:.0f} GiB of {torch.cuda.get_device_name(device)}"
-    ac = "off" if mode == "none" else f"{mode}" + (f" on {t.ac_fraction:.0%} of the blocks" if t.ac_fraction < 1 else "")
+    ac = "off" if mode == "none" else f"{mode}" + (f" on {fraction:.0%} of the blocks" if fraction < 1 else "")
     fixes = []
     if t.micro_batch > 1:
         fixes.append(f"a smaller --micro-batch (e.g. {max(1, t.micro_batch // 2)}; gradient accumulation keeps the "
                      f"global batch)")
-    if mode != "full" or t.ac_fraction < 1:
-        fixes.append("activation checkpointing: --activation-checkpointing full (recompute each block in the "
-                     "backward, ~25% slower), or mlp / --ac-fraction 0.5 for a part of that saving at a part "
-                     "of the cost")
+    if mode != "full" or fraction < 1:
+        fixes.append("activation checkpointing: --activation-checkpointing full (every block recomputed in the "
+                     "backward: about 25% fewer tokens/s), or full with --ac-fraction 0.5 (half the blocks, "
+                     "half the cost), or auto (the fewest blocks estimated to fit)")
     fixes.append(f"a shorter --seq-len (now {t.seq_len})")
     if cfg.dist.zero < 3:
         fixes.append("more GPUs with --zero 3 (shards weights and optimizer state)")
@@ -155,7 +158,8 @@ class Trainer:
 
         init_process_group(env, cfg.dist.backend)
         model = build_from_config(self.model_cfg)
-        self.ac_blocks = model.set_activation_checkpointing(ac_mode(t), t.ac_fraction)
+        self.ac, self.ac_fraction = self._checkpointing(env.device)
+        self.ac_blocks = model.set_activation_checkpointing(self.ac, self.ac_fraction)
         self.model = model
         if cfg.dist.zero > 0:
             from pretrain.deepspeed_module import DeepSpeedTrainModule
@@ -198,6 +202,22 @@ class Trainer:
             self.run_lock.release()
 
     # -- setup helpers ------------------------------------------------------------------------------
+    def _checkpointing(self, device: torch.device) -> tuple[str, float]:
+        """The run's activation checkpointing; `auto` asks pretrain.memory what fits this GPU."""
+        t = self.cfg.train
+        mode = ac_mode(t)
+        if mode != "auto":
+            return mode, t.ac_fraction
+        if device.type != "cuda":
+            return "none", 1.0
+        from pretrain.memory import choose_checkpointing, estimate_peak_gib
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        mode, frac = choose_checkpointing(self.model_cfg, t.micro_batch * t.seq_len, 0.9 * total)
+        log(f"--activation-checkpointing auto: {mode}" + (f" on {frac:.0%} of the blocks" if mode != "none" else "")
+            + f" (estimated peak {estimate_peak_gib(self.model_cfg, t.micro_batch * t.seq_len, mode, frac):.0f} "
+            f"of {total:.0f} GiB)", self.env)
+        return mode, frac
+
     def _validation_batches(self, build_loader) -> list[dict]:
         t = self.cfg.train
         try:
@@ -257,7 +277,7 @@ class Trainer:
         log(f"data: {self.loader.describe()}", e)
         t = self.cfg.train
         ac = "off" if not self.ac_blocks else \
-            f"{ac_mode(t)} on {len(self.ac_blocks)} of {self.model_cfg.n_layers} blocks"
+            f"{self.ac} on {len(self.ac_blocks)} of {self.model_cfg.n_layers} blocks"
         log(f"torch.compile: {'on' if self.compiled else 'off'} (--compile {t.compile}); activation checkpointing: {ac}", e)
         table = decay_table(self.model)
         if table is not None:
@@ -298,7 +318,8 @@ class Trainer:
                 if not is_out_of_memory(err):
                     raise
                 self.metrics.close()
-                raise TrainingStopped(out_of_memory_message(self.cfg, self.env.device, self.step)
+                raise TrainingStopped(out_of_memory_message(self.cfg, self.env.device, self.step, self.ac,
+                                                            self.ac_fraction)
                                       + f" (original error: {str(err).splitlines()[0]})") from err
             if compiled_graph_count() != graphs:
                 # this step compiled: report its time as compile time and keep it out of tokens/s
