@@ -257,16 +257,17 @@ def test_compile_and_checkpointing_flags():
     cfg = parse_config(["--size", "70m"])
     assert cfg.train.compile == "auto" and cfg.train.activation_checkpointing == "none"
     assert resolve_compile(cfg, "cuda") and not resolve_compile(cfg, "cpu")
-    assert not resolve_compile(parse_config(["--size", "70m", "--zero", "3"]), "cuda")  # opt in under ZeRO-3
+    assert not resolve_compile(parse_config(["--size", "70m", "--zero", "2"]), "cuda")  # opt in under DeepSpeed
+    assert resolve_compile(parse_config(["--size", "70m", "--zero", "2", "--compile"]), "cuda")
     assert not resolve_compile(parse_config(["--size", "70m", "--no-compile"]), "cuda")
     assert resolve_compile(parse_config(["--size", "70m", "--compile"]), "cpu")
-    assert parse_config(["--size", "70m", "--compile", "false"]).train.compile is False
+    assert parse_config(["--size", "70m", "--compile", "false"]).train.compile == "false"
     assert parse_config(["--activation-checkpointing"]).train.activation_checkpointing == "full"
     c = parse_config(["--activation-checkpointing", "mlp", "--ac-fraction", "0.5"])
     assert (c.train.activation_checkpointing, c.train.ac_fraction) == ("mlp", 0.5)
     assert parse_config(["--activation-checkpointing", "true"]).train.activation_checkpointing == "full"
     assert parse_config(["--activation-checkpointing", "auto"]).train.activation_checkpointing == "auto"
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match="choose one of none, mlp, full, auto"):
         parse_config(["--activation-checkpointing", "selective"])
     with pytest.raises(ValueError, match="ac-fraction"):
         parse_config(["--ac-fraction", "0"])
@@ -277,7 +278,7 @@ def test_yaml_checkpointing_switch_still_works(tmp_path):
     p = tmp_path / "run.yaml"
     p.write_text("train: {activation_checkpointing: true, compile: false}\n")
     cfg = parse_config(["--config", str(p)])
-    assert cfg.train.activation_checkpointing == "full" and cfg.train.compile is False
+    assert cfg.train.activation_checkpointing == "full" and cfg.train.compile == "false"
 
 
 def _flags(tmp_path, arch="tnl"):
