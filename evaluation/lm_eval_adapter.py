@@ -20,40 +20,9 @@ from tqdm import tqdm
 
 from data_pipeline.tokenizer import EOT_ID, get_tokenizer
 from evaluation.context import scoring_window
+from evaluation.devices import DTYPES, resolve_device, resolve_dtype  # noqa: F401  (also imported from here)
 from evaluation.scoring import generate_tokens, rolling_loglikelihood, score_continuations
 from models import LanguageModel, load_pretrained
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str | None) -> str:
-    """auto -> cuda if present, else cpu. A CUDA (or MPS) device that this machine does not have falls back to
-    the CPU with a warning: lm-eval's CLI passes --device cuda:0 by default, which would otherwise make every
-    `lm_eval --model linscale` run fail on a CPU-only machine."""
-    if device in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    device = str(device)
-    kind, _, index = device.partition(":")
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            print(f"linscale: device {device!r} requested but CUDA is not available here; using the CPU")
-            return "cpu"
-        if index.isdigit() and int(index) >= torch.cuda.device_count():
-            raise ValueError(f"linscale: device {device!r} requested but this machine has "
-                             f"{torch.cuda.device_count()} CUDA device(s) (cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
-    elif kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        print(f"linscale: device {device!r} requested but MPS is not available here; using the CPU")
-        return "cpu"
-    return device
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return DTYPES[dtype]
-
 
 @register_model("linscale")
 class LinscaleLM(TemplateLM):

@@ -184,7 +184,7 @@ def run_lm_eval(model, tasks: list[str], cfg: SweepConfig, window: int | None = 
 # -- the sweep ------------------------------------------------------------------------------------------
 
 def load_model(snap: dict, cfg: SweepConfig, tasks: list[str]):
-    from evaluation.lm_eval_adapter import resolve_device, resolve_dtype
+    from evaluation.devices import resolve_device, resolve_dtype
     from models import load_pretrained
     device = resolve_device(cfg.device)
     overrides = {}

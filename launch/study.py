@@ -38,7 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", required=True, type=Path, help="the study YAML")
     common.add_argument("--runs", nargs="+", metavar="RUN", help="only these runs (names as in the plan, arch-size)")
-    sub.add_parser("plan", parents=[common], help="print the plan and its total compute")
+    pl = sub.add_parser("plan", parents=[common], help="print the plan and its total compute")
+    pl.add_argument("--prepare", action="store_true",
+                    help="also write the evaluation inputs (validation windows from the data; lm-eval requests for "
+                         "evaluation.csr: replay), for evaluating on machines without the data or lm-eval")
     r = sub.add_parser("run", parents=[common], help="train, export, evaluate every run, then report")
     r.add_argument("--stages", type=_stages, default=RUN_STAGES, help="comma list of train,export,evaluate")
     r.add_argument("--deadline", type=float, help="stop cleanly after this many seconds (a run in training "
@@ -74,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "plan":
         print(format_plan(study, plans))
+        if args.prepare:
+            from scaling.study.stages import prepare_eval_inputs
+            prepare_eval_inputs(study)
         return 0
     if args.command == "status":
         from scaling.study.slurm import job_states
@@ -99,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     from scaling.study.local import run_local
-    res = run_local(study, plans, args.stages, args.deadline)
+    try:
+        res = run_local(study, plans, args.stages, args.deadline)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if not args.no_report and not res["stopped"]:
         report(study, plan_study(study))
     if res["failed"]:

@@ -2,7 +2,9 @@
 
 1B uses h=12, g=4096: the paper prints h=16, g=5632, but its own parameter and FLOPs counts come out only
 with these (see docs/architectures.md). 410M has 26 layers for LLaMA and HGRN2, 25 for TNL and cos2.
-`tiny` and `mini` are ours, for CPU runs, tests and small scaling sweeps."""
+`tiny` and `mini` are ours, for CPU runs, tests and small scaling sweeps. The `l<L>d<D>` sizes are ours too, for
+small scaling studies on one GPU (docs/studies/): the paper's head width (e = d/h = 128) and its smallest
+size's GLU width (g = 3d), with d/l between 64 and 128 (the paper's sizes span 39-128)."""
 from __future__ import annotations
 
 from models.config import ModelConfig, canonical_arch
@@ -17,6 +19,11 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
     "1b": (32, 1536, 12, 4096),
     "3b": (35, 2560, 20, 6912),
     "7b": (32, 4096, 32, 11008),
+    "l1d128": (1, 128, 1, 384),
+    "l2d128": (2, 128, 1, 384),
+    "l2d256": (2, 256, 2, 768),
+    "l4d256": (4, 256, 2, 768),
+    "l4d384": (4, 384, 3, 1152),
 }
 PAPER_SIZES = ("70m", "160m", "410m", "1b", "3b", "7b")
 LAYER_OVERRIDES = {("410m", "tnl"): 25, ("410m", "cos2"): 25}

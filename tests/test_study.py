@@ -233,6 +233,33 @@ def test_larger_budget_continues_the_runs(finished_study, dataset):
     assert sorted(after) == list(range(1, 26)) and all(after[s] == before["llama-b"][s] for s in before["llama-b"])
 
 
+def test_evaluate_stage_runs_without_lm_eval(finished_study):
+    """Perplexity-type tasks, export loading and the sweep need no lm-eval (GPU images often lack it)."""
+    import shutil
+    tmp, path, _ = finished_study
+    d = tmp / "t" / "eval" / "hgrn2-b"
+    before = json.loads((d / "results.json").read_text())["snapshots"]
+    shutil.rmtree(d)
+    code = ("import sys, runpy; sys.modules['lm_eval'] = None; "
+            f"sys.argv = ['study.py', 'stage', '--config', {str(path)!r}, '--run', 'hgrn2-b', '--stages', 'evaluate']; "
+            f"runpy.run_path({str(STUDY)!r}, run_name='__main__')")
+    res = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    after = json.loads((d / "results.json").read_text())["snapshots"]
+    assert [r["results"]["valid_loss"]["loss"] for r in after] == [r["results"]["valid_loss"]["loss"] for r in before]
+
+
+def test_missing_evaluation_data_is_found_before_training(tmp_path, dataset):
+    path = study_yaml(tmp_path, dataset, evaluation={"tasks": ["valid_loss", "wikitext2", "piqa"]})
+    res = subprocess.run([sys.executable, str(STUDY), "run", "--config", str(path)],
+                         env={**env(), "LINSCALE_SHARED_DATA": str(tmp_path / "nowhere")},
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    assert "wiki.test.raw not found" in res.stderr and "piqa/valid.jsonl not found" in res.stderr
+    assert "LINSCALE_SHARED_DATA" in res.stderr
+    assert not (tmp_path / "t" / "runs").exists()   # nothing was trained
+
+
 # -- Slurm: the submitted job arrays and dependencies -------------------------------------------------------
 
 def fake_slurm(bin_dir: Path, log: Path) -> None:

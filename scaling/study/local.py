@@ -12,8 +12,8 @@ import time
 
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
-from scaling.study.stages import (EVALUATE, EXPORT, RUN_STAGES, TRAIN, StageStopped, evaluate, export,
-                                  prepare_eval_inputs, tracked, train)
+from scaling.study.stages import (EVALUATE, EXPORT, RUN_STAGES, TRAIN, StageStopped, check_evaluation, evaluate,
+                                  export, prepare_eval_inputs, tracked, train)
 
 STAGE_FUNCTIONS = {TRAIN: train, EXPORT: export, EVALUATE: evaluate}
 
@@ -59,6 +59,7 @@ def run_local(study: StudyConfig, plans: list[RunPlan], stages: tuple[str, ...] 
     """Returns {"done": [...], "failed": {run: error}, "stopped": reason or None} for this invocation."""
     t0 = time.time()
     if EVALUATE in stages:
+        check_evaluation(study)  # before any training: a missing eval file must not surface hours later
         prepare_eval_inputs(study, log)
     stopper = Stopper(deadline_s)
     done, failed = [], {}

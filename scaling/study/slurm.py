@@ -23,7 +23,7 @@ from pathlib import Path
 
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
-from scaling.study.stages import EVALUATE, EXPORT, REPORT, TRAIN, prepare_eval_inputs, train_done
+from scaling.study.stages import EVALUATE, EXPORT, REPORT, TRAIN, evaluation_problems, prepare_eval_inputs, train_done
 from scaling.study.status import run_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,6 +153,8 @@ def submit(study: StudyConfig, plans: list[RunPlan], sbatch: str = "sbatch", squ
     out.mkdir(parents=True, exist_ok=True)
     (study.out / "logs").mkdir(parents=True, exist_ok=True)
     prepare_eval_inputs(study, log)
+    for problem in evaluation_problems(study):  # the jobs may see another file system: warn, do not refuse
+        log(f"[study] WARNING: on this machine {problem}")
     held = job_states(study, squeue, sacct)
     busy = {r for r, st in held.items() if any(v in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING",
                                                       "COMPLETING", "SUSPENDED") for v in st.values())}

@@ -205,6 +205,48 @@ def prepare_eval_inputs(study: StudyConfig, log=print) -> None:
                 f"{', '.join(req['tasks'])} at limit {e.limit} -> {path}")
 
 
+# raw files each task reads on the evaluating machine (evaluation.local_data.EVAL_FILES keys)
+TASK_FILES = {"wikitext2": ("wikitext2_test",), "lambada_openai": ("lambada_openai",), "piqa": ("piqa", "piqa_labels"),
+              "siqa": ("siqa", "siqa_labels"), "arc_easy": ("arc_easy",), "arc_challenge": ("arc_challenge",),
+              "boolq": ("boolq",), "openbookqa": ("openbookqa",), "winogrande": ("winogrande",),
+              "hellaswag": ("hellaswag",)}
+
+
+def evaluation_problems(study: StudyConfig) -> list[str]:
+    """What the evaluate stage would miss on this machine (data files, lm-eval), found before any training:
+    an evaluation that fails after hours of training is the costly way to learn it."""
+    import importlib.util
+
+    from evaluation import local_data
+    e = study.evaluation
+    replay = e.csr == "replay"
+    here = [t for t in e.tasks if not (replay and t in csr_tasks(study))]
+    problems = []
+    for t in here:
+        for name in TASK_FILES.get(t, ()):
+            try:
+                local_data.eval_path(name)
+            except FileNotFoundError as err:
+                problems.append(str(err))
+    if "wikitext2" in here and importlib.util.find_spec("lm_eval") is None:
+        problems.append("wikitext2 uses lm-eval's detokenizer file: install lm-eval, or put the files of its wheel "
+                        "on PYTHONPATH (they need none of its dependencies)")
+    direct_lm_eval = [t for t in here if t in csr_tasks(study) or t.startswith("scrolls_")]
+    if direct_lm_eval:
+        try:
+            import lm_eval  # noqa: F401
+        except ImportError as err:
+            problems.append(f"{', '.join(direct_lm_eval)} run through lm-eval, which cannot be imported here ({err}); "
+                            f"install it, or set evaluation.csr: replay to score the commonsense tasks without it")
+    return problems
+
+
+def check_evaluation(study: StudyConfig) -> None:
+    problems = evaluation_problems(study)
+    if problems:
+        raise FileNotFoundError("evaluation cannot run on this machine:\n  - " + "\n  - ".join(problems))
+
+
 def sweep_config(study: StudyConfig, run_dir: Path, tasks: list[str]):
     from evaluation.sweep import SweepConfig
     e = study.evaluation
@@ -218,6 +260,7 @@ def sweep_config(study: StudyConfig, run_dir: Path, tasks: list[str]):
 def evaluate(study: StudyConfig, plan: RunPlan, log=print) -> list[dict]:
     """Evaluate the run's exports; returns the sweep's rows (one per snapshot)."""
     from evaluation.sweep import sweep
+    check_evaluation(study)
     e = study.evaluation
     replay = e.csr == "replay"
     tasks = [t for t in e.tasks if not (replay and t in csr_tasks(study))]

@@ -56,14 +56,14 @@ def _alive(rec: dict | None) -> bool:
     return True
 
 
-def _evaluated(study: StudyConfig, plan: RunPlan) -> int:
+def _evaluated(study: StudyConfig, plan: RunPlan, steps: list[int]) -> int:
     from checkpoints.layout import step_name
     e = study.evaluation
     replay = e.csr == "replay"
     sweep_tasks = [t for t in e.tasks if not (replay and t in csr_tasks(study))]
     cache = eval_dir(study, plan.name) / "cache" / plan.name
     n = 0
-    for s in selected_snapshot_steps(study, plan.run_dir):
+    for s in steps:
         snap = step_name(s)
         ok = all((cache / snap / f"{t}.json").is_file() for t in sweep_tasks)
         if replay and csr_tasks(study):
@@ -105,10 +105,12 @@ def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = 
         if jobs.get(stage) in ("RUNNING", "PENDING") and not note:
             note = f"{stage}: Slurm {jobs[stage].lower()}"
     snaps = [s for s, _ in step_dirs(plan.run_dir / SNAPSHOTS)]
-    selected = selected_snapshot_steps(study, plan.run_dir)
-    exported = [s for s, p in step_dirs(plan.run_dir / EXPORTS) if (p / "config.json").is_file() and s in selected]
-    return RunStatus(plan.name, train, step, plan.steps, len(snaps), len(exported), _evaluated(study, plan),
-                     len(selected), note[:160])
+    exports = [s for s, p in step_dirs(plan.run_dir / EXPORTS) if (p / "config.json").is_file()]
+    # a study copied without its weights (snapshots left behind) still shows what was exported and evaluated
+    selected = selected_snapshot_steps(study, plan.run_dir) if snaps else exports
+    exported = [s for s in exports if s in selected]
+    return RunStatus(plan.name, train, step, plan.steps, len(snaps), len(exported), _evaluated(study, plan, selected),
+                     len(selected), note[:100])
 
 
 def study_status(study: StudyConfig, plans: list[RunPlan], jobs: dict[str, dict[str, str]] | None = None
