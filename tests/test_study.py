@@ -339,3 +339,18 @@ def test_slurm_resubmission_leaves_out_finished_runs(tmp_path, dataset):
     assert [script_runs(Path(train[-1]), i)[1]["RUN_DIR"] for i in (0, 1)] == [str(p.run_dir) for p in plans[2:]]
     assert "--dependency=aftercorr:101" in ev_after and not any(a.startswith("--dependency") for a in ev_now)
     assert "--dependency=afterany:101:102:103" in report
+
+
+def test_study_sizes_keep_the_paper_proportions():
+    """The registry's one-GPU study sizes: head width 128 and g = 3d (the paper's smallest size), d/l in the
+    paper's range, and non-embedding N by the paper's formula spanning more than 10x."""
+    from models import model_config, paper_non_embedding_params
+    names = [s for s in __import__("models").SIZES if s.startswith("l") and "d" in s[1:]]
+    assert names == ["l1d128", "l2d128", "l2d256", "l4d256", "l4d384"]
+    ns = []
+    for s in names:
+        c = model_config("llama", s)
+        assert c.head_dim == 128 and c.d_glu == 3 * c.d_model and 32 <= c.d_model / c.n_layers <= 128
+        assert s == f"l{c.n_layers}d{c.d_model}"
+        ns.append(paper_non_embedding_params(c))
+    assert ns == sorted(ns) and ns[-1] / ns[0] > 10
