@@ -354,3 +354,61 @@ def test_study_sizes_keep_the_paper_proportions():
         assert s == f"l{c.n_layers}d{c.d_model}"
         ns.append(paper_non_embedding_params(c))
     assert ns == sorted(ns) and ns[-1] / ns[0] > 10
+
+
+# -- Slurm: a real local cluster (launch/slurm/local_cluster.sh) ----------------------------------------------
+
+LOCAL_CLUSTER = ROOT / "launch" / "slurm" / "local_cluster.sh"
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """The local cluster: used if already up (CI starts it), else started here and stopped after."""
+    if not LOCAL_CLUSTER.is_file():
+        pytest.skip("launch/slurm/local_cluster.sh is not in this checkout")
+    status = subprocess.run(["bash", str(LOCAL_CLUSTER), "status"], capture_output=True, text=True)
+    started = False
+    if status.returncode != 0:
+        up = subprocess.run(["bash", str(LOCAL_CLUSTER), "up"], capture_output=True, text=True, timeout=600)
+        if up.returncode == 3 and not os.environ.get("LINSCALE_REQUIRE_SLURM"):
+            pytest.skip(f"Slurm cannot be installed or started here: {up.stderr.strip()[-500:]}")
+        assert up.returncode == 0, f"local_cluster.sh up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}"
+        started = True
+    yield
+    if started:
+        subprocess.run(["bash", str(LOCAL_CLUSTER), "down"], capture_output=True, text=True, timeout=300)
+
+
+def test_study_on_a_real_slurm_cluster(slurm_cluster, finished_study, dataset):
+    """`run --slurm` on the local cluster: the training array (through launch/slurm/pretrain.sbatch), the
+    evaluation array after it, the report job last; every run's per-step losses equal the local study's."""
+    import time
+    tmp, _, _ = finished_study
+    path = study_yaml(tmp, dataset, name="s", slurm={"train": ["--time=20"], "evaluate": ["--time=20"],
+                                                      "fit": ["--time=20"]})
+    e = {**env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run([sys.executable, str(STUDY), "run", "--config", str(path), "--slurm"], env=e,
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    subs = [json.loads(line) for line in (tmp / "s" / "slurm" / "submissions.jsonl").read_text().splitlines()]
+    assert [s["stages"] for s in subs] == [["train"], ["export", "evaluate"], ["report"]]
+    ids = [s["job_id"] for s in subs]
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        q = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], capture_output=True, text=True)
+        if q.returncode == 0 and not q.stdout.strip():
+            break
+        time.sleep(3)
+    else:
+        subprocess.run(["scancel", *ids], capture_output=True)
+        pytest.fail("the study's jobs did not finish within 15 minutes")
+    logs = "\n".join(f"{p.name}:\n{p.read_text()[-1500:]}" for p in sorted((tmp / "s" / "logs").glob("*.out")))
+    status = study("status", "--config", path).stdout
+    assert "4/4 runs trained and evaluated" in status, status + logs
+    assert (tmp / "s" / "report" / "report.md").is_file(), logs
+    for name in ("llama-a", "hgrn2-a", "llama-b", "hgrn2-b"):
+        assert losses(tmp / "s" / "runs" / name) == losses(tmp / "t" / "runs" / name), name
+    # resubmitted, a complete study submits only its report
+    res = subprocess.run([sys.executable, str(STUDY), "run", "--config", str(path), "--slurm"], env=e,
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0 and "submitting only the report" in res.stdout, res.stdout[-2000:]

@@ -96,12 +96,38 @@ def replayed_csr(study: StudyConfig, run: str, log=print) -> dict[str, dict]:
     return out
 
 
+def _cached_rows(study: StudyConfig, plan: RunPlan) -> dict[str, dict]:
+    """Rows from the sweep's per-(snapshot, task) cache: what a sweep that stopped before writing its table
+    had finished. Snapshot facts come from the export's config.json, else from the snapshot's name."""
+    from checkpoints.layout import parse_step
+    cache = eval_dir(study, plan.name) / "cache" / plan.name
+    rows = {}
+    for snap_dir in sorted(cache.glob("step_*")) if cache.is_dir() else []:
+        results = {}
+        for f in sorted(snap_dir.glob("*.json")):
+            try:
+                results[f.stem] = json.loads(f.read_text())["metrics"]
+            except (OSError, json.JSONDecodeError, KeyError):
+                continue
+        if not results:
+            continue
+        meta = {}
+        export_cfg = plan.run_dir / "exports" / snap_dir.name / "config.json"
+        if export_cfg.is_file():
+            meta = json.loads(export_cfg.read_text())
+        rows[snap_dir.name] = {"run": plan.name, "snapshot": snap_dir.name, "arch": plan.arch, "size": plan.size,
+                               "step": meta.get("step", parse_step(snap_dir.name)), "tokens": meta.get("tokens"),
+                               "flops": meta.get("flops"), "path": None, "results": results}
+    return rows
+
+
 def evaluation_rows(study: StudyConfig, plans: list[RunPlan], log=print) -> list[dict]:
-    """Every evaluated snapshot of the study: the sweep rows of each run, with replayed commonsense metrics."""
+    """Every evaluated snapshot of the study: the sweep rows of each run (its table, and what its cache holds
+    beyond the table), with replayed commonsense metrics."""
     rows = []
     for p in plans:
         d = eval_dir(study, p.name)
-        by_snap: dict[str, dict] = {}
+        by_snap: dict[str, dict] = _cached_rows(study, p)
         if (d / "results.json").is_file():
             for r in json.loads((d / "results.json").read_text())["snapshots"]:
                 by_snap[r["snapshot"]] = r
