@@ -65,7 +65,8 @@ def train_script(study: StudyConfig, plans: list[RunPlan]) -> str:
     from pretrain.config import parse_config
     lines = _header(study, TRAIN, len(plans), study.slurm.train,
                     ["--requeue", "--signal=B:USR1@300", "--open-mode=append"])
-    lines += ["set -euo pipefail", f"cd {_q(ROOT)}"]
+    # pretrain.sbatch finds the repository as the submit directory: make it this checkout wherever sbatch ran
+    lines += ["set -euo pipefail", f"cd {_q(ROOT)}", f"export SLURM_SUBMIT_DIR={_q(ROOT)}"]
     lines += [f"export {k}={_q(v)}" for k, v in study.slurm.train_env.items()]
     cases = []
     for p in plans:
@@ -101,7 +102,7 @@ def report_script(study: StudyConfig) -> str:
 
 def _sbatch(cmd: str, script: Path, dependency: str | None) -> str:
     args = [cmd, "--parsable"] + ([f"--dependency={dependency}"] if dependency else []) + [str(script)]
-    res = subprocess.run(args, capture_output=True, text=True)
+    res = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed (exit {res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
     return res.stdout.strip().split(";")[0]
