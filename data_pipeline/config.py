@@ -67,6 +67,7 @@ class DedupConfig:
     bands: int = 16  # LSH bands; num_perm/bands rows each. 16x8 finds pairs at J=0.8 with p~0.95
     ngram: int = 5  # word 5-grams for en, character 5-grams for zh
     seed: int = 1
+    shards: int = 16  # merge tasks per band (and for exact dedup): each reads 1/shards of the records
 
 
 @dataclass
@@ -183,6 +184,8 @@ def _validate(cfg: DataConfig, where: str) -> None:
         raise ValueError(f"{where}: val_fraction must be in [0, 1), got {cfg.val_fraction}")
     if not 0 < cfg.dedup.threshold <= 1:
         raise ValueError(f"{where}: dedup.threshold must be in (0, 1], got {cfg.dedup.threshold}")
+    if not 1 <= cfg.dedup.shards <= 4096:
+        raise ValueError(f"{where}: dedup.shards must be in [1, 4096], got {cfg.dedup.shards}")
     if cfg.dedup.num_perm % cfg.dedup.bands:
         raise ValueError(f"{where}: dedup.bands {cfg.dedup.bands} must divide num_perm {cfg.dedup.num_perm}")
 

@@ -3,10 +3,10 @@
 Shingles are word 5-grams (en) or character 5-grams (zh), hashed with numpy over the text's code points
 rather than string by string. MinHash uses the multiply-shift family h(x) = (a*x + b) >> 32 (a odd,
 64-bit wrap-around), num_perm of them; LSH groups documents whose signatures agree on a whole band.
-Per-document signatures and band keys are computed in the workers of each prepare part; the merge step
-(near_duplicates) sees all parts and links candidates whose estimated Jaccard reaches the threshold.
-The survivor of each linked group is its first document in the global order, so the result does not
-depend on how the work was split.
+Per-document signatures and band keys are computed in the workers of each prepare part; the staged
+merge (merge.py) links candidates whose estimated Jaccard reaches the threshold. The survivor of each
+linked group is its first document in the global order, so the result does not depend on how the work
+was split.
 """
 from __future__ import annotations
 
@@ -328,46 +328,3 @@ class MinHasher:
             rows = sig.reshape(self.bands, self.rows).astype(np.uint64)
             keys = (rows * self.band_mult[None, :]).sum(axis=1, dtype=np.uint64)
             return _mix(keys + np.arange(self.bands, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
-
-
-def near_duplicates(order: np.ndarray, bands: np.ndarray, sigs: np.ndarray, threshold: float,
-                    max_group: int = 64) -> np.ndarray:
-    """Boolean mask of documents to drop: each document that is linked (same band key in some band and
-    estimated Jaccard >= threshold) to a document earlier in `order` goes, the first of a linked group
-    stays. order: int64 [n] global positions; bands: uint64 [n, bands]; sigs: uint32 [n, num_perm]."""
-    n = len(order)
-    parent = np.arange(n)
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    rank = np.argsort(order, kind="stable")  # rank[k] = the document at global position k
-    pos = np.empty(n, np.int64)
-    pos[rank] = np.arange(n)
-    for b in range(bands.shape[1] if n else 0):
-        keys = bands[:, b]
-        by_key = np.lexsort((pos, keys))
-        k_sorted = keys[by_key]
-        bounds = np.nonzero(np.diff(k_sorted))[0] + 1
-        for group in np.split(by_key, bounds):
-            if len(group) < 2:
-                continue
-            group = group[:max_group]  # a huge bucket is boilerplate; its head is enough
-            for j in range(1, len(group)):
-                g = group[j]
-                for h in group[:j]:
-                    if find(g) == find(h):
-                        break
-                    if np.mean(sigs[g] == sigs[h]) >= threshold:
-                        ra, rb = find(g), find(h)
-                        # the root of a group is its earliest document
-                        if pos[ra] < pos[rb]:
-                            parent[rb] = ra
-                        else:
-                            parent[ra] = rb
-                        break
-    roots = np.fromiter((find(i) for i in range(n)), dtype=np.int64, count=n)
-    return roots != np.arange(n)

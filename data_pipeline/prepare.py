@@ -16,7 +16,6 @@ document in the global order (source, file, document) survives) and writes:
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -29,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import DataConfig, SourceConfig, source_weights
-from .dedup import MinHasher, exact_keys, keyed_batch, near_duplicates, shingles_batch
-from .filters import FILTER_NAMES, check_batch, clean, prepare_tables
-from .shards import ShardWriter, SourceMeta, order_digest, write_meta
+from .config import DataConfig, SourceConfig
+from .dedup import MinHasher, exact_keys, keyed_batch, shingles_batch
+from .filters import check_batch, clean, prepare_tables
+from .merge import run_all, write_part_records
+from .shards import ShardWriter
 from .sources import Counts, iter_file, iter_source
 from .tokenizer import encode_document_array, get_tokenizer
 
@@ -176,8 +176,9 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
     removed_chars = [Counter() for _ in cfg.sources]
     writers = [ShardWriter(out / "tokens", s.name, cfg.shard_tokens, prefix=f"p{part:05d}-")
                for s in cfg.sources]
-    recs = [{"keys": [], "hashes": [], "sigs": [], "bands": [], "shard": [], "row": []}
-            for _ in cfg.sources]
+    table: list[np.ndarray] = []  # per kept batch: int64 [documents, 5] (see merge.KEY...)
+    band_rows: list[np.ndarray] = []
+    sig_file = open(pdir / "sigs.u32", "wb")  # signatures stream to disk: no memory per document
     seen: set[int] = set()
     local_dups = [0] * len(cfg.sources)
     chars_in = tokens_out = 0
@@ -196,21 +197,22 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
             removed[si].update(done.removed)
             removed_chars[si].update(done.removed_chars)
             chars_in += done.chars_in
-            r, w = recs[si], writers[si]
+            w = writers[si]
+            rows, keep = [], []
             for j, (key, h, toks) in enumerate(zip(done.keys, done.hashes, done.tokens)):
                 if cfg.dedup.exact and h in seen:
                     local_dups[si] += 1
                     continue
                 seen.add(h)
-                shard, row = w.add(toks)
-                r["keys"].append(key)
-                r["hashes"].append(h)
-                r["shard"].append(shard)
-                r["row"].append(row)
-                if cfg.dedup.near:
-                    r["sigs"].append(done.sigs[j])
-                    r["bands"].append(done.bands[j])
+                shard, _ = w.add(toks)
+                rows.append((key, np.uint64(h).astype(np.int64), len(toks), shard, w.last_offset))
+                keep.append(j)
                 tokens_out += len(toks)
+            if rows:
+                table.append(np.asarray(rows, np.int64).reshape(-1, 5))
+                if cfg.dedup.near:
+                    sig_file.write(np.ascontiguousarray(done.sigs[keep]).tobytes())
+                    band_rows.append(done.bands[keep])
             if bar is not None:
                 bar.update(done.chars_in)
                 bar.set_postfix_str(f"{tokens_out / 1e6:.1f}M tok")
@@ -220,15 +222,15 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
             pool.join()
         if bar is not None:
             bar.close()
+    sig_file.close()
+    docs = np.concatenate(table) if table else np.zeros((0, 5), np.int64)
+    np.save(pdir / "docs.npy", docs)
+    bands = (np.concatenate(band_rows) if band_rows else np.zeros((0, cfg.dedup.bands), np.uint64)) \
+        if cfg.dedup.near else None
+    write_part_records(pdir, docs, bands, cfg.dedup.shards)
     sources = []
     for si, src in enumerate(cfg.sources):
         writers[si].close()
-        r = recs[si]
-        np.savez(pdir / f"{src.name}.npz", keys=np.asarray(r["keys"], np.int64),
-                 hashes=np.asarray(r["hashes"], np.uint64), shard=np.asarray(r["shard"], np.int32),
-                 row=np.asarray(r["row"], np.int64),
-                 sigs=np.asarray(r["sigs"], np.uint32).reshape(-1, cfg.dedup.num_perm),
-                 bands=np.asarray(r["bands"], np.uint64).reshape(-1, cfg.dedup.bands))
         sources.append({"name": src.name, "shards": writers[si].stems, "raw_documents": counts[si].raw_documents,
                         "raw_chars": counts[si].raw_chars, "files": counts[si].files,
                         "skipped_input": dict(counts[si].skipped), "removed_by_filter": dict(removed[si]),
@@ -237,7 +239,7 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
                         "tokens": writers[si].tokens})
     info = {"part": part, "num_parts": num_parts, "config_fingerprint": cfg.fingerprint(),
             "seconds": time.time() - t0, "workers": workers, "chars_in": chars_in, "tokens": tokens_out,
-            "sources": sources}
+            "documents": len(docs), "sources": sources}
     (pdir / "part.json").write_text(json.dumps(info, indent=1))
     log.info("part %d/%d: %.1fM characters in, %.2fM tokens out, %.1f s (%.2fM tokens/s)", part, num_parts,
              chars_in / 1e6, tokens_out / 1e6, info["seconds"], tokens_out / max(info["seconds"], 1e-9) / 1e6)
@@ -245,124 +247,13 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
 
 
 def merge(cfg: DataConfig, out: Path) -> dict:
-    """Global dedup over all parts, the train/val split, and the loader's indexes and stats.json."""
+    """Global dedup over all parts, the train/val split, the loader's indexes and stats.json: every stage
+    of merge.py on this machine, one task after another."""
     t0 = time.time()
-    out = Path(out)
-    parts = []
-    for pj in sorted((out / "parts").glob("part-*/part.json")):
-        parts.append((pj.parent, json.loads(pj.read_text())))
-    if not parts:
-        raise FileNotFoundError(f"no prepared parts under {out / 'parts'}; run the parts first")
-    n_parts = parts[0][1]["num_parts"]
-    have = sorted(p["part"] for _, p in parts)
-    if have != list(range(n_parts)):
-        raise ValueError(f"{out}: parts {sorted(set(range(n_parts)) - set(have))} of {n_parts} are missing")
-    if any(p["config_fingerprint"] != cfg.fingerprint() for _, p in parts):
-        raise ValueError(f"{out}: parts were prepared with another data config; prepare them again")
-    # every document of every part, in one table
-    cols = {k: [] for k in ("keys", "hashes", "shard", "row", "sigs", "bands", "part", "source")}
-    for pdir, info in parts:
-        for si, src in enumerate(cfg.sources):
-            z = np.load(pdir / f"{src.name}.npz")
-            n = len(z["keys"])
-            for k in ("keys", "hashes", "shard", "row", "sigs", "bands"):
-                cols[k].append(z[k])
-            cols["part"].append(np.full(n, info["part"], np.int32))
-            cols["source"].append(np.full(n, si, np.int32))
-    t = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()}
-    n = len(t["keys"])
-    drop_exact = np.zeros(n, bool)
-    if cfg.dedup.exact and n:
-        order = np.lexsort((t["keys"], t["hashes"]))
-        h = t["hashes"][order]
-        drop_exact[order[1:][h[1:] == h[:-1]]] = True
-    drop_near = np.zeros(n, bool)
-    if cfg.dedup.near and n:
-        live = np.nonzero(~drop_exact)[0]
-        drop_near[live] = near_duplicates(t["keys"][live], t["bands"][live], t["sigs"][live],
-                                          cfg.dedup.threshold)
-    keep = ~(drop_exact | drop_near)
-    is_val = (t["hashes"] % np.uint64(1_000_000)) < np.uint64(round(cfg.val_fraction * 1_000_000))
-    # token counts of kept documents decide the language split of the mix
-    lengths = np.zeros(n, np.int64)
-    part_shards: dict[tuple[int, int], list[str]] = {}
-    for pdir, info in parts:
-        for si, s in enumerate(info["sources"]):
-            part_shards[(info["part"], si)] = s["shards"]
-    doc_tables: dict[str, np.ndarray] = {}
-    for i in range(n):
-        stem = part_shards[(int(t["part"][i]), int(t["source"][i]))][int(t["shard"][i])]
-        if stem not in doc_tables:
-            doc_tables[stem] = np.load(out / "tokens" / f"{stem}.docs.npy")
-        lengths[i] = doc_tables[stem][t["row"][i], 1]
-    weights = {}
-    for split, mask in (("train", keep & ~is_val), ("val", keep & is_val)):
-        # each split's mix by language holds among the sources it has (a small source may have no val)
-        tokens = {s.name: int(lengths[mask & (t["source"] == si)].sum()) for si, s in enumerate(cfg.sources)}
-        present = [s for s in cfg.sources if tokens[s.name] > 0]
-        w = source_weights(dataclasses.replace(cfg, sources=present), tokens) if present else {}
-        weights.setdefault("train", w)
-        metas = []
-        for si, src in enumerate(cfg.sources):
-            sel = np.nonzero(mask & (t["source"] == si))[0]
-            sel = sel[np.argsort(t["keys"][sel], kind="stable")]  # the global order, whatever the parts
-            metas.append(_write_index(out, split, src, w.get(src.name, 0.0), sel, t, part_shards, doc_tables, si))
-        write_meta(out / split, metas, {"label": f"{cfg.name} [{split}]", "config_fingerprint": cfg.fingerprint()})
-    stats = _stats(cfg, parts, t, drop_exact, drop_near, keep, is_val, lengths, weights["train"], time.time() - t0)
-    (out / "stats.json").write_text(json.dumps(stats, indent=1))
+    stats = run_all(cfg, Path(out))
+    stats["seconds"]["merge"] = time.time() - t0
+    (Path(out) / "stats.json").write_text(json.dumps(stats, indent=1))
     return stats
-
-
-def _write_index(out: Path, split: str, src, weight: float, sel: np.ndarray, t: dict, part_shards: dict,
-                 doc_tables: dict, si: int) -> SourceMeta:
-    """A source's index for one split: its documents `sel` (in global order) as offsets into all of the
-    source's token files laid end to end (every part's, sorted by name)."""
-    stems = sorted(stem for (p, s_), lst in part_shards.items() if s_ == si for stem in lst)
-    sizes = [(out / "tokens" / f"{stem}.tokens.bin").stat().st_size // 4 for stem in stems]
-    file_no = {stem: k for k, stem in enumerate(stems)}
-    file_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    rows = np.zeros((len(sel), 2), np.int64)
-    for j, i in enumerate(sel):
-        stem = part_shards[(int(t["part"][i]), si)][int(t["shard"][i])]
-        off, length = doc_tables[stem][t["row"][i]]
-        rows[j] = (file_start[file_no[stem]] + off, length)
-    (out / split).mkdir(parents=True, exist_ok=True)
-    name = f"{src.name}.index.npy"
-    np.save(out / split / name, rows)
-    return SourceMeta(src.name, src.language, weight, [], len(rows), int(rows[:, 1].sum()),
-                      [f"../tokens/{stem}.tokens.bin" for stem in stems], sizes, name,
-                      order_digest(t["keys"][sel], rows[:, 1]))
-
-
-def _stats(cfg, parts, t, drop_exact, drop_near, keep, is_val, lengths, weights, merge_s) -> dict:
-    per_source = []
-    for si, src in enumerate(cfg.sources):
-        infos = [p["sources"][si] for _, p in parts]
-        mine = t["source"] == si
-        skipped, removed, removed_chars = Counter(), Counter(), Counter()
-        for s in infos:
-            skipped.update(s["skipped_input"])
-            removed.update(s["removed_by_filter"])
-            removed_chars.update(s["chars_removed_by_filter"])
-        per_source.append({
-            "name": src.name, "language": src.language, "weight": weights.get(src.name, 0.0),
-            "files": sum(s["files"] for s in infos),
-            "documents_in": sum(s["raw_documents"] for s in infos),
-            "chars_in": sum(s["raw_chars"] for s in infos),
-            "skipped_input": dict(skipped),
-            "removed_by_filter": {k: removed.get(k, 0) for k in FILTER_NAMES},
-            "chars_removed_by_filter": {k: removed_chars.get(k, 0) for k in FILTER_NAMES},
-            "exact_duplicates": int(drop_exact[mine].sum()) + sum(s["exact_duplicates_in_part"] for s in infos),
-            "near_duplicates": int(drop_near[mine].sum()),
-            "documents_out": {"train": int((keep & ~is_val & mine).sum()), "val": int((keep & is_val & mine).sum())},
-            "tokens_out": {"train": int(lengths[keep & ~is_val & mine].sum()),
-                           "val": int(lengths[keep & is_val & mine].sum())},
-            "tokens_written_before_global_dedup": sum(s["tokens"] for s in infos),
-        })
-    return {"config": cfg.name, "config_fingerprint": cfg.fingerprint(), "parts": len(parts),
-            "seconds": {"parts": [p["seconds"] for _, p in parts], "merge": merge_s},
-            "dedup": {"exact": cfg.dedup.exact, "near": cfg.dedup.near, "threshold": cfg.dedup.threshold},
-            "sources": per_source}
 
 
 def summary(stats: dict) -> str:

@@ -96,6 +96,7 @@ class ShardWriter:
             self._open()
         self._file.write(arr.tobytes())
         self._docs.append((self._pos, len(arr)))
+        self.last_offset = self._pos
         self._pos += len(arr)
         self.documents += 1
         self.tokens += len(arr)
@@ -145,12 +146,24 @@ def _index_from_shards(root: Path, s: SourceMeta) -> SourceMeta:
                       order_digest(np.arange(len(index)), index[:, 1]))
 
 
+class OrderDigest:
+    """Digest of a document order, fed in pieces: the documents' global keys and token counts, in
+    index order."""
+
+    def __init__(self):
+        self._h = hashlib.sha256()
+
+    def update(self, keys: np.ndarray, lengths: np.ndarray) -> None:
+        self._h.update(np.stack([np.asarray(keys, np.int64), np.asarray(lengths, np.int64)], 1).tobytes())
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()[:16]
+
+
 def order_digest(keys: np.ndarray, lengths: np.ndarray) -> str:
-    """Digest of a document order: the documents' global keys and token counts, in index order."""
-    h = hashlib.sha256()
-    h.update(np.ascontiguousarray(keys, dtype=np.int64).tobytes())
-    h.update(np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
-    return h.hexdigest()[:16]
+    d = OrderDigest()
+    d.update(keys, lengths)
+    return d.hexdigest()
 
 
 def read_meta(root: Path) -> dict:
@@ -220,7 +233,8 @@ class TokenStore:
             if len(self._maps) >= OPEN_TOKEN_FILES:
                 self._maps.popitem(last=False)
             path = self.root / self.meta.token_files[k]
-            m = np.memmap(path, dtype=TOKEN_DTYPE, mode="r", shape=(int(self.meta.token_file_tokens[k]),))
+            size = int(self.meta.token_file_tokens[k])
+            m = np.memmap(path, dtype=TOKEN_DTYPE, mode="r", shape=(size,)) if size else np.zeros(0, TOKEN_DTYPE)
             self._maps[k] = m
         else:
             self._maps.move_to_end(k)

@@ -1,9 +1,11 @@
 """Prepare a dataset from a data config: filter, dedup, tokenize into token shards for the loader.
 
     python launch/prepare_data.py --config launch/configs/data/shared_2to1.yaml --out data/shared_2to1
-    # on a Slurm array (one part per task), then once:  --merge-only
+    # at scale: the parts as one Slurm array, then each merge stage as an array (--merge-plan: task counts)
     python launch/prepare_data.py --config C.yaml --out D --part $SLURM_ARRAY_TASK_ID --num-parts N --no-merge
-    python launch/prepare_data.py --config C.yaml --out D --merge-only
+    python launch/prepare_data.py --config C.yaml --out D --merge-stage exact --task $SLURM_ARRAY_TASK_ID
+    ...  pairs, components, index, finish (each after the previous one has finished)
+    python launch/prepare_data.py --config C.yaml --out D --merge-only      # all merge stages here
 """
 import argparse
 import json
@@ -14,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_pipeline.config import load_data_config  # noqa: E402
+from data_pipeline.merge import STAGES, plan, run_task  # noqa: E402
 from data_pipeline.prepare import merge, prepare, summary  # noqa: E402
 
 
@@ -25,12 +28,23 @@ def main(argv=None) -> None:
     p.add_argument("--part", type=int, default=None, help="prepare only this part (0-based)")
     p.add_argument("--num-parts", type=int, default=1, help="how many parts the input is split into")
     p.add_argument("--no-merge", action="store_true", help="do not run the merge (dedup + indexes) step")
-    p.add_argument("--merge-only", action="store_true", help="only merge parts prepared earlier")
+    p.add_argument("--merge-only", action="store_true", help="only merge parts prepared earlier (all stages)")
+    p.add_argument("--merge-stage", choices=STAGES, help="run one task of one merge stage (with --task)")
+    p.add_argument("--task", type=int, default=None, help="the task of --merge-stage (0-based)")
+    p.add_argument("--merge-plan", action="store_true", help="print the merge stages and their task counts")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         cfg = load_data_config(a.config)
+        if a.merge_plan:
+            print(json.dumps(plan(cfg)))
+            return
+        if a.merge_stage:
+            if a.task is None:
+                p.error("--merge-stage needs --task (0 .. tasks-1; --merge-plan prints the counts)")
+            run_task(cfg, Path(a.out), a.merge_stage, a.task)
+            return
         if a.merge_only:
             stats = merge(cfg, Path(a.out))
         else:

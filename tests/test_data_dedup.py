@@ -1,0 +1,151 @@
+"""The staged merge: the same drops as the one-process merge it replaces (kept here as the reference,
+without its bucket cap), no surviving copies of a large cluster, the stages' building blocks against
+plain Python."""
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_pipeline import build_loader
+from data_pipeline.config import parse_data_config
+from data_pipeline.merge import Parts, component_drops, exact_drops, plan, run_task
+from data_pipeline.prepare import prepare
+from data_utils import english_text
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_data_pipeline import _output_docs, _planted_corpus  # noqa: E402
+
+
+def reference_near_duplicates(order, bands, sigs, threshold):
+    """The single-process merge the staged one replaces: a union-find over LSH buckets, each document
+    linked to the first earlier member of its bucket whose signature agreement reaches the threshold
+    (its 64-document bucket cap removed). Returns the mask of documents to drop."""
+    n = len(order)
+    parent = np.arange(n)
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    rank = np.argsort(order, kind="stable")
+    pos = np.empty(n, np.int64)
+    pos[rank] = np.arange(n)
+    for b in range(bands.shape[1] if n else 0):
+        keys = bands[:, b]
+        by_key = np.lexsort((pos, keys))
+        bounds = np.nonzero(np.diff(keys[by_key]))[0] + 1
+        for group in np.split(by_key, bounds):
+            for j in range(1, len(group)):
+                g = group[j]
+                for h in group[:j]:
+                    if find(g) == find(h):
+                        break
+                    if np.mean(sigs[g] == sigs[h]) >= threshold:
+                        ra, rb = find(g), find(h)
+                        if pos[ra] < pos[rb]:
+                            parent[rb] = ra
+                        else:
+                            parent[ra] = rb
+                        break
+    roots = np.fromiter((find(i) for i in range(n)), dtype=np.int64, count=n)
+    return roots != np.arange(n)
+
+
+def _part_tables(cfg, out):
+    """Every part's keys, hashes, signatures and band keys, in one table."""
+    parts = Parts(cfg, out)
+    keys, hashes, sigs, bands = [], [], [], []
+    for p in range(parts.n):
+        docs = np.asarray(parts.docs(p))
+        keys.append(docs[:, 0])
+        hashes.append(docs[:, 1].view(np.uint64))
+        sigs.append(np.asarray(parts.sigs(p)))
+        b = np.zeros((len(docs), cfg.dedup.bands), np.uint64)
+        for k in range(cfg.dedup.bands):
+            rec = np.load(parts.dir(p) / f"band-{k:03d}.npy")
+            b[rec[:, 2].astype(np.int64), k] = rec[:, 0]
+        bands.append(b)
+    return np.concatenate(keys), np.concatenate(hashes), np.concatenate(sigs), np.concatenate(bands)
+
+
+@pytest.mark.parametrize("num_parts", [1, 3])
+def test_staged_merge_drops_what_the_single_process_merge_drops(shared_data, tmp_path, num_parts):
+    _planted_corpus(shared_data, tmp_path, random.Random(3))
+    cfg = parse_data_config({"name": "m", "val_fraction": 0, "dedup": {"shards": 3}, "sources": [
+        {"name": lang, "language": lang, "type": "jsonl", "paths": [str(tmp_path / f"?_{lang}.jsonl")]}
+        for lang in ("en", "zh")]})
+    out = tmp_path / "ds"
+    for p in range(num_parts):
+        prepare(cfg, out, workers=1, part=p, num_parts=num_parts, do_merge=False, progress=False)
+    for stage, n in plan(cfg).items():  # as separate array tasks would, in any order within a stage
+        for task in random.Random(num_parts).sample(range(n), n):
+            run_task(cfg, out, stage, task)
+    keys, hashes, sigs, bands = _part_tables(cfg, out)
+    order = np.lexsort((keys, hashes))
+    dup = np.zeros(len(keys), bool)
+    dup[order[1:][hashes[order][1:] == hashes[order][:-1]]] = True
+    live = np.flatnonzero(~dup)
+    near = np.zeros(len(keys), bool)
+    near[live] = reference_near_duplicates(keys[live], bands[live], sigs[live], cfg.dedup.threshold)
+    got_exact = np.concatenate([np.load(f) for f in sorted((out / "merge").glob("exact-*.npy"))])
+    got_near = np.setdiff1d(np.load(out / "merge" / "near.npy"), got_exact)
+    assert sorted(got_exact.tolist()) == sorted(keys[dup].tolist())
+    assert sorted(got_near.tolist()) == sorted(keys[near].tolist())
+    # the planted duplicates are there to find (exact copies across parts: one part drops its own)
+    assert near.sum() > 20 and (dup.sum() > 20 or num_parts == 1)
+    stats = json.loads((out / "stats.json").read_text())
+    assert sum(s["near_duplicates"] for s in stats["sources"]) == near.sum()
+
+
+def test_a_large_near_duplicate_cluster_leaves_one(tmp_path):
+    """400 copies of a templated page, each with a few words changed (Jaccard ~0.9-0.97 to each other),
+    among distinct pages: one copy survives, the first, and every distinct page stays."""
+    rng = random.Random(11)
+    template = english_text(rng, 400).split(" ")
+    copies = []
+    for _ in range(400):
+        words = list(template)
+        for i in rng.sample(range(len(words)), 3):
+            words[i] = rng.choice(["blue", "seven", "river", "quietly", "north", "copper"])
+        copies.append(" ".join(words))
+    distinct = [english_text(rng, 300) for _ in range(40)]
+    with open(tmp_path / "a.jsonl", "w") as f:
+        for d in copies[:200] + distinct + copies[200:]:
+            f.write(json.dumps({"text": d}) + "\n")
+    cfg = parse_data_config({"name": "c", "val_fraction": 0, "dedup": {"exact": True, "near": True},
+                             "sources": [{"name": "s", "language": "en", "type": "jsonl",
+                                          "paths": [str(tmp_path / "a.jsonl")]}]})
+    stats = prepare(cfg, tmp_path / "ds", workers=1, progress=False)
+    kept = _output_docs(tmp_path / "ds" / "train")["s"]
+    assert sum(k in set(copies) for k in kept) == 1 and copies[0] in kept
+    assert all(d in kept for d in distinct)
+    assert stats["sources"][0]["near_duplicates"] + stats["sources"][0]["exact_duplicates"] == 399
+
+
+def test_component_drops_and_exact_drops_against_plain_python():
+    rng = random.Random(2)
+    for _ in range(20):
+        nodes = rng.sample(range(10_000), 60)
+        pairs = [(rng.choice(nodes), rng.choice(nodes)) for _ in range(rng.randint(0, 80))]
+        parent = {v: v for v in nodes}
+
+        def find(v):
+            while parent[v] != v:
+                v = parent[v]
+            return v
+        for a, b in pairs:
+            ra, rb = find(a), find(b)
+            parent[max(ra, rb)] = min(ra, rb)
+        touched = {v for p in pairs for v in p}
+        want = sorted(v for v in touched if find(v) != v)
+        got = component_drops(np.asarray(pairs, np.int64).reshape(-1, 2))
+        assert got.tolist() == want
+    hashes = np.array([5, 3, 5, 5, 9, 3], np.uint64)
+    keys = np.array([10, 4, 2, 30, 7, 1], np.int64)
+    rec = np.stack([hashes, keys.view(np.uint64)], 1)
+    assert exact_drops(rec).tolist() == [4, 10, 30]  # per hash all but the smallest key
