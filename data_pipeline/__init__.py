@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .loader import Loader, ShardProvider, doc_boundaries
 from .tokenizer import EOT_ID, ENCODING_NAME, encode_batch, encode_document, get_tokenizer
 
 SPLITS = ("train", "val")
@@ -13,7 +12,7 @@ SPLITS = ("train", "val")
 
 def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch: int,
                  rank: int = 0, world_size: int = 1, seed: int = 0, doc_starts: bool = False,
-                 split: str = "train") -> Loader:
+                 split: str = "train") -> "Loader":
     """The loader of one rank.
 
     data: None for the embedded default corpus; a folder written by launch/prepare_data.py (its
@@ -21,6 +20,7 @@ def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch:
     streamed (filter -> tokenize -> pack on the fly, no prepare step).
     split: "train" or "val" (held-out documents, for validation loss).
     """
+    from .loader import Loader, ShardProvider
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if data is None:
@@ -40,6 +40,14 @@ def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch:
             raise FileNotFoundError(f"{data} has no {split!r} split ({root / split / 'meta.json'} missing)")
         provider = ShardProvider(root, seed)
     return Loader(provider, seq_len, global_batch, micro_batch, rank, world_size, seed, doc_starts)
+
+
+def __getattr__(name: str):
+    # the loader (and torch with it) is imported on first use: the prepare and merge tasks never need it
+    if name in ("Loader", "ShardProvider", "doc_boundaries"):
+        from . import loader
+        return getattr(loader, name)
+    raise AttributeError(name)
 
 
 __all__ = ["build_loader", "Loader", "doc_boundaries", "EOT_ID", "ENCODING_NAME", "encode_batch",

@@ -323,8 +323,10 @@ class MinHasher:
         return sig
 
     def band_keys(self, sig: np.ndarray) -> np.ndarray:
-        """uint64 [bands]: one hash per band of rows (band index mixed in, so bands never collide)."""
+        """uint64 [bands] (or [documents, bands] for a [documents, num_perm] input): one hash per band of
+        rows (band index mixed in, so bands never collide)."""
+        sig = np.asarray(sig)
         with np.errstate(over="ignore"):
-            rows = sig.reshape(self.bands, self.rows).astype(np.uint64)
-            keys = (rows * self.band_mult[None, :]).sum(axis=1, dtype=np.uint64)
+            rows = sig.reshape(*sig.shape[:-1], self.bands, self.rows).astype(np.uint64)
+            keys = (rows * self.band_mult).sum(axis=-1, dtype=np.uint64)
             return _mix(keys + np.arange(self.bands, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))

@@ -9,8 +9,8 @@ thresholds measured on real book and Wikipedia text in both languages and on a p
 
   too_short / too_long   characters (min_chars_zh for Chinese, which carries more per character)
   lorem_ipsum            the placeholder text (C4's rule)
-  markup                 share of characters inside HTML/XML tags and comments, or tags (other than
-                         <br>) per 100 characters: pages, and text wrapped in light markup
+  markup                 share of characters inside HTML/XML tags and comments, or (from 5 tags on)
+                         tags other than <br> per 100 characters: pages, text wrapped in light markup
   urls                   share of characters in URLs
   long_tokens            share of non-space characters in ASCII tokens over 40 characters (base64,
                          minified code, hashes)
@@ -169,6 +169,7 @@ _ZH_STOP_TABLE = np.zeros(_TABLE_LIMIT, bool)
 _ZH_STOP_TABLE[[ord(c) for c in ZH_STOP_CHARS]] = True
 _TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9:-]*(?:\s[^<>]{0,500})?/?>|<!--.{0,2000}?-->|<!DOCTYPE[^>]{0,500}>|<\?xml[^>]{0,500}\?>",
                   re.S)
+MIN_TAGS = 5
 _BR = re.compile(r"<br\s*/?>", re.I)
 _URL = re.compile(r"(?:https?|ftp)://\S+|\bwww\.[A-Za-z0-9-]+\.\S+")
 
@@ -261,7 +262,9 @@ def features(texts: list[str], language: str, kb: KeyedBatch | None = None) -> d
             spans = [m.span() for m in _TAG.finditer(h)]
             markup[i] = sum(b - a for a, b in spans) / max(len(h), 1)
             # tags per 100 characters, line breaks aside (encyclopaedia dumps keep some <br>)
-            tag_rate[i] = sum(not _BR.fullmatch(h, a, b) for a, b in spans) * 100 / max(len(h), 1)
+            tags = sum(not _BR.fullmatch(h, a, b) for a, b in spans)
+            # a stray closing tag in a short stub is no page: a rate needs a few tags to mean anything
+            tag_rate[i] = tags * 100 / max(len(h), 1) if tags >= MIN_TAGS else 0.0
         if "://" in h or "www." in h:
             urls[i] = sum(m.end() - m.start() for m in _URL.finditer(h)) / max(len(h), 1)
         lorem[i] = "orem ipsum" in h or "OREM IPSUM" in h

@@ -96,7 +96,7 @@ def _process(batch: _Batch) -> _Done:
     if cfg.dedup.near:
         sh = shingles_batch(texts, batch.language, cfg.dedup.ngram, kb)
         out.sigs = mh.signatures([sh[i] for i in kept])
-        out.bands = np.asarray([mh.band_keys(sig) for sig in out.sigs], dtype=np.uint64).reshape(-1, cfg.dedup.bands)
+        out.bands = mh.band_keys(out.sigs).reshape(-1, cfg.dedup.bands)
     kept = [texts[i] for i in kept]
     out.tokens = [encode_document_array(text) for text in kept]
     return out

@@ -1,15 +1,21 @@
-"""Data pipeline benchmark on a data config (default: the shared 2:1 corpus).
+"""Data pipeline benchmarks (default config: the shared 2:1 corpus).
 
-    python launch/bench_data.py [--config launch/configs/data/shared_2to1.yaml] [--workers 2]
+    python launch/bench_data.py [--config ...] [--workers 2]   # prepare vs tiktoken alone, loader read rate
+    python launch/bench_data.py --quality                      # filters: clean text removed, junk caught
+    python launch/bench_data.py --langid                       # language-ID packages compared
+    python launch/bench_data.py --merge-scale 20000000         # staged merge on synthetic keys
+    python launch/bench_data.py --loader-index 100000000       # loader on a synthetic index
 """
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_pipeline.bench import bench_loader, bench_prepare  # noqa: E402
+from data_pipeline.bench import (bench_langid, bench_loader, bench_loader_index, bench_merge,  # noqa: E402
+                                 bench_prepare, bench_quality, bench_tokenizer)
 
 DEFAULT = Path(__file__).resolve().parent / "configs" / "data" / "shared_2to1.yaml"
 
@@ -19,10 +25,26 @@ def main(argv=None) -> None:
     p.add_argument("--config", default=str(DEFAULT))
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--quality", action="store_true", help="filter measurements on real and planted text")
+    p.add_argument("--langid", action="store_true", help="compare the installed language-ID packages")
+    p.add_argument("--merge-scale", type=int, default=0, help="documents of a synthetic staged-merge run")
+    p.add_argument("--loader-index", type=int, default=0, help="documents of a synthetic loader index")
+    p.add_argument("--scratch", default=tempfile.gettempdir(), help="folder for the synthetic data")
     a = p.parse_args(argv)
-    res = {"prepare_exact_dedup": bench_prepare(a.config, near=False, workers=a.workers),
-           "prepare_exact_and_near_dedup": bench_prepare(a.config, near=True, workers=a.workers),
-           "loader": bench_loader(a.config, a.seq_len)}
+    if a.quality:
+        res = bench_quality(a.config)
+    elif a.langid:
+        res = bench_langid(a.config)
+    elif a.merge_scale:
+        res = bench_merge(a.merge_scale, Path(a.scratch) / "linscale-bench-merge")
+    elif a.loader_index:
+        res = bench_loader_index(a.loader_index, Path(a.scratch) / "linscale-bench-index")
+    else:
+        tok = bench_tokenizer(a.config)
+        prep = bench_prepare(a.config, near=True, workers=a.workers)
+        res = {"tiktoken_alone": tok, "prepare_all_filters_exact_and_near_dedup": prep,
+               "prepare_per_cpu_s_over_tiktoken_per_cpu_s": prep["tokens_per_cpu_s"] / tok["tokens_per_cpu_s"],
+               "loader": bench_loader(a.config, a.seq_len)}
     print(json.dumps(res, indent=1))
 
 
