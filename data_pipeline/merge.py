@@ -90,6 +90,7 @@ class Parts:
             raise ValueError(f"{self.out}: parts were prepared with another data config; prepare them again")
         self.infos = infos
         self.n = n
+        self._maps: dict = {}  # memory maps reused across the tasks run in this process
 
     def dir(self, p: int) -> Path:
         return self.out / "parts" / f"part-{p:05d}"
@@ -98,8 +99,10 @@ class Parts:
         """Shard `shard` of every part's `name` records (exact, band-<b>), parts in order."""
         out = []
         for p in range(self.n):
-            off = np.load(self.dir(p) / f"{name}.offsets.npy")
-            rec = np.load(self.dir(p) / f"{name}.npy", mmap_mode="r")
+            if (p, name) not in self._maps:
+                self._maps[(p, name)] = (np.load(self.dir(p) / f"{name}.offsets.npy"),
+                                         np.load(self.dir(p) / f"{name}.npy", mmap_mode="r"))
+            off, rec = self._maps[(p, name)]
             part = np.array(rec[off[shard]:off[shard + 1]])
             if name.startswith("band"):
                 part[:, 2] |= np.uint64(p << _ROW_BITS)
@@ -123,15 +126,16 @@ def plan(cfg: DataConfig) -> dict[str, int]:
             "components": 1 if cfg.dedup.near else 0, "index": len(cfg.sources), "finish": 1}
 
 
-def run_task(cfg: DataConfig, out: Path, stage: str, task: int) -> None:
-    """One task of one stage; its output is written atomically, so a failed task is simply run again."""
+def run_task(cfg: DataConfig, out: Path, stage: str, task: int, parts: Parts | None = None) -> None:
+    """One task of one stage; its output is written atomically, so a failed task is simply run again.
+    `parts` (the Parts of out) may be shared by tasks run in one process."""
     n = plan(cfg).get(stage)
     if n is None:
         raise ValueError(f"unknown merge stage {stage!r}; the stages are {STAGES}")
     if not 0 <= task < n:
         raise ValueError(f"stage {stage} has {n} tasks (0..{n - 1}); got task {task}")
     t0 = time.time()
-    parts = Parts(cfg, out)
+    parts = parts or Parts(cfg, out)
     mdir = Path(out) / "merge"
     mdir.mkdir(parents=True, exist_ok=True)
     if stage == "exact":
@@ -149,14 +153,17 @@ def run_task(cfg: DataConfig, out: Path, stage: str, task: int) -> None:
         _write_source(cfg, parts, mdir, task)
     else:
         _finish(cfg, parts, mdir)
-    log.info("merge %s task %d: %.1f s", stage, task, time.time() - t0)
+    log.debug("merge %s task %d: %.2f s", stage, task, time.time() - t0)
 
 
 def run_all(cfg: DataConfig, out: Path) -> dict:
     """Every stage's tasks here, one after another (the one-machine merge)."""
+    parts = Parts(cfg, out)
     for stage, n in plan(cfg).items():
+        t0 = time.time()
         for task in range(n):
-            run_task(cfg, out, stage, task)
+            run_task(cfg, out, stage, task, parts)
+        log.info("merge stage %s: %d tasks, %.1f s", stage, n, time.time() - t0)
     return json.loads((Path(out) / "stats.json").read_text())
 
 

@@ -19,6 +19,7 @@ memory-maps it (the ranks of a node share the pages), never copies it.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -203,7 +204,7 @@ class TokenStore:
     that epoch. cursor_at() gives the cursor of any later offset, which the loader's state keeps, so
     that a resume seeks at once instead of walking an epoch."""
 
-    WALK = 8192  # documents whose lengths are looked up per step of a walk
+    BLOCK = 1024  # documents located at a time (one permutation call, one gather from the index)
 
     def __init__(self, root: Path, meta: SourceMeta, seed: int, stream_id: int):
         self.meta = meta
@@ -223,6 +224,7 @@ class TokenStore:
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
         self.seed, self.stream_id = seed, stream_id
         self.cursor = (0, 0, 0)  # (epoch, position in epoch, stream offset of that document)
+        self._block = None  # (epoch, first position, offsets in files, lengths, token files, stream starts)
 
     def docs_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """Index rows (documents) at the given positions of an epoch."""
@@ -242,26 +244,40 @@ class TokenStore:
             self._maps.move_to_end(k)
         return m
 
+    def _fill(self, e: int, i: int, start: int) -> None:
+        """Locate the documents at epoch e's positions [i, i + BLOCK): offset in its token file, length,
+        token file, stream start (as Python lists: the per-window work is a few list look-ups)."""
+        pos = np.arange(i, min(i + self.BLOCK, self.n))
+        rows = self._index[self.docs_at(e, pos)]
+        starts = np.empty(len(pos) + 1, np.int64)
+        starts[0] = start
+        np.cumsum(rows[:, 1], out=starts[1:])
+        starts[1:] += start
+        files = np.searchsorted(self.file_start, rows[:, 0], side="right") - 1
+        local = rows[:, 0] - self.file_start[files]
+        self._block = (e, i, local.tolist(), rows[:, 1].tolist(), files.tolist(), starts.tolist())
+
+    def _locate(self, pos: int) -> int:
+        """Make the block hold the document at stream offset pos; returns its row in the block."""
+        if self._block is None or pos < self._block[5][0]:
+            e, i, start = self.cursor
+            if pos < start or pos >= (e + 1) * self.total:  # behind the cursor: walk that epoch again
+                e = pos // self.total
+                i, start = 0, e * self.total
+            self._fill(e, i, start)
+        while True:
+            e, i, local, lengths, files, starts = self._block
+            if pos < starts[-1]:
+                return bisect.bisect_right(starts, pos) - 1
+            nxt = i + len(lengths)
+            self._fill(*((e, nxt) if nxt < self.n else (e + 1, 0)), starts[-1])
+
     def cursor_at(self, pos: int) -> tuple[int, int, int]:
         """The cursor of the document holding stream offset pos (moving this store's cursor there)."""
-        e, i, start = self.cursor
-        if pos < start or pos >= (e + 1) * self.total:
-            e = pos // self.total
-            i, start = 0, e * self.total  # walk from the start of that epoch
-        block = 16  # grows while walking: the next window is usually a few documents ahead
-        while True:
-            if i >= self.n:
-                e, i = e + 1, 0
-                continue
-            pos_block = np.arange(i, min(i + block, self.n))
-            lens = self._index[self.docs_at(e, pos_block), 1]
-            ends = start + np.cumsum(lens)
-            k = int(np.searchsorted(ends, pos, side="right"))
-            if k < len(pos_block):
-                self.cursor = (e, i + k, int(ends[k] - lens[k]))
-                return self.cursor
-            i, start = i + len(pos_block), int(ends[-1])
-            block = min(block * 4, self.WALK)
+        j = self._locate(pos)
+        e, i, _, _, _, starts = self._block
+        self.cursor = (e, i + j, starts[j])
+        return self.cursor
 
     def set_cursor(self, cursor) -> bool:
         """Adopt a saved cursor if it is consistent with this index (its document's span is in the
@@ -273,30 +289,23 @@ class TokenStore:
         if start + length > (e + 1) * self.total:
             return False
         self.cursor = (e, i, start)
+        self._block = None
         return True
 
     def read(self, pos: int, n: int, out: np.ndarray) -> None:
         """Copy stream positions [pos, pos+n) into out[:n]."""
-        e, i, start = self.cursor_at(pos)
         done = 0
         while done < n:
-            if i >= self.n:
-                e, i = e + 1, 0
-            # the next documents of the epoch, located in one go
-            rows = self._index[self.docs_at(e, np.arange(i, min(i + 64, self.n)))]
-            files = np.searchsorted(self.file_start, rows[:, 0], side="right") - 1
-            for (off, length), k in zip(rows.tolist(), files.tolist()):
-                skip = pos + done - start
-                take = min(n - done, length - skip)
-                local = off - int(self.file_start[k]) + skip
-                out[done:done + take] = self._file(k)[local:local + take]
+            j = self._locate(pos + done)
+            e, i, local, lengths, files, starts = self._block
+            while done < n and j < len(lengths):
+                skip = pos + done - starts[j]
+                take = min(n - done, lengths[j] - skip)
+                a = local[j] + skip
+                out[done:done + take] = self._file(files[j])[a:a + take]
                 done += take
-                if skip + take < length:
-                    break
-                start += length
-                i += 1
-                if done >= n:
-                    break
+                j += 1
+        self.cursor = (e, i + j - 1, starts[j - 1])
 
 
 def feistel_permutation(x: np.ndarray, n: int, key: tuple[int, ...], rounds: int = 4) -> np.ndarray:
