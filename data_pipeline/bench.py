@@ -167,6 +167,33 @@ def synthetic_parts(out: Path, n_docs: int, num_parts: int = 8, shards: int = 16
     return cfg, planted
 
 
+# A stage's tasks one after another in a fresh process; a thread samples the anonymous memory (heap,
+# arrays: what a task holds; file-backed pages of memory-mapped inputs are page cache and not counted)
+_STAGE_PROBE = """
+import json, threading, time
+from data_pipeline.config import parse_data_config
+from data_pipeline.merge import run_task
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon"):
+            return int(line.split()[1]) / 1024
+base = anon()
+peak = [base]
+def sample():
+    while True:
+        peak[0] = max(peak[0], anon())
+        time.sleep(0.02)
+threading.Thread(target=sample, daemon=True).start()
+cfg = parse_data_config(json.load(open({cfg!r})))
+t = time.perf_counter(); c = time.process_time()
+for task in range({n}):
+    run_task(cfg, {out!r}, {stage!r}, task)
+time.sleep(0.05)
+print(json.dumps({{"seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c,
+                  "peak_anon_mb": peak[0], "interpreter_anon_mb": base}}))
+"""
+
+
 def bench_merge(n_docs: int, out: Path, num_parts: int = 8, shards: int = 16, keep: bool = False) -> dict:
     """Every merge stage on synthetic_parts(n_docs): per stage the wall time, CPU time and peak memory
     (each stage's tasks run one after another in a process of its own)."""
@@ -184,15 +211,7 @@ def bench_merge(n_docs: int, out: Path, num_parts: int = 8, shards: int = 16, ke
     cfg_path.write_text(json.dumps(d))
     from .merge import plan
     for stage, n in plan(cfg).items():
-        code = ("import json, resource, sys, time\n"
-                "from data_pipeline.config import parse_data_config\n"
-                "from data_pipeline.merge import run_task\n"
-                f"cfg = parse_data_config(json.load(open({str(cfg_path)!r})))\n"
-                "t = time.perf_counter(); c = time.process_time()\n"
-                f"for task in range({n}):\n"
-                f"    run_task(cfg, {str(out)!r}, {stage!r}, task)\n"
-                "print(json.dumps({'seconds': time.perf_counter() - t, 'cpu_seconds': time.process_time() - c,"
-                " 'peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n")
+        code = _STAGE_PROBE.format(cfg=str(cfg_path), out=str(out), stage=stage, n=n)
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
         if r.returncode:
