@@ -1,13 +1,20 @@
 """The checkpoint manager: resume checkpoints (full state, kept k at a time), weights-only snapshots on a
 schedule (never removed), background saving, graceful stop on signals, and resume.
 
-How a save stays crash-safe with several ranks: every rank writes its files into `step_N.tmp/` and then
-drops a marker `parts/rank_R.done`; rank 0 waits for all markers, checksums every file into the
-manifest (written last), renames the directory to `step_N`, and only then rewrites the `latest`
-pointer and applies retention. A kill at any instant leaves either no `step_N` (the `.tmp` is ignored
-and cleaned up at the next start) or a complete one; the previous checkpoint is untouched until a newer
-one is complete. Coordination goes through the file system, not collectives, so the background threads
-never issue a collective alongside the training thread's.
+How a save stays crash-safe with several ranks: every rank writes and fsyncs its files in `step_N.tmp/`
+and then publishes a marker `parts/rank_R.done`, its last touch of the directory (checkpoints/markers.py);
+rank 0 waits for all markers, checksums every file into the manifest (written last), renames the
+directory to `step_N`, and only then rewrites the `latest` pointer and applies retention. A kill at any
+instant leaves either no `step_N` (the `.tmp` is ignored and removed at the next start) or a complete
+one; the previous checkpoint is untouched until a newer one is complete. Coordination goes through the
+file system, not collectives, so the background threads never issue a collective alongside the training
+thread's.
+
+A save that fails (disk full, I/O error) on any rank stops training on every rank at the next step
+boundary (the stop flag is reduced over ranks with the signal flag), the partial save is removed, and
+every rank raises SaveFailed with one message: what was not written, the device, the space needed and
+free, and that the previous checkpoint is intact. A save that cannot fit is refused before anything is
+written (`_check_space`).
 
 The train module contract (TorchTrainModule, DeepSpeedTrainModule; see docs/checkpoints.md):
   save_state(dir)          model + optimizer, every rank calls it (ZeRO-partitioned under DeepSpeed)
@@ -26,6 +33,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -33,9 +41,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from checkpoints.atomic import atomic_write_text, publish_dir
-from checkpoints.hashio import FileRecord, read_records, save_safetensors, save_torch, write_records
+from checkpoints import markers
+from checkpoints.atomic import atomic_write_text, fsync_dir, publish_dir
+from checkpoints.disk import device_of, disk_full_cause, free_bytes, headroom, human_bytes, looks_like_short_write
 from checkpoints.errors import CheckpointError, SaveFailed
+from checkpoints.hashio import FileRecord, save_safetensors, save_torch
 from checkpoints.layout import (CHECKPOINTS, LATEST, SNAPSHOTS, TMP_SUFFIX, parse_step, step_dirs, step_name,
                                 tmp_dirs)
 from checkpoints.manifest import MANIFEST, verify, write_manifest
@@ -51,7 +61,6 @@ TRAINER_DIR = "trainer"
 PARTS_DIR = "parts"
 META = "meta.json"
 SNAPSHOT_WEIGHTS = "model.safetensors"
-MARKER_TIMEOUT_S = 3600.0  # rank 0 waits this long for the other ranks' files before giving up on a save
 PIN_FRACTION = 0.1  # while staging buffers are being page-locked, at most this share of a step goes to it
 PIN_MAX_S = 0.05    # ... and at most this long per step (the time since the last step can include an eval)
 
@@ -175,6 +184,9 @@ class CheckpointManager:
                                          trainer.tokens_per_step,
                                          total * trainer.tokens_per_step if total is not None else None)
         self.writer = BackgroundWriter()
+        self._abort = threading.Event()  # set when a save is abandoned: rank 0's writer stops waiting
+        self._last_bytes: dict[str, int] = {}  # size of this run's last checkpoint / snapshot (space checks)
+        self._unwritten = 0  # bytes of saves staged in this step and not yet handed to the writer
         self.signal = StopSignal()
         self.code = code_version() if self.env.is_main else None
         self.run_id = read_run_id(trainer.run_dir) if self.env.is_main else None
@@ -305,19 +317,21 @@ class CheckpointManager:
             info(f"resumed from {path} at step {self.trainer.step}, {self.trainer.tokens} tokens{note}")
 
     # -- hooks the training loop calls ----------------------------------------------------------------
-    def stop_requested(self) -> bool:
-        """True once any rank got SIGTERM/SIGUSR1. All ranks must agree, or one would stop while the others
-        wait for it in a collective: the flag is reduced over ranks (one tiny all-reduce per step)."""
-        flag = self.signal.received is not None
+    def stop_requested(self) -> str | None:
+        """'signal' once any rank got SIGTERM/SIGUSR1/SIGINT, 'save_failed' once any rank's background save
+        failed, else None. All ranks must agree, or one would stop while the others wait for it in a
+        collective: the flags are reduced over ranks (one tiny all-reduce per step)."""
+        flags = [1.0 if self.signal.received is not None else 0.0, 1.0 if self.writer.failed else 0.0]
         if _world() > 1:
-            t = torch.tensor([1.0 if flag else 0.0], device=self.env.device)
+            t = torch.tensor(flags, device=self.env.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            flag = bool(t.item() > 0)
-        return flag
+            flags = t.tolist()
+        if flags[1] > 0:
+            self._abort.set()  # rank 0's writer may be waiting for a rank that will never finish
+            return "save_failed"
+        return "signal" if flags[0] > 0 else None
 
     def after_step(self) -> None:
-        if not self.writer.busy:
-            self.writer.wait()  # surfaces an error from the last background save
         tr = self.trainer
         if not self._reserved:
             self._reserve_staging()
@@ -334,14 +348,18 @@ class CheckpointManager:
         blocking = (not self.cfg.async_save) if blocking is None else blocking
         self._run([self._stage_checkpoint(blocking)], blocking)
         if blocking:
-            self.writer.wait()
+            self.wait()
 
     def snapshot(self, blocking: bool = False) -> None:
         self._run([self._stage_snapshot()], blocking)
 
     def at_end(self, stop_reason: str) -> None:
-        """Final snapshot (finished runs with snapshots on), final checkpoint, and wait for the writer."""
+        """Final snapshot (finished runs with snapshots on), final checkpoint, and wait for the writer. After
+        a failed save: no new save; the partial one is removed and SaveFailed raised on every rank."""
         tr = self.trainer
+        if stop_reason == "save_failed":
+            self.wait()
+            raise RuntimeError("a failed save was not reported")  # wait() raises SaveFailed first
         jobs = []
         if stop_reason == "finished" and self.schedule.enabled and self.last_snapshot_step != tr.step:
             jobs.append(self._stage_snapshot())
@@ -355,9 +373,76 @@ class CheckpointManager:
                  f"written; continue with --resume auto")
 
     def wait(self) -> None:
-        """Block until every save of this rank is written (and, on rank 0, published)."""
-        self.writer.wait()
+        """Block until every save of this rank is written (and, on rank 0, published); raise SaveFailed on
+        every rank when any rank's save failed. Every rank must call it."""
+        self._settle(self.writer.finish())
         _barrier()
+
+    # -- failures -------------------------------------------------------------------------------------
+    def _settle(self, local: BaseException | None) -> None:
+        """Collective (every rank, training thread): if a save failed on any rank, remove the partial save
+        (rank 0, once every rank's writer has stopped) and raise SaveFailed everywhere, with one message
+        (printed by rank 0; the others exit quietly with the same code)."""
+        failure = _describe_failure(local) if local is not None else None
+        failures = _all_gather(failure)
+        failure = next((f for f in failures if f is not None), None)
+        if failure is None:
+            return
+        self._abort.set()
+        _barrier()
+        if self.env.is_main:
+            for d in (self.ckpt_dir, self.snap_dir):
+                for tmp in tmp_dirs(d):
+                    shutil.rmtree(tmp, ignore_errors=True)
+        _barrier()
+        err = SaveFailed(self._failure_message(failure))
+        err.quiet = not self.env.is_main
+        raise err
+
+    def _failure_message(self, f: dict) -> str:
+        prev = [p.name for s, p in step_dirs(self.ckpt_dir) if f["step"] is None or s < f["step"]]
+        kept = f"the previous checkpoint {self.ckpt_dir / prev[-1]} is intact" if prev else "no earlier checkpoint exists"
+        what = f"{f['kind']} step {f['step']} not written"
+        if f["disk_full"] or f["short_write"]:
+            free = free_bytes(self.ckpt_dir)
+            needs = f"needs ~{human_bytes(f['needed'])}, " if f.get("needed") else ""
+            head = (f"{what}: no space left on {device_of(self.ckpt_dir)} ({needs}{human_bytes(free)} free)"
+                    if f["disk_full"] or free < (f.get("needed") or 0) + headroom(self.ckpt_dir) else
+                    f"{what}: a write came up short ({f['error']}; {human_bytes(free)} free on "
+                    f"{device_of(self.ckpt_dir)})")
+            fix = (f"Free space there (or lower --keep-last, or save less often), or continue into an --out on a "
+                   f"bigger disk, then --resume auto")
+        else:
+            head = f"{what}: {f['error']}"
+            fix = "Fix the cause, then --resume auto"
+        partial = "" if f.get("before_writing") else "the partial save was removed, "
+        return f"{head}; {partial}{kept}. {fix}"
+
+    def _check_space(self, kind: str, step: int, needed: int) -> None:
+        """Refuse (every rank, before anything is written) a save that cannot fit: rank 0 compares the
+        expected size with the free space and tells the others."""
+        problem = None
+        if self.env.is_main:
+            free = free_bytes(self.ckpt_dir)
+            # saves staged for the same step (a snapshot and a checkpoint) are written after both checks
+            self._unwritten += needed
+            if self._unwritten + headroom(self.ckpt_dir) > free:
+                problem = {"kind": kind, "step": step, "needed": self._unwritten, "disk_full": True, "short_write": False,
+                           "error": "", "before_writing": True}
+        problem = _broadcast(problem)
+        if problem is not None:
+            err = SaveFailed(self._failure_message(problem).replace("no space left on", "not enough space on"))
+            err.quiet = not self.env.is_main
+            raise err
+
+    def _expected_bytes(self, kind: str) -> int:
+        """What the next save will write (all ranks together): the size of this run's last one of that kind,
+        else fp32 weights (snapshot) or weights + two Adam moments (checkpoint)."""
+        last = self._last_bytes.get(kind)
+        if last:
+            return last
+        numel = sum(getattr(p, "ds_numel", p.numel()) for p in self.trainer.model.parameters())
+        return numel * 4 * (1 if kind == "snapshot" else 3)
 
     # -- staging (training thread) and writing (background thread) -------------------------------------
     def _reserve_staging(self) -> None:
@@ -390,11 +475,17 @@ class CheckpointManager:
         self._last_step_end = time.perf_counter()  # the pinning time is not part of the next step's interval
 
     def _run(self, jobs: list[Callable[[], None]], blocking: bool) -> None:
+        self._unwritten = 0  # handed to the writer: the next save's space check waits for them to land
         if not jobs:
             return
         if blocking:
-            for job in jobs:
-                job()
+            error = None
+            try:
+                for job in jobs:
+                    job()
+            except Exception as err:  # noqa: BLE001 - reported on every rank by _settle
+                error = err
+            self._settle(error)
             _barrier()
         else:
             self.writer.submit(lambda: [job() for job in jobs])
@@ -404,19 +495,27 @@ class CheckpointManager:
         step = tr.step
         if self.last_saved_step == step:
             return None
-        self.writer.wait()  # one save in flight at a time: staging buffers are reused
+        self._settle(self.writer.finish())  # one save in flight at a time: staging buffers are reused
+        needed = self._expected_bytes("checkpoint")
+        self._check_space("checkpoint", step, needed)
         t0 = time.perf_counter()
         name = step_name(step)
         tmp = self.ckpt_dir / (name + TMP_SUFFIX)
+        parts = tmp / PARTS_DIR
         for sub in (MODULE_DIR, TRAINER_DIR, PARTS_DIR):
             (tmp / sub).mkdir(parents=True, exist_ok=True)
         trainer_state = copy.deepcopy(tr.state_dict())
         module_dir = tmp / MODULE_DIR
         write_module: Callable[[], dict] | None = None
-        if hasattr(self.module, "stage_state"):  # host copy now, files written (and hashed) by write()
-            write_module = self.module.stage_state(self._module_buffers, module_dir)
-        else:
-            self.module.save_state(module_dir)
+        try:
+            if hasattr(self.module, "stage_state"):  # host copy now, files written (and hashed) by write()
+                write_module = self.module.stage_state(self._module_buffers, module_dir)
+            else:
+                self.module.save_state(module_dir)
+        except Exception as err:  # noqa: BLE001 - e.g. a full disk under a synchronous save_state
+            markers.publish_failed(parts, rank, _one_line(err))
+            self._settle(_WriteError("checkpoint", step, needed, err))
+            raise
         meta = {"kind": "checkpoint", "step": step, "tokens": tr.tokens, "flops": tr.flops,
                 "flops_non_embedding": step * tr.flops_per_step_ne, "tokens_per_step": tr.tokens_per_step, "world_size": world,
                 "module": type(self.module).__name__, "zero": tr.cfg.dist.zero,
@@ -427,29 +526,48 @@ class CheckpointManager:
 
         def write() -> None:
             t1 = time.perf_counter()
-            written: dict[Path, FileRecord] = dict(write_module()) if write_module is not None else {}
-            own = tmp / TRAINER_DIR / rank_file(rank)
-            written[own] = save_torch(trainer_state, own)
-            # the marker carries this rank's checksums, so rank 0 need not read its files back
-            write_records(tmp / PARTS_DIR / f"rank_{rank:05d}.done",
-                          {os.path.relpath(p, tmp): r for p, r in written.items()})
-            if rank == 0:
-                _wait_for_markers(tmp / PARTS_DIR, world)
-                known: dict[str, FileRecord] = {}
-                for marker in sorted((tmp / PARTS_DIR).glob("rank_*.done")):
-                    known.update(read_records(marker))
-                shutil.rmtree(tmp / PARTS_DIR)
+            # 1. this rank's files, fsynced, then its marker (markers.py: its last touch of the directory)
+            try:
+                markers.point("rank_writing", rank)
+                written: dict[Path, FileRecord] = dict(write_module()) if write_module is not None else {}
+                own = tmp / TRAINER_DIR / rank_file(rank)
+                written[own] = save_torch(trainer_state, own)
+                for d in sorted({p.parent for p in written}):
+                    fsync_dir(d)
+                markers.point("rank_files_durable", rank)
+                # the marker carries this rank's checksums, so rank 0 need not read its files back
+                markers.publish_done(parts, rank, {os.path.relpath(p, tmp): r for p, r in written.items()})
+            except BaseException as err:
+                markers.publish_failed(parts, rank, _one_line(err))
+                raise _WriteError("checkpoint", step, needed, err) from err
+            if rank != 0:
+                return
+            # 2. rank 0: every rank's marker, then the manifest, then publish, then `latest`, then retention
+            try:
+                known = markers.wait_for_all(parts, world, self._abort)
+                shutil.rmtree(parts)
+                markers.point("parts_removed", 0)
                 (tmp / META).write_text(json.dumps(meta, indent=1))
                 files = write_manifest(tmp, {"kind": "checkpoint", "step": step}, known=known)["files"]
+                markers.point("manifest_written", 0)
                 publish_dir(tmp, self.ckpt_dir / name)
+                markers.point("published", 0)
+            except BaseException as err:
+                raise _WriteError("checkpoint", step, needed, err) from err
+            self._last_bytes["checkpoint"] = sum(f["size"] for f in files.values())
+            deleted: list[Path] = []
+            try:  # the checkpoint is complete and published: a failure from here on only warns
                 atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
                 deleted = apply_retention(self.ckpt_dir, self.cfg.keep_last, upto=step, run_id=self.run_id)
-                took = time.perf_counter() - t1
-                self.history.append({"step": step, "kind": "checkpoint", "stall_s": stall, "write_s": took,
-                                     "blocking": blocking, "hashed_while_writing": len(known)})
-                info(f"checkpoint {name} saved ({'blocking' if blocking else f'background, stall {stall:.3f} s'}, "
-                     f"written in {took:.2f} s, {len(known)} of {len(files)} files hashed while written)"
-                     + (f"; removed {', '.join(p.name for p in deleted)}" if deleted else ""))
+            except OSError as err:
+                warn(f"checkpoint {name} is complete, but updating `latest` or removing old checkpoints failed "
+                     f"({_one_line(err)}); --resume auto still finds {name}")
+            took = time.perf_counter() - t1
+            self.history.append({"step": step, "kind": "checkpoint", "stall_s": stall, "write_s": took,
+                                 "blocking": blocking, "hashed_while_writing": len(known)})
+            info(f"checkpoint {name} saved ({'blocking' if blocking else f'background, stall {stall:.3f} s'}, "
+                 f"written in {took:.2f} s, {len(known)} of {len(files)} files hashed while written)"
+                 + (f"; removed {', '.join(p.name for p in deleted)}" if deleted else ""))
         return write
 
     def _stage_snapshot(self) -> Callable[[], None] | None:
@@ -464,7 +582,9 @@ class CheckpointManager:
         if skip:
             self.last_snapshot_step = step
             return None
-        self.writer.wait()
+        self._settle(self.writer.finish())
+        needed = self._expected_bytes("snapshot")
+        self._check_space("snapshot", step, needed)
         t0 = time.perf_counter()
         state = self.module.full_state_dict()  # every rank: a gather under ZeRO-3
         self.last_snapshot_step = step
@@ -482,17 +602,48 @@ class CheckpointManager:
         def write() -> None:
             t1 = time.perf_counter()
             tmp = self.snap_dir / (final.name + TMP_SUFFIX)
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-            rec = save_safetensors(staged, tmp / SNAPSHOT_WEIGHTS)
-            (tmp / META).write_text(json.dumps(meta, indent=1))
-            write_manifest(tmp, {"kind": "snapshot", "step": step}, known={SNAPSHOT_WEIGHTS: rec})
-            publish_dir(tmp, final)
+            try:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir(parents=True)
+                rec = save_safetensors(staged, tmp / SNAPSHOT_WEIGHTS)
+                (tmp / META).write_text(json.dumps(meta, indent=1))
+                write_manifest(tmp, {"kind": "snapshot", "step": step}, known={SNAPSHOT_WEIGHTS: rec})
+                publish_dir(tmp, final)
+            except BaseException as err:
+                raise _WriteError("snapshot", step, needed, err) from err
+            self._last_bytes["snapshot"] = rec.size
             took = time.perf_counter() - t1
             self.history.append({"step": step, "kind": "snapshot", "stall_s": stall, "write_s": took})
             info(f"snapshot {final.name} saved ({tr.tokens} tokens, written in {took:.2f} s)")
         return write
+
+
+class _WriteError(RuntimeError):
+    """A save that failed in a writer (carries what the message needs: kind, step, expected size)."""
+
+    def __init__(self, kind: str, step: int, needed: int, cause: BaseException) -> None:
+        super().__init__(f"{kind} step {step}: {_one_line(cause)}")
+        self.kind, self.step, self.needed, self.cause = kind, step, needed, cause
+
+
+def _one_line(err: BaseException) -> str:
+    cause = disk_full_cause(err)
+    if cause is not None:
+        err = cause
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _describe_failure(err: BaseException) -> dict:
+    """A picklable summary of a failed save (for the message every rank shows)."""
+    kind, step, needed = "checkpoint", None, None
+    if isinstance(err, _WriteError):
+        kind, step, needed, cause = err.kind, err.step, err.needed, err.cause
+    else:
+        cause = err
+    return {"kind": kind, "step": step, "needed": needed, "error": _one_line(cause),
+            "disk_full": disk_full_cause(cause) is not None, "short_write": looks_like_short_write(cause)}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -517,13 +668,13 @@ def _broadcast(obj):
     return box[0]
 
 
-def _wait_for_markers(parts: Path, world: int) -> None:
-    deadline = time.monotonic() + MARKER_TIMEOUT_S
-    while len(list(parts.glob("rank_*.done"))) < world:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{parts}: only {len(list(parts.glob('rank_*.done')))} of {world} ranks finished "
-                               f"writing within {MARKER_TIMEOUT_S:.0f} s; this save is abandoned (not published)")
-        time.sleep(0.02)
+def _all_gather(obj) -> list:
+    """Every rank's value of a small picklable object, in rank order, on every rank."""
+    if _world() == 1:
+        return [obj]
+    out = [None] * _world()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def attach_to_trainer(trainer) -> CheckpointManager:

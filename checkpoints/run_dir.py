@@ -24,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
+from checkpoints.disk import device_of, free_bytes, human_bytes
 from checkpoints.errors import CheckpointError, RunDirectoryBusy
 from checkpoints.layout import CHECKPOINTS, EXPORTS, SNAPSHOTS, step_dirs, tmp_dirs
 
@@ -36,31 +37,6 @@ OVERWRITTEN_PREFIX = "overwritten-"
 
 def _info(msg: str) -> None:
     print(f"[linscale] {msg}", flush=True)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
-def mount_point(path: Path) -> Path:
-    """The mount point of the file system holding `path` (for 'no space left on /scratch')."""
-    p = Path(os.path.abspath(path))
-    while not p.exists():
-        p = p.parent
-    while not os.path.ismount(p) and p != p.parent:
-        p = p.parent
-    return p
-
-
-def free_bytes(path: Path) -> int:
-    p = Path(os.path.abspath(path))
-    while not p.exists():
-        p = p.parent
-    return shutil.disk_usage(p).free
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -251,7 +227,7 @@ def _probe_writable(run_dir: Path) -> None:
         except OSError:
             pass
         if err.errno == errno.ENOSPC:
-            raise CheckpointError(f"run directory {run_dir}: no space left on {mount_point(run_dir)} "
+            raise CheckpointError(f"run directory {run_dir}: no space left on {device_of(run_dir)} "
                                   f"({human_bytes(free_bytes(run_dir))} free); free some space or pass --out on "
                                   f"another disk") from None
         raise PermissionError(f"run directory {run_dir} is not writable ({err.strerror}); pass --out to a "

@@ -32,6 +32,19 @@ class BackgroundWriter:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def failed(self) -> bool:
+        """The last job has ended with an error that nobody has collected yet."""
+        return self._error is not None and not self.busy
+
+    def finish(self) -> BaseException | None:
+        """Block until the job in flight (if any) is done; return (and clear) its error instead of raising."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        err, self._error = self._error, None
+        return err
+
     def wait(self) -> None:
         """Block until the save in flight (if any) is done; raise its error if it failed."""
         if self._thread is not None:

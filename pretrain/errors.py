@@ -86,6 +86,8 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         print(f"\n{prefix}interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     except _user_error_types() as err:  # noqa: B030 - a tuple computed once per call
+        if getattr(err, "quiet", False):  # the same error is reported by rank 0
+            return exit_code(err)
         rank = os.environ.get("RANK")
         tag = f"[rank {rank}] " if rank not in (None, "", "0") else ""
         print(f"{tag}{prefix}error: {describe(err)}", file=sys.stderr, flush=True)

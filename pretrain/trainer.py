@@ -306,8 +306,9 @@ class Trainer:
         last = {}
         stop_reason = "finished"
         while not self.done():
-            if self.checkpointer is not None and self.checkpointer.stop_requested():
-                stop_reason = "signal"
+            reason = self.checkpointer.stop_requested() if self.checkpointer is not None else None
+            if reason is not None:  # 'signal', or 'save_failed' (at_end then raises SaveFailed)
+                stop_reason = reason
                 break
             micro = [self.loader.next_batch() for _ in range(self.accum)]
             inject = self.step in self.inject_nonfinite_steps

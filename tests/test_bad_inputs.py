@@ -25,6 +25,16 @@ from checkpoint_utils import ROOT, env, losses, make_dataset, run_flags
 DOC = ROOT / "docs" / "errors.md"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models train much faster on one thread (and do not stall when the machine is busy)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("data"), docs=120)
@@ -369,3 +379,209 @@ def test_retention_with_corrupt_newer_checkpoints(dataset, tmp_path, capsys):
     assert rc == 0 and "at step 3" in out
     names = sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir())
     assert names == ["step_00000004", "step_00000005", "step_00000006", "step_00000009"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# full disks
+# ---------------------------------------------------------------------------------------------------
+
+def _steps_logged(run: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _check_clean_stop(run: Path, line: str, step: int, previous: int, kind: str = "no space left on") -> None:
+    from checkpoints import verify
+    assert line.startswith(f"error: checkpoint step {step} not written: {kind} "), line
+    assert re.search(r"\(needs ~[\d.]+ [KMG]B, [\d.]+ [KMG]?B free\)", line), line
+    assert f"step_{previous:08d} is intact" in line and "--resume auto" in line, line
+    ckpts = run / "checkpoints"
+    assert not list(ckpts.glob("*.tmp")) and not (ckpts / f"step_{step:08d}").exists()
+    assert (ckpts / "latest").read_text().strip() == f"step_{previous:08d}"
+    assert verify(ckpts / f"step_{previous:08d}") is None
+    assert max(_steps_logged(run)) < 12  # training stopped
+
+
+def test_disk_full_during_save(dataset, tmp_path, capsys, monkeypatch):
+    """ENOSPC in the middle of writing a checkpoint (injected into the writer): one line (step, device,
+    space needed and free), the partial save removed, training stopped (exit 4), the previous checkpoint
+    intact; --resume auto then continues from it (no 'not writable' refusal)."""
+    import errno
+    import checkpoints.hashio as hashio
+    real_write = hashio.HashingFile.write
+
+    def write(self, data):
+        if "step_00000004.tmp" in str(self.path) and self.size > 4096:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, data)
+
+    monkeypatch.setattr(hashio.HashingFile, "write", write)
+    run = tmp_path / "run"
+    rc, _, err = pretrain(run_flags(run, dataset, 12, "--save-every", "2", "--keep-last", "0"), capsys)
+    assert rc == 4
+    line = one_error_line(err)
+    _check_clean_stop(run, line, 4, 2)
+    assert "the partial save was removed" in line
+    monkeypatch.setattr(hashio.HashingFile, "write", real_write)
+    rc, out, _ = pretrain(run_flags(run, dataset, 6, "--save-every", "2", "--resume", "auto"), capsys)
+    assert rc == 0 and "step_00000002 at step 2" in out
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 24 MB file system (tmpfs); skipped where mounting is not permitted."""
+    mnt = tmp_path / "small_disk"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or 'not root'})")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _fill(disk: Path, leave: int) -> Path:
+    """Write a filler file so that only `leave` bytes stay free on `disk`."""
+    import shutil
+    filler = disk / "filler.bin"
+    free = shutil.disk_usage(disk).free
+    with open(filler, "ab") as f:
+        f.write(b"\0" * max(0, free - leave))
+    return filler
+
+
+def test_disk_full_on_a_real_file_system(dataset, small_disk, capsys, monkeypatch):
+    """The same on a real, small file system: another process fills the disk while a checkpoint is being
+    written, so the kernel's ENOSPC hits torch.save mid-file."""
+    import checkpoints.markers as markers
+    filled = []
+
+    def hook(point, rank):
+        if point == "rank_writing" and not filled and (small_disk / "run" / "checkpoints" / "step_00000004.tmp").exists():
+            filled.append(_fill(small_disk, 200_000))
+
+    monkeypatch.setattr(markers, "HOOK", hook)
+    run = small_disk / "run"
+    rc, _, err = pretrain(run_flags(run, dataset, 12, "--save-every", "2", "--keep-last", "0"), capsys)
+    assert rc == 4 and filled
+    line = one_error_line(err)
+    _check_clean_stop(run, line, 4, 2)
+    assert f"no space left on {small_disk} (tmpfs, tmpfs)" in line
+    filled[0].unlink()
+    monkeypatch.setattr(markers, "HOOK", None)
+    rc, out, _ = pretrain(run_flags(run, dataset, 6, "--save-every", "2", "--resume", "auto"), capsys)
+    assert rc == 0 and "at step 2" in out
+
+
+def test_save_that_cannot_fit(dataset, tmp_path, small_disk, capsys, monkeypatch):
+    """A save that cannot fit in the free space is refused before a byte is written (the size of this
+    run's last checkpoint against the free space), with the same one line and exit 4."""
+    import checkpoints.markers as markers
+    filled = []
+
+    def hook(point, rank):
+        if point == "published" and not filled:  # right after step 2's checkpoint: leave ~1 MB
+            filled.append(_fill(small_disk, 1_000_000))
+
+    monkeypatch.setattr(markers, "HOOK", hook)
+    run = small_disk / "run"
+    rc, _, err = pretrain(run_flags(run, dataset, 12, "--save-every", "2", "--keep-last", "0"), capsys)
+    assert rc == 4
+    line = one_error_line(err)
+    _check_clean_stop(run, line, 4, 2, kind="not enough space on")
+    assert "partial" not in line  # nothing was written
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ctrl-C
+# ---------------------------------------------------------------------------------------------------
+
+def _start(flags: list, script: str | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", script] if script else [sys.executable, str(ROOT / "launch" / "pretrain.py")]
+    return subprocess.Popen([*cmd, *map(str, flags)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+
+
+def _wait_for_step(proc: subprocess.Popen, run: Path, step: int) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        m = run / "metrics.jsonl"
+        if m.exists() and any(json.loads(x)["step"] >= step for x in m.read_text().splitlines()):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"never reached step {step}: {proc.communicate()}")
+
+
+def test_ctrl_c_stops_with_a_checkpoint(dataset, tmp_path):
+    """Ctrl-C (SIGINT) is a graceful stop, as SIGTERM: the step finishes, a checkpoint of it is written,
+    exit 0; nothing since the last periodic checkpoint is lost and --resume auto continues."""
+    run = tmp_path / "run"
+    proc = _start(run_flags(run, dataset, 500, "--save-every", "100"))
+    _wait_for_step(proc, run, 3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "received Ctrl-C: stopping after this step and writing a checkpoint" in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop"] == "signal"
+    stopped = summary["step"]
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{stopped:08d}"
+    assert max(_steps_logged(run)) == stopped
+
+
+SLOW_SAVE = """
+import sys, time
+sys.path.insert(0, {root!r})
+import checkpoints.markers as markers
+def hook(point, rank):
+    if point == "rank_writing":
+        time.sleep(30)  # a long save: the second Ctrl-C arrives while it is being written
+markers.HOOK = hook
+from pretrain.trainer import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_second_ctrl_c_exits_at_once(dataset, tmp_path):
+    """A second Ctrl-C while the stop's checkpoint is being written exits at once (exit 130, no
+    traceback); the partial save is never loaded and the next start removes it."""
+    run = tmp_path / "run"
+    proc = _start(run_flags(run, dataset, 500, "--save-every", "0"), SLOW_SAVE.format(root=str(ROOT)))
+    _wait_for_step(proc, run, 2)
+    proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 60
+    while not list((run / "checkpoints").glob("*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - t0 < 10
+    assert "Traceback" not in err and "second Ctrl-C: exiting now" in err
+    rc = subprocess.run([sys.executable, str(ROOT / "launch" / "pretrain.py"),
+                         *map(str, run_flags(run, dataset, 3, "--resume", "auto"))], env=env(), capture_output=True,
+                        text=True, cwd=ROOT)
+    assert rc.returncode == 0 and "removed" in rc.stdout and ".tmp (a save that never finished)" in rc.stdout
+
+
+def test_ctrl_c_during_startup(dataset, tmp_path, capsys, monkeypatch):
+    """Ctrl-C before training starts (importing, building the model): 'interrupted', exit 130, no
+    traceback, and the run directory is not left locked."""
+    proc = _start(["--out", tmp_path / "run", "--max-steps", "5"])
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    # after the run directory is locked (while the model is built), in this process
+    import pretrain.trainer as trainer_mod
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_mod, "build_from_config", interrupted)
+    run = tmp_path / "run2"
+    rc, _, err = pretrain(run_flags(run, dataset, 3), capsys)
+    assert rc == 130 and "interrupted" in err and "Traceback" not in err
+    from checkpoints.run_dir import RunLock
+    RunLock(run).acquire().release()  # not left locked
