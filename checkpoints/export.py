@@ -54,8 +54,8 @@ def select(run_dir: Path, which: str | int) -> list[Source]:
         return [by_step[which]]
     if which == "all":
         return [by_step[s] for s in sorted(by_step)]
-    if which == "default":
-        return snaps if snaps else [ckpts[-1]]
+    if which == "default":  # without snapshots: the checkpoints newest first (export_run takes the first intact)
+        return snaps if snaps else list(reversed(ckpts))
     raise ValueError(f"which={which!r}; expected 'default', 'all' or a step number")
 
 
@@ -119,21 +119,30 @@ def export_run(run_dir: Path, which: str | int = "default", dtype: str = "fp32",
         raise ValueError(f"--dtype {dtype!r}; choose {' or '.join(DTYPES)}")
     run_dir = Path(run_dir)
     sources = select(run_dir, which)
-    done = []
-    n = len(sources)
+    newest_intact_only = which == "default" and all(s.kind == "checkpoint" for s in sources)
+    done, problems = [], []
+    n = 1 if newest_intact_only else len(sources)
     for i, src in enumerate(sources, 1):
         out = run_dir / EXPORTS / step_name(src.step)
-        label = f"[{i}/{n}] step {src.step} ({src.kind})"
+        label = f"[{min(i, n)}/{n}] step {src.step} ({src.kind})"
         if not force and already_exported(out, src.step, dtype):
             log(f"{label}: already exported at {out}, skipped")
             done.append(out)
-            continue
-        problem = verify(src.path)
-        if problem is not None:
-            log(f"{label}: WARNING: {src.path} is incomplete or corrupt ({problem}); skipped")
-            continue
-        t0 = time.perf_counter()
-        export_one(src, out, dtype)
-        log(f"{label} -> {out} ({dtype}, {time.perf_counter() - t0:.1f} s)")
-        done.append(out)
+        else:
+            problem = verify(src.path)
+            if problem is not None:
+                problems.append(f"{src.path}: {problem}")
+                log(f"{label}: WARNING: {src.path} is incomplete or corrupt ({problem}); skipped"
+                    + ("; trying the next older checkpoint" if newest_intact_only and i < len(sources) else ""))
+                continue
+            t0 = time.perf_counter()
+            export_one(src, out, dtype)
+            log(f"{label} -> {out} ({dtype}, {time.perf_counter() - t0:.1f} s)")
+            done.append(out)
+        if newest_intact_only:
+            break
+    if not done:
+        raise ValueError(f"{run_dir}: nothing exported, every selected source is incomplete or corrupt: "
+                         + "; ".join(problems) + ". Resume training to write a new checkpoint, or export "
+                         "another step with --step N")
     return done

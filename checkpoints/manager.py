@@ -53,7 +53,7 @@ from checkpoints.run_dir import read_run_id
 from checkpoints.schedule import SnapshotSchedule
 from checkpoints.signals import StopSignal
 from checkpoints.staging import StagingBuffers
-from checkpoints.universal import make_universal, needs_universal
+from checkpoints.universal import DEEPSPEED_DIR, make_universal, needs_universal
 from checkpoints.writer import BackgroundWriter
 
 MODULE_DIR = "module"
@@ -154,6 +154,36 @@ def apply_retention(ckpt_dir: Path, keep_last: int, upto: int | None = None, run
         shutil.rmtree(trash, ignore_errors=True)
         deleted.append(path)
     return deleted
+
+
+def _engine(zero: int) -> str:
+    return "plain PyTorch/DDP (--zero 0)" if not zero else f"DeepSpeed ZeRO-{zero} (--zero {zero})"
+
+
+def saved_zero_stage(path: Path, meta: dict | None = None) -> int:
+    """The ZeRO stage a checkpoint was written with (its meta.json, else its module/ layout)."""
+    path = Path(path)
+    if meta is None:
+        try:
+            meta = json.loads((path / META).read_text())
+        except (OSError, ValueError):
+            meta = {}
+    if meta.get("zero") is not None:
+        return int(meta["zero"])
+    return 0 if (path / MODULE_DIR / "model.pt").is_file() else int((path / MODULE_DIR / DEEPSPEED_DIR).is_dir())
+
+
+def engine_mismatch(path: Path, zero: int, meta: dict | None = None) -> str | None:
+    """Why checkpoint `path` cannot be resumed with --zero `zero` (None: it can). The optimizer state's
+    layout belongs to the engine: plain PyTorch writes whole tensors, ZeRO-1/2/3 their own partitioning,
+    so the stage must match (the number of ranks may change: ZeRO is resharded through DeepSpeed's
+    universal checkpoint)."""
+    saved = saved_zero_stage(path, meta)
+    if saved == zero:
+        return None
+    return (f"checkpoint {path} was written by {_engine(saved)} and this run is {_engine(zero)}: the optimizer "
+            f"state is laid out per engine and cannot be loaded across them. Resume it with --zero {saved} "
+            f"(on any number of ranks)")
 
 
 def model_config_mismatch(saved: dict, current: dict) -> list[str]:
@@ -292,6 +322,9 @@ class CheckpointManager:
             raise ValueError(f"checkpoint {path} was trained with {meta['tokens_per_step']} tokens per step but "
                              f"this run has {self.trainer.tokens_per_step}; keep --global-batch-tokens and "
                              f"--seq-len when resuming")
+        mismatch = engine_mismatch(path, self.trainer.cfg.dist.zero, meta)
+        if mismatch:
+            raise CheckpointError(mismatch)
         saved_world = int(meta["world_size"])
         same_world = saved_world == self.env.world_size
         if needs_universal(path / MODULE_DIR, saved_world, self.env.world_size):
@@ -384,8 +417,9 @@ class CheckpointManager:
         (rank 0, once every rank's writer has stopped) and raise SaveFailed everywhere, with one message
         (printed by rank 0; the others exit quietly with the same code)."""
         failure = _describe_failure(local) if local is not None else None
-        failures = _all_gather(failure)
-        failure = next((f for f in failures if f is not None), None)
+        failures = [f for f in _all_gather(failure) if f is not None]
+        # the rank whose own write failed says more than rank 0 giving up on waiting for it
+        failure = next((f for f in failures if not f["secondary"]), failures[0] if failures else None)
         if failure is None:
             return
         self._abort.set()
@@ -643,7 +677,8 @@ def _describe_failure(err: BaseException) -> dict:
     else:
         cause = err
     return {"kind": kind, "step": step, "needed": needed, "error": _one_line(cause),
-            "disk_full": disk_full_cause(cause) is not None, "short_write": looks_like_short_write(cause)}
+            "disk_full": disk_full_cause(cause) is not None, "short_write": looks_like_short_write(cause),
+            "secondary": isinstance(cause, markers.SaveAbandoned)}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -675,6 +710,28 @@ def _all_gather(obj) -> list:
     out = [None] * _world()
     dist.all_gather_object(out, obj)
     return out
+
+
+def check_resume_engine(run_dir: Path, resume: str | None, zero: int) -> None:
+    """Before the (slow) engine is built: refuse a resume whose checkpoint was written by another engine
+    (see engine_mismatch). Looks at the explicit --resume checkpoint, or for `auto` at the newest one of
+    the run that has a readable meta.json; `load` checks again on what is really chosen."""
+    if not resume:
+        return
+    if resume == "auto":
+        candidates = [p for _, p in reversed(step_dirs(Path(run_dir) / CHECKPOINTS))]
+        run_id = read_run_id(run_dir)
+        candidates = [p for p in candidates if checkpoint_run_id(p) in (None, run_id)][:1]
+    else:
+        candidates = [Path(resume)]
+    for path in candidates:
+        try:
+            meta = json.loads((path / META).read_text())
+        except (OSError, ValueError):
+            continue
+        mismatch = engine_mismatch(path, zero, meta)
+        if mismatch:
+            raise CheckpointError(mismatch)
 
 
 def attach_to_trainer(trainer) -> CheckpointManager:

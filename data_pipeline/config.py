@@ -134,7 +134,8 @@ def load_data_config(path: str | Path) -> DataConfig:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data config {path} not found")
-    raw = yaml.safe_load(path.read_text()) or {}
+    with open(path, encoding="utf-8") as f:  # from the file object, so a YAML error names the file and line
+        raw = yaml.safe_load(f) or {}
     return parse_data_config(raw, base_dir=path.resolve().parent, where=str(path))
 
 

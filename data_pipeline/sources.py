@@ -1,18 +1,23 @@
-"""Reading raw documents from a source: jsonl, parquet, text files, WikiExtractor <doc> files, gzip/zstd,
-Hugging Face datasets streaming.
+"""Reading raw documents from a source: jsonl, parquet, text files, WikiExtractor <doc> files, compressed
+with gzip, zstd, bzip2 or xz (by suffix), Hugging Face datasets streaming.
 
 Malformed input never stops a run: a missing file, a binary file, a line that is not valid UTF-8 or
-not valid JSON, an overlong line, a record without the text field are skipped, counted in
-`Counts` under a named reason, and warned about with the file and line (the first few of each kind per
-source, then a summary), while every good document around them is kept.
+not valid JSON, a JSON string with a lone surrogate escape, an overlong line, a record without the text
+field are skipped, counted in `Counts` under a named reason, and warned about with the file and line
+(the first few of each kind per source, then a summary), while every good document around them is kept.
+A compressed file that is truncated or corrupt keeps every record decompressed before the damage and is
+counted once under `damaged_files`. Encoding is decided line by line (one line in another encoding is
+skipped, not the file); a UTF-8 byte-order mark is dropped.
 """
 from __future__ import annotations
 
-import gzip
+import bz2
 import io
 import json
+import lzma
 import logging
 import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,27 +47,127 @@ class Counts:
                 log.warning("%s: further '%s' are counted, not shown", self.source, reason)
 
 
-def open_binary(path: Path) -> BinaryIO:
-    """Decompressing reader by suffix (.gz, .zst/.zstd), plain otherwise."""
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")
-    if name.endswith((".zst", ".zstd")):
+COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bzip2", ".xz": "xz"}
+BOM = b"\xef\xbb\xbf"
+
+
+def _decompressor(kind: str):
+    if kind == "gzip":
+        return zlib.decompressobj(wbits=47)  # gzip or zlib header, detected
+    if kind == "zstd":
         import zstandard
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"),
-                                                                            closefd=True))
-    return open(path, "rb")
+        return zstandard.ZstdDecompressor().decompressobj()
+    if kind == "bzip2":
+        return bz2.BZ2Decompressor()
+    return lzma.LZMADecompressor()
+
+
+def _decompress_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [zlib.error, OSError, EOFError, ValueError, lzma.LZMAError]
+    try:
+        import zstandard
+        errors.append(zstandard.ZstdError)
+    except ImportError:  # pragma: no cover - zstandard is a dependency
+        pass
+    return tuple(errors)
+
+
+class TolerantDecompressor(io.RawIOBase):
+    """A decompressing reader that never raises on damaged input: it returns every byte it could
+    decompress, then ends, and sets `damage` to what went wrong ('truncated' or 'corrupt (...)').
+    Concatenated members/frames/streams are read one after the other; zero padding after the last is
+    ignored (as gzip's own reader does). The input is fed in small chunks, so a corrupt spot loses only
+    what follows it (and, for zstd, the rest of its block)."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, path: Path, kind: str) -> None:
+        self._file = open(path, "rb")
+        self.kind = kind
+        self._d = _decompressor(kind)
+        self._fed = False
+        self._out = b""
+        self._done = False
+        self.damage: str | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._out and not self._done:
+            self._fill()
+        n = min(len(b), len(self._out))
+        b[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def _fill(self) -> None:
+        chunk = self._file.read(self.CHUNK)
+        if not chunk:
+            if self._fed and not self._d.eof:
+                self.damage = "truncated"
+                if self.kind == "gzip":  # what deflate still holds of the last, cut-off block
+                    try:
+                        self._out += self._d.flush()
+                    except zlib.error:
+                        pass
+            self._done = True
+            return
+        out = []
+        try:
+            while chunk:
+                if self._d.eof:  # a new member / frame / stream follows
+                    if not chunk.strip(b"\0"):
+                        break  # zero padding
+                    self._d, self._fed = _decompressor(self.kind), False
+                self._fed = True
+                out.append(self._d.decompress(chunk))
+                chunk = self._d.unused_data if self._d.eof else b""
+        except _decompress_errors() as err:
+            self.damage = f"corrupt ({type(err).__name__}: {' '.join(str(err).split())[:120]})"
+            self._done = True
+        self._out += b"".join(out)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+        super().close()
+
+
+def open_binary(path: Path) -> BinaryIO:
+    """Reader by suffix: decompressing (.gz, .zst/.zstd, .bz2, .xz; damage-tolerant, see
+    TolerantDecompressor), plain otherwise. Both have `peek`."""
+    kind = COMPRESSION.get(Path(path).suffix.lower())
+    if kind is None:
+        return open(path, "rb")
+    return io.BufferedReader(TolerantDecompressor(Path(path), kind), buffer_size=1 << 18)
+
+
+def damage_of(f: BinaryIO) -> str | None:
+    """What went wrong decompressing `f` (None: nothing, or not compressed)."""
+    return getattr(getattr(f, "raw", None), "damage", None)
 
 
 def _is_binary(head: bytes) -> bool:
-    # text never holds NUL; a binary format shows many control bytes or bytes that are not UTF-8
+    """Text never holds NUL and hardly any other control bytes. Bytes that are not UTF-8 make a file binary
+    only when no line of its head is UTF-8: a file with some good lines is read line by line, each line
+    decided on its own (one line in another encoding is skipped, the rest kept)."""
     if not head:
         return False
     if b"\x00" in head:
         return True
     ctrl = sum(1 for b in head if b < 9 or 13 < b < 32)
+    if ctrl / len(head) > 0.05:
+        return True
+    lines = [ln for ln in (head.split(b"\n")[:-1] or [head]) if ln.strip()]
+    for ln in lines:
+        try:
+            ln.decode("utf-8")
+            return False
+        except UnicodeDecodeError:
+            continue
     bad = head.decode("utf-8", errors="replace").count("\ufffd")
-    return ctrl / len(head) > 0.05 or bad / len(head) > 0.1
+    return bad / len(head) > 0.1
 
 
 def _lines(f: BinaryIO, limit: int, counts: Counts, where: str) -> Iterator[tuple[int, str]]:
@@ -94,32 +199,53 @@ def _lines(f: BinaryIO, limit: int, counts: Counts, where: str) -> Iterator[tupl
             if len(raw) > limit:
                 counts.skip("overlong_lines", f"{where}:{lineno}", f"{len(raw)} bytes > {limit}")
                 continue
+            if raw.startswith(BOM):  # a byte-order mark (first line, or files concatenated): not text
+                raw = raw[len(BOM):]
             try:
                 yield lineno, raw.decode("utf-8").rstrip("\r")
             except UnicodeDecodeError as err:
                 counts.skip("invalid_utf8_lines", f"{where}:{lineno}", str(err.reason))
         if len(tail) > limit:
             overlong, tail = len(tail), b""
+    if tail and damage_of(f) is not None:
+        tail = b""  # the record cut off where a compressed stream is damaged: counted with the damaged file
     if overlong:
         counts.skip("overlong_lines", f"{where}:{lineno + 1}", f"{overlong} bytes > {limit}")
     elif tail:
+        if tail.startswith(BOM):
+            tail = tail[len(BOM):]
         try:
             yield lineno + 1, tail.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as err:
             counts.skip("invalid_utf8_lines", f"{where}:{lineno + 1}", str(err.reason))
 
 
-def _whole_file(f: BinaryIO, limit: int, counts: Counts, where: str) -> str | None:
-    """A one-document file read at once (the fast path); None when it needs the line-by-line reader
-    (invalid UTF-8 somewhere, or a file over the line limit), which then skips and counts the bad lines."""
+class _Prefixed:
+    """`data` followed by the rest of `f`: the line reader over bytes the fast path already read."""
+
+    def __init__(self, data: bytes, f: BinaryIO) -> None:
+        self._data, self._f = data, f
+        self.raw = getattr(f, "raw", None)  # for damage_of
+
+    def read(self, n: int) -> bytes:
+        if self._data:
+            out, self._data = self._data[:n], self._data[n:]
+            return out
+        return self._f.read(n)
+
+
+def _whole_file(f: BinaryIO, limit: int) -> tuple[str | None, bytes]:
+    """A one-document file read at once (the fast path): (text, b"") , or (None, the bytes read) when it
+    needs the line-by-line reader (invalid UTF-8 somewhere, or a file over the line limit), which then
+    skips and counts the bad lines."""
     data = f.read(limit + 1)
     if len(data) > limit:  # large: the line reader streams it and skips any overlong line
-        return None
+        return None, data
     try:
-        text = data.decode("utf-8")
+        text = data[len(BOM):].decode("utf-8") if data.startswith(BOM) else data.decode("utf-8")
     except UnicodeDecodeError:
-        return None
-    return text
+        return None, data
+    return text, b""
 
 
 def _text_docs(lines: Iterator[tuple[int, str]], unit: str, where: str) -> Iterator[tuple[str, str]]:
@@ -143,6 +269,7 @@ def _text_docs(lines: Iterator[tuple[int, str]], unit: str, where: str) -> Itera
 
 
 _DOC_OPEN = re.compile(r'^<doc\b[^>]*>\s*$')
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _wikiextractor_docs(lines: Iterator[tuple[int, str]], where: str, counts: Counts
@@ -181,6 +308,10 @@ def _jsonl_docs(lines: Iterator[tuple[int, str]], key: str, where: str, counts: 
         text = rec.get(key) if isinstance(rec, dict) else None
         if not isinstance(text, str):
             counts.skip("records_without_text", f"{where}:{n}", f"no string field {key!r}")
+            continue
+        # JSON can escape half of a surrogate pair ("\ud800"): a string no UTF encoding can hold
+        if "\\u" in line and _SURROGATE.search(text):
+            counts.skip("invalid_unicode_records", f"{where}:{n}", "lone surrogate escape in the text")
             continue
         yield text, f"{where}:{n}"
 
@@ -248,27 +379,54 @@ def iter_file(src: SourceConfig, path: Path, counts: Counts, max_line_bytes: int
         except Exception as err:  # pyarrow raises several types for a corrupt file
             counts.skip("unreadable_files", where, f"{type(err).__name__}: {err}"[:160])
         return
+    kept = 0
     try:
         with open_binary(path) as f:
-            head = f.peek(8192)[:8192] if hasattr(f, "peek") else b""
+            head = f.peek(8192)[:8192]
             if _is_binary(head):
                 counts.skip("binary_files", where)
                 return
+            docs: Iterator[tuple[str, str]]
             if src.type == "text" and src.text_unit == "file":
-                doc = _whole_file(f, max_line_bytes, counts, where)
-                if doc is not None:
-                    yield doc, where
-                    return
-                f.seek(0)
-            lines = _lines(f, max_line_bytes, counts, where)
-            if src.type == "jsonl":
-                yield from _jsonl_docs(lines, src.field, where, counts)
-            elif src.type == "wikiextractor":
-                yield from _wikiextractor_docs(lines, where, counts)
+                doc, seen = _whole_file(f, max_line_bytes)
+                if doc is not None and damage_of(f) is None:
+                    docs = iter([(doc, where)])
+                else:  # invalid UTF-8, too long, or damaged: line by line, what can be read
+                    docs = _text_docs(_lines(_Prefixed(seen, f), max_line_bytes, counts, where), "file", where)
             else:
-                yield from _text_docs(lines, src.text_unit, where)
-    except (OSError, EOFError, ValueError) as err:  # truncated gzip, corrupt zstd, unreadable
-        counts.skip("unreadable_files", where, f"{type(err).__name__}: {err}"[:160])
+                lines = _lines(f, max_line_bytes, counts, where)
+                if src.type == "jsonl":
+                    docs = _jsonl_docs(lines, src.field, where, counts)
+                elif src.type == "wikiextractor":
+                    docs = _wikiextractor_docs(lines, where, counts)
+                else:
+                    docs = _text_docs(lines, src.text_unit, where)
+            for item in docs:
+                kept += 1
+                yield item
+            damage = damage_of(f)
+            if damage is not None:
+                counts.skip("damaged_files", where, f"{COMPRESSION[path.suffix.lower()]} stream {damage}; the "
+                                                    f"{kept} document(s) before the damage are kept")
+    except OSError as err:  # unreadable: permissions, I/O errors
+        counts.skip("unreadable_files", where, f"{type(err).__name__}: {err} ({kept} document(s) read before)"[:200])
+
+
+def check_inputs(cfg: DataConfig, where: str = "data config") -> None:
+    """Refuse a data config in which a file-based source matches no file at all (every pattern empty): it
+    would give an empty dataset, or silently drop that source from the mix. A pattern that matches
+    nothing next to others that match is only counted (`missing_files`) and warned about."""
+    empty = []
+    for src in cfg.sources:
+        if src.type == "hf":
+            continue
+        files, missing = cfg.files(src)
+        if not files:
+            empty.append(f"source {src.name!r} ({', '.join(missing)})")
+    if empty:
+        raise FileNotFoundError(f"{where}: no input file matches for {'; '.join(empty)}. Fix the paths or globs "
+                                f"(relative ones are read from the config's folder, {cfg.base_dir}) or remove "
+                                f"the source")
 
 
 def iter_source(cfg: DataConfig, src: SourceConfig, counts: Counts, files: list[Path] | None = None

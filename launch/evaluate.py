@@ -15,6 +15,9 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from evaluation.sweep import SUITES, SweepConfig, sweep  # noqa: E402
+from pretrain.errors import run_cli  # noqa: E402
+
+TASKS = sorted(set(SUITES["paper"]) | {"valid_loss"})  # what --tasks accepts (the paper suite, plus held-out loss)
 
 
 def parse_args(argv: list[str] | None = None) -> SweepConfig:
@@ -22,8 +25,8 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories (with exports/*/) or export directories")
     p.add_argument("--suite", choices=sorted(SUITES), default=d.suite)
-    p.add_argument("--tasks", nargs="+", help="instead of the suite: wikitext2 lambada_openai valid_loss "
-                                              "niah_easy niah_standard boolq piqa ... scrolls_qasper ...")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, metavar="TASK",
+                   help=f"instead of the suite, any of: {' '.join(TASKS)}")
     p.add_argument("--out", help="results folder (default: <first run>/eval)")
     p.add_argument("--device", default=d.device)
     p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])
@@ -39,8 +42,22 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
     p.add_argument("--valid-windows", type=int, default=d.valid_windows)
     p.add_argument("--force", action="store_true", help="ignore cached results")
     a = p.parse_args(argv)
+    for r in a.runs:
+        if not Path(r).exists():
+            raise FileNotFoundError(f"{r}: no such run or export directory (give runs/NAME, whose exports/ "
+                                    f"launch/export.py writes, or runs/NAME/exports/step_N)")
     return SweepConfig(**{k: v for k, v in vars(a).items()})
 
 
+def _main(argv: list[str] | None = None) -> int:
+    sweep(parse_args(argv))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Errors in the input end in one `error:` line and exit code 2 (docs/errors.md)."""
+    return run_cli(_main, argv)
+
+
 if __name__ == "__main__":
-    sweep(parse_args())
+    sys.exit(main())

@@ -13,9 +13,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from checkpoints.export import DTYPES, export_run  # noqa: E402
+from pretrain.errors import run_cli  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, help="run directory (holds snapshots/ and checkpoints/)")
@@ -26,16 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="export again even if already exported")
     args = p.parse_args(argv)
     if not args.run_dir.is_dir():
-        print(f"error: {args.run_dir} is not a directory (give a run directory, e.g. runs/tnl-70m)", file=sys.stderr)
-        return 2
-    try:
-        done = export_run(args.run_dir, args.step if args.step is not None else ("all" if args.all else "default"),
-                          args.dtype, args.force)
-    except (FileNotFoundError, ValueError, ImportError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        raise NotADirectoryError(f"{args.run_dir} is not a directory (give a run directory, e.g. runs/tnl-70m)")
+    done = export_run(args.run_dir, args.step if args.step is not None else ("all" if args.all else "default"),
+                      args.dtype, args.force)
     print(f"{len(done)} export(s) under {args.run_dir / 'exports'}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Errors in the input end in one `error:` line and exit code 2 (docs/errors.md)."""
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scaling.analysis import FitSettings, analyze_arch  # noqa: E402
 from scaling.report import console_summary, to_json  # noqa: E402
 from scaling.runs import RunError, group_by_arch, load_runs  # noqa: E402
+from pretrain.errors import run_cli  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def _main(argv=None) -> int:
     args = parse_args(argv)
     include_embedding = not args.no_embedding_flops
     try:
@@ -70,6 +71,11 @@ def main(argv=None) -> int:
         print("error: no architecture could be fitted (see NOTE lines above)", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv=None) -> int:
+    """Errors in the input end in one `error:` line and exit code 2 (docs/errors.md)."""
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

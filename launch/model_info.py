@@ -9,21 +9,29 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models import model_config, model_info  # noqa: E402
+from pretrain.errors import run_cli  # noqa: E402
 
 
-def main() -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a batch or a sequence length of 0 or less has no FLOPs to count)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: out of range; allowed: >= 1")
+    return value
+
+
+def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--arch", required=True)
     p.add_argument("--size", required=True)
-    p.add_argument("--batch", type=int, default=480, help="sequences per step")
-    p.add_argument("--seq-len", type=int, default=8192)
+    p.add_argument("--batch", type=positive_int, default=480, help="sequences per step (>= 1)")
+    p.add_argument("--seq-len", type=positive_int, default=8192, help="tokens per sequence (>= 1)")
     p.add_argument("--json", action="store_true")
-    a = p.parse_args()
-    try:
-        info = model_info(model_config(a.arch, a.size), a.batch, a.seq_len)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    a = p.parse_args(argv)
+    info = model_info(model_config(a.arch, a.size), a.batch, a.seq_len)
     if a.json:
         print(json.dumps(dataclasses.asdict(info), indent=2))
         return 0
@@ -35,6 +43,11 @@ def main() -> int:
           f"({info.flops_per_step_non_embedding / 1e15:,.2f} without the embedding term)")
     print(f"  training FLOPs per token: {info.flops_per_token:,.4g}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Errors in the input end in one `error:` line and exit code 2 (docs/errors.md)."""
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

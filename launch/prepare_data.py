@@ -18,9 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from data_pipeline.config import load_data_config  # noqa: E402
 from data_pipeline.merge import STAGES, plan, run_task  # noqa: E402
 from data_pipeline.prepare import merge, prepare, summary  # noqa: E402
+from data_pipeline.sources import check_inputs  # noqa: E402
+from pretrain.errors import run_cli  # noqa: E402
 
 
-def main(argv=None) -> None:
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="data config YAML (see docs/data.md)")
     p.add_argument("--out", required=True, help="output folder (use a fresh one per config)")
@@ -34,29 +36,39 @@ def main(argv=None) -> None:
     p.add_argument("--merge-plan", action="store_true", help="print the merge stages and their task counts")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
+    if a.num_parts < 1:
+        p.error(f"--num-parts {a.num_parts}: out of range; allowed: >= 1")
+    if a.part is not None and not 0 <= a.part < a.num_parts:
+        p.error(f"--part {a.part}: out of range; allowed: 0 to {a.num_parts - 1} (--num-parts {a.num_parts})")
+    if a.workers < 0:
+        p.error(f"--workers {a.workers}: out of range; allowed: >= 0 (0: one per CPU, at most 8)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    try:
-        cfg = load_data_config(a.config)
-        if a.merge_plan:
-            print(json.dumps(plan(cfg)))
-            return
-        if a.merge_stage:
-            if a.task is None:
-                p.error("--merge-stage needs --task (0 .. tasks-1; --merge-plan prints the counts)")
-            run_task(cfg, Path(a.out), a.merge_stage, a.task)
-            return
-        if a.merge_only:
-            stats = merge(cfg, Path(a.out))
-        else:
-            stats = prepare(cfg, Path(a.out), a.workers, a.part, a.num_parts, not a.no_merge, not a.no_progress)
-    except (FileNotFoundError, ValueError) as err:  # bad config or arguments: the message says what to do
-        p.exit(2, f"prepare_data: error: {err}\n")
+    cfg = load_data_config(a.config)
+    if a.merge_plan:
+        print(json.dumps(plan(cfg)))
+        return 0
+    if a.merge_stage:
+        if a.task is None:
+            p.error("--merge-stage needs --task (0 .. tasks-1; --merge-plan prints the counts)")
+        run_task(cfg, Path(a.out), a.merge_stage, a.task)
+        return 0
+    if a.merge_only:
+        stats = merge(cfg, Path(a.out))
+    else:
+        check_inputs(cfg, f"--config {a.config}")
+        stats = prepare(cfg, Path(a.out), a.workers, a.part, a.num_parts, not a.no_merge, not a.no_progress)
     if stats is not None:
         print(summary(stats))
         print(f"wrote {a.out}/train, {a.out}/val and {a.out}/stats.json")
     else:
         print(json.dumps({"part": a.part, "out": a.out}))
+    return 0
+
+
+def main(argv=None) -> int:
+    """Errors in the input end in one `error:` line and exit code 2 (docs/errors.md)."""
+    return run_cli(_main, argv, prog="prepare_data")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,6 +16,7 @@ import torch
 
 import ops
 from models import LanguageModel, build_from_config, flops_per_step, model_info
+from models.config import VOCAB_SIZE
 from pretrain.config import RunConfig, ac_mode, gradient_accumulation, resolve_compile, save_config
 from pretrain.distributed import DistEnv, barrier, dist_env, init_process_group
 from pretrain.errors import EXIT_STOPPED, UserError, run_cli
@@ -122,6 +123,42 @@ def out_of_memory_message(cfg: RunConfig, device: torch.device, step: int, mode:
             f"{ac}) does not fit in {where}. Use " + "; or ".join(fixes) + ". See docs/training.md, Long context")
 
 
+def check_vocab(vocab_size: int, data: str | None) -> None:
+    """Every token id the data can produce must be a row of the embedding: checked at start rather than at
+    the first forward. Data tokenized here (the default corpus, a data YAML streamed) can hold any id of
+    the tokenizer; a prepared dataset is scanned for an id >= vocab_size only when vocab_size is below the
+    tokenizer's (a small synthetic vocabulary), stopping at the first one found."""
+    from data_pipeline.tokenizer import ENCODING_NAME, get_tokenizer
+    n_vocab = get_tokenizer().n_vocab
+    if vocab_size >= n_vocab:
+        return
+    fix = (f"use --model vocab_size={n_vocab} or more (the default is {VOCAB_SIZE}), or "
+           f"leave --model vocab_size out")
+    if data is None or str(data).endswith((".yaml", ".yml")):
+        raise UserError(f"--model vocab_size={vocab_size} is smaller than the tokenizer's {n_vocab:,} ids "
+                        f"({ENCODING_NAME}, which {'the embedded corpus' if data is None else data} is tokenized "
+                        f"with); the first batch would index past the embedding; {fix}")
+    from data_pipeline.shards import TOKEN_DTYPE
+    root = Path(data)
+    roots = [r for r in (root / "train", root / "val", root) if (r / "meta.json").is_file()]
+    chunk = 1 << 24
+    for r in roots:
+        meta = json.loads((r / "meta.json").read_text())
+        for src in meta.get("sources", []):
+            for shard in src.get("shards", []):
+                path = r / shard["tokens"]
+                if not path.is_file() or path.stat().st_size < 4:
+                    continue
+                ids = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
+                for a in range(0, len(ids), chunk):
+                    top = int(ids[a:a + chunk].max())
+                    if top >= vocab_size:
+                        raise UserError(f"--model vocab_size={vocab_size}: the data in {data} holds token ids up "
+                                        f"to at least {top} ({path}), outside an embedding of {vocab_size} rows; "
+                                        f"use --model vocab_size={top + 1} or more (data tokenized with "
+                                        f"{ENCODING_NAME} needs {n_vocab}; the default is {VOCAB_SIZE})")
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig):
         from data_pipeline import build_loader
@@ -155,6 +192,15 @@ class Trainer:
         self.flops_per_step = flops_per_step(self.model_cfg, self.tokens_per_step // t.seq_len, t.seq_len)
         self.flops_per_step_ne = flops_per_step(self.model_cfg, self.tokens_per_step // t.seq_len, t.seq_len, False)
         seed_everything(t.seed + env.rank)
+
+        # what can be checked before the (slow) engine and model are built
+        if cfg.data is not None and str(cfg.data).endswith((".yaml", ".yml")):  # streamed: its inputs must exist
+            from data_pipeline.config import load_data_config
+            from data_pipeline.sources import check_inputs
+            check_inputs(load_data_config(cfg.data), f"--data {cfg.data}")
+        check_vocab(self.model_cfg.vocab_size, cfg.data)
+        from checkpoints.manager import check_resume_engine
+        check_resume_engine(self.run_dir, cfg.resume, cfg.dist.zero)
 
         init_process_group(env, cfg.dist.backend)
         model = build_from_config(self.model_cfg)
@@ -200,6 +246,10 @@ class Trainer:
             self.metrics.close()
         if getattr(self, "run_lock", None) is not None:
             self.run_lock.release()
+        if getattr(self, "env", None) is not None and self.env.world_size > 1 and torch.distributed.is_initialized():
+            # an orderly end for gloo/NCCL's threads: left to interpreter exit they can abort the process
+            # ("terminate called without an active exception") after a finished run
+            torch.distributed.destroy_process_group()
 
     # -- setup helpers ------------------------------------------------------------------------------
     def _checkpointing(self, device: torch.device) -> tuple[str, float]:

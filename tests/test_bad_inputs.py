@@ -55,6 +55,26 @@ def cli(script: str, *args: str, timeout: int = 240, extra_env: dict | None = No
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+def in_process(main, argv: list, capsys) -> tuple[int, str]:
+    """A launch script's main(argv) in this process: (exit code, stderr); argparse's usage errors too."""
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as exc:
+        rc = exc.code
+    return rc, capsys.readouterr().err
+
+
+def clis(*calls: tuple) -> list[subprocess.CompletedProcess]:
+    """Several `cli(script, *args)` calls at once (each pays Python's and torch's start-up)."""
+    procs = [(c, subprocess.Popen([sys.executable, str(ROOT / "launch" / c[0]), *map(str, c[1:])], env=env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)) for c in calls]
+    out = []
+    for c, p in procs:
+        o, e = p.communicate(timeout=240)
+        out.append(subprocess.CompletedProcess([c[0], *c[1:]], p.returncode, o, e))
+    return out
+
+
 def one_error_line(err: str) -> str:
     """The `error:` line of a failed command's stderr; there must be exactly one and no traceback."""
     assert "Traceback" not in err, err
@@ -207,6 +227,10 @@ def test_config_file_yaml_syntax(tmp_path, capsys):
     assert rc == 2
     line = one_error_line(err)
     assert f"YAML syntax error in {cfg_file}, line 4" in line, line
+    data_cfg = tmp_path / "data.yaml"
+    data_cfg.write_text("sources:\n  - name: s\n    paths: [a.jsonl\n  - name: t\n")
+    proc = cli("prepare_data.py", "--config", data_cfg, "--out", tmp_path / "ds")
+    assert proc.returncode == 2 and f"YAML syntax error in {data_cfg}, line 4" in one_error_line(proc.stderr)
 
 
 def test_model_field_not_a_number(capsys):
@@ -585,3 +609,254 @@ def test_ctrl_c_during_startup(dataset, tmp_path, capsys, monkeypatch):
     assert rc == 130 and "interrupted" in err and "Traceback" not in err
     from checkpoints.run_dir import RunLock
     RunLock(run).acquire().release()  # not left locked
+
+
+# ---------------------------------------------------------------------------------------------------
+# damaged and odd input data (prepare_data, and streaming training from the same config)
+# ---------------------------------------------------------------------------------------------------
+
+def _records(n: int, seed: int = 0) -> list[str]:
+    """n distinct documents of varied words (compresses like text: several zstd blocks for a few hundred)."""
+    import random
+    rng = random.Random(seed)
+    words = ("river mill wheat bread flour stone water wind field harvest morning evening village road "
+             "market winter summer bridge tower garden").split()
+    return [f"Document {i} " + " ".join(rng.choice(words) + str(rng.randrange(1000)) for _ in range(120))
+            for i in range(n)]
+
+
+def _jsonl(docs: list[str]) -> bytes:
+    return b"".join(json.dumps({"text": d}).encode() + b"\n" for d in docs)
+
+
+def _read(path: Path, kind: str = "jsonl") -> tuple[list[str], dict, str]:
+    """Every document the source reader keeps from one file, what it counted, and its warnings."""
+    import io
+    import logging
+    from data_pipeline.config import SourceConfig
+    from data_pipeline.sources import Counts, iter_file
+    src = SourceConfig(name="s", language="en", type=kind, paths=[str(path)])
+    counts = Counts("s")
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    logger = logging.getLogger("linscale.data")
+    logger.addHandler(handler)
+    try:
+        docs = [t for t, _ in iter_file(src, path, counts, 1 << 24)]
+    finally:
+        logger.removeHandler(handler)
+    return docs, dict(counts.skipped), buf.getvalue()
+
+
+def _prepare(tmp_path: Path, paths: list[str], kind: str = "jsonl") -> tuple[int, dict, str]:
+    """launch/prepare_data.py's main on one source: (exit code, stats.json or {}, stderr)."""
+    import contextlib
+    import io
+    from launch.prepare_data import main
+    cfg = tmp_path / "data.yaml"
+    cfg.write_text(json.dumps({"name": "t", "val_fraction": 0, "dedup": {"near": False}, "filters": {"min_chars": 10},
+                               "sources": [{"name": "s", "language": "en", "type": kind, "paths": paths}]}))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["--config", str(cfg), "--out", str(tmp_path / "ds"), "--workers", "1", "--no-progress"])
+    stats = tmp_path / "ds" / "stats.json"
+    return rc, json.loads(stats.read_text()) if stats.exists() else {}, err.getvalue()
+
+
+def test_corrupt_zst(tmp_path):
+    """A .zst with damaged bytes in the middle: prepare (and streaming) keep every document of the blocks
+    before the damage and count the file once under damaged_files, with its name; no ZstdError."""
+    import zstandard
+    docs = _records(600)
+    blob = bytearray(zstandard.ZstdCompressor(level=3).compress(_jsonl(docs)))
+    blob[len(blob) * 2 // 3] ^= 0xFF
+    blob[len(blob) * 2 // 3 + 1] ^= 0x5A
+    (tmp_path / "a.jsonl.zst").write_bytes(bytes(blob))
+    (tmp_path / "b.jsonl").write_bytes(_jsonl(["An intact neighbour file with a document of its own."]))
+    kept, counts, log = _read(tmp_path / "a.jsonl.zst")
+    assert 100 < len(kept) < 600 and kept == docs[:len(kept)]
+    assert counts == {"damaged_files": 1} and "a.jsonl.zst" in log and "zstd stream corrupt" in log
+    rc, stats, err = _prepare(tmp_path, [str(tmp_path / "*.jsonl*")])
+    assert rc == 0 and "Traceback" not in err
+    src = stats["sources"][0]
+    assert src["skipped_input"] == {"damaged_files": 1} and src["documents_in"] == len(kept) + 1
+    from data_pipeline import build_loader
+    cfg = tmp_path / "data.yaml"
+    batch = build_loader(str(cfg), 32, 2, 2).next_batch()  # streaming training reads it too
+    assert batch["input_ids"].shape == (2, 32)
+
+
+@pytest.mark.parametrize("codec", ["zst", "gz", "bz2", "xz"])
+def test_truncated_compressed_file(tmp_path, codec):
+    """A compressed file cut short, for every compression the sources read: exactly the documents that the
+    codec's own one-shot decoder recovers from the cut file are kept (a small file's too), the file is
+    counted under damaged_files, the cut record is dropped; concatenated streams are all read."""
+    import bz2
+    import gzip
+    import lzma
+    import zlib
+    import zstandard
+    compress = {"zst": lambda b: zstandard.ZstdCompressor().compress(b), "gz": gzip.compress,
+                "bz2": bz2.compress, "xz": lambda b: lzma.compress(b, preset=1)}[codec]
+    decoder = {"zst": lambda: zstandard.ZstdDecompressor().decompressobj(), "gz": lambda: zlib.decompressobj(31),
+               "bz2": bz2.BZ2Decompressor, "xz": lzma.LZMADecompressor}[codec]
+    for n, cut in ((200, 0.97), (2000, 0.6)):
+        docs = _records(n, seed=n)
+        path = tmp_path / f"d{n}.jsonl.{codec}"
+        blob = compress(_jsonl(docs))
+        path.write_bytes(blob[:int(len(blob) * cut)])
+        recoverable = decoder().decompress(blob[:int(len(blob) * cut)]).count(b"\n")  # complete records
+        kept, counts, log = _read(path)
+        assert kept == docs[:recoverable], (n, len(kept), recoverable)
+        assert counts == {"damaged_files": 1}, (n, counts)
+        assert "truncated" in log and path.name in log and f"the {len(kept)} document(s) before the damage" in log
+        if n == 2000 or codec in ("gz", "xz"):  # zstd and bzip2 decode whole blocks: a small cut file keeps none
+            assert len(kept) > n * cut * 0.5
+    intact = tmp_path / f"whole.jsonl.{codec}"
+    intact.write_bytes(compress(_jsonl(docs)) + compress(_jsonl(["a second stream, concatenated"])))
+    kept, counts, _ = _read(intact)
+    assert kept == docs + ["a second stream, concatenated"] and counts == {}
+
+
+def test_lone_surrogate_record(tmp_path):
+    """A JSON record with an escaped lone surrogate ("\\ud800") is skipped and counted with its file and
+    line; the records around it are kept and prepare finishes."""
+    good = _records(3)
+    (tmp_path / "a.jsonl").write_bytes(_jsonl(good[:1]) + b'{"text": "half a pair \\ud800 here"}\n' + _jsonl(good[1:]))
+    kept, counts, log = _read(tmp_path / "a.jsonl")
+    assert kept == good and counts == {"invalid_unicode_records": 1} and "a.jsonl:2" in log
+    rc, stats, err = _prepare(tmp_path, [str(tmp_path / "a.jsonl")])
+    assert rc == 0 and stats["sources"][0]["skipped_input"] == {"invalid_unicode_records": 1}
+
+
+def test_one_line_in_another_encoding(tmp_path):
+    """One GBK-encoded line in a small UTF-8 jsonl: that line is skipped and counted, the good documents
+    around it kept (the file is not called binary); a file with no UTF-8 line at all is."""
+    good = ["第一篇文档，用 UTF-8 写成。", "The second document, in plain ASCII."]
+    gbk = json.dumps({"text": "第二篇文档用 GBK 编码"}, ensure_ascii=False).encode("gbk")
+    (tmp_path / "a.jsonl").write_bytes(_jsonl(good[:1]) + gbk + b"\n" + _jsonl(good[1:]))
+    kept, counts, _ = _read(tmp_path / "a.jsonl")
+    assert kept == good and counts == {"invalid_utf8_lines": 1}
+    (tmp_path / "b.jsonl").write_bytes(b"\n".join([gbk] * 20))
+    assert _read(tmp_path / "b.jsonl")[1] == {"binary_files": 1}
+
+
+def test_utf8_byte_order_mark(tmp_path):
+    """A UTF-8 BOM at the start of a file (jsonl, text, compressed or not) is dropped, not the first record."""
+    import gzip
+    docs = _records(3)
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + _jsonl(docs))
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b"\xef\xbb\xbf" + _jsonl(docs)))
+    for name in ("a.jsonl", "b.jsonl.gz"):
+        kept, counts, _ = _read(tmp_path / name)
+        assert kept == docs and counts == {}
+    (tmp_path / "c.txt").write_bytes("\ufeffA whole-file text document.".encode())
+    assert _read(tmp_path / "c.txt", kind="text")[0] == ["A whole-file text document."]
+
+
+def test_data_globs_match_nothing(tmp_path, dataset, capsys):
+    """A data config whose paths match no file: prepare_data and training refuse (exit 2, naming the
+    source, the patterns and the folder they are read from) instead of an empty dataset."""
+    rc, stats, err = _prepare(tmp_path, ["nothing/*.jsonl", "also_missing.jsonl.gz"])
+    assert rc == 2 and not stats
+    line = one_error_line(err)
+    assert "no input file matches for source 's'" in line and "nothing/*.jsonl" in line
+    assert f"read from the config's folder, {tmp_path}" in line
+    rc, _, err = pretrain(["--data", tmp_path / "data.yaml", "--out", tmp_path / "run", "--max-steps", "1"], capsys)
+    assert rc == 2 and "no input file matches" in one_error_line(err)
+
+
+def test_prepare_bad_part_flags(tmp_path, capsys):
+    """prepare_data --num-parts 0, a --part outside the parts, negative --workers: usage error, exit 2."""
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text("sources: [{name: s, language: en, type: jsonl, paths: [x.jsonl]}]\n")
+    from launch.prepare_data import main
+    for args, expect in ((["--num-parts", "0"], "--num-parts 0: out of range; allowed: >= 1"),
+                         (["--num-parts", "2", "--part", "2"], "--part 2: out of range; allowed: 0 to 1"),
+                         (["--workers", "-1"], "--workers -1: out of range")):
+        rc, err = in_process(main, ["--config", cfg, "--out", tmp_path / "o", *args], capsys)
+        assert rc == 2 and expect in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# checkpoints, models and the other commands
+# ---------------------------------------------------------------------------------------------------
+
+def test_vocab_smaller_than_the_data(dataset, tmp_path, capsys):
+    """--model vocab_size below the data's token ids is refused at start (not at the first forward), with
+    the vocabulary that fits; for data tokenized here (the default corpus, a data YAML) the tokenizer's."""
+    rc, _, err = pretrain(run_flags(tmp_path / "a", dataset, 2, "--model", "vocab_size=10"), capsys)
+    assert rc == 2
+    line = one_error_line(err)
+    assert "--model vocab_size=10: the data in" in line and "use --model vocab_size=" in line
+    rc, _, err = pretrain(["--model", "vocab_size=10", "--out", tmp_path / "b", "--max-steps", "1"], capsys)
+    assert rc == 2
+    assert "vocab_size=10 is smaller than the tokenizer's 100,277 ids" in one_error_line(err)
+    assert pretrain(run_flags(tmp_path / "c", dataset, 1), capsys)[0] == 0  # 256 fits the synthetic data
+
+
+def test_checkpoint_of_another_engine(dataset, tmp_path, capsys):
+    """A plain PyTorch checkpoint resumed with --zero 2, and a DeepSpeed ZeRO-1 one with --zero 0: refused
+    before the engine is built, saying exactly what to pass."""
+    run = tmp_path / "plain"
+    assert pretrain(run_flags(run, dataset, 2), capsys)[0] == 0
+    rc, _, err = pretrain(run_flags(run, dataset, 4, "--zero", "2", "--resume", "auto"), capsys)
+    assert rc == 2
+    line = one_error_line(err)
+    assert "was written by plain PyTorch/DDP (--zero 0) and this run is DeepSpeed ZeRO-2" in line
+    assert "Resume it with --zero 0" in line
+    pytest.importorskip("deepspeed")
+    run = tmp_path / "zero"
+    ds_env = {"DS_ACCELERATOR": "cpu", "MASTER_PORT": str(29650 + os.getpid() % 300)}
+    proc = cli("pretrain.py", *run_flags(run, dataset, 2, "--zero", "1"), extra_env=ds_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = cli("pretrain.py", *run_flags(run, dataset, 4, "--zero", "0", "--resume", "auto"), extra_env=ds_env)
+    assert proc.returncode == 2
+    line = one_error_line(proc.stderr)
+    assert "was written by DeepSpeed ZeRO-1 (--zero 1) and this run is plain PyTorch/DDP" in line
+    assert "Resume it with --zero 1" in line
+
+
+def test_export_when_the_newest_checkpoint_is_corrupt(dataset, tmp_path, capsys):
+    """export.py on a run without snapshots whose newest checkpoint is corrupt exports the newest intact
+    one (with a warning); with every checkpoint corrupt it exits 2 listing them (never 0 with 0 exports)."""
+    from launch.export import main
+    run = tmp_path / "run"
+    assert pretrain(run_flags(run, dataset, 4, "--save-every", "2", "--keep-last", "0"), capsys)[0] == 0
+    _corrupt(run / "checkpoints" / "step_00000004")
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "step_00000004 is incomplete or corrupt" in out and "trying the next older checkpoint" in out
+    assert sorted(p.name for p in (run / "exports").iterdir()) == ["step_00000002"]
+    _corrupt(run / "checkpoints" / "step_00000002")
+    import shutil
+    shutil.rmtree(run / "exports")
+    assert main([str(run)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "nothing exported" in line and "step_00000002" in line and "step_00000004" in line
+
+
+def test_evaluate_bad_input(tmp_path):
+    """evaluate.py on a missing path, on a run without exports, and with --tasks bogus: one line or the
+    usage error listing the valid tasks, exit 2."""
+    (tmp_path / "run").mkdir()
+    missing, empty, proc = clis(("evaluate.py", tmp_path / "missing"), ("evaluate.py", tmp_path / "run"),
+                                ("evaluate.py", tmp_path / "run", "--tasks", "bogus"))
+    assert missing.returncode == 2 and "no such run or export directory" in one_error_line(missing.stderr)
+    assert empty.returncode == 2 and "run launch/export.py first" in one_error_line(empty.stderr)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "argument --tasks: invalid choice: 'bogus' (choose from" in proc.stderr and "'wikitext2'" in proc.stderr
+
+
+def test_model_info_bad_sizes(capsys):
+    """model_info with a zero or negative --seq-len / --batch (ZeroDivisionError / nonsense before), or an
+    unknown --size: usage error or one line, exit 2."""
+    from launch.model_info import main
+    for args, expect in ((["--seq-len", "0"], "argument --seq-len: 0: out of range; allowed: >= 1"),
+                         (["--batch", "-3"], "argument --batch: -3: out of range; allowed: >= 1"),
+                         (["--size", "-5"], "error: unknown size '-5'; choose from tiny, mini, 70m")):
+        rc, err = in_process(main, ["--arch", "tnl", "--size", "70m", *args], capsys)
+        assert rc == 2 and expect in err and "Traceback" not in err, err
+    proc = cli("model_info.py", "--arch", "tnl", "--size", "70m", "--seq-len", "0")  # as the terminal shows it
+    assert proc.returncode == 2 and "--seq-len: 0: out of range" in proc.stderr and "Traceback" not in proc.stderr

@@ -21,9 +21,10 @@ import pytest
 DELAYS = (0.0, 0.0, 0.0005, 0.002, 0.006)  # seconds, drawn at every point of the protocol
 
 
-def _worker(rank: int, world: int, saves: int, run: Path, result: Path) -> None:
+def _worker(rank: int, world: int, saves: int, run: Path, result: Path, fail: tuple[int, int] | None = None) -> None:
     """One rank (a forked child of the test process: no second torch import): saves `saves` checkpoints
-    through the real CheckpointManager with random delays everywhere; writes what it saw to `result`."""
+    through the real CheckpointManager with random delays everywhere, stopping as the training loop does;
+    writes what it saw to `result`. `fail=(rank, step)`: that rank's disk is full during that step's save."""
     import random
     import time
     import traceback
@@ -79,24 +80,45 @@ def _worker(rank: int, world: int, saves: int, run: Path, result: Path) -> None:
             run.mkdir(parents=True, exist_ok=True)
             write_run_id(run)
         dist.barrier()
+        if fail is not None and fail[0] == rank:
+            import errno
+
+            import checkpoints.hashio as hashio
+            real_write = hashio.HashingFile.write
+
+            def write(self, data):
+                if f"step_{fail[1]:08d}.tmp" in str(self.path):
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return real_write(self, data)
+            hashio.HashingFile.write = write
+        from checkpoints.errors import SaveFailed
         mgr = CheckpointManager(trainer)
         mgr.start()
-        for step in range(1, saves + 1):
-            trainer.step, trainer.tokens = step, step * 64
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(0.01)
-            mgr.after_step()  # stages this step's checkpoint; the previous save is finished first
-        mgr.wait()
+        failure = None
+        try:
+            reason = None
+            for step in range(1, saves + 1):
+                reason = mgr.stop_requested()  # as the training loop: every rank agrees to stop
+                if reason:
+                    break
+                trainer.step, trainer.tokens = step, step * 64
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(0.01)
+                mgr.after_step()  # stages this step's checkpoint; the previous save is finished first
+            mgr.at_end(reason or "finished")
+        except SaveFailed as err:
+            failure = {"message": str(err), "quiet": getattr(err, "quiet", False), "at_step": trainer.step}
         mgr.signal.uninstall()
-        result.write_text(json.dumps({"rank": rank, "saved": [h["step"] for h in mgr.history], "hits": hits}))
+        result.write_text(json.dumps({"rank": rank, "saved": [h["step"] for h in mgr.history], "hits": hits,
+                                      "failure": failure}))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported by the test
         result.write_text(json.dumps({"rank": rank, "error": traceback.format_exc()}))
         raise
 
 
-def run_ranks(tmp_path: Path, world: int, saves: int) -> list[dict]:
+def run_ranks(tmp_path: Path, world: int, saves: int, fail: tuple[int, int] | None = None) -> list[dict]:
     import torch
     import checkpoints.manager  # noqa: F401 - imported once here, shared by the forked ranks
     import pretrain.config  # noqa: F401
@@ -104,7 +126,7 @@ def run_ranks(tmp_path: Path, world: int, saves: int) -> list[dict]:
     ctx = mp.get_context("fork")  # the children share this process's imports: starting a rank takes ms
     run = tmp_path / "run"
     results = [tmp_path / f"rank{r}.json" for r in range(world)]
-    procs = [ctx.Process(target=_worker, args=(r, world, saves, run, results[r])) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, saves, run, results[r], fail)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -117,7 +139,7 @@ def run_ranks(tmp_path: Path, world: int, saves: int) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("world,saves", [(2, 150), (3, 80), (4, 80)])
+@pytest.mark.parametrize("world,saves", [(2, 120), (3, 60), (4, 80)])
 def test_saves_under_random_delays_at_every_protocol_step(tmp_path, world, saves):
     saves = int(os.environ.get("LINSCALE_STRESS_SAVES", saves))
     results = run_ranks(tmp_path, world, saves)
@@ -139,3 +161,22 @@ def test_saves_under_random_delays_at_every_protocol_step(tmp_path, world, saves
         assert verify(ckpts / name) is None
         assert sorted(os.listdir(ckpts / name / "trainer")) == [f"rank_{r:05d}.pt" for r in range(world)]
         assert not (ckpts / name / "parts").exists()
+
+
+@pytest.mark.parametrize("fail_rank", [0, 1])
+def test_a_full_disk_on_one_rank_stops_every_rank(tmp_path, fail_rank):
+    """ENOSPC while one rank writes its part of step 5's checkpoint: every rank stops (at the same point),
+    all with the same message naming step 5 and the full disk (rank 0 prints it, the others exit quietly),
+    the partial save is removed and step 4's checkpoint is the intact newest one."""
+    results = run_ranks(tmp_path, 3, 40, fail=(fail_rank, 5))
+    messages = {r["failure"]["message"] for r in results}
+    assert len(messages) == 1, messages
+    message = messages.pop()
+    assert message.startswith("checkpoint step 5 not written: no space left on "), message
+    assert "step_00000004 is intact" in message
+    assert [r["failure"]["quiet"] for r in results] == [False, True, True]
+    assert len({r["failure"]["at_step"] for r in results}) == 1 and results[0]["failure"]["at_step"] < 10
+    from checkpoints.manifest import verify
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert not list(ckpts.glob("*.tmp")) and (ckpts / "latest").read_text().strip() == "step_00000004"
+    assert verify(ckpts / "step_00000004") is None

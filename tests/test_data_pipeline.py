@@ -136,7 +136,7 @@ def test_malformed_input_is_skipped_and_counted(tmp_path, caplog):
         f.write(b'{"text": "' + b"x" * (100 << 20) + b'"}\n')
         f.write(json.dumps({"text": good[4]}).encode() + b"\n")
     (tmp_path / "c.jsonl").write_bytes(bytes(random.Random(0).randrange(256) for _ in range(20000)))
-    # a truncated gzip archive: the documents before the cut are kept, the file is counted as unreadable
+    # a truncated gzip archive: the documents before the cut are kept, the file is counted as damaged
     blob = gzip.compress((json.dumps({"text": good[6]}) + "\n" + "\n".join(
         json.dumps({"text": f"filler {i} " + rng.choice(words)}) for i in range(60000)) + "\n").encode())
     (tmp_path / "e.jsonl.gz").write_bytes(blob[:len(blob) // 2])
@@ -151,7 +151,7 @@ def test_malformed_input_is_skipped_and_counted(tmp_path, caplog):
     src = stats["sources"][0]
     assert src["skipped_input"] == {"bad_json_lines": 1, "invalid_utf8_lines": 1, "records_without_text": 1,
                                     "overlong_lines": 1, "binary_files": 1, "missing_files": 1,
-                                    "unreadable_files": 1}
+                                    "damaged_files": 1}
     assert src["removed_by_filter"]["too_short"] > 1  # the empty document and the short fillers
     assert sorted(_output_docs(tmp_path / "ds" / "train")["s"]) == sorted(clean(g) for g in good)
     log = caplog.text
