@@ -145,8 +145,9 @@ def check_vocab(vocab_size: int, data: str | None) -> None:
     for r in roots:
         meta = json.loads((r / "meta.json").read_text())
         for src in meta.get("sources", []):
-            for shard in src.get("shards", []):
-                path = r / shard["tokens"]
+            token_files = src.get("token_files") or [sh["tokens"] for sh in src.get("shards", [])]
+            for rel in token_files:
+                path = r / rel
                 if not path.is_file() or path.stat().st_size < 4:
                     continue
                 ids = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
