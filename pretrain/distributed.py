@@ -1,8 +1,9 @@
-"""Who am I in the job: rank, world size, device. Read from the launcher's environment: torchrun and the
-deepspeed launcher set RANK/WORLD_SIZE/LOCAL_RANK; one task per GPU under `srun` gives SLURM_PROCID /
-SLURM_STEP_NUM_TASKS / SLURM_LOCALID, and the master address comes from the job's node list. Under srun
-the values are exported as RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT too, so DeepSpeed and
-torch.distributed see the same job."""
+"""Who am I in the job: rank, world size, device, and where the ranks meet. Read from the launcher's
+environment: torchrun and the deepspeed launcher set RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT;
+one task per GPU under `srun` gives only Slurm's own variables (SLURM_PROCID / SLURM_STEP_NUM_TASKS /
+SLURM_LOCALID / SLURM_STEP_NODELIST / SLURM_JOB_ID), from which this module derives the rendezvous (the one
+place that does: launch/slurm/pretrain.sbatch sets none of it) and exports the five variables, so DeepSpeed
+and torch.distributed see the same job."""
 from __future__ import annotations
 
 import os
@@ -56,24 +57,31 @@ def first_host(nodelist: str) -> str:
 
 
 def slurm_master() -> tuple[str, int]:
-    """(MASTER_ADDR, MASTER_PORT) for a Slurm job: the first node of the job, and a port derived from the
-    job id so that two jobs sharing a node do not collide."""
-    nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or "127.0.0.1"
+    """(MASTER_ADDR, MASTER_PORT) of a Slurm job step, computed alike by every task without talking to the
+    others: the step's first node (where srun places rank 0) and 20000 + job id mod 20000, so that jobs
+    sharing a node do not collide and a requeued job (same id) meets on the same port again."""
+    nodes = (os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+             or os.environ.get("SLURM_NODELIST") or "127.0.0.1")
     job = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
     return first_host(nodes), 20000 + job % 20000
 
 
+def in_srun_step() -> bool:
+    """A task of an srun step that no other launcher started. SLURM_STEP_NUM_TASKS exists only inside a
+    step: the batch shell and a plain `python` in an salloc shell (where SLURM_NTASKS is the allocation's
+    size) stay one process instead of waiting for ranks that never come; RANK set means torchrun or the
+    deepspeed launcher runs inside the step and owns the ranks."""
+    return "RANK" not in os.environ and "SLURM_STEP_NUM_TASKS" in os.environ
+
+
 def dist_env(requested_device: str = "auto") -> DistEnv:
-    # SLURM_STEP_NUM_TASKS is set inside an srun step only: a plain `python` in an salloc shell (where
-    # SLURM_NTASKS is the allocation's size) stays one process instead of waiting for ranks that never come
-    under_srun = "RANK" not in os.environ and "SLURM_STEP_NUM_TASKS" in os.environ or \
-        ("RANK" not in os.environ and "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ
-         and "SLURM_STEP_ID" in os.environ)
+    under_srun = in_srun_step()
     rank = _env_int("RANK", "SLURM_PROCID", default=0)
-    world = _env_int("WORLD_SIZE", *(("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") if under_srun else ()), default=1)
+    world = _env_int("WORLD_SIZE", *(("SLURM_STEP_NUM_TASKS",) if under_srun else ()), default=1)
     local = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
     if under_srun:
         addr, port = slurm_master()
+        # setdefault: a MASTER_ADDR/MASTER_PORT set on purpose (e.g. in the site's env.sh) wins
         for k, v in (("RANK", rank), ("WORLD_SIZE", world), ("LOCAL_RANK", local), ("MASTER_ADDR", addr),
                      ("MASTER_PORT", port)):
             os.environ.setdefault(k, str(v))
@@ -90,6 +98,9 @@ def init_process_group(env: DistEnv, backend: str = "auto") -> None:
     os.environ.setdefault("MASTER_PORT", "29500")
     os.environ.setdefault("RANK", str(env.rank))
     os.environ.setdefault("WORLD_SIZE", str(env.world_size))
+    if env.is_main:  # where a hanging start waits: the first thing to check on a new cluster
+        print(f"[linscale] rendezvous {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}, {env.world_size} ranks, "
+              f"{backend}", flush=True)
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size)
 
 

@@ -1,0 +1,46 @@
+"""How far a run directory got, for launch/slurm/pretrain.sbatch (before and after each attempt of a job):
+
+    python launch/slurm/attempt_result.py RUN_DIR   ->   "<step> <stop>"
+
+<step>: the step of the newest complete checkpoint on disk (its manifest present and every file the size the
+manifest says; checksums are not read, which for a large model would take minutes), -1 when there is none.
+<stop>: the `stop` field of RUN_DIR/summary.json ("finished", "signal"), "-" when there is no summary
+(the trainer did not reach its end)."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# Only the file-layout modules of the checkpoints package are needed; its __init__ imports torch (seconds of
+# start-up on every attempt). A bare package object lets `checkpoints.layout` / `.manifest` import alone.
+if "checkpoints" not in sys.modules:
+    _pkg = types.ModuleType("checkpoints")
+    _pkg.__path__ = [str(ROOT / "checkpoints")]
+    sys.modules["checkpoints"] = _pkg
+
+from checkpoints.layout import CHECKPOINTS, step_dirs  # noqa: E402
+from checkpoints.manifest import verify  # noqa: E402
+
+
+def newest_complete_step(run_dir: Path) -> int:
+    """The step of the newest checkpoint that passes the quick (size-only) verification, or -1."""
+    for step, path in reversed(step_dirs(Path(run_dir) / CHECKPOINTS)):
+        if verify(path, checksums=False) is None:
+            return step
+    return -1
+
+
+def stop_reason(run_dir: Path) -> str:
+    try:
+        return str(json.loads((Path(run_dir) / "summary.json").read_text()).get("stop") or "-")
+    except (OSError, ValueError):
+        return "-"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: {sys.argv[0]} RUN_DIR")
+    print(newest_complete_step(Path(sys.argv[1])), stop_reason(Path(sys.argv[1])))
