@@ -51,7 +51,8 @@ install_slurm() {
 # -- configuration ----------------------------------------------------------------------------------------
 write_config() {
   local host tmp
-  host=$(hostname -s)
+  host=$(uname -n)
+  host=${host%%.*}
   mkdir -p "$(dirname "$CONF")" "$DIR"/{state,log,run} "${NODES[@]/#/$DIR/spool/}"
   if [[ -e $CONF ]] && ! grep -qxF "$MARK" "$CONF"; then
     cannot "$CONF exists and was not written by this script (a real cluster's?); leaving it alone. Use another path: LINSCALE_SLURM_CONF=/path/slurm.conf, and export SLURM_CONF=/path/slurm.conf for the Slurm commands"
