@@ -17,7 +17,7 @@
 #   LINSCALE_SLURM_CPUS  CPUs each node advertises (default 12). Deliberately more than a small machine has
 #                        (SlurmdParameters=config_overrides): a few small jobs run side by side, and a
 #                        job asking for more CPUs than a node has fails at once instead of pending forever.
-#   LINSCALE_SLURM_PORT  first of five TCP ports (default 6817: slurmctld, then one per slurmd)
+#   LINSCALE_SLURM_PORT  first of four TCP ports (default 6817: slurmctld, then one per slurmd)
 set -euo pipefail
 
 DIR=${LINSCALE_SLURM_DIR:-/var/tmp/linscale-slurm}
@@ -225,7 +225,8 @@ down() {
       say "cancelling jobs: $jobs"
       # shellcheck disable=SC2086
       scancel $jobs 2>/dev/null || true
-      for _ in $(seq 120); do [[ -z $(squeue -h -o %A -t all 2>/dev/null | tr -d ' \n') ]] && break; sleep 0.5; done
+      # squeue without -t lists pending, running and completing jobs: wait until their processes are gone
+      for _ in $(seq 240); do [[ -z $(squeue -h -o %A 2>/dev/null | tr -d ' \n') ]] && break; sleep 0.5; done
     fi
   fi
   stop_daemons
