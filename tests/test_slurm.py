@@ -448,7 +448,8 @@ def test_reference_one_node_two_tasks(outcomes):
     o = outcome(outcomes, "reference")
     assert o.info["JobState"] == "COMPLETED" and o.info["Restarts"] == "0", o.log[-3000:]
     assert [r["step"] for r in o.rows] == list(range(1, STEPS + 1))
-    assert o.rows[-1]["loss"] < o.rows[0]["loss"] - 0.5
+    first, last = [r["loss"] for r in o.rows[:4]], [r["loss"] for r in o.rows[-4:]]
+    assert sum(last) < sum(first) - 0.4, "the reference run did not learn"  # 0.1 a step on average
     # both tasks joined one DeepSpeed ZeRO-2 job over gloo, meeting where pretrain/distributed.py said
     assert "DeepSpeed ZeRO-2" in o.log and "2 ranks x micro 2 x accumulation 2" in o.log
     node = o.info["NodeList"]
