@@ -320,7 +320,7 @@ def _report_device(rows: list[dict]) -> str:
                      f"{r['tokens_per_s'] / 1e3:,.1f}k | {_pct(r.get('mfu'))} | {r['peak_gib']:.1f} | {ratio} | "
                      f"{first:.0f} |")
     # flatness: each model's fastest setting at each length against its fastest at the shortest length
-    flat = []
+    flat, seqs = [], sorted({r["seq"] for r in rows if r.get("status") == "ok"})
     for arch in ARCHS:
         for size in SIZES:
             best: dict[int, dict] = {}
@@ -331,12 +331,12 @@ def _report_device(rows: list[dict]) -> str:
             if len(best) > 1:
                 base = best[min(best)]
                 flat.append(f"| {arch} | {size} | " + " | ".join(
-                    f"{q} ({_ac_label(r)}): {r['tokens_per_s'] / base['tokens_per_s']:.2f}"
-                    for q, r in sorted(best.items())) + " |")
+                    f"{best[q]['tokens_per_s'] / base['tokens_per_s']:.2f} ({_ac_label(best[q])})" if q in best else ""
+                    for q in seqs) + " |")
     if flat:
-        lines += ["", "tokens/s of each model's fastest measured setting at each length, relative to the shortest "
-                      "length (activation checkpointing in brackets):", "",
-                  "| arch | size | seq (checkpointing): ratio |", "|---|---|---|"] + flat
+        lines += ["", "tokens/s of each model's fastest measured setting at each length, relative to its shortest "
+                      "measured length (activation checkpointing in brackets):", "",
+                  "| arch | size | " + " | ".join(map(str, seqs)) + " |", "|---|---|" + "---:|" * len(seqs)] + flat
     profiles = [r for r in rows if r.get("status") == "ok" and any("profile" in a for a in r["attempts"])]
     for r in profiles:
         p = next(a["profile"] for a in r["attempts"] if "profile" in a)

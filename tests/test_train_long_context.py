@@ -380,7 +380,8 @@ def test_bench_report_ratios_and_flatness(tmp_path):
     text = bench_train.report(tmp_path)
     assert "| tnl | 1b | 8192 | 1 x 8 | none | 50.0k | 40.0% | 30.0 | 1.25x | 12 |" in text
     assert "| tnl | 1b | 32768 | 1 x 2 | full | 45.0k | 40.0% | 30.0 | - | 12 |" in text  # no LLaMA at 32K
-    assert "| tnl | 1b | 8192 (none): 1.00 | 32768 (full): 0.90 |" in text
+    assert "| arch | size | 8192 | 32768 |" in text
+    assert "| tnl | 1b | 1.00 (none) | 0.90 (full) |" in text
 
 
 def test_bench_matrix_runs_a_cell_and_resumes(tmp_path):
