@@ -1,28 +1,23 @@
 """Public linear-attention ops: argument checks, then dispatch to an implementation.
 
 Implementations register under a name: ``recurrent`` and ``chunked`` (plain PyTorch, `ops.reference`)
-are always there; ``triton`` is registered by `ops.triton_*` modules when Triton imports. ``auto`` picks
-Triton on CUDA, the chunked twin elsewhere, and the recurrence for a single decoding step.
+are always there; ``triton`` is registered by `ops.triton_linear_attn` when Triton is installed. ``auto`` (the default of
+`ops.config.OpsConfig.impl`) picks Triton on CUDA, the chunked twin elsewhere, and the recurrence for a
+single decoding step.
 """
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 from torch import Tensor
 
 from ops import reference
 from ops.checks import check_decay, check_log_f, check_qkv, check_state_and_lengths
+from ops.config import get_config, set_config
 
 # an implementation takes (q, k, v, decay_or_log_f, initial_state, cu_seqlens) -> (o, final_state)
 Impl = Callable[..., tuple[Tensor, Tensor]]
 _IMPLS: dict[str, dict[str, Impl]] = {"lightning_attn": {}, "gated_linear_attn": {}}
-_DEFAULT_IMPL = os.environ.get("LINSCALE_OPS_IMPL", "auto")
-# Ops whose Triton path `auto` picks on CUDA: only those that passed tests/test_kernels_gpu.py in their
-# current form (both did, H100 + triton 3.6, 2026-11-22). LINSCALE_GLA_TRITON=0 falls back to the
-# chunked PyTorch twin for gated_linear_attn, should a new GPU or Triton version misbehave.
-_AUTO_TRITON = {"lightning_attn": True,
-                "gated_linear_attn": os.environ.get("LINSCALE_GLA_TRITON", "1") == "1"}
 
 
 def register_impl(op: str, name: str, fn: Impl) -> None:
@@ -34,20 +29,26 @@ def available_impls(op: str) -> list[str]:
 
 
 def set_default_impl(name: str) -> None:
-    """Process-wide choice ('auto', 'triton', 'chunked', 'recurrent'); the `--ops-impl` run flag sets it."""
-    global _DEFAULT_IMPL
-    if name != "auto" and name not in _IMPLS["lightning_attn"]:
+    """Process-wide choice ('auto', 'triton', 'chunked', 'recurrent'): shorthand for
+    `ops.config.set_config(impl=name)` (the `--ops-impl` run flag sets it through the run's ops config)."""
+    if name not in ("auto", "recurrent", "chunked") and name not in _IMPLS["lightning_attn"]:
         raise ValueError(f"ops impl {name!r} is not available here; choose from auto, "
                          f"{', '.join(available_impls('lightning_attn'))}")
-    _DEFAULT_IMPL = name
+    set_config(impl=name)
+
+
+def _auto_triton(op: str) -> bool:
+    # `auto` takes the Triton kernels on CUDA for both ops (each passed tests/test_kernels_gpu.py);
+    # OpsConfig.gla_triton=False keeps gated_linear_attn on its chunked twin
+    return op == "lightning_attn" or get_config().gla_triton
 
 
 def _resolve(op: str, impl: str | None, q: Tensor) -> Impl:
-    name = impl or _DEFAULT_IMPL
+    name = impl or get_config().impl
     if name == "auto":
         if q.shape[1] == 1:
             name = "recurrent"
-        elif q.is_cuda and "triton" in _IMPLS[op] and _AUTO_TRITON[op]:
+        elif q.is_cuda and "triton" in _IMPLS[op] and _auto_triton(op):
             name = "triton"
         else:
             name = "chunked"

@@ -1,28 +1,37 @@
-"""Chunk-scan Triton kernels shared by `lightning_attn` and `gated_linear_attn`.
+"""Chunk-walk Triton kernels shared by `lightning_attn` and `gated_linear_attn`.
 
-One program owns one (sequence, head) and a block of the state's key or value columns, and walks the
-sequence chunk by chunk carrying the fp32 state in registers, so no per-chunk state is ever written to
-memory. Per chunk of BT tokens (b = inclusive cumulative log-decay inside the chunk, b_L its last row):
+A *walk* program owns one (sequence, head), one block of the state's key or value columns and one
+*segment* of the sequence (a run of SC chunks), and steps through its chunks carrying the fp32 state in
+registers. Per chunk of BT tokens (b = inclusive cumulative log-decay inside the chunk, b_L its last row):
 
     o      = A v + (q * exp(b)) h                      A = intra-chunk masked weights
     h_next = exp(b_L) h + (k * exp(b_L - b))^T v
 
-Every exponent is <= 0, so the decay factors lie in [0, 1]: strong decays underflow to exactly 0, never
-to inf or NaN, however long the sequence. Two decay kinds share the code (constexpr GATED):
+Two layouts share these kernels (`ops.tuning` picks one per shape):
+  * scan: one segment per sequence (SC >= chunks): nothing but q, k, v (and gates) is read, no state is
+    ever written to memory; parallel over batch x heads x column blocks only.
+  * split: S segments per sequence, walked in parallel. Their start states come from a two-level scan:
+    `seg_local_kernel` forms every segment's own contribution to the state at its end (a reduction over
+    its chunks, parallel over segments and state blocks), `seg_combine_kernel` chains those S partial
+    states (h_s+1 = exp(dec_s) h_s + local_s, elementwise). The backward does the same for the state
+    gradient, in reverse. This multiplies the parallelism by S where batch x heads alone leaves SMs idle.
+
+Every exponent is <= 0, so decay factors lie in [0, 1]: strong decays underflow to exactly 0, never to inf
+or NaN, however long the sequence. Two decay kinds share the code (constexpr GATED):
   * scalar per head (lightning / TNL; cosFormer2 passes no decay at all: HAS_DECAY=False): b_i = (i+1) log(lambda);
     A = (q k^T) * lambda^(i-j) is formed here on tensor cores;
   * per key channel (GLA / HGRN2): b = cumsum(log_f) per channel; A comes precomputed for every chunk
-    from `ops.triton_gla_intra` (in parallel over chunks, off the latency-bound walks), and so do the
-    intra-chunk parts of dq and dk: the gated dq / dk scans add their inter-chunk terms onto them.
+    from `ops.triton_gla_intra` (in parallel over chunks), and so do the intra-chunk parts of dq and dk:
+    the gated dq / dk walks add their inter-chunk terms onto them.
 
-Precision (GLA): every product of the gated scans takes fp32 operands (tf32 on tensor cores for bf16
-inputs; bf16 operands gave d log_f ~2e-2 and o ~1.2e-2 against float64, over the GPU tests' 1e-2:
-d log_f is a cancelling sum of q dq - k dk). The scalar decay keeps bf16 operands.
+Precision (GLA): the gated dq / dk walks' products take fp32 operands (tf32 on tensor cores for bf16
+inputs): d log_f is a cancelling sum of q dq - k dk, and bf16 rounding of the decayed q, k there was its
+largest error. The scalar decay keeps bf16 operands.
 
-Backward is three independent scans: dq walks forward (state h), dk and dv walk backward (state dh,
-the gradient of the state at the chunk's end); each recomputes the small products it needs instead of
-reading stored activations. Sequences come either as the rows of a [B, T] batch or packed with
-`cu_seqlens` (B == 1): `bos`/`eos` bound each program's walk, which is also the state reset.
+Backward is three independent walks: dq walks forward (state h), dk and dv walk backward (state dh, the
+gradient of the state at the chunk's end); each recomputes the small products it needs instead of reading
+stored activations. Sequences come either as the rows of a [B, T] batch or packed with `cu_seqlens`
+(B == 1): `bos`/`eos` bound each program's walk, which is also the state reset.
 """
 from __future__ import annotations
 
@@ -45,7 +54,7 @@ def _seq_bounds(cu, i_n, T, VARLEN: tl.constexpr):
 def _program(i_k, i_v, i_nh, log_lam, cu, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
              BK: tl.constexpr, BV: tl.constexpr, GATED: tl.constexpr, HAS_DECAY: tl.constexpr,
              VARLEN: tl.constexpr):
-    """What every scan program starts from: its head, sequence start and length, its key / value columns
+    """What every walk program starts from: its head, sequence start and length, its key / value columns
     (block i_k of BK, block i_v of BV) with their masks, the scalar log-decay (0. when gated or none),
     and the offsets / mask of its [BK, BV] block of a [N, H, K, V] state tensor."""
     i_n = i_nh // H
@@ -63,6 +72,28 @@ def _program(i_k, i_v, i_nh, log_lam, cu, T, H: tl.constexpr, K: tl.constexpr, V
 
 
 @triton.jit
+def _and(mask, cond):
+    """mask & a scalar condition, in a form the CPU interpreter accepts too."""
+    return mask & ((mask.to(tl.int32) * 0 + cond.to(tl.int32)) != 0)
+
+
+@triton.jit
+def _segment(i_s, L, SC, BT: tl.constexpr):
+    """Chunks [c0, c1) of segment i_s (SC chunks each) of a sequence of L tokens, the number of segments of
+    that sequence, and whether i_s is its last (a segment past the end has c0 >= c1: an empty walk)."""
+    NC = tl.cdiv(L, BT)
+    c0 = i_s * SC
+    c1 = tl.minimum(c0 + SC, NC)
+    return c0, c1, tl.cdiv(NC, SC), (c1 == NC) & (c0 < NC)
+
+
+@triton.jit
+def _slot(buf, i_nh, j, SM1, K: tl.constexpr, V: tl.constexpr, offs_k, offs_v):
+    """Pointers to a [BK, BV] block of slot j of a segment-state buffer [N * H, SM1, K, V]."""
+    return buf + (i_nh.to(tl.int64) * SM1 + j) * K * V + offs_k[:, None] * V + offs_v[None, :]
+
+
+@triton.jit
 def _chunk_rows(c, offs_t, L, BT: tl.constexpr):
     """Chunk c's rows inside the sequence, which of them are real, and how many."""
     rows = c * BT + offs_t
@@ -75,11 +106,16 @@ def _step(s, a, x, w, b_last, F32: tl.constexpr, DECAY: tl.constexpr, PREC: tl.c
     product on fp32 operands when F32 (tf32 for bf16 inputs), else on a's dtype; without decay s + a^T x.
     Forward walks: a = k, x = v, w = exp(b_L - b); backward walks: a = q, x = do, w = exp(b)."""
     if DECAY:
-        if F32:
-            return s * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans(a.to(tl.float32) * w), x.to(tl.float32),
-                                                          input_precision=PREC)
-        return s * tl.exp(tl.trans(b_last)) + tl.dot(tl.trans((a * w).to(a.dtype)), x, input_precision=PREC)
+        return s * tl.exp(tl.trans(b_last)) + _outer(a, x, w, F32, PREC)
     return s + tl.dot(tl.trans(a), x, input_precision=PREC)
+
+
+@triton.jit
+def _outer(a, x, w, F32: tl.constexpr, PREC: tl.constexpr):
+    """(a * w)^T x on fp32 operands when F32, else on a's dtype."""
+    if F32:
+        return tl.dot(tl.trans(a.to(tl.float32) * w), x.to(tl.float32), input_precision=PREC)
+    return tl.dot(tl.trans((a * w).to(a.dtype)), x, input_precision=PREC)
 
 
 @triton.jit
@@ -142,61 +178,159 @@ def _load_A(A, bos, rows, rmask, i_h, H: tl.constexpr, BT: tl.constexpr, TRANSPO
     return tl.load(p, mask=rmask[:, None], other=0.)
 
 
+# ----------------------------------------------------------------------------------------------------
+# the two-level scan of the split layout
+# ----------------------------------------------------------------------------------------------------
+
 @triton.jit
-def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, cu, T,
+def seg_local_kernel(a, x, g, log_lam, slot, dec, cu, T, SC, SM1,
+                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr, BV: tl.constexpr, GATED: tl.constexpr, HAS_DECAY: tl.constexpr,
+                     REVERSE: tl.constexpr, F32: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (cdiv(K, BK) * cdiv(V, BV), N * H, SM1): one segment's own part of a state, from zero.
+    Forward (REVERSE=False; a = k, x = v): slot j <- sum over segment j's rows t of
+    (k_t * exp(B_end - B_t))^T v_t, its state at the end had it started from 0.
+    Backward (REVERSE=True; a = q, x = do): slot j <- sum over segment j+1's rows of (q_t * exp(B_t - B_start))^T do_t,
+    the gradient its rows send to the state at its start.
+    dec[N * H, SM1, K] <- the segment's whole log-decay (its chunks' b_L summed), which chains the slots
+    (`seg_combine_kernel`). Segments past a sequence's end write zeros (never read)."""
+    NV = tl.cdiv(V, BV)
+    i_k = tl.program_id(0) // NV
+    i_v = tl.program_id(0) % NV
+    i_nh = tl.program_id(1)
+    j = tl.program_id(2)
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, _, hmask = _program(
+        i_k, i_v, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
+    c0, c1, _, _ = _segment(j + REVERSE, L, SC, BT)
+    offs_t = tl.arange(0, BT)
+    acc = tl.zeros([BK, BV], dtype=tl.float32)
+    if GATED:
+        carry = tl.zeros([1, BK], dtype=tl.float32)
+    else:
+        carry = tl.zeros([1, 1], dtype=tl.float32)
+    n = tl.maximum(c1 - c0, 0)
+    for cc in range(0, n):
+        if REVERSE:
+            c = c0 + cc
+        else:
+            c = c1 - 1 - cc
+        rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
+        b_a = _load_rows(a, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        b_x = _load_rows(x, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+        if GATED or HAS_DECAY:
+            b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
+                                    GATED, HAS_DECAY, BT)
+            if REVERSE:  # weight of row t: exp(B_t - B_start), B_t - B_start = carry + b_t <= 0
+                w = tl.exp(tl.minimum(carry + b, 0.))
+            else:  # exp(B_end - B_t) = exp(carry + b_L - b_t), carry = the later chunks' decay
+                w = tl.exp(tl.minimum(carry + b_last - b, 0.))
+            acc += _outer(b_a, b_x, w, F32, PREC)
+            carry += b_last
+        else:
+            acc += tl.dot(tl.trans(b_a), b_x, input_precision=PREC)
+    tl.store(_slot(slot, i_nh, j, SM1, K, V, offs_k, offs_v), acc, mask=hmask)
+    if i_v == 0:
+        dp = dec + (i_nh.to(tl.int64) * SM1 + j) * K + offs_k
+        tl.store(dp, tl.zeros([BK], dtype=tl.float32) + tl.sum(carry, axis=0), mask=kmask)
+
+
+@triton.jit
+def seg_combine_kernel(slot, dec, init, cu, T, SC, SM1,
+                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                       BK: tl.constexpr, BV: tl.constexpr, REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
+                       VARLEN: tl.constexpr):
+    """grid (cdiv(K, BK) * cdiv(V, BV), N * H): chains the segments' partial states in place, elementwise.
+    Forward: carry = h0; slot j <- exp(dec_j) carry + local_j = the state at the start of segment j+1.
+    Backward (REVERSE): carry = d(final state); for j from the last down, slot j <- exp(dec_j) carry + local_j
+    = the gradient of the state at the end of segment j."""
+    NV = tl.cdiv(V, BV)
+    i_k = tl.program_id(0) // NV
+    i_v = tl.program_id(0) % NV
+    i_nh = tl.program_id(1)
+    _, bos, L, offs_k, offs_v, kmask, vmask, _, hp, hmask = _program(
+        i_k, i_v, i_nh, None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
+    _, _, n_seg, _ = _segment(0, L, SC, BT)
+    carry = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_INIT:
+        carry += tl.load(init + hp, mask=hmask, other=0.).to(tl.float32)
+    for jj in range(0, n_seg - 1):
+        if REVERSE:
+            j = n_seg - 2 - jj
+        else:
+            j = jj
+        p = _slot(slot, i_nh, j, SM1, K, V, offs_k, offs_v)
+        d = tl.load(dec + (i_nh.to(tl.int64) * SM1 + j) * K + offs_k, mask=kmask, other=0.)
+        carry = tl.exp(d)[:, None] * carry + tl.load(p, mask=hmask, other=0.)
+        tl.store(p, carry, mask=hmask)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the walks
+# ----------------------------------------------------------------------------------------------------
+
+@triton.jit
+def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
                     VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (cdiv(V, BV), N * H); BK >= K holds every key column."""
+    """grid (cdiv(V, BV), N * H, segments); BK >= K holds every key column. Segment s > 0 starts from
+    slot s-1 of Hs (the split layout's chained states); the sequence's last segment writes the final state."""
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
+    i_s = tl.program_id(2)
     i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
         0, i_v, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
+    c0, c1, _, last = _segment(i_s, L, SC, BT)
     offs_t = tl.arange(0, BT)
     dt = q.dtype.element_ty
     h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
-        h += tl.load(h0 + hp, mask=hmask, other=0.).to(tl.float32)
-    for c in range(0, tl.cdiv(L, BT)):
+        h += tl.load(h0 + hp, mask=_and(hmask, i_s == 0), other=0.).to(tl.float32)
+    h += tl.load(_slot(Hs, i_nh, i_s - 1, SM1, K, V, offs_k, offs_v), mask=_and(hmask, i_s > 0), other=0.)
+    for c in range(c0, c1):
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
-        if GATED:  # A precomputed for every chunk (ops.triton_gla_intra): tame and sub-chunk alike
+        if GATED:  # A precomputed for every chunk (ops.triton_gla_intra)
             b_o = tl.dot(_load_A(A, bos, rows, rmask, i_h, H, BT, False), b_v.to(tl.float32), input_precision=PREC)
             b_o += tl.dot(b_q.to(tl.float32) * tl.exp(b), h, input_precision=PREC)
         else:
             b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
             b_o = tl.dot(b_A.to(dt), b_v, input_precision=PREC)
-        if not GATED:
             if HAS_DECAY:
                 b_o += tl.dot((b_q * tl.exp(b)).to(dt), h.to(dt), input_precision=PREC)
             else:
                 b_o += tl.dot(b_q, h.to(dt), input_precision=PREC)
         h = _step(h, b_k, b_v, tl.exp(tl.minimum(b_last - b, 0.)), b_last, False, GATED or HAS_DECAY, PREC)
         _store_rows(o, b_o, bos, rows, rmask, i_h, H, V, offs_v, vmask)
-    tl.store(ht + hp, h, mask=hmask)
+    tl.store(ht + hp, h, mask=_and(hmask, last))
 
 
 @triton.jit
-def _dq_scan(i_k, i_nh, k, v, g, log_lam, do, dq, h0, cu, T,
+def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, cu, T, SC, SM1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (cdiv(K, BK), N * H); BV >= V. dq = (do h^T) * exp(b) + intra: (do v^T * D) k formed here when
-    scalar, read from dq when gated."""
+    """grid (cdiv(K, BK), N * H, segments); BV >= V. dq = (do h^T) * exp(b) + intra: (do v^T * D) k formed
+    here when scalar, read from dq when gated. Segment s > 0 starts from the forward's chained state."""
+    i_k = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_s = tl.program_id(2)
     i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
         i_k, 0, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
+    c0, c1, _, _ = _segment(i_s, L, SC, BT)
     offs_t = tl.arange(0, BT)
     dt = k.dtype.element_ty
     h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
-        h += tl.load(h0 + hp, mask=hmask, other=0.).to(tl.float32)
-    for c in range(0, tl.cdiv(L, BT)):
+        h += tl.load(h0 + hp, mask=_and(hmask, i_s == 0), other=0.).to(tl.float32)
+    h += tl.load(_slot(Hs, i_nh, i_s - 1, SM1, K, V, offs_k, offs_v), mask=_and(hmask, i_s > 0), other=0.)
+    for c in range(c0, c1):
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
@@ -209,155 +343,101 @@ def _dq_scan(i_k, i_nh, k, v, g, log_lam, do, dq, h0, cu, T,
             b_dq = tl.dot(b_do, tl.trans(h.to(dt)), input_precision=PREC)
         if GATED or HAS_DECAY:
             b_dq = b_dq * tl.exp(b)
-        # gated: fp32 operands, the state's bf16 rounding dominated d log_f's error (8e-3 -> 2e-3)
         h = _step(h, b_k, b_v, tl.exp(tl.minimum(b_last - b, 0.)), b_last, GATED, GATED or HAS_DECAY, PREC)
-        if not GATED:
-            b_dA = tl.dot(b_do, tl.trans(b_v), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
-            b_dq += tl.dot(b_dA.to(dt), b_k, input_precision=PREC)
         if GATED:  # onto the intra-chunk part, already in dq (ops.triton_gla_intra)
             b_dq += _load_rows(dq, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        else:
+            b_dA = tl.dot(b_do, tl.trans(b_v), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
+            b_dq += tl.dot(b_dA.to(dt), b_k, input_precision=PREC)
         _store_rows(dq, b_dq, bos, rows, rmask, i_h, H, K, offs_k, kmask)
 
 
 @triton.jit
-def _dk_scan(i_k, i_nh, q, v, g, log_lam, do, dk, dht, dh0, cu, T,
+def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, cu, T, SC, SM1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
                    STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (cdiv(K, BK), N * H); BV >= V; walks backward. dk = (v dh^T) * exp(b_L - b) + intra: (do v^T * D)^T q
-    formed here when scalar, read from dk when gated; also writes d(initial state)."""
+    """grid (cdiv(K, BK), N * H, segments); BV >= V; walks backward. dk = (v dh^T) * exp(b_L - b) + intra:
+    (do v^T * D)^T q formed here when scalar, read from dk when gated. The sequence's last segment starts
+    from d(final state), the others from slot s of Es (the chained state gradients); segment 0 writes
+    d(initial state)."""
+    i_k = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_s = tl.program_id(2)
     i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
         i_k, 0, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
+    c0, c1, _, last = _segment(i_s, L, SC, BT)
     offs_t = tl.arange(0, BT)
     dt = q.dtype.element_ty
     dh = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
-        dh += tl.load(dht + hp, mask=hmask, other=0.).to(tl.float32)
-    NC = tl.cdiv(L, BT)
-    for cc in range(0, NC):
-        c = NC - 1 - cc
+        dh += tl.load(dht + hp, mask=_and(hmask, last), other=0.).to(tl.float32)
+    dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=_and(hmask, (c1 > c0) & (last == 0)), other=0.)
+    for cc in range(0, tl.maximum(c1 - c0, 0)):
+        c = c1 - 1 - cc
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
-        if GATED:  # see the dq scan
+        if GATED:  # see the dq walk
             b_dk = tl.dot(b_v.to(tl.float32), tl.trans(dh), input_precision=PREC)
         else:
             b_dk = tl.dot(b_v, tl.trans(dh.to(dt)), input_precision=PREC)
         if GATED or HAS_DECAY:
             b_dk = b_dk * tl.exp(tl.minimum(b_last - b, 0.))
         dh = _step(dh, b_q, b_do, tl.exp(b), b_last, GATED, GATED or HAS_DECAY, PREC)  # gated: fp32, as dq
-        if not GATED:
+        if GATED:  # as dq
+            b_dk += _load_rows(dk, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        else:
             # (do v^T * D)^T = (v do^T) * D^T
             b_dAt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
             b_dk += tl.dot(b_dAt.to(dt), b_q, input_precision=PREC)
-        if GATED:  # as dq
-            b_dk += _load_rows(dk, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         _store_rows(dk, b_dk, bos, rows, rmask, i_h, H, K, offs_k, kmask)
     if STORE_DH0:
-        tl.store(dh0 + hp, dh, mask=hmask)
+        tl.store(dh0 + hp, dh, mask=_and(hmask, i_s == 0))
 
 
 @triton.jit
-def _dv_scan(i_v, i_nh, q, k, g, log_lam, A, do, dv, dht, cu, T,
+def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (cdiv(V, BV), N * H); BK >= K; walks backward. dv = A^T do + (k * exp(b_L - b)) dh."""
+    """grid (cdiv(V, BV), N * H, segments); BK >= K; walks backward. dv = A^T do + (k * exp(b_L - b)) dh.
+    Starts as the dk walk."""
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_s = tl.program_id(2)
     i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
         0, i_v, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
+    c0, c1, _, last = _segment(i_s, L, SC, BT)
     offs_t = tl.arange(0, BT)
     dt = q.dtype.element_ty
     dh = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
-        dh += tl.load(dht + hp, mask=hmask, other=0.).to(tl.float32)
-    NC = tl.cdiv(L, BT)
-    for cc in range(0, NC):
-        c = NC - 1 - cc
+        dh += tl.load(dht + hp, mask=_and(hmask, last), other=0.).to(tl.float32)
+    dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=_and(hmask, (c1 > c0) & (last == 0)), other=0.)
+    for cc in range(0, tl.maximum(c1 - c0, 0)):
+        c = c1 - 1 - cc
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
-        if GATED:  # the forward's A, every chunk
+        if GATED:  # the forward's A; fp32 operands (tf32 for bf16 inputs), as in the other gated walks
             b_At = _load_A(A, bos, rows, rmask, i_h, H, BT, True)
-        else:
-            b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
-        if GATED:  # fp32 operands (tf32 for bf16 inputs), as in the other gated scans
             b_dv = tl.dot(b_At, b_do.to(tl.float32), input_precision=PREC)
             b_dv += tl.dot(b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.)), dh, input_precision=PREC)
         else:
+            b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
             b_dv = tl.dot(b_At.to(dt), b_do, input_precision=PREC)
-        if not GATED:
             if HAS_DECAY:
                 b_dv += tl.dot((b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt), dh.to(dt), input_precision=PREC)
             else:
                 b_dv += tl.dot(b_k, dh.to(dt), input_precision=PREC)
         dh = _step(dh, b_q, b_do, tl.exp(b), b_last, False, GATED or HAS_DECAY, PREC)
         _store_rows(dv, b_dv, bos, rows, rmask, i_h, H, V, offs_v, vmask)
-
-
-# ----------------------------------------------------------------------------------------------------
-# kernels: one scan each, or all three backward scans in one launch
-# ----------------------------------------------------------------------------------------------------
-
-@triton.jit
-def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, cu, T,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
-                   VARLEN: tl.constexpr, PREC: tl.constexpr):
-    _dq_scan(tl.program_id(0), tl.program_id(1), k, v, g, log_lam, do, dq, h0, cu, T,
-             H, K, V, BT, BK, BV, GATED, HAS_DECAY, HAS_H0, VARLEN, PREC)
-
-
-@triton.jit
-def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, cu, T,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
-                   STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    _dk_scan(tl.program_id(0), tl.program_id(1), q, v, g, log_lam, do, dk, dht, dh0, cu, T,
-             H, K, V, BT, BK, BV, GATED, HAS_DECAY, HAS_DHT, STORE_DH0, VARLEN, PREC)
-
-
-@triton.jit
-def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, cu, T,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
-                   VARLEN: tl.constexpr, PREC: tl.constexpr):
-    _dv_scan(tl.program_id(0), tl.program_id(1), q, k, g, log_lam, A, do, dv, dht, cu, T,
-             H, K, V, BT, BK, BV, GATED, HAS_DECAY, HAS_DHT, VARLEN, PREC)
-
-
-@triton.jit
-def bwd_scans_kernel(q, k, v, g, log_lam, A, do, dq, dk, dv, h0, dht_k, dht_v, dh0, cu, T, NH,
-                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                     BKQ: tl.constexpr, BKK: tl.constexpr, BVV: tl.constexpr, BKF: tl.constexpr,
-                     BVF: tl.constexpr, GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
-                     HAS_DHT_K: tl.constexpr, HAS_DHT_V: tl.constexpr, STORE_DH0: tl.constexpr,
-                     VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (cdiv(V, BVV) * NH + cdiv(K, BKK) * NH + cdiv(K, BKQ) * NH,): the three backward scans in one
-    launch, a program's index picking its role (dv, dk, dq blocks, in that order; BKF, BVF >= K, V). Each scan alone is
-    latency-bound with a few hundred programs; in one grid they are co-resident and hide each other's
-    latency, which separate launches (even on separate streams) did not achieve."""
-    pid = tl.program_id(0)
-    n_v = tl.cdiv(V, BVV) * NH
-    n_k = tl.cdiv(K, BKK) * NH
-    if pid < n_v:
-        _dv_scan(pid // NH, pid % NH, q, k, g, log_lam, A, do, dv, dht_v, cu, T,
-                 H, K, V, BT, BKF, BVV, GATED, HAS_DECAY, HAS_DHT_V, VARLEN, PREC)
-    elif pid < n_v + n_k:
-        p = pid - n_v
-        _dk_scan(p // NH, p % NH, q, v, g, log_lam, do, dk, dht_k, dh0, cu, T,
-                 H, K, V, BT, BKK, BVF, GATED, HAS_DECAY, HAS_DHT_K, STORE_DH0, VARLEN, PREC)
-    else:
-        p = pid - n_v - n_k
-        _dq_scan(p // NH, p % NH, k, v, g, log_lam, do, dq, h0, cu, T,
-                 H, K, V, BT, BKQ, BVF, GATED, HAS_DECAY, HAS_H0, VARLEN, PREC)

@@ -15,6 +15,47 @@ import torch  # noqa: E402
 # with 2 threads the first exp of a fresh process was once seen off by ~1e-4: warm it up
 torch.exp(torch.zeros(1 << 16))
 
+
+def _speed_up_triton_interpreter() -> None:
+    """The Triton interpreter re-patches triton.language on every call of a nested @triton.jit helper
+    (tens of ms each, most of a kernel test's time). Within one kernel run, patch once per module the
+    helpers come from; the kernels compute exactly the same."""
+    try:
+        from triton.runtime import interpreter as it
+        grid_call, fn_call = it.GridExecutor.__call__, it.InterpretedFunction.__call__
+    except (ImportError, AttributeError):  # no Triton, or a version laid out differently: run as is
+        return
+    if getattr(it, "_linscale_fast", False):
+        return
+    state = {"depth": 0, "seen": set()}
+
+    def run_grid(self, *args, **kwargs):
+        if state["depth"] == 0:
+            state["seen"] = set()
+        state["depth"] += 1
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            state["depth"] -= 1
+
+    def call_helper(self, *args, **kwargs):
+        key = id(self.fn.__globals__)
+        if not state["depth"] or key not in state["seen"]:
+            if state["depth"]:
+                state["seen"].add(key)
+            return fn_call(self, *args, **kwargs)
+        try:
+            return self.rewrite()(*args, **kwargs)
+        except Exception as e:
+            raise it.InterpreterError(repr(e)) from e
+
+    it.GridExecutor.__call__, it.InterpretedFunction.__call__ = run_grid, call_helper
+    it._linscale_fast = True
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _speed_up_triton_interpreter()
+
 SHARED_DATA = Path(os.environ.get("LINSCALE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 

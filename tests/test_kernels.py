@@ -1,7 +1,9 @@
 """The Triton linear-attention kernels against the float64 step-by-step recurrence, on CPU under the
 Triton interpreter (conftest sets TRITON_INTERPRET=1). Tiny odd shapes: T is never a chunk multiple.
-Every output and every input's gradient (q, k, v, log_f, initial state; the final state's gradient
-flows back too) must agree to relative error < 1e-3 in fp32."""
+Every layout is forced on in turn (`ops.testing.force_plan`): the scan layout (one walk per sequence) and
+the split layout (segments of one or two chunks, their start states from the two-level scan). Every
+output and every input's gradient (q, k, v, log_f, initial state; the final state's gradient flows back
+too) must agree to relative error < 1e-3 in fp32."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,10 +13,19 @@ pytest.importorskip("triton")
 import ops  # noqa: E402
 from ops import gated_linear_attn, lightning_attn  # noqa: E402
 from ops import reference as R  # noqa: E402
+from ops.testing import SCAN, force_plan  # noqa: E402
 
-pytestmark = pytest.mark.skipif("triton" not in ops.available_impls("lightning_attn"),
-                                reason="the triton implementation did not register")
 TOL = 1e-3
+# layout name -> segment length in chunks (T <= 130 here: 1-3 chunks per sequence)
+LAYOUTS = {"scan": SCAN, "split1": 1, "split2": 2}
+
+
+def test_triton_kernels_registered():
+    """Triton is installed (this module did not skip), so the kernels must have registered: an error in
+    a kernel module must fail here, not fall back to the PyTorch twins unnoticed."""
+    assert ops.HAVE_TRITON
+    for op in ("lightning_attn", "gated_linear_attn"):
+        assert "triton" in ops.available_impls(op), f"{op}: the triton implementation did not register"
 
 
 def rel(a, b):
@@ -40,8 +51,8 @@ def _recurrent64(kind, q, k, v, x, h0):
     return R.lightning_attn_recurrent(q, k, v, None if x is None else x.double(), h0)
 
 
-def _check_against_recurrence(kind, q, k, v, x, h0, cu=None, state_grad=True):
-    """Run the triton impl and the float64 recurrence (per document when packed) and compare
+def _check_against_recurrence(kind, q, k, v, x, h0, cu=None, state_grad=True, layout="scan"):
+    """Run the triton impl in `layout` and the float64 recurrence (per document when packed) and compare
     outputs, final states and the gradients of every differentiable input (the loss also reads the
     final state unless `state_grad` is False)."""
     ins = [q, k, v] + ([h0] if h0 is not None else []) + ([x] if kind == "gla" else [])
@@ -50,10 +61,11 @@ def _check_against_recurrence(kind, q, k, v, x, h0, cu=None, state_grad=True):
     h0_ = ins[3] if h0 is not None else None
     x_ = ins[-1] if kind == "gla" else x
     f = gated_linear_attn if kind == "gla" else lightning_attn
-    o, S = f(q_, k_, v_, x_, initial_state=h0_, output_final_state=True, cu_seqlens=cu, impl="triton")
-    gen = torch.Generator().manual_seed(1)
-    do, dS = torch.randn(o.shape, generator=gen), torch.randn(S.shape, generator=gen) * float(state_grad)
-    grads = torch.autograd.grad((o * do).sum() + (S * dS).sum(), ins)
+    with force_plan(seg_chunks=LAYOUTS[layout]):
+        o, S = f(q_, k_, v_, x_, initial_state=h0_, output_final_state=True, cu_seqlens=cu, impl="triton")
+        gen = torch.Generator().manual_seed(1)
+        do, dS = torch.randn(o.shape, generator=gen), torch.randn(S.shape, generator=gen) * float(state_grad)
+        grads = torch.autograd.grad((o * do).sum() + (S * dS).sum(), ins)
 
     ins64 = [t.detach().double().requires_grad_(True) for t in ins]
     q6, k6, v6 = ins64[:3]
@@ -75,91 +87,83 @@ def _check_against_recurrence(kind, q, k, v, x, h0, cu=None, state_grad=True):
     assert all(e < TOL for e in errs.values()), errs
 
 
-@pytest.mark.parametrize("kind,T,Dk,Dv", [
-    ("la", 83, 32, 16), ("la", 130, 16, 32), ("nodecay", 77, 32, 16), ("nodecay", 65, 24, 24),
-    ("gla", 83, 32, 16), ("gla", 50, 24, 16),
+@pytest.mark.parametrize("kind,T,Dk,Dv,layout", [
+    ("la", 83, 32, 16, "scan"), ("la", 83, 32, 16, "split1"), ("la", 130, 16, 32, "split2"),
+    ("nodecay", 77, 32, 16, "scan"), ("nodecay", 130, 24, 24, "split1"),
+    ("gla", 83, 32, 16, "scan"), ("gla", 83, 32, 16, "split1"), ("gla", 130, 24, 16, "split2"),
 ])
-def test_matches_recurrence(kind, T, Dk, Dv):
+def test_matches_recurrence(kind, T, Dk, Dv, layout):
     q, k, v, x = _make(kind, T, 2, Dk, Dv)
     h0 = torch.randn(1, 2, Dk, Dv) * 0.5
-    _check_against_recurrence(kind, q, k, v, x, h0)
+    _check_against_recurrence(kind, q, k, v, x, h0, layout=layout)
 
 
-@pytest.mark.parametrize("kind", ["la", "nodecay", "gla"])
-def test_batch_without_initial_state(kind):
+@pytest.mark.parametrize("kind,layout", [("la", "split1"), ("nodecay", "scan"), ("gla", "split1")])
+def test_batch_without_initial_state(kind, layout):
     q, k, v, x = _make(kind, 70, 2, 16, 16, N=2, seed=3)
-    _check_against_recurrence(kind, q, k, v, x, None)
+    _check_against_recurrence(kind, q, k, v, x, None, layout=layout)
 
 
-@pytest.mark.parametrize("shift", [-12.0, 14.0])
-def test_gla_extreme_gates(shift):
-    """Gates near 0 (log_f ~ -12 per step: a chunk's cumulative decay passes e^-88, the naive
-    q exp(b), k exp(-b) factorisation overflows) and near 1 (log_f ~ -1e-6)."""
-    q, k, v, x = _make("gla", 77, 2, 16, 16, gate_scale=1.0, gate_shift=shift, seed=5)
-    _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16), state_grad=False)
+@pytest.mark.parametrize("gates,layout", [("-20", "scan"), ("-20", "split1"), ("near1", "split1"),
+                                          ("uniform", "scan"), ("uniform", "split2")])
+def test_gla_any_gate_value(gates, layout):
+    """One scheme for every log f in [-20, 0]: gates at the floor (a chunk's cumulative decay reaches
+    e^-1280, far past where the direct (q e^b)(k e^-b)^T factorisation overflows), near 1 (log f ~ -1e-6),
+    and log f drawn uniformly from [-20, 0] per step and channel."""
+    q, k, v, _ = _make("gla", 77 if gates != "uniform" else 130, 2, 16, 16, seed=5)
+    g = torch.Generator().manual_seed(6)
+    if gates == "-20":
+        x = -20.0 + torch.rand(q.shape, generator=g)  # [-20, -19]
+    elif gates == "near1":
+        x = -1e-6 * torch.rand(q.shape, generator=g)
+    else:
+        x = -20.0 * torch.rand(q.shape, generator=g)
+    _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16), state_grad=False, layout=layout)
 
 
-def test_gla_gates_near_zero_with_final_state_grad():
+@pytest.mark.parametrize("layout", ["scan", "split1"])
+def test_gla_gates_near_zero_with_final_state_grad(layout):
     """Gates near 0 and a loss on the final state: d log_f's final-state term is formed directly
-    (gla_state_grad_kernel), not as 'all minus a suffix', so it keeps its relative precision."""
+    (gla_state_grad_kernel), not as 'all minus a suffix', so it keeps its relative precision; in the split
+    layout the dk walks start from state gradients chained without it."""
     q, k, v, x = _make("gla", 77, 2, 16, 16, gate_scale=1.0, gate_shift=-12.0, seed=5)
-    _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16), state_grad=True)
+    _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16), state_grad=True, layout=layout)
 
 
-@pytest.fixture
-def subchunk_only(monkeypatch):
-    """Mark no chunk tame: every chunk takes the sub-chunk kernels (the path of gates near 0)."""
-    import ops.triton_linear_attn as TL
-    monkeypatch.setattr(TL, "TAME", -1.0)
+def test_gla_diagonal_block_row_loop():
+    """The GLA intra-chunk kernels' other form of the diagonal blocks (one key row at a time, the CUDA
+    default; the interpreter defaults to the whole-tile form) gives the same results."""
+    q, k, v, x = _make("gla", 83, 2, 24, 16, seed=11)
+    with force_plan(launch={"A": {"diag": "loop"}, "dqk": {"diag": "loop"}}):
+        _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout="split1")
 
 
-@pytest.mark.parametrize("T", [83, 130])
-def test_gla_subchunk_path(subchunk_only, T):
-    q, k, v, x = _make("gla", T, 2, 24, 16, seed=11)
-    _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5)
+@pytest.mark.parametrize("kind,layout", [("la", "scan"), ("la", "split1"), ("gla", "scan"), ("gla", "split1")])
+def test_cu_seqlens_resets_state(kind, layout):
+    """Packed documents (lengths 17, 70, 40: boundaries inside chunks; the 70-token one spans two chunks,
+    hence two segments in split1) match separate runs, each from its own initial state."""
+    q, k, v, x = _make(kind, 127, 2, 16, 16, seed=7, gate_shift=-1.0 if kind == "gla" else 0.0)
+    cu = torch.tensor([0, 17, 87, 127])
+    _check_against_recurrence(kind, q, k, v, x, torch.randn(3, 2, 16, 16), cu=cu, layout=layout)
 
 
-def test_gla_mixed_tame_and_subchunk_chunks():
-    """One sequence whose first chunk is tame and whose second is not (and the reverse in the other
-    head): both paths in one launch."""
-    import ops.triton_linear_attn as TL
-    T = 120
-    q, k, v, _ = _make("gla", T, 2, 16, 16, seed=13)
-    x = torch.full((1, T, 2, 16), -0.05)
-    x[:, 64:, 0] = -3.0  # head 0: chunk 1 decays by e^-168 -> sub-chunk path
-    x[:, :64, 1] = -3.0  # head 1: chunk 0
-    _, flags = TL._gla_cumsum(x, torch.zeros(1, dtype=torch.int32), T, (2, None))
-    assert flags[0, [0, 64]].tolist() == [[1, 0], [0, 1]]
-    _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16))
-
-
-def test_gla_backward_uses_the_forward_chunk_split(monkeypatch):
-    """The backward takes each chunk down the path the forward chose (its saved flags), even if the
-    threshold changed in between; recomputing the split would drop intra-chunk gradient terms."""
-    import ops.triton_linear_attn as TL
-    q, k, v, x = _make("gla", 90, 2, 16, 16, gate_shift=2.0, seed=19)
-    ins = [t.clone().requires_grad_(True) for t in (q, k, v, x)]
-    o = gated_linear_attn(*ins, impl="triton")
-    monkeypatch.setattr(TL, "TAME", -1.0)  # would mark every chunk for the sub-chunk kernels
+@pytest.mark.parametrize("kind", ["la", "gla"])
+def test_backward_uses_the_forward_segments(kind):
+    """The backward walks from the forward's chained segment states, so it must use the forward's
+    segment length even if the plan for the shape changes in between."""
+    q, k, v, x = _make(kind, 130, 2, 16, 16, seed=19)
+    ins = [t.clone().requires_grad_(True) for t in (q, k, v)] + ([x.clone().requires_grad_(True)] if kind == "gla" else [])
+    f = gated_linear_attn if kind == "gla" else lightning_attn
+    with force_plan(seg_chunks=1):
+        o = f(*ins[:3], ins[3] if kind == "gla" else x, impl="triton")
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(2))
-    grads = torch.autograd.grad((o * do).sum(), ins)
+    with force_plan(seg_chunks=2):
+        grads = torch.autograd.grad((o * do).sum(), ins)
     i64 = [t.detach().double().requires_grad_(True) for t in ins]
-    ro, _ = R.gated_linear_attn_recurrent(*i64)
+    ro, _ = _recurrent64(kind, *i64[:3], i64[3] if kind == "gla" else x, None)
     rgrads = torch.autograd.grad((ro * do.double()).sum(), i64)
     errs = [rel(a, b) for a, b in zip(grads, rgrads)]
     assert all(e < TOL for e in errs), errs
-
-
-@pytest.mark.parametrize("kind", ["la", "gla", "gla-subchunk"])
-def test_cu_seqlens_resets_state(kind, monkeypatch):
-    """Packed documents (lengths 17, 70, 40: boundaries inside chunks) match separate runs."""
-    if kind == "gla-subchunk":
-        import ops.triton_linear_attn as TL
-        monkeypatch.setattr(TL, "TAME", -1.0)
-        kind = "gla"
-    q, k, v, x = _make(kind, 127, 2, 16, 16, seed=7, gate_shift=-1.0 if kind == "gla" else 0.0)
-    cu = torch.tensor([0, 17, 87, 127])
-    _check_against_recurrence(kind, q, k, v, x, torch.randn(3, 2, 16, 16), cu=cu)
 
 
 def test_non_contiguous_inputs():
@@ -186,24 +190,21 @@ def test_auto_stays_on_reference_off_cuda():
     assert calls == []
 
 
-@pytest.mark.parametrize("kind", ["la", "gla"])
-def test_fused_backward_launch(kind, monkeypatch):
-    """The three backward scans in one launch (LINSCALE_FUSED_BWD=1) give the same gradients."""
-    import ops.triton_linear_attn as TL
-    monkeypatch.setattr(TL, "FUSED_BWD", True)
-    q, k, v, x = _make(kind, 70, 2, 16, 24, seed=17)
-    _check_against_recurrence(kind, q, k, v, x, torch.randn(1, 2, 16, 24))
-
-
-def test_auto_on_cuda_picks_only_gpu_validated_kernels(monkeypatch):
-    """`auto` on a CUDA tensor: Triton for both ops (GPU-validated); gated_linear_attn falls back to the
-    chunked twin when switched off (LINSCALE_GLA_TRITON=0)."""
+def test_auto_on_cuda_follows_the_ops_config():
+    """`auto` on a CUDA tensor: Triton for both ops; gated_linear_attn falls back to the chunked twin when
+    the ops config says gla_triton=False; impl='chunked' in the config sends both to the twins."""
     from types import SimpleNamespace
     from ops import linear_attention as LA
     q = SimpleNamespace(is_cuda=True, shape=(1, 64, 2, 16))
     impls = LA._IMPLS
-    assert LA._resolve("lightning_attn", "auto", q) is impls["lightning_attn"]["triton"]
-    monkeypatch.setitem(LA._AUTO_TRITON, "gated_linear_attn", False)  # LINSCALE_GLA_TRITON=0
-    assert LA._resolve("gated_linear_attn", "auto", q) is impls["gated_linear_attn"]["chunked"]
-    monkeypatch.setitem(LA._AUTO_TRITON, "gated_linear_attn", True)
-    assert LA._resolve("gated_linear_attn", "auto", q) is impls["gated_linear_attn"]["triton"]
+    old = ops.get_config()
+    try:
+        assert LA._resolve("lightning_attn", None, q) is impls["lightning_attn"]["triton"]
+        ops.set_config(gla_triton=False)
+        assert LA._resolve("gated_linear_attn", None, q) is impls["gated_linear_attn"]["chunked"]
+        ops.set_config(gla_triton=True)
+        assert LA._resolve("gated_linear_attn", None, q) is impls["gated_linear_attn"]["triton"]
+        ops.set_config(impl="chunked")
+        assert LA._resolve("lightning_attn", None, q) is impls["lightning_attn"]["chunked"]
+    finally:
+        ops.set_config(old)

@@ -1,0 +1,72 @@
+"""Run-time options of the ops: one object, set programmatically (`set_config`), recorded by the trainer in
+the run's config.json (its `ops` section).
+
+Only one environment variable is read, once, at import: LINSCALE_OPS, a JSON object of fields for tools
+that cannot call `set_config` (e.g. `LINSCALE_OPS='{"impl": "chunked"}' python script.py`).
+Launch configurations are not options: `ops.tuning` chooses them per shape and GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+IMPLS = ("auto", "triton", "chunked", "recurrent")
+
+
+@dataclass
+class OpsConfig:
+    """impl: 'auto' (Triton kernels on CUDA, the chunked PyTorch twin elsewhere, the recurrence for a
+    single decoding step), 'triton', 'chunked' or 'recurrent', for every op of the process.
+    gla_triton: whether 'auto' takes the Triton `gated_linear_attn` on CUDA (False: its chunked twin).
+    side_streams: run the backward's dq and dk walks on two side streams next to the dv walk.
+    autotune: time the candidate layouts of each new shape on its first use and keep the fastest in an
+    on-disk cache (`tune_cache`), instead of the measured per-GPU rule of `ops.tuning`.
+    tune_cache: that cache's JSON file; '' is ~/.cache/linscale/kernel-tune.json (entries keyed by GPU)."""
+    impl: str = "auto"
+    gla_triton: bool = True
+    side_streams: bool = True
+    autotune: bool = False
+    tune_cache: str = ""
+
+    def validate(self) -> None:
+        if self.impl not in IMPLS:
+            raise ValueError(f"ops impl {self.impl!r} is not one of {', '.join(IMPLS)}")
+        for name in ("gla_triton", "side_streams", "autotune"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ops config field {name!r} must be true or false, got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _from_env() -> OpsConfig:
+    raw = os.environ.get("LINSCALE_OPS", "").strip()
+    if not raw:
+        return OpsConfig()
+    try:
+        fields = json.loads(raw)
+        cfg = OpsConfig(**fields)
+    except (json.JSONDecodeError, TypeError) as e:
+        known = ", ".join(f.name for f in dataclasses.fields(OpsConfig))
+        raise ValueError(f"LINSCALE_OPS must be a JSON object of ops config fields ({known}); got {raw!r}: {e}") from e
+    cfg.validate()
+    return cfg
+
+
+_CONFIG = _from_env()
+
+
+def get_config() -> OpsConfig:
+    """The process-wide ops config (the object itself: read it, change it with `set_config`)."""
+    return _CONFIG
+
+
+def set_config(cfg: OpsConfig | None = None, **fields) -> OpsConfig:
+    """Replace the process-wide config by `cfg`, or change some of its fields: set_config(impl='chunked')."""
+    global _CONFIG
+    new = dataclasses.replace(cfg if cfg is not None else _CONFIG, **fields)
+    new.validate()
+    _CONFIG = new
+    return new

@@ -1,0 +1,37 @@
+"""Test-only seam: force the kernels' launch plan (layout and launch configurations).
+
+Tests use it to run every layout at shapes where the shape rule would not pick it, and benchmark sweeps to
+time the candidates. Production code never calls it: the plan comes from `ops.tuning`.
+
+    with force_plan(seg_chunks=1):            # split layout, one chunk per segment
+        ...
+    with force_plan(seg_chunks=10**9):        # scan layout (one segment per sequence)
+        ...
+    with force_plan(launch={"fwd": {"num_warps": 4}}):
+        ...
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from ops import tuning
+
+SCAN = 1 << 30  # a segment length no sequence reaches: the scan layout
+
+
+@contextmanager
+def force_plan(seg_chunks: int | None = None, launch: dict | None = None) -> Iterator[None]:
+    old = dict(tuning._FORCED)
+    tuning._FORCED.clear()
+    if seg_chunks is not None:
+        if seg_chunks < 1:
+            raise ValueError(f"seg_chunks must be >= 1, got {seg_chunks}")
+        tuning._FORCED["seg_chunks"] = int(seg_chunks)
+    if launch:
+        tuning._FORCED["launch"] = {k: dict(v) for k, v in launch.items()}
+    try:
+        yield
+    finally:
+        tuning._FORCED.clear()
+        tuning._FORCED.update(old)

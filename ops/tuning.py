@@ -1,0 +1,179 @@
+"""Launch plans of the linear-attention kernels: the layout (how many segments each sequence is split
+into) and every kernel's launch configuration, chosen per shape and GPU.
+
+Layouts (`ops.triton_scan`): *scan* walks every (sequence, head) from start to end in one program per
+column block; *split* cuts each sequence into S segments of SC chunks, forms their start states by a
+two-level scan and walks the segments in parallel. A walk is latency-bound: a program takes about the same
+time per chunk whatever else runs, so the time of a walk kernel is (chunks per walk) x (waves of programs).
+With batch x heads x column blocks below the number of SMs the scan layout leaves SMs idle and S segments
+cut the time almost S-fold; once the programs fill the GPU, splitting only adds the two-level scan.
+
+The rule (`_segments`): S = SMs x slots / (fwd walk programs), capped so that a segment keeps at least
+`min_seg` chunks, where `slots` (walk programs per SM that run without queueing) and `min_seg` were measured
+per GPU and op by `launch/bench_kernels.py --sweep` (docs/kernels.md has the sweep and the resulting
+choices). With `OpsConfig.autotune` the candidates are timed instead, on the first use of each shape, and
+the winner is kept in an on-disk cache keyed by GPU and shape.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ops.config import get_config
+
+BT = 64  # chunk length of every kernel
+
+
+@dataclass(frozen=True)
+class Plan:
+    """seg_chunks: chunks per segment (SC); segments: S = cdiv(chunks of the longest sequence, SC);
+    launch: per kernel {'block', 'num_warps', 'num_stages'}; source: rule, autotune or forced."""
+    seg_chunks: int
+    segments: int
+    launch: dict = field(default_factory=dict)
+    source: str = "rule"
+
+    @property
+    def layout(self) -> str:
+        return "scan" if self.segments == 1 else "split"
+
+
+# Measured per GPU (name substring) and op: walk programs per SM that run without queueing, and the
+# shortest segment (in chunks) whose walk still pays for its share of the two-level scan.
+_RULE = {
+    "default": {"lightning": {"slots": 1.0, "min_seg": 8}, "gla": {"slots": 1.0, "min_seg": 4}},
+}
+# the split layout's segment-state buffers stay below this (packed input with many sequences)
+_MAX_SEG_BYTES = 1 << 30
+
+
+def _np2(x: int) -> int:
+    return 1 << max(4, (int(x) - 1).bit_length())
+
+
+def _gpu(device: torch.device) -> tuple[str, int]:
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return p.name, p.multi_processor_count
+    return "cpu", 132  # the interpreter: any count; the tests force their layouts
+
+
+def _rule(gpu: str, op: str) -> dict:
+    for key, val in _RULE.items():
+        if key != "default" and key in gpu:
+            return val[op]
+    return _RULE["default"][op]
+
+
+def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, dict]:
+    """Launch configs of every kernel (tile of the split dimension, warps, stages). The walks hold whole
+    the dimension they reduce over and split the other; chosen by sweeps on H100/H200 at D = 128 for the
+    register budget (an sm_90 compile at these configs spills little or nothing, `--resources`)."""
+    gated = op == "gla"
+    Kp, Vp = _np2(K), _np2(V)
+    wide = max(Kp, Vp) >= 128
+    diag = "loop" if device.type == "cuda" else "tile"
+    walk_v = {"block": min(64, Vp), "num_stages": (2 if gated else 3) if Kp <= 128 else 1 if gated else 2}
+    return {
+        "fwd": {**walk_v, "num_warps": 8 if wide else 4},
+        "dv": {**walk_v, "num_warps": 8 if wide and Kp <= 128 else 4},
+        "dq": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": 2},
+        "dk": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": 2},
+        "local": {"block": min(64, Kp), "block_v": min(64, Vp), "num_warps": 4, "num_stages": 2},
+        "combine": {"block": min(16, Kp), "block_v": Vp, "num_warps": 4, "num_stages": 1},
+        # the diagonal blocks of the GLA intra-chunk kernels: one key row at a time ('loop') or as one
+        # [16, 16, BK] tile ('tile'); the interpreter runs whole tiles far faster than unrolled row steps
+        "A": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1, "diag": diag},
+        "dqk": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1, "diag": diag},
+        "dg": {"block": min(64, Kp), "num_warps": 4, "num_stages": 1},
+    }
+
+
+def _segments(gpu: str, sms: int, op: str, NH: int, K: int, V: int, nc_avg: int, nc_max: int) -> int:
+    r = _rule(gpu, op)
+    programs = NH * math.ceil(V / min(64, _np2(V)))
+    s = int(sms * r["slots"] // programs)
+    s = max(1, min(s, nc_avg // r["min_seg"]))
+    while s > 1 and NH * (math.ceil(nc_max / math.ceil(nc_avg / s)) - 1) * K * V * 4 > _MAX_SEG_BYTES:
+        s -= 1
+    return s
+
+
+# test-only seam (ops.testing): a forced segment length and launch overrides
+_FORCED: dict = {}
+
+
+def _make(seg_chunks: int, nc_max: int, launch: dict, source: str) -> Plan:
+    sc = max(1, min(int(seg_chunks), max(nc_max, 1)))
+    return Plan(seg_chunks=sc, segments=max(1, math.ceil(nc_max / sc)), launch=launch, source=source)
+
+
+def plan(op: str, N: int, H: int, T: int, K: int, V: int, device: torch.device, varlen: bool,
+         measure: Callable[[Plan], float] | None = None) -> Plan:
+    """The plan for `op` ('lightning' or 'gla') on N sequences of H heads, K / V wide; T is the padded
+    length of each sequence, or for packed input (varlen) the total length of all N."""
+    nc_max = max(1, math.ceil(T / BT))
+    nc_avg = max(1, math.ceil(T / N / BT)) if varlen else nc_max
+    launch = default_launch(op, K, V, device)
+    for name, over in _FORCED.get("launch", {}).items():
+        launch[name] = {**launch.get(name, {}), **over}
+    if _FORCED.get("seg_chunks") is not None:
+        return _make(_FORCED["seg_chunks"], nc_max, launch, "forced")
+    gpu, sms = _gpu(device)
+    s = _segments(gpu, sms, op, N * H, K, V, nc_avg, nc_max)
+    rule = _make(math.ceil(nc_avg / s), nc_max, launch, "rule")
+    cfg = get_config()
+    if not (cfg.autotune and measure is not None and device.type == "cuda"):
+        return rule
+    key = f"{op}|N{N}|H{H}|T{T}|K{K}|V{V}|{'varlen' if varlen else 'dense'}"
+    cache = _load_cache(cfg.tune_cache)
+    hit = cache.get(gpu, {}).get(key)
+    if hit is not None:
+        return _make(hit, nc_max, launch, "autotune")
+    best = None
+    for s in _candidates(nc_avg):
+        p = _make(math.ceil(nc_avg / s), nc_max, launch, "autotune")
+        if N * H * (p.segments - 1) * K * V * 4 > _MAX_SEG_BYTES:
+            continue
+        ms = measure(p)
+        if best is None or ms < best[0]:
+            best = (ms, p)
+    cache.setdefault(gpu, {})[key] = best[1].seg_chunks
+    _save_cache(cfg.tune_cache, cache)
+    return best[1]
+
+
+def _candidates(nc: int) -> list[int]:
+    return [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if s == 1 or nc // s >= 2]
+
+
+def cache_path(name: str = "") -> Path:
+    return Path(name) if name else Path.home() / ".cache" / "linscale" / "kernel-tune.json"
+
+
+def _load_cache(name: str) -> dict:
+    p = cache_path(name)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"the kernel tuning cache {p} is unreadable ({e}); delete it (it is rebuilt) "
+                         f"or point OpsConfig.tune_cache elsewhere") from e
+
+
+def _save_cache(name: str, cache: dict) -> None:
+    """Atomic write (temporary file, then rename), so that concurrent ranks never read half a file."""
+    p = cache_path(name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(cache, f, indent=1, sort_keys=True)
+    os.replace(tmp, p)
