@@ -1,21 +1,31 @@
-"""Benchmark the linear-attention kernels against their anchors in one run (CUDA only).
+"""Benchmark the linear-attention kernels against fla and SDPA in one process (CUDA only).
 
-    python launch/bench_kernels.py [--T 2048 8192 32768] [--B 4] [--H 16] [--D 128]
-                                   [--ops la gla gla-subchunk nodecay sdpa] [--skip NAME ...] [--profile]
-    python launch/bench_kernels.py --resources [--D 128]   # no GPU needed: sm_90 compile of the scans
+    python launch/bench_kernels.py --matrix [--json out.json] [--T 2048 8192 32768 65536]
+    python launch/bench_kernels.py --sweep [--json sweep.json]        # every layout of ours per cell
+    python launch/bench_kernels.py --warmup --ops la gla               # compile into the Triton cache
+    python launch/bench_kernels.py --profile --shape 1x12 --T 8192 --ops gla1
+    python launch/bench_kernels.py --resources                          # no GPU: sm_90 compile of every kernel
 
-Medians of triton.testing.do_bench for forward, backward and forward+backward, bf16, with achieved
-TFLOP/s, GB/s and the floor max(bytes / bandwidth, FLOPs / matmul rate). Anchors: fla
-`chunk_lightning_attn` (TNL-style g_gamma decay), `chunk_gla`, `chunk_linear_attn(normalize=False)`
-and torch SDPA causal; a missing fla is reported, not fatal. FLOPs count the chunked algorithm's
-tensor-core work (full 64x64 intra tiles; backward = 2 x forward); bytes count each input read once and
-each output written once.
+--matrix: shapes (batch x heads) 1x12, 2x12, 1x32, 4x16, 16x12 (head width 128; cos2's keys 256) x T x ops
+    la0 / laL  lightning_attn with TNL's layer-0 / last-layer decays (32 layers)   anchor fla chunk_lightning_attn
+    nodecay    lightning_attn without decay, Dk = 256 (cosFormer2)                anchor fla chunk_linear_attn
+    gla1/gla16/gla32  gated_linear_attn with the gates of HGRN2 layer 1 / 16 / 32 of 32 (models/hgrn2.py's
+               own gate code on random inputs)                                     anchor fla chunk_gla
+plus torch SDPA (causal, flash) at each shape where it takes under a second. Each cell: median
+fwd+bwd time of `triton.testing.do_bench` (bf16), fla/ours, and the floor max(bytes / bandwidth, FLOPs /
+matmul rate) (bytes: inputs read once, outputs written once; FLOPs: the chunked algorithm's tensor-core
+work, backward = 2 x forward). Cells that would not fit in GPU memory are skipped. Ours runs with the
+default plan (`ops.tuning`); --sweep times every candidate layout instead (no anchors).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import math
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -24,9 +34,15 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ops import gated_linear_attn, lightning_attn  # noqa: E402
 
-# measured rates (docs/benchmarks.md, ../shared/ENVIRONMENT.md): bf16 dense matmul, device copy
+# measured rates (docs/benchmarks.md): bf16 dense matmul, device copy
 PEAKS = {"H200": (700e12, 4.2e12), "H100": (650e12, 3.0e12)}
 C = 64
+SHAPES = [(1, 12), (2, 12), (1, 32), (4, 16), (16, 12)]
+OPS = ["la0", "laL", "nodecay", "gla1", "gla16", "gla32"]
+N_LAYERS = 32
+LABEL = {"la0": "lightning, TNL layer-0 decays", "laL": "lightning, TNL last-layer decays",
+         "nodecay": "lightning, no decay (cos2, Dk=256)", "gla1": "GLA, HGRN2 layer-1 gates",
+         "gla16": "GLA, HGRN2 layer-16 gates", "gla32": "GLA, HGRN2 layer-32 gates"}
 
 
 def _peaks() -> tuple[float, float]:
@@ -34,142 +50,255 @@ def _peaks() -> tuple[float, float]:
     return next((v for k, v in PEAKS.items() if k in name), PEAKS["H100"])
 
 
-def _cases(op: str, B: int, T: int, H: int, D: int):
-    """(label, make_inputs, ours, anchors {name: fn}, flops_fwd, bytes_fwd, bytes_bwd)."""
-    dev, bf = "cuda", torch.bfloat16
+def _hgrn2_gates(B: int, T: int, H: int, layer: int, seed: int = 0):
+    """(q, k, v, log_f) as HGRN2 layer `layer` (0-based, of 32) forms them: models/hgrn2.py's mixer on
+    random inputs x ~ N(0, 1), PyTorch's default init of its projections, the forget-gate projection scaled
+    so that f = x W_fg has standard deviation 3 (layer 0: log f down to about -10). The mixer's call of
+    gated_linear_attn is intercepted to take its arguments."""
+    import models.hgrn2 as hg
+    from models.config import ModelConfig
+    d = H * 128
+    torch.manual_seed(seed + layer)
+    cfg = ModelConfig(arch="hgrn2", n_layers=N_LAYERS, d_model=d, n_heads=H, d_glu=4 * d)
+    mixer = hg.Hgrn2TokenMixer(cfg, layer).cuda()
+    with torch.no_grad():
+        mixer.fg_proj.weight.mul_(3.0 * math.sqrt(3.0))  # default init: std(f) = 1/sqrt(3)
+    betas = hg.HgrnLowerBounds(N_LAYERS, d).cuda()()
+    got = {}
+
+    def capture(q, k, v, log_f, **kw):
+        got.update(q=q, k=k, v=v, g=log_f)
+        return torch.zeros_like(v), None
+    orig, hg.gated_linear_attn = hg.gated_linear_attn, capture
+    try:
+        with torch.no_grad():
+            for b in range(B):  # one sequence at a time keeps the projections' memory small
+                mixer(torch.randn(1, T, d, device="cuda"), betas[layer])
+                for name in ("q", "k", "v", "g"):
+                    got.setdefault("all_" + name, []).append(got[name])
+    finally:
+        hg.gated_linear_attn = orig
+        del mixer
+    q, k, v = (torch.cat(got["all_" + n]).to(torch.bfloat16).contiguous() for n in ("q", "k", "v"))
+    g = torch.cat(got["all_g"]).float().contiguous()
+    return q, k, v, g
+
+
+def _case(op: str, B: int, T: int, H: int):
+    """(make_inputs, ours, fla or None, flops_fwd, bytes_fwd+bwd) for one cell."""
+    dev, bf, D = "cuda", torch.bfloat16, 128
     Dk = 2 * D if op == "nodecay" else D
-    Dv = D
+    el = B * T * H
 
     def rnd(*s):
-        return (torch.randn(*s, device=dev) * 0.5).to(bf).requires_grad_(True)
-
-    el = B * T * H
-    if op == "sdpa":
-        mk = lambda: [rnd(B, H, T, D) for _ in range(3)]  # noqa: E731
-        ours = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-        flops = 4 * B * H * T * T * D / 2
-        return "sdpa causal", mk, ours, {}, flops, 2 * 4 * el * D, 2 * 8 * el * D
-    flops = 2 * el * (C * Dk + C * Dv + 2 * Dk * Dv)
-    io_f = 2 * el * (2 * Dk + 2 * Dv)
-    io_b = 2 * el * (4 * Dk + 3 * Dv)
+        return (torch.randn(*s, device=dev) * 0.5).to(bf)
+    flops = 2 * el * (C * Dk + C * D + 2 * Dk * D)
+    io = 2 * el * (2 * Dk + 2 * D) + 2 * el * (4 * Dk + 3 * D)
     try:
         import fla.ops as fo
     except Exception as e:  # pragma: no cover - depends on the machine
-        print(f"# fla not importable ({e}); anchors skipped")
+        print(f"# fla not importable ({type(e).__name__}: {e}); anchors skipped", flush=True)
         fo = None
-    if op == "la":
+    if op in ("la0", "laL"):
         from models.tnl import tnl_decays
-        decay = torch.tensor(tnl_decays(H, 0, 24), device=dev)
-        mk = lambda: [rnd(B, T, H, Dk), rnd(B, T, H, Dk), rnd(B, T, H, Dv)]  # noqa: E731
+        layer = 0 if op == "la0" else N_LAYERS - 1
+        decay = torch.tensor(tnl_decays(H, layer, N_LAYERS), device=dev)
+        mk = lambda: [rnd(B, T, H, D), rnd(B, T, H, D), rnd(B, T, H, D)]  # noqa: E731
         ours = lambda q, k, v: lightning_attn(q, k, v, decay, check_values=False)  # noqa: E731
-        anchors = {} if fo is None else {
-            "fla chunk_lightning_attn": lambda q, k, v: fo.chunk_lightning_attn(q, k, v, layer_idx=0, num_layers=24,
-                                                                                scale=1.0)[0]}
-        return "lightning_attn (TNL decay)", mk, ours, anchors, flops, io_f, io_b
+        fla = None if fo is None else (lambda q, k, v: fo.chunk_lightning_attn(
+            q, k, v, layer_idx=layer, num_layers=N_LAYERS, scale=1.0)[0])
+        return mk, ours, fla, flops, io
     if op == "nodecay":
-        mk = lambda: [rnd(B, T, H, Dk), rnd(B, T, H, Dk), rnd(B, T, H, Dv)]  # noqa: E731
+        mk = lambda: [rnd(B, T, H, Dk), rnd(B, T, H, Dk), rnd(B, T, H, D)]  # noqa: E731
         ours = lambda q, k, v: lightning_attn(q, k, v, None, check_values=False)  # noqa: E731
-        anchors = {} if fo is None else {
-            "fla chunk_linear_attn": lambda q, k, v: fo.chunk_linear_attn(q, k, v, scale=1.0, normalize=False)[0]}
-        return f"lightning_attn no decay (cos2, Dk={Dk})", mk, ours, anchors, flops, io_f, io_b
-    # gla: log forget gates as HGRN2 makes them (almost every chunk tame). gla-subchunk: the same inputs
-    # with no chunk marked tame, i.e. the speed of the path that gates near 0 take
-    def mk():
-        q, k, v = rnd(B, T, H, D), rnd(B, T, H, D), rnd(B, T, H, D)
-        g = F.logsigmoid(torch.randn(B, T, H, D, device=dev) * 2 + 3).requires_grad_(True)
-        return [q, k, v, g]
+        fla = None if fo is None else (lambda q, k, v: fo.chunk_linear_attn(q, k, v, scale=1.0, normalize=False)[0])
+        return mk, ours, fla, flops, io
+    layer = {"gla1": 0, "gla16": 15, "gla32": 31}[op]
+    mk = lambda: list(_hgrn2_gates(B, T, H, layer))  # noqa: E731
     ours = lambda q, k, v, g: gated_linear_attn(q, k, v, g, check_values=False)  # noqa: E731
-    if op == "gla-subchunk":
-        import ops.triton_linear_attn as TL
-
-        def ours(q, k, v, g):  # noqa: F811
-            old, TL.TAME = TL.TAME, -1.0
-            try:
-                return gated_linear_attn(q, k, v, g, check_values=False)
-            finally:
-                TL.TAME = old
-        return "gated_linear_attn, sub-chunk path", mk, ours, {}, flops, io_f + 4 * el * D, io_b + 8 * el * D
-    anchors = {} if fo is None else {
-        "fla chunk_gla": lambda q, k, v, g: fo.chunk_gla(q, k, v, g, scale=1.0)[0]}
-    return "gated_linear_attn (HGRN2)", mk, ours, anchors, flops, io_f + 4 * el * D, io_b + 8 * el * D
+    fla = None if fo is None else (lambda q, k, v, g: fo.chunk_gla(q, k, v, g, scale=1.0)[0])
+    return mk, ours, fla, flops, io + 4 * el * D + 8 * el * D
 
 
-def _time(fn, inputs) -> dict[str, float]:
+def _fwd_bwd_ms(fn, inputs, rep: int) -> float:
     from triton.testing import do_bench
-    def fwd():
-        return fn(*inputs)
-    out = fwd()
+    leaves = [t.requires_grad_(True) for t in inputs]
+    out = fn(*leaves)
     do = torch.randn_like(out)
 
-    def bwd_only():
-        out.backward(do, retain_graph=True)
-
-    def fwd_bwd():
-        fn(*inputs).backward(do)
-    res = {"fwd": do_bench(fwd, return_mode="median"),
-           "bwd": do_bench(bwd_only, return_mode="median", grad_to_none=inputs),
-           "fwd+bwd": do_bench(fwd_bwd, return_mode="median", grad_to_none=inputs)}
-    return res
+    def step():
+        fn(*leaves).backward(do)
+    return do_bench(step, warmup=max(5, rep // 4), rep=rep, return_mode="median", grad_to_none=leaves)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 32768])
-    ap.add_argument("--B", type=int, default=4)
-    ap.add_argument("--H", type=int, default=16)
-    ap.add_argument("--D", type=int, default=128)
-    ap.add_argument("--ops", nargs="+", default=["la", "gla", "nodecay", "sdpa"])
-    ap.add_argument("--skip", nargs="*", default=[], help="skip anchors whose name contains one of these "
-                    "(fla chunk_gla autotunes for minutes on first use)")
-    ap.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours (fwd+bwd) at the "
-                    "first T instead of the table")
-    ap.add_argument("--warmup-only", action="store_true", help="run each case once (JIT-compile into the "
-                    "Triton cache, e.g. several configs in parallel processes) and time nothing")
-    ap.add_argument("--resources", action="store_true", help="compile the scan kernels for sm_90 on this "
-                    "machine (no GPU needed) and print shared memory, registers and spill stack per thread")
-    a = ap.parse_args()
-    if a.resources:
-        return _resources(a.D)
-    if not torch.cuda.is_available():
-        sys.exit("bench_kernels needs a CUDA device")
-    mm, bw = _peaks()
+def _fits(op: str, B: int, T: int, H: int, budget: float) -> bool:
+    """A rough peak: inputs, their gradients, fla's per-chunk states and A, twice over for safety."""
+    el = B * T * H * 128
+    per = (2 if op == "nodecay" else 1) * 2 * 2 + 2 * 2 + (8 if op.startswith("gla") else 0) + 4
+    return el * per * 2 < budget
+
+
+def _header(extra: str = "") -> dict:
     import triton
-    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
-          f"{datetime.date.today()}  B={a.B} H={a.H} D={a.D} bf16; floor uses {mm / 1e12:.0f} TFLOP/s, "
-          f"{bw / 1e12:.1f} TB/s")
-    import ops.triton_linear_attn as TL
-    print(f"# launch overrides (LINSCALE_TUNE): {TL.TUNE or 'none'}")
-    if a.profile:
-        return _profile(a)
-    print("| op | T | impl | fwd ms | bwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd GB/s | floor ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for T in a.T:
-        for op in a.ops:
-            label, mk, ours, anchors, flops, io_f, io_b = _cases(op, a.B, T, a.H, a.D)
-            flops_fb = 3 * flops if op != "sdpa" else 3.5 * flops
-            floor = max((io_f + io_b) / bw, flops_fb / mm) * 1e3
-            anchors = {n: f for n, f in anchors.items() if not any(s in n for s in a.skip)}
-            for name, fn in [("ours" if op != "sdpa" else "torch sdpa", ours), *anchors.items()]:
-                if a.warmup_only:
-                    ins = mk()
-                    fn(*ins).float().sum().backward()
-                    torch.cuda.synchronize()
+    mm, bw = _peaks()
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "date": str(datetime.date.today()), "dtype": "bf16", "matmul_peak": mm, "bandwidth": bw}
+    try:
+        import fla
+        meta["fla"] = getattr(fla, "__version__", "?")
+    except Exception:
+        meta["fla"] = None
+    print(f"# {meta['device']}  torch {meta['torch']}  triton {meta['triton']}  fla {meta['fla']}  "
+          f"{meta['date']}  bf16 fwd+bwd medians; floor uses {mm / 1e12:.0f} TFLOP/s, {bw / 1e12:.1f} TB/s {extra}",
+          flush=True)
+    return meta
+
+
+def _dump(path: str | None, meta: dict, rows: list) -> None:
+    if path:
+        Path(path).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+def matrix(a) -> None:
+    meta = _header()
+    mm, bw = meta["matmul_peak"], meta["bandwidth"]
+    budget = torch.cuda.get_device_properties(0).total_memory * 0.8
+    rows = []
+    print("| shape | T | op | ours ms | fla ms | fla/ours | floor ms | layout |", flush=True)
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    for B, H in a.shapes:
+        for T in a.T:
+            for op in a.ops:
+                if not _fits(op, B, T, H, budget):
+                    print(f"| {B}x{H} | {T} | {op} | skipped (memory) |||||", flush=True)
                     continue
+                mk, ours, fla, flops, io = _case(op, B, T, H)
+                floor = max(io / bw, 3 * flops / mm) * 1e3
+                ins = mk()
+                row = {"B": B, "H": H, "T": T, "op": op, "floor_ms": floor, "layout": _layout_of(op, B, T, H)}
                 try:
-                    r = _time(fn, mk())
-                except Exception as e:  # an anchor failing must not hide our numbers
-                    print(f"| {label} | {T} | {name} | failed: {type(e).__name__}: {str(e)[:80]} |||||")
+                    row["ours_ms"] = _fwd_bwd_ms(ours, [t.clone() for t in ins], a.rep)
+                except Exception as e:
+                    row["ours_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                if fla is not None and "fla" not in a.skip:
+                    try:
+                        row["fla_ms"] = _fwd_bwd_ms(fla, [t.clone() for t in ins], a.rep)
+                    except Exception as e:  # an anchor failing must not hide our numbers
+                        row["fla_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                del ins
+                torch.cuda.empty_cache()
+                rows.append(row)
+                ratio = row["fla_ms"] / row["ours_ms"] if "fla_ms" in row and "ours_ms" in row else None
+                print(f"| {B}x{H} | {T} | {op} | {row.get('ours_ms', float('nan')):.3f} | "
+                      f"{row.get('fla_ms', float('nan')):.3f} | {ratio if ratio is None else f'{ratio:.2f}'} | "
+                      f"{floor:.3f} | {row['layout']} |{'' if 'fla_error' not in row else ' fla: ' + row['fla_error'][:60]}"
+                      f"{'' if 'ours_error' not in row else ' ours: ' + row['ours_error'][:100]}", flush=True)
+                _dump(a.json, meta, rows)
+            if "sdpa" not in a.skip and B * H * T * T * 128 * 4 * 3.5 / mm < 1.0:
+                q, k, v = (torch.randn(B, H, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                ms = _fwd_bwd_ms(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                 [q, k, v], a.rep)
+                rows.append({"B": B, "H": H, "T": T, "op": "sdpa", "ours_ms": ms})
+                print(f"| {B}x{H} | {T} | sdpa (causal, D=128) | {ms:.3f} ||||| ", flush=True)
+                del q, k, v
+                torch.cuda.empty_cache()
+                _dump(a.json, meta, rows)
+    ratios = [r["fla_ms"] / r["ours_ms"] for r in rows if "fla_ms" in r and "ours_ms" in r]
+    if ratios:
+        print(f"# cells with fla: {len(ratios)}; fla/ours min {min(ratios):.2f}, median "
+              f"{statistics.median(ratios):.2f}, max {max(ratios):.2f}; cells below 1.0: "
+              f"{sum(r < 1.0 for r in ratios)}", flush=True)
+
+
+def _layout_of(op: str, B: int, T: int, H: int) -> str:
+    from ops import tuning
+    p = tuning.plan("gla" if op.startswith("gla") else "lightning", B, H, T, 256 if op == "nodecay" else 128, 128,
+                    torch.device("cuda"), False)
+    return p.layout if p.segments == 1 else f"split S={p.segments}"
+
+
+def sweep(a) -> None:
+    """Every candidate layout of ours per cell: the measurement behind ops.tuning's rule."""
+    from ops import tuning
+    from ops.testing import SCAN, force_plan
+    meta = _header("(sweep)")
+    budget = torch.cuda.get_device_properties(0).total_memory * 0.8
+    rows = []
+    for op in a.ops:
+        kind = "gla" if op.startswith("gla") else "lightning"
+        for B, H in a.shapes:
+            for T in a.T:
+                if not _fits(op, B, T, H, budget):
                     continue
-                fb = r["fwd+bwd"] / 1e3
-                print(f"| {label} | {T} | {name} | {r['fwd']:.3f} | {r['bwd']:.3f} | {r['fwd+bwd']:.3f} | "
-                      f"{flops_fb / fb / 1e12:.0f} | {(io_f + io_b) / fb / 1e9:.0f} | {floor:.3f} |", flush=True)
-            torch.cuda.empty_cache()
+                mk, ours, *_ = _case(op, B, T, H)
+                ins = mk()
+                nc = math.ceil(T / C)
+                res = {}
+                sms = torch.cuda.get_device_properties(0).multi_processor_count
+                for s in tuning._candidates(nc):
+                    if s > a.max_segments or (s > 1 and B * H * 2 * s > 8 * sms):  # far past one wave
+                        continue
+                    sc = SCAN if s == 1 else math.ceil(nc / s)
+                    with force_plan(seg_chunks=sc, launch=a.launch):
+                        try:
+                            res[s] = _fwd_bwd_ms(ours, [t.clone() for t in ins], a.rep)
+                        except Exception as e:
+                            print(f"# {op} {B}x{H} T={T} S={s}: {type(e).__name__}: {str(e)[:150]}", flush=True)
+                rule = tuning.plan(kind, B, H, T, 256 if op == "nodecay" else 128, 128, torch.device("cuda"), False)
+                best = min(res, key=res.get) if res else None
+                rows.append({"op": op, "B": B, "H": H, "T": T, "ms": res, "best": best, "rule": rule.segments})
+                print(f"{op:8s} {B}x{H:<3d} T={T:6d} best S={best} ({res.get(best, float('nan')):.3f} ms) "
+                      f"rule S={rule.segments} ({res.get(rule.segments, float('nan')):.3f})  "
+                      + " ".join(f"{s}:{ms:.3f}" for s, ms in res.items()), flush=True)
+                del ins
+                torch.cuda.empty_cache()
+                _dump(a.json, meta, rows)
 
 
-def _resources(D: int) -> None:
+def warmup(a) -> None:
+    """Run each op once per layout at a small T, compiling every kernel variant into the Triton cache
+    (run several of these in parallel processes: the first compile is what takes long)."""
+    from ops.testing import SCAN, force_plan
+    for op in a.ops:
+        B, H = a.shapes[0]
+        mk, ours, *_ = _case(op, B, a.T[0], H)
+        for sc in (SCAN, 2):
+            with force_plan(seg_chunks=sc, launch=a.launch):
+                ins = [t.requires_grad_(True) for t in mk()]
+                ours(*ins).float().sum().backward()
+        torch.cuda.synchronize()
+        print(f"# warm: {op}", flush=True)
+
+
+def profile(a) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof_ctx
+    _header("(profile)")
+    B, H = a.shapes[0]
+    for op in a.ops:
+        mk, ours, *_ = _case(op, B, a.T[0], H)
+        inputs = [t.requires_grad_(True) for t in mk()]
+        out = ours(*inputs)
+        do = torch.randn_like(out)
+        for _ in range(3):
+            ours(*inputs).backward(do)
+        torch.cuda.synchronize()
+        n = 10
+        with prof_ctx(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                ours(*inputs).backward(do)
+            torch.cuda.synchronize()
+        print(f"## {op} {B}x{H} T={a.T[0]}: CUDA time per fwd+bwd (mean of {n})")
+        rows = sorted(((e.key, e.self_device_time_total / n / 1e3) for e in prof.key_averages()), key=lambda r: -r[1])
+        for key, ms in rows[:16]:
+            print(f"  {ms:8.3f} ms  {key[:90]}")
+        print(f"  {sum(ms for _, ms in rows):8.3f} ms  total", flush=True)
+
+
+def resources(a) -> None:
     """Shared memory (limit 232448 bytes per block on H100/H200), registers and local-memory stack per
-    thread (> 0: spills) of each scan kernel at its launch config, from an ahead-of-time sm_90 compile
-    with this machine's Triton (the GPU image's Triton may differ a little)."""
+    thread (> 0: spills) of every kernel at its default launch config, from an ahead-of-time sm_90
+    compile with this machine's Triton (the GPU image's Triton may differ a little)."""
     import os
     import re
     import subprocess
@@ -179,12 +308,14 @@ def _resources(D: int) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    import ops.triton_linear_attn as TL
+    import ops.triton_gla_intra as G
     import ops.triton_scan as S
+    from ops import tuning
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
-    def usage(fn, args, consts, c):
-        sig = {**dict(args), **{k: "constexpr" for k in consts}}
+    def usage(fn, names, types, consts, c):
+        sig = {**dict(zip(names.split(), types)), **{k: "constexpr" for k in consts}}
+        t0 = time.time()
         kern = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=c["num_warps"], num_stages=c["num_stages"]))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -192,49 +323,84 @@ def _resources(D: int) -> None:
             f.flush()
             out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
         reg, stack = re.search(r"REG:(\d+)", out), re.search(r"STACK:(\d+)", out)
-        return f"smem {kern.metadata.shared:6d}  regs {reg.group(1) if reg else '?'}  stack {stack.group(1) if stack else '?'}"
+        return (f"smem {kern.metadata.shared:6d}  regs {reg.group(1) if reg else '?'}  "
+                f"stack {stack.group(1) if stack else '?'}  ({time.time() - t0:.0f} s)")
 
-    P, F, I = "*bf16", "*fp32", "*i32"
+    P, F32, I, i32 = "*bf16", "*fp32", "*i32", "i32"
+    D = a.D
     for gated, K, V in [(False, D, D), (False, 2 * D, D), (True, D, D)]:
-        base = dict(H=16, K=K, V=V, BT=64, GATED=gated, HAS_DECAY=True, VARLEN=False, PREC="tf32")
-        Kp, Vp = TL._np2(K), TL._np2(V)
-        rows = [("fwd", S.fwd_scan_kernel, "q k v g log_lam A o h0 ht cu T", [P, P, P, F, F, F, P, F, F, I, "i32"],
-                 lambda c: dict(BK=Kp, BV=c["block"], HAS_H0=True)),
-                ("dq", S.dq_scan_kernel, "k v g log_lam do dq h0 cu T", [P, P, F, F, P, F, F, I, "i32"],
-                 lambda c: dict(BK=c["block"], BV=Vp, HAS_H0=True)),
-                ("dk", S.dk_scan_kernel, "q v g log_lam do dk dht dh0 cu T", [P, P, F, F, P, F, F, F, I, "i32"],
-                 lambda c: dict(BK=c["block"], BV=Vp, HAS_DHT=False, STORE_DH0=True)),
-                ("dv", S.dv_scan_kernel, "q k g log_lam A do dv dht cu T", [P, P, F, F, F, P, P, F, I, "i32"],
-                 lambda c: dict(BK=Kp, BV=c["block"], HAS_DHT=True))]
-        for name, fn, names, types, extra in rows:
-            c = TL._cfg(name, K, V, gated)
+        L = tuning.default_launch("gla" if gated else "lightning", K, V, torch.device("cuda"))
+        Kp, Vp = tuning._np2(K), tuning._np2(V)
+        base = dict(H=16, K=K, V=V, BT=64, VARLEN=False)
+        walk = dict(base, GATED=gated, HAS_DECAY=True, PREC="tf32")
+        rows = [
+            ("fwd", S.fwd_scan_kernel, "q k v g log_lam A o h0 ht Hs cu T SC SM1", [P, P, P, F32, F32, F32, P, F32, F32, F32, I, i32, i32, i32],
+             dict(walk, BK=Kp, BV=L["fwd"]["block"], HAS_H0=True)),
+            ("dq", S.dq_scan_kernel, "k v g log_lam do dq h0 Hs cu T SC SM1", [P, P, F32, F32, P, F32, F32, F32, I, i32, i32, i32],
+             dict(walk, BK=L["dq"]["block"], BV=Vp, HAS_H0=True)),
+            ("dk", S.dk_scan_kernel, "q v g log_lam do dk dht dh0 Es cu T SC SM1", [P, P, F32, F32, P, F32, F32, F32, F32, I, i32, i32, i32],
+             dict(walk, BK=L["dk"]["block"], BV=Vp, HAS_DHT=False, STORE_DH0=True)),
+            ("dv", S.dv_scan_kernel, "q k g log_lam A do dv dht Es cu T SC SM1", [P, P, F32, F32, F32, P, P, F32, F32, I, i32, i32, i32],
+             dict(walk, BK=Kp, BV=L["dv"]["block"], HAS_DHT=True)),
+            ("local", S.seg_local_kernel, "a x g log_lam slot dec cu T SC SM1", [P, P, F32, F32, F32, F32, I, i32, i32, i32],
+             dict(walk, BK=min(L["local"]["block"], Kp), BV=min(L["local"]["block_v"], Vp), REVERSE=True, F32=gated)),
+            ("combine", S.seg_combine_kernel, "slot dec init cu T SC SM1", [F32, F32, F32, I, i32, i32, i32],
+             dict(base, BK=min(L["combine"]["block"], Kp), BV=min(L["combine"]["block_v"], Vp), REVERSE=True, HAS_INIT=True)),
+        ]
+        if gated:
+            rows += [
+                ("A", G.gla_A_kernel, "q k g A cu chunks T NT", [P, P, F32, F32, I, I, i32, i32],
+                 dict(H=16, K=K, BT=64, BC=16, BK=L["A"]["block"], DIAG_LOOP=L["A"]["diag"] == "loop", VARLEN=False, PREC="tf32")),
+                ("dqk", G.gla_dqk_intra_kernel, "q k v g do dq dk cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, i32, i32],
+                 dict(base, BC=16, BK=L["dqk"]["block"], BV=Vp, DIAG_LOOP=L["dqk"]["diag"] == "loop", PREC="tf32")),
+                ("dg", G.gla_dg_kernel, "q k v do dq dk dg dgx dkx dq_out dk_out tot cu T SC SM1",
+                 [P, P, P, P, F32, F32, F32, F32, F32, P, P, F32, I, i32, i32, i32],
+                 dict(base, BK=L["dg"]["block"], BV=Vp, HAS_DS=False)),
+            ]
+        for name, fn, names, types, consts in rows:
+            c = L[name]
             try:
-                res = usage(fn, zip(names.split(), types), {**base, **extra(c)}, c)
+                res = usage(fn, names, types, consts, c)
             except Exception as e:  # out of resources etc.
-                res = f"failed: {type(e).__name__}: {str(e)[:120]}"
-            print(f"{'gla' if gated else 'lightning'} K={K} V={V} {name:3s} {c}  {res}", flush=True)
+                res = f"failed: {type(e).__name__}: {str(e)[:160]}"
+            print(f"{'gla' if gated else 'lightning'} K={K} V={V} {name:7s} {c}  {res}", flush=True)
 
 
-def _profile(a) -> None:
-    from torch.profiler import ProfilerActivity, profile
-    for op in a.ops:
-        label, mk, ours, *_ = _cases(op, a.B, a.T[0], a.H, a.D)
-        inputs = mk()
-        out = ours(*inputs)
-        do = torch.randn_like(out)
-        for _ in range(3):  # compile and warm up
-            ours(*inputs).backward(do)
-        torch.cuda.synchronize()
-        n = 10
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(n):
-                ours(*inputs).backward(do)
-            torch.cuda.synchronize()
-        print(f"## {label}, T={a.T[0]}: CUDA time per fwd+bwd (mean of {n})")
-        rows = sorted(((e.key, e.self_device_time_total / n / 1e3) for e in prof.key_averages()), key=lambda r: -r[1])
-        for key, ms in rows[:14]:
-            print(f"  {ms:8.3f} ms  {key[:90]}")
-        print(f"  {sum(ms for _, ms in rows):8.3f} ms  total", flush=True)
+def _shape(s: str) -> tuple[int, int]:
+    b, h = s.lower().split("x")
+    return int(b), int(h)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--matrix", action="store_true", help="the benchmark matrix with fla and SDPA anchors")
+    mode.add_argument("--sweep", action="store_true", help="time every candidate layout of ours per cell")
+    mode.add_argument("--warmup", action="store_true", help="compile every kernel variant (both layouts), time nothing")
+    mode.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours at the first shape and T")
+    mode.add_argument("--resources", action="store_true", help="sm_90 compile of every kernel (no GPU needed)")
+    ap.add_argument("--shapes", type=_shape, nargs="+", default=SHAPES, metavar="BxH")
+    ap.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 32768, 65536])
+    ap.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
+    ap.add_argument("--skip", nargs="*", default=[], help="fla and/or sdpa: leave those anchors out")
+    ap.add_argument("--rep", type=int, default=60, help="do_bench time budget per measurement, ms")
+    ap.add_argument("--max-segments", type=int, default=32, help="--sweep: largest segment count tried")
+    ap.add_argument("--launch", type=json.loads, default={}, help="--sweep/--warmup: launch overrides, JSON "
+                    "{kernel: {key: value}} (through the test-only seam ops.testing.force_plan)")
+    ap.add_argument("--json", default=None, help="write the results here (rewritten after every cell)")
+    ap.add_argument("--D", type=int, default=128, help="--resources: head width")
+    a = ap.parse_args()
+    if a.resources:
+        return resources(a)
+    if not torch.cuda.is_available():
+        sys.exit("bench_kernels needs a CUDA device (only --resources runs without one)")
+    if a.sweep:
+        return sweep(a)
+    if a.warmup:
+        return warmup(a)
+    if a.profile:
+        return profile(a)
+    return matrix(a)
 
 
 if __name__ == "__main__":

@@ -86,13 +86,13 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
         "dv": {**walk_v, "num_warps": 8 if wide and Kp <= 128 else 4},
         "dq": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": 2},
         "dk": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": 2},
-        "local": {"block": min(64, Kp), "block_v": min(64, Vp), "num_warps": 4, "num_stages": 2},
+        "local": {"block": min(32 if gated else 64, Kp), "block_v": min(64, Vp), "num_warps": 4, "num_stages": 2},
         "combine": {"block": min(16, Kp), "block_v": Vp, "num_warps": 4, "num_stages": 1},
         # the diagonal blocks of the GLA intra-chunk kernels: one key row at a time ('loop') or as one
         # [16, 16, BK] tile ('tile'); the interpreter runs whole tiles far faster than unrolled row steps
         "A": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1, "diag": diag},
-        "dqk": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1, "diag": diag},
-        "dg": {"block": min(64, Kp), "num_warps": 4, "num_stages": 1},
+        "dqk": {"block": min(32, Kp), "num_warps": 8, "num_stages": 1, "diag": diag},
+        "dg": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
     }
 
 

@@ -1,0 +1,113 @@
+"""The ops config (one object instead of environment switches, recorded in the run config), the launch
+plan's shape rule and its on-disk autotune cache, and what `import ops` tolerates (only a missing Triton)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ops
+from ops import tuning
+from ops.config import OpsConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def restore_config():
+    old = ops.get_config()
+    yield
+    ops.set_config(old)
+
+
+def test_config_validates(restore_config):
+    with pytest.raises(ValueError, match="impl 'cuda'"):
+        ops.set_config(impl="cuda")
+    with pytest.raises(ValueError, match="autotune"):
+        ops.set_config(autotune="yes")
+    assert ops.set_config(impl="chunked").impl == "chunked" and ops.get_config().impl == "chunked"
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    e = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, cwd=ROOT)
+
+
+def test_env_override_is_json_of_fields():
+    r = _python("import ops; c = ops.get_config(); print(c.impl, c.autotune)",
+                LINSCALE_OPS='{"impl": "recurrent", "autotune": true}')
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["recurrent", "True"]
+    bad = _python("import ops", LINSCALE_OPS='{"impl": "recurrent", "turbo": 1}')
+    assert bad.returncode != 0 and "LINSCALE_OPS must be a JSON object of ops config fields" in bad.stderr
+
+
+def test_run_config_records_the_ops_section(tmp_path):
+    from pretrain.config import config_from_dict, parse_config, save_config
+    cfg = parse_config(["--arch", "hgrn2", "--size", "tiny", "--ops-impl", "chunked", "--ops-autotune",
+                        "--ops-side-streams", "false"])
+    assert cfg.ops == OpsConfig(impl="chunked", autotune=True, side_streams=False)
+    save_config(cfg, tmp_path / "config.json")
+    d = json.loads((tmp_path / "config.json").read_text())
+    assert d["ops"] == {"impl": "chunked", "gla_triton": True, "side_streams": False, "autotune": True,
+                        "tune_cache": ""}
+    assert config_from_dict(d).ops == cfg.ops
+    with pytest.raises(ValueError, match="ops impl"):
+        parse_config(["--ops-impl", "fast"])
+
+
+def test_missing_triton_falls_back_but_a_broken_kernel_module_fails():
+    no_triton = ("import sys; sys.modules['triton'] = None\n"
+                 "import ops; print(ops.HAVE_TRITON, ops.available_impls('lightning_attn'))")
+    r = _python(no_triton)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False ['chunked', 'recurrent']"
+    pytest.importorskip("triton")
+    broken = "import sys; sys.modules['ops.triton_scan'] = None\nimport ops"
+    r = _python(broken, TRITON_INTERPRET="1")
+    assert r.returncode != 0 and "ops.triton_scan" in r.stderr
+
+
+def _plan(monkeypatch, B, H, T, op="lightning", K=128, gpu=("NVIDIA H100 80GB HBM3", 132)):
+    monkeypatch.setattr(tuning, "_gpu", lambda device: gpu)
+    return tuning.plan(op, B, H, T, K, 128, torch.device("cuda"), False)
+
+
+@pytest.mark.parametrize("op", ["lightning", "gla"])
+def test_shape_rule_splits_only_where_heads_leave_sms_idle(monkeypatch, op):
+    few = _plan(monkeypatch, 1, 12, 32768, op)  # 24 walk programs on 132 SMs
+    assert few.layout == "split" and few.segments > 2
+    assert few.seg_chunks >= tuning._rule("H100", op)["min_seg"]
+    full = _plan(monkeypatch, 16, 12, 2048, op)  # 384 walk programs
+    assert full.layout == "scan" and full.segments == 1
+    short = _plan(monkeypatch, 1, 12, 256, op)  # 4 chunks: too short to split
+    assert short.layout == "scan"
+    # the split's segments never exceed what the SMs can run at once
+    assert 1 * 12 * 2 * few.segments <= 132 * tuning._rule("H100", op)["slots"]
+
+
+def test_autotune_times_candidates_once_and_caches_per_gpu(monkeypatch, tmp_path, restore_config):
+    cache = tmp_path / "tune.json"
+    ops.set_config(autotune=True, tune_cache=str(cache))
+    calls = []
+
+    def measure(p):  # pretend 4 segments are fastest
+        calls.append(p.segments)
+        return abs(p.segments - 4) + 1.0
+    monkeypatch.setattr(tuning, "_gpu", lambda device: ("GPU-A", 132))
+    args = ("lightning", 1, 12, 8192, 128, 128, torch.device("cuda"), False)
+    p = tuning.plan(*args, measure=measure)
+    assert p.segments == 4 and p.source == "autotune" and 1 in calls and len(calls) > 2
+    n = len(calls)
+    assert tuning.plan(*args, measure=measure).segments == 4 and len(calls) == n  # from the cache
+    stored = json.loads(cache.read_text())
+    assert list(stored) == ["GPU-A"] and list(stored["GPU-A"].values()) == [p.seg_chunks]
+    monkeypatch.setattr(tuning, "_gpu", lambda device: ("GPU-B", 132))
+    tuning.plan(*args, measure=measure)
+    assert len(calls) > n  # another GPU: measured again
+    cache.write_text("{not json")
+    with pytest.raises(ValueError, match="kernel tuning cache"):
+        tuning.plan(*args, measure=measure)
