@@ -349,16 +349,18 @@ def resources(a) -> None:
         ]
         if gated:
             rows += [
-                ("A", G.gla_A_kernel, "q k g A cu chunks T NT", [P, P, F32, F32, I, I, i32, i32],
-                 dict(H=16, K=K, BT=64, BC=16, BK=L["A"]["block"], DIAG_LOOP=L["A"]["diag"] == "loop", VARLEN=False, PREC="tf32")),
-                ("dqk", G.gla_dqk_intra_kernel, "q k v g do dq dk cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, i32, i32],
-                 dict(base, BC=16, BK=L["dqk"]["block"], BV=Vp, DIAG_LOOP=L["dqk"]["diag"] == "loop", PREC="tf32")),
+                ("A", G.gla_A_kernel, "q k g A cu chunks T NT zero", [P, P, F32, F32, I, I, i32, i32, i32],
+                 dict(H=16, K=K, BT=64, LOG_BT=6, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
+                ("dqk", G.gla_dqk_intra_kernel, "q k v g do dq dk cu chunks T NT zero", [P, P, P, F32, P, F32, F32, I, I, i32, i32, i32],
+                 dict(base, LOG_BT=6, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
+                ("dg_tot", G.gla_dg_tot_kernel, "q k dq dk tot cu T SC SM1", [P, P, F32, F32, F32, I, i32, i32, i32],
+                 dict(base, BK=L["dg"]["block"])),
                 ("dg", G.gla_dg_kernel, "q k v do dq dk dg dgx dkx dq_out dk_out tot cu T SC SM1",
                  [P, P, P, P, F32, F32, F32, F32, F32, P, P, F32, I, i32, i32, i32],
                  dict(base, BK=L["dg"]["block"], BV=Vp, HAS_DS=False)),
             ]
         for name, fn, names, types, consts in rows:
-            c = L[name]
+            c = L["dg" if name == "dg_tot" else name]
             try:
                 res = usage(fn, names, types, consts, c)
             except Exception as e:  # out of resources etc.

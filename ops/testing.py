@@ -24,6 +24,7 @@ SCAN = 1 << 30  # a segment length no sequence reaches: the scan layout
 def force_plan(seg_chunks: int | None = None, launch: dict | None = None) -> Iterator[None]:
     old = dict(tuning._FORCED)
     tuning._FORCED.clear()
+    tuning._FORCED_VERSION[0] += 1
     if seg_chunks is not None:
         if seg_chunks < 1:
             raise ValueError(f"seg_chunks must be >= 1, got {seg_chunks}")
@@ -35,3 +36,4 @@ def force_plan(seg_chunks: int | None = None, launch: dict | None = None) -> Ite
     finally:
         tuning._FORCED.clear()
         tuning._FORCED.update(old)
+        tuning._FORCED_VERSION[0] += 1

@@ -3,18 +3,20 @@
 Inside a chunk of BT = 64 rows the weight of key j for query i is sum_d q_id k_jd exp(b_id - b_jd) (b the
 cumulative log-decay, i >= j). Written as (q * exp(b)) (k * exp(-b))^T it overflows fp32 as soon as a
 channel decays past e^-88 inside the chunk, which gates of log f = -2 per step already reach. These
-kernels use a scheme that is stable for every gate value and costs the same for all of them (secondary
-chunking, as fla's chunk_gla): the chunk is cut into sub-chunks of BC = 16 rows, and
+kernels use a scheme that is exact and stable for every gate value and costs the same for all of them:
+the pairs i > j are split by the highest bit in which their positions differ (level l = 0..5). A pair of
+level l has i in the upper and j in the lower half of one aligned block of 2^(l+1) rows; with r = b at the
+last row of that lower half,
 
-  * for a sub-chunk S and the keys of earlier sub-chunks, the reference r = b at the row just before S:
-    (q_S * exp(b_S - r)) (k_j * exp(r - b_j))^T, one tensor-core product, every exponent <= 0
-    (b never increases), so both factors lie in [0, 1] and their product is the weight itself;
-  * the 16 x 16 diagonal block element-wise, exp(c_i - c_j) with c the cumulative log-decay inside the
-    sub-chunk (exponent <= 0 on i >= j): one key row at a time (DIAG_LOOP) or as one [16, 16, BK] tile
-    (the launch config's `diag` picks; same arithmetic).
+    exp(b_i - b_j) = exp(b_i - r) * exp(r - b_j),       both exponents <= 0 (b never increases),
 
-No factor ever exceeds 1, so nothing overflows for any log f <= 0; a weight that underflows to 0 is below
-1e-38 of the diagonal weight exp(0) = 1 of its row, so dropping it changes no result.
+so per level one tensor-core product of (q * exp(b - r)) and (k * exp(r - b)), both factors in [0, 1],
+kept on that level's pairs, gives those weights exactly; the diagonal (weight 1) is q_i . k_i. Six
+levels cover every pair of a 64-row chunk. No factor exceeds 1, so nothing overflows for any
+log f <= 0; a weight that underflows to 0 is below 1e-38 of the diagonal weight of its row, so dropping
+it changes no result. (fla's chunk_gla splits the chunk into 16-row sub-chunks instead and forms their
+16 x 16 diagonal blocks element-wise, one exp per pair and channel; here every pair's weight comes from
+two per-row exps, 12 per row and channel in all, and dense products.)
 
 `gla_A_kernel` writes A [tokens, H, BT] (row = query, column = key position inside the chunk);
 `gla_dqk_intra_kernel` writes the intra-chunk dq, dk (from dA = do v^T, strictly below the diagonal) into
@@ -52,149 +54,111 @@ def _tile(x, bos, rows, L, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask):
 
 
 @triton.jit
-def _exp0(x):
-    """exp of an exponent that is <= 0 on every real row; padded rows (g loaded as 0) or masked-out pairs
-    could make it positive, and their inf times a zero input would be NaN, so clamp."""
-    return tl.exp(tl.minimum(x, 0.))
+def _level_factors(g_c, l: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """The two factors of level l (pairs i > j of the chunk whose positions first differ in bit l, so i
+    lies in the upper half of a block of 2^(l+1) rows and j in its lower half; r = b at the last row of
+    that lower half). From g_c [BT, BK] (log-decays of the chunk's rows):
+        fq_i = exp(b_i - r)  on rows with bit l set, else 0      (log: cumsum of g inside i's 2^l-block)
+        fk_j = exp(r - b_j)  on rows with bit l clear, else 0    (log: the rest of j's 2^l-block after j)
+    Both exponents are <= 0, so both factors lie in [0, 1], and fq_i fk_j = exp(b_i - b_j) exactly."""
+    n: tl.constexpr = 1 << l
+    g3 = tl.reshape(g_c, [BT // n, n, BK])
+    c3 = tl.cumsum(g3, axis=1)
+    c = tl.reshape(c3, [BT, BK])
+    rest = tl.reshape(tl.sum(g3, axis=1, keep_dims=True) - c3, [BT, BK])
+    up = (((tl.arange(0, BT) >> l) & 1) == 1)[:, None]
+    f = tl.exp(tl.minimum(tl.where(up, c, rest), 0.))  # each row needs one of the two: one exp per element
+    return tl.where(up, f, 0.), tl.where(up, 0., f)
 
 
 @triton.jit
-def _sub_chunk_decays(g, bos, t0, i_S, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
-                      BT: tl.constexpr, BC: tl.constexpr):
-    """For sub-chunk i_S of the chunk starting at t0 and key columns offs_k: b_c [BT, BK] the chunk's
-    cumulative log-decay, r [1, BK] its value at the row before the sub-chunk (0 for the first), c [BC, BK]
-    the cumulative log-decay inside the sub-chunk (so b = r + c on its rows)."""
-    rows_c = t0 + tl.arange(0, BT)
-    rows_S = t0 + i_S * BC + tl.arange(0, BC)
-    g_c = _tile(g, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    b_c = tl.cumsum(g_c, axis=0)
-    before = (tl.arange(0, BT) < i_S * BC)[:, None]
-    r = tl.sum(tl.where(before, g_c, 0.), axis=0)[None, :]
-    c = tl.cumsum(_tile(g, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32), axis=0)
-    return b_c, r, c
+def _same_block(l: tl.constexpr, BT: tl.constexpr, kb, zero):
+    """[BT, BT]: rows i and columns j in one block of 2^(l+1) rows (with the factors' masks: level l).
+    `kb * zero` (zero: a run-time 0) ties the mask to the key-block loop: hoisted out of it, the six
+    levels' masks (and masked dA copies) would stay live across the loop and spill registers."""
+    i = tl.arange(0, BT) + kb * zero
+    return (i[:, None] >> (l + 1)) == (i[None, :] >> (l + 1))
 
 
 @triton.jit
-def gla_A_kernel(q, k, g, A, cu, chunks, T, NT,
-                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                 BK: tl.constexpr, DIAG_LOOP: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, BT // BC, H): rows of sub-chunk S of A, every column of the chunk (see the module
-    docstring): earlier sub-chunks by one tensor-core product per key block (fp32 operands: tf32 for bf16
-    inputs), the diagonal block (DIAG_LOOP: one key row at a time, else as one [BC, BC, BK] tile), zeros
-    after it."""
+def gla_A_kernel(q, k, g, A, cu, chunks, T, NT, zero,
+                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, LOG_BT: tl.constexpr,
+                 BK: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, H): A [tokens, H, BT] of the chunk (row = query, column = key position), zero above
+    the diagonal. The diagonal is q_i . k_i (weight exp(0)); each level l of the module docstring adds
+    one tensor-core product (q * fq)(k * fk)^T kept on the pairs of that level (fp32 operands: tf32 for
+    bf16 inputs)."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_S = tl.program_id(1)
-    i_h = tl.program_id(2)
+    i_h = tl.program_id(1)
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
     L = eos - bos
-    t0 = i_c * BT
-    s0 = t0 + i_S * BC
-    rows_S = s0 + tl.arange(0, BC)
-    rows_c = t0 + tl.arange(0, BT)
-    before = (tl.arange(0, BT) < i_S * BC)[:, None]
-    ii = tl.arange(0, BC)
-    acc = tl.zeros([BC, BT], dtype=tl.float32)
-    acc_d = tl.zeros([BC, BC], dtype=tl.float32)
+    rows = i_c * BT + tl.arange(0, BT)
+    ii = tl.arange(0, BT)
+    acc = tl.zeros([BT, BT], dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
         kmask = offs_k < K
-        b_c, r, c = _sub_chunk_decays(g, bos, t0, i_S, L, i_h, H, K, offs_k, kmask, BT, BC)
-        q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        k_w = tl.where(before, k_c * _exp0(r - b_c), 0.)
-        acc += tl.dot(q_S * _exp0(c), tl.trans(k_w), input_precision=PREC)
-        if DIAG_LOOP:
-            # key row jj: its decay c_j summed as the loop goes (no reduction over rows), its k from memory
-            c_j = tl.zeros([1, BK], dtype=tl.float32)
-            p_j = ((bos + s0) * H + i_h) * K + offs_k
-            for jj in tl.static_range(BC):
-                m_j = kmask & (offs_k * 0 + s0 + jj < L)
-                c_j += tl.load(g + p_j, mask=m_j, other=0.).to(tl.float32)[None, :]
-                k_j = tl.load(k + p_j, mask=m_j, other=0.).to(tl.float32)[None, :]
-                col = tl.sum(q_S * k_j * tl.exp(tl.minimum(c - c_j, 0.)), axis=1)
-                acc_d += tl.where(ii[None, :] == jj, col[:, None], 0.)
-                p_j += H * K
-        else:  # the whole block as one [BC, BC, BK] tile
-            k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            causal = (ii[:, None] >= ii[None, :])[:, :, None]
-            w = tl.where(causal, _exp0(tl.where(causal, c[:, None, :] - c[None, :, :], 0.)), 0.)
-            acc_d += tl.sum(q_S[:, None, :] * k_S[None, :, :] * w, axis=2)
-    rmask = (rows_S < L)[:, None]
-    cols = tl.arange(0, BT)[None, :]
-    a_row = A + ((bos + rows_S) * H + i_h)[:, None] * BT
-    # three stores to disjoint columns: earlier sub-chunks, the diagonal block (causal), zeros after it
-    tl.store(a_row + cols, acc, mask=rmask & (cols < i_S * BC))
-    tl.store(a_row + cols, tl.zeros([BC, BT], dtype=tl.float32), mask=rmask & (cols >= (i_S + 1) * BC))
-    tl.store(a_row + i_S * BC + ii[None, :], tl.where(ii[:, None] >= ii[None, :], acc_d, 0.), mask=rmask)
+        g_c = _tile(g, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+        q_c = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+        k_c = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+        jj = ii + kb * zero
+        acc += tl.where(jj[:, None] == jj[None, :], tl.dot(q_c, tl.trans(k_c), input_precision=PREC), 0.)
+        for l in tl.static_range(LOG_BT):
+            fq, fk = _level_factors(g_c, l, BT, BK)
+            acc += tl.where(_same_block(l, BT, kb, zero), tl.dot(q_c * fq, tl.trans(k_c * fk), input_precision=PREC), 0.)
+    p = A + ((bos + rows) * H + i_h)[:, None] * BT + ii[None, :]
+    tl.store(p, acc, mask=(rows < L)[:, None])
 
 
 @triton.jit
-def gla_dqk_intra_kernel(q, k, v, g, do, dq, dk, cu, chunks, T, NT,
+def gla_dqk_intra_kernel(q, k, v, g, do, dq, dk, cu, chunks, T, NT, zero,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                         BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DIAG_LOOP: tl.constexpr,
+                         LOG_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                          VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, BT // BC, H): the intra-chunk dq, dk (fp32) of sub-chunk S's rows, to which the dq /
-    dk walks then add the inter-chunk parts. dA = do v^T strictly below the diagonal (the i == j terms do
-    not depend on the gates and cancel in q dq - k dk: `gla_dg_kernel` adds them after forming d log_f).
-    dq_S takes the keys of earlier sub-chunks (reference: b at the row before S), dk_S the queries of later
-    ones (reference: b at S's last row): one tensor-core product each, every factor in [0, 1]; then the
-    diagonal block one key row at a time, whose weights serve dq and dk alike."""
+    """grid (chunks, H): the intra-chunk dq, dk (fp32) of the chunk, to which the dq / dk walks then add
+    the inter-chunk parts. dA = do v^T strictly below the diagonal (the i == j terms do not depend on the
+    gates and cancel in q dq - k dk: `gla_dg_kernel` adds them after forming d log_f). Per level l, with
+    dA_l = dA on that level's pairs:
+        dq += fq * (dA_l (k * fk))        dk += fk * (dA_l^T (q * fq))
+    two tensor-core products, the same factors for both."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_S = tl.program_id(1)
-    i_h = tl.program_id(2)
+    i_h = tl.program_id(1)
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
     L = eos - bos
-    t0 = i_c * BT
-    s0 = t0 + i_S * BC
-    rows_S = s0 + tl.arange(0, BC)
-    rows_c = t0 + tl.arange(0, BT)
-    idx_c = tl.arange(0, BT)
-    before = (idx_c < i_S * BC)[:, None]
-    after = (idx_c >= (i_S + 1) * BC)[:, None]
-    ii = tl.arange(0, BC)
+    rows = i_c * BT + tl.arange(0, BT)
+    ii = tl.arange(0, BT)
     offs_v = tl.arange(0, BV)
     vmask = offs_v < V
-    do_S = _tile(do, bos, rows_S, L, i_h, H, V, offs_v, vmask)
-    v_S = _tile(v, bos, rows_S, L, i_h, H, V, offs_v, vmask)
-    dA_row = tl.dot(do_S, tl.trans(_tile(v, bos, rows_c, L, i_h, H, V, offs_v, vmask)))  # [BC, BT]
-    dA_col = tl.dot(_tile(do, bos, rows_c, L, i_h, H, V, offs_v, vmask), tl.trans(v_S))  # [BT, BC]
-    dA_d = tl.where(ii[:, None] > ii[None, :], tl.dot(do_S, tl.trans(v_S)), 0.)  # strictly lower
-    rmask = (rows_S < L)[:, None]
-    for kb in range(0, tl.cdiv(K, BK)):
-        offs_k = kb * BK + tl.arange(0, BK)
-        kmask = offs_k < K
-        b_c, r, c = _sub_chunk_decays(g, bos, t0, i_S, L, i_h, H, K, offs_k, kmask, BT, BC)
-        r2 = r + tl.sum(tl.where((ii == BC - 1)[:, None], c, 0.), axis=0)[None, :]  # b at S's last row
-        q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        q_c = _tile(q, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        # dq_S += exp(b_S - r) * (dA[S, :S] (k exp(r - b))[:S])          (fp32 operands: tf32)
-        k_w = tl.where(before, k_c * _exp0(r - b_c), 0.)
-        acc_q = tl.dot(dA_row, k_w, input_precision=PREC) * _exp0(c)
-        # dk_S += exp(r2 - b_S) * (dA[S+1:, S]^T (q exp(b - r2))[S+1:]),  r2 - b_S = (r2 - r) - c
-        q_w = tl.where(after, q_c * _exp0(b_c - r2), 0.)
-        acc_k = tl.dot(tl.trans(dA_col), q_w, input_precision=PREC) * _exp0(r2 - r - c)
-        if DIAG_LOOP:
-            c_j = tl.zeros([1, BK], dtype=tl.float32)
-            p_j = ((bos + s0) * H + i_h) * K + offs_k
-            for jj in tl.static_range(BC):  # key row jj of the diagonal block, as in gla_A_kernel
-                m_j = kmask & (offs_k * 0 + s0 + jj < L)
-                c_j += tl.load(g + p_j, mask=m_j, other=0.).to(tl.float32)[None, :]
-                k_j = tl.load(k + p_j, mask=m_j, other=0.).to(tl.float32)[None, :]
-                wd = tl.sum(tl.where(ii[None, :] == jj, dA_d, 0.), axis=1)[:, None] * tl.exp(tl.minimum(c - c_j, 0.))
-                acc_q += wd * k_j  # dq_i += dA_ij w_ij k_j
-                acc_k += tl.where((ii == jj)[:, None], tl.sum(wd * q_S, axis=0)[None, :], 0.)  # dk_j += sum_i
-                p_j += H * K
-        else:  # the whole block as one [BC, BC, BK] tile
-            k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            strict = (ii[:, None] > ii[None, :])[:, :, None]
-            w = tl.where(strict, _exp0(tl.where(strict, c[:, None, :] - c[None, :, :], 0.)), 0.) * dA_d[:, :, None]
-            acc_q += tl.sum(w * k_S[None, :, :], axis=1)
-            acc_k += tl.sum(w * q_S[:, None, :], axis=0)
-        p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
-        m = rmask & kmask[None, :]
-        tl.store(dq + p, acc_q, mask=m)
-        tl.store(dk + p, acc_k, mask=m)
+    b_do = _tile(do, bos, rows, L, i_h, H, V, offs_v, vmask)
+    b_v = _tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)
+    m = (rows < L)[:, None]
+    # dq first, then dk (dA^T formed directly): one [BT, BT] matrix live at a time keeps the registers
+    # below the spill limit at the cost of forming the factors twice
+    for role in tl.static_range(2):
+        if role == 0:
+            dA = tl.where(ii[:, None] > ii[None, :], tl.dot(b_do, tl.trans(b_v)), 0.)
+            out = dq
+        else:
+            dA = tl.where(ii[:, None] < ii[None, :], tl.dot(b_v, tl.trans(b_do)), 0.)  # dA^T
+            out = dk
+        for kb in range(0, tl.cdiv(K, BK)):
+            offs_k = kb * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            g_c = _tile(g, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            if role == 0:
+                x_c = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            else:
+                x_c = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            acc = tl.zeros([BT, BK], dtype=tl.float32)
+            for l in tl.static_range(LOG_BT):
+                fq, fk = _level_factors(g_c, l, BT, BK)
+                dA_l = tl.where(_same_block(l, BT, kb, zero), dA, 0.)  # symmetric mask
+                if role == 0:  # dq += fq * (dA_l (k * fk))
+                    acc += fq * tl.dot(dA_l, x_c * fk, input_precision=PREC)
+                else:  # dk += fk * (dA_l^T (q * fq))
+                    acc += fk * tl.dot(dA_l, x_c * fq, input_precision=PREC)
+            p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
+            tl.store(out + p, acc, mask=m & kmask[None, :])
 
 
 @triton.jit
@@ -222,7 +186,7 @@ def gla_dg_tot_kernel(q, k, dq, dk, tot, cu, T, SC, SM1,
     c0, c1, _, _ = _segment(j + 1, L, SC, BT)
     acc = tl.zeros([BK], dtype=tl.float32)
     for c in range(c0, c1):
-        x, _, _, _, _, _, _ = _dg_x(q, k, dq, dk, bos, c * BT + tl.arange(0, BT), L, i_h, H, K, offs_k, kmask)
+        x = _dg_x(q, k, dq, dk, bos, c * BT + tl.arange(0, BT), L, i_h, H, K, offs_k, kmask)[0]
         acc += tl.sum(x, axis=0)
     tl.store(tot + (i_nh.to(tl.int64) * SM1 + j) * K + offs_k, acc, mask=kmask)
 

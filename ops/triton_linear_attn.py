@@ -26,7 +26,7 @@ from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd
                              seg_combine_kernel, seg_local_kernel)
 
 BT = tuning.BT  # chunk length
-BC = 16  # sub-chunk length of the gated intra-chunk products
+LOG_BT = BT.bit_length() - 1  # levels of the GLA intra-chunk products (ops.triton_gla_intra)
 
 
 def _np2(x: int) -> int:
@@ -44,11 +44,22 @@ def _check_device(q: Tensor) -> None:
                          "CPU interpreter); use impl='chunked' on CPU")
 
 
+_DUMMIES: dict[tuple, Tensor] = {}
+
+
+def _cached(device: torch.device, dtype: torch.dtype) -> Tensor:
+    """A one-element tensor for pointer arguments the kernel never reads (made once per device)."""
+    key = (device, dtype)
+    if key not in _DUMMIES:
+        _DUMMIES[key] = torch.zeros(1, dtype=dtype, device=device)
+    return _DUMMIES[key]
+
+
 def _layout(q: Tensor, cu_seqlens: Tensor | None) -> tuple[int, int, Tensor]:
     """(sequences N, padded length T (packed: the total), cu as int32 or a dummy)."""
     B, T = q.shape[:2]
     if cu_seqlens is None:
-        return B, T, q.new_zeros(1, dtype=torch.int32)
+        return B, T, _cached(q.device, torch.int32)
     return cu_seqlens.numel() - 1, T, cu_seqlens.to(torch.int32).contiguous()
 
 
@@ -71,7 +82,7 @@ def _kw(c: dict) -> dict:
 
 
 def _dummy(q: Tensor) -> Tensor:
-    return torch.empty(1, dtype=torch.float32, device=q.device)
+    return _cached(q.device, torch.float32)
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -316,10 +327,9 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
     n_chunks, table = chunks
     A = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
     ca = plan.launch["A"]
-    gla_A_kernel[(n_chunks, BT // BC, H)](
-        q, k, g, A, cu, table if table is not None else cu, T, triton.cdiv(T, BT), H=H, K=K, BT=BT, BC=BC,
-        BK=min(ca["block"], _np2(K)), DIAG_LOOP=ca["diag"] == "loop", VARLEN=table is not None, PREC=_prec(q),
-        **_kw(ca))
+    gla_A_kernel[(n_chunks, H)](
+        q, k, g, A, cu, table if table is not None else cu, T, triton.cdiv(T, BT), 0, H=H, K=K, BT=BT,
+        LOG_BT=LOG_BT, BK=min(ca["block"], _np2(K)), VARLEN=table is not None, PREC=_prec(q), **_kw(ca))
     o, ht, Hs = _fwd(q, k, v, g, None, A, h0, cu, N, T, True, plan)
     return o, ht, A, Hs
 
@@ -332,10 +342,10 @@ def _gla_backward(q, k, v, g, h0, A, Hs, do, dht, cu, N, T, chunks, plan):
     dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
     ct = plan.launch["dqk"]
-    gla_dqk_intra_kernel[(n_chunks, BT // BC, H)](
-        q, k, v, g, do, dq, dk, cu, table if table is not None else cu, T, triton.cdiv(T, BT), H=H, K=K, V=V,
-        BT=BT, BC=BC, BK=min(ct["block"], _np2(K)), BV=_np2(V), DIAG_LOOP=ct["diag"] == "loop",
-        VARLEN=table is not None, PREC=_prec(q), **_kw(ct))
+    gla_dqk_intra_kernel[(n_chunks, H)](
+        q, k, v, g, do, dq, dk, cu, table if table is not None else cu, T, triton.cdiv(T, BT), 0, H=H, K=K, V=V,
+        BT=BT, LOG_BT=LOG_BT, BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=table is not None,
+        PREC=_prec(q), **_kw(ct))
     dq, dk, dv, dh0 = _bwd_walks(q, k, v, g, None, A, do, h0, dht, Hs, cu, N, T, True, plan, dq=dq, dk=dk)
     dgx = dkx = None
     if dht is not None:  # the final state's gradient, in its direct (non-cancelling) form

@@ -8,10 +8,9 @@ time per chunk whatever else runs, so the time of a walk kernel is (chunks per w
 With batch x heads x column blocks below the number of SMs the scan layout leaves SMs idle and S segments
 cut the time almost S-fold; once the programs fill the GPU, splitting only adds the two-level scan.
 
-The rule (`_segments`): S = SMs x slots / (fwd walk programs), capped so that a segment keeps at least
-`min_seg` chunks, where `slots` (walk programs per SM that run without queueing) and `min_seg` were measured
-per GPU and op by `launch/bench_kernels.py --sweep` (docs/kernels.md has the sweep and the resulting
-choices). With `OpsConfig.autotune` the candidates are timed instead, on the first use of each shape, and
+The rule (`_segments`): a table per GPU of the fastest S measured for each batch x heads count by
+`launch/bench_kernels.py --sweep` (docs/kernels.md has the sweep), scaled between the measured counts,
+capped so that a segment keeps at least `_MIN_SEG` chunks. With `OpsConfig.autotune` the candidates are timed instead, on the first use of each shape, and
 the winner is kept in an on-disk cache keyed by GPU and shape.
 """
 from __future__ import annotations
@@ -45,11 +44,19 @@ class Plan:
         return "scan" if self.segments == 1 else "split"
 
 
-# Measured per GPU (name substring) and op: walk programs per SM that run without queueing, and the
-# shortest segment (in chunks) whose walk still pays for its share of the two-level scan.
-_RULE = {
-    "default": {"lightning": {"slots": 1.0, "min_seg": 8}, "gla": {"slots": 1.0, "min_seg": 4}},
+# Measured per GPU (name substring) and op: the fastest segment count S for a batch x heads count (fwd+bwd,
+# D = 128, T >= 32K, where launch overheads do not hide the walks; `launch/bench_kernels.py --sweep`).
+# Between the measured counts S scales as 1 / (batch x heads) from the nearest one (in log scale); other
+# GPUs use the first table scaled by their SM count. `min_seg`: the shortest segment (in chunks) that
+# still paid for its share of the two-level scan.
+_TABLE = {
+    "H100": {"lightning": {12: 12, 24: 8, 32: 6, 64: 1}, "gla": {12: 12, 24: 8, 32: 6, 64: 1}},
 }
+_MIN_SEG = {"lightning": 8, "gla": 8}
+# sequences shorter than this many chunks are never split: there the whole op takes about as long as its
+# launches (T = 2048 ran fastest unsplit in every swept shape), and splitting adds four launches
+_MIN_SPLIT_CHUNKS = 64
+_SMS_OF_TABLE = {"H100": 132}
 # the split layout's segment-state buffers stay below this (packed input with many sequences)
 _MAX_SEG_BYTES = 1 << 30
 
@@ -65,11 +72,12 @@ def _gpu(device: torch.device) -> tuple[str, int]:
     return "cpu", 132  # the interpreter: any count; the tests force their layouts
 
 
-def _rule(gpu: str, op: str) -> dict:
-    for key, val in _RULE.items():
-        if key != "default" and key in gpu:
-            return val[op]
-    return _RULE["default"][op]
+def _table(gpu: str) -> tuple[dict, int]:
+    for key, val in _TABLE.items():
+        if key in gpu:
+            return val, _SMS_OF_TABLE[key]
+    key = next(iter(_TABLE))
+    return _TABLE[key], _SMS_OF_TABLE[key]
 
 
 def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, dict]:
@@ -79,7 +87,6 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
     gated = op == "gla"
     Kp, Vp = _np2(K), _np2(V)
     wide = max(Kp, Vp) >= 128
-    diag = "loop" if device.type == "cuda" else "tile"
     walk_v = {"block": min(64, Vp), "num_stages": (2 if gated else 3) if Kp <= 128 else 1 if gated else 2}
     return {
         "fwd": {**walk_v, "num_warps": 8 if wide else 4},
@@ -88,26 +95,28 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
         "dk": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": 2},
         "local": {"block": min(32 if gated else 64, Kp), "block_v": min(64, Vp), "num_warps": 4, "num_stages": 2},
         "combine": {"block": min(16, Kp), "block_v": Vp, "num_warps": 4, "num_stages": 1},
-        # the diagonal blocks of the GLA intra-chunk kernels: one key row at a time ('loop') or as one
-        # [16, 16, BK] tile ('tile'); the interpreter runs whole tiles far faster than unrolled row steps
-        "A": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1, "diag": diag},
-        "dqk": {"block": min(32, Kp), "num_warps": 8, "num_stages": 1, "diag": diag},
+        # GLA intra-chunk kernels: 16-wide key blocks at 8 warps keep A spill-free, dq/dk at 152 B
+        "A": {"block": 16, "num_warps": 8, "num_stages": 1},
+        "dqk": {"block": 16, "num_warps": 8, "num_stages": 1},
         "dg": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
     }
 
 
 def _segments(gpu: str, sms: int, op: str, NH: int, K: int, V: int, nc_avg: int, nc_max: int) -> int:
-    r = _rule(gpu, op)
-    programs = NH * math.ceil(V / min(64, _np2(V)))
-    s = int(sms * r["slots"] // programs)
-    s = max(1, min(s, nc_avg // r["min_seg"]))
+    table, table_sms = _table(gpu)
+    counts = table[op]
+    nh = NH * table_sms / sms  # the same load per SM on this GPU
+    near = min(counts, key=lambda c: abs(math.log(c / nh)))
+    s = int(round(counts[near] * near / nh)) if nh < max(counts) else 1
+    s = max(1, min(s, nc_avg // _MIN_SEG[op])) if nc_avg >= _MIN_SPLIT_CHUNKS else 1
     while s > 1 and NH * (math.ceil(nc_max / math.ceil(nc_avg / s)) - 1) * K * V * 4 > _MAX_SEG_BYTES:
         s -= 1
     return s
 
 
-# test-only seam (ops.testing): a forced segment length and launch overrides
+# test-only seam (ops.testing): a forced segment length and launch overrides (the version keys the cache)
 _FORCED: dict = {}
+_FORCED_VERSION = [0]
 
 
 def _make(seg_chunks: int, nc_max: int, launch: dict, source: str) -> Plan:
@@ -115,10 +124,25 @@ def _make(seg_chunks: int, nc_max: int, launch: dict, source: str) -> Plan:
     return Plan(seg_chunks=sc, segments=max(1, math.ceil(nc_max / sc)), launch=launch, source=source)
 
 
+_PLANS: dict[tuple, Plan] = {}  # per shape: the plan is asked for on every call, so keep it
+
+
 def plan(op: str, N: int, H: int, T: int, K: int, V: int, device: torch.device, varlen: bool,
          measure: Callable[[Plan], float] | None = None) -> Plan:
     """The plan for `op` ('lightning' or 'gla') on N sequences of H heads, K / V wide; T is the padded
     length of each sequence, or for packed input (varlen) the total length of all N."""
+    cfg = get_config()
+    gpu, sms = _gpu(device)
+    key = (op, N, H, T, K, V, device, varlen, gpu, id(cfg), _FORCED_VERSION[0])
+    hit = _PLANS.get(key)
+    if hit is None:
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        hit = _PLANS[key] = _plan(op, N, H, T, K, V, device, varlen, measure, cfg, gpu, sms)
+    return hit
+
+
+def _plan(op, N, H, T, K, V, device, varlen, measure, cfg, gpu, sms) -> Plan:
     nc_max = max(1, math.ceil(T / BT))
     nc_avg = max(1, math.ceil(T / N / BT)) if varlen else nc_max
     launch = default_launch(op, K, V, device)
@@ -126,10 +150,8 @@ def plan(op: str, N: int, H: int, T: int, K: int, V: int, device: torch.device, 
         launch[name] = {**launch.get(name, {}), **over}
     if _FORCED.get("seg_chunks") is not None:
         return _make(_FORCED["seg_chunks"], nc_max, launch, "forced")
-    gpu, sms = _gpu(device)
     s = _segments(gpu, sms, op, N * H, K, V, nc_avg, nc_max)
     rule = _make(math.ceil(nc_avg / s), nc_max, launch, "rule")
-    cfg = get_config()
     if not (cfg.autotune and measure is not None and device.type == "cuda"):
         return rule
     key = f"{op}|N{N}|H{H}|T{T}|K{K}|V{V}|{'varlen' if varlen else 'dense'}"

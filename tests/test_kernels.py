@@ -130,14 +130,6 @@ def test_gla_gates_near_zero_with_final_state_grad(layout):
     _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16), state_grad=True, layout=layout)
 
 
-def test_gla_diagonal_block_row_loop():
-    """The GLA intra-chunk kernels' other form of the diagonal blocks (one key row at a time, the CUDA
-    default; the interpreter defaults to the whole-tile form) gives the same results."""
-    q, k, v, x = _make("gla", 83, 2, 24, 16, seed=11)
-    with force_plan(launch={"A": {"diag": "loop"}, "dqk": {"diag": "loop"}}):
-        _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout="split1")
-
-
 @pytest.mark.parametrize("kind,layout", [("la", "scan"), ("la", "split1"), ("gla", "scan"), ("gla", "split1")])
 def test_cu_seqlens_resets_state(kind, layout):
     """Packed documents (lengths 17, 70, 40: boundaries inside chunks; the 70-token one spans two chunks,

@@ -78,15 +78,19 @@ def _plan(monkeypatch, B, H, T, op="lightning", K=128, gpu=("NVIDIA H100 80GB HB
 
 @pytest.mark.parametrize("op", ["lightning", "gla"])
 def test_shape_rule_splits_only_where_heads_leave_sms_idle(monkeypatch, op):
-    few = _plan(monkeypatch, 1, 12, 32768, op)  # 24 walk programs on 132 SMs
-    assert few.layout == "split" and few.segments > 2
-    assert few.seg_chunks >= tuning._rule("H100", op)["min_seg"]
-    full = _plan(monkeypatch, 16, 12, 2048, op)  # 384 walk programs
+    table, _ = tuning._table("NVIDIA H100 80GB HBM3")
+    few = _plan(monkeypatch, 1, 12, 32768, op)  # 24 fwd walk programs on 132 SMs
+    assert few.layout == "split" and few.segments == table[op][12]
+    assert few.seg_chunks >= tuning._MIN_SEG[op]
+    full = _plan(monkeypatch, 16, 12, 2048, op)  # 384 fwd walk programs
     assert full.layout == "scan" and full.segments == 1
     short = _plan(monkeypatch, 1, 12, 256, op)  # 4 chunks: too short to split
     assert short.layout == "scan"
-    # the split's segments never exceed what the SMs can run at once
-    assert 1 * 12 * 2 * few.segments <= 132 * tuning._rule("H100", op)["slots"]
+    # between measured counts, fewer heads -> more segments; a GPU with half the SMs splits less
+    s16, s24 = _plan(monkeypatch, 1, 16, 65536, op).segments, _plan(monkeypatch, 1, 24, 65536, op).segments
+    assert few.segments >= s16 >= s24 >= 1
+    half = _plan(monkeypatch, 1, 12, 65536, op, gpu=("Some GPU", 66)).segments
+    assert half < few.segments
 
 
 def test_autotune_times_candidates_once_and_caches_per_gpu(monkeypatch, tmp_path, restore_config):
@@ -102,6 +106,7 @@ def test_autotune_times_candidates_once_and_caches_per_gpu(monkeypatch, tmp_path
     p = tuning.plan(*args, measure=measure)
     assert p.segments == 4 and p.source == "autotune" and 1 in calls and len(calls) > 2
     n = len(calls)
+    tuning._PLANS.clear()  # the in-process plan cache: this checks the file
     assert tuning.plan(*args, measure=measure).segments == 4 and len(calls) == n  # from the cache
     stored = json.loads(cache.read_text())
     assert list(stored) == ["GPU-A"] and list(stored["GPU-A"].values()) == [p.seg_chunks]
@@ -109,5 +114,6 @@ def test_autotune_times_candidates_once_and_caches_per_gpu(monkeypatch, tmp_path
     tuning.plan(*args, measure=measure)
     assert len(calls) > n  # another GPU: measured again
     cache.write_text("{not json")
+    tuning._PLANS.clear()
     with pytest.raises(ValueError, match="kernel tuning cache"):
         tuning.plan(*args, measure=measure)
