@@ -175,11 +175,12 @@ def matrix(a) -> None:
                 mk, ours, fla, flops, io = _case(op, B, T, H)
                 floor = max(io / bw, 3 * flops / mm) * 1e3
                 ins = mk()
-                row = {"B": B, "H": H, "T": T, "op": op, "floor_ms": floor, "layout": _layout_of(op, B, T, H)}
+                row = {"B": B, "H": H, "T": T, "op": op, "floor_ms": floor}
                 try:
                     row["ours_ms"] = _fwd_bwd_ms(ours, [t.clone() for t in ins], a.rep)
                 except Exception as e:
                     row["ours_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                row["layout"] = _layout_of(op, B, T, H)
                 if fla is not None and "fla" not in a.skip:
                     try:
                         row["fla_ms"] = _fwd_bwd_ms(fla, [t.clone() for t in ins], a.rep)
@@ -211,10 +212,14 @@ def matrix(a) -> None:
 
 
 def _layout_of(op: str, B: int, T: int, H: int) -> str:
+    """The layout ours ran with (the plan it cached for this shape: the rule's, or the autotuned one)."""
     from ops import tuning
-    p = tuning.plan("gla" if op.startswith("gla") else "lightning", B, H, T, 256 if op == "nodecay" else 128, 128,
-                    torch.device("cuda"), False)
-    return p.layout if p.segments == 1 else f"split S={p.segments}"
+    key = ("gla" if op.startswith("gla") else "lightning", B, H, T, 256 if op == "nodecay" else 128, 128)
+    plans = [p for k, p in tuning._PLANS.items() if k[:6] == key]
+    if not plans:
+        return "?"
+    p = plans[-1]
+    return (p.layout if p.segments == 1 else f"split S={p.segments}") + (" (autotuned)" if p.source == "autotune" else "")
 
 
 def sweep(a) -> None:
