@@ -11,6 +11,7 @@
     nodecay    lightning_attn without decay, Dk = 256 (cosFormer2)                anchor fla chunk_linear_attn
     gla1/gla16/gla32  gated_linear_attn with the gates of HGRN2 layer 1 / 16 / 32 of 32 (models/hgrn2.py's
                own gate code on random inputs)                                     anchor fla chunk_gla
+    glaW       gated_linear_attn with log f uniform in [-20, 0] (every chunk on the sub-chunk path)
 plus torch SDPA (causal, flash) at each shape where it takes under a second. Each cell: median
 fwd+bwd time of `triton.testing.do_bench` (bf16), fla/ours, and the floor max(bytes / bandwidth, FLOPs /
 matmul rate) (bytes: inputs read once, outputs written once; FLOPs: the chunked algorithm's tensor-core
@@ -38,11 +39,12 @@ from ops import gated_linear_attn, lightning_attn  # noqa: E402
 PEAKS = {"H200": (700e12, 4.2e12), "H100": (650e12, 3.0e12)}
 C = 64
 SHAPES = [(1, 12), (2, 12), (1, 32), (4, 16), (16, 12)]
-OPS = ["la0", "laL", "nodecay", "gla1", "gla16", "gla32"]
+OPS = ["la0", "laL", "nodecay", "gla1", "gla16", "gla32", "glaW"]
 N_LAYERS = 32
 LABEL = {"la0": "lightning, TNL layer-0 decays", "laL": "lightning, TNL last-layer decays",
          "nodecay": "lightning, no decay (cos2, Dk=256)", "gla1": "GLA, HGRN2 layer-1 gates",
-         "gla16": "GLA, HGRN2 layer-16 gates", "gla32": "GLA, HGRN2 layer-32 gates"}
+         "gla16": "GLA, HGRN2 layer-16 gates", "gla32": "GLA, HGRN2 layer-32 gates",
+         "glaW": "GLA, log f uniform in [-20, 0]"}
 
 
 def _peaks() -> tuple[float, float]:
@@ -113,8 +115,13 @@ def _case(op: str, B: int, T: int, H: int):
         ours = lambda q, k, v: lightning_attn(q, k, v, None, check_values=False)  # noqa: E731
         fla = None if fo is None else (lambda q, k, v: fo.chunk_linear_attn(q, k, v, scale=1.0, normalize=False)[0])
         return mk, ours, fla, flops, io
-    layer = {"gla1": 0, "gla16": 15, "gla32": 31}[op]
-    mk = lambda: list(_hgrn2_gates(B, T, H, layer))  # noqa: E731
+    if op == "glaW":
+        def mk():
+            q, k, v = rnd(B, T, H, D), rnd(B, T, H, D), rnd(B, T, H, D)
+            return [q, k, v, -20.0 * torch.rand(B, T, H, D, device=dev)]
+    else:
+        layer = {"gla1": 0, "gla16": 15, "gla32": 31}[op]
+        mk = lambda: list(_hgrn2_gates(B, T, H, layer))  # noqa: E731
     ours = lambda q, k, v, g: gated_linear_attn(q, k, v, g, check_values=False)  # noqa: E731
     fla = None if fo is None else (lambda q, k, v, g: fo.chunk_gla(q, k, v, g, scale=1.0)[0])
     return mk, ours, fla, flops, io + 4 * el * D + 8 * el * D
@@ -354,10 +361,14 @@ def resources(a) -> None:
         ]
         if gated:
             rows += [
-                ("A", G.gla_A_kernel, "q k g A cu chunks T NT zero", [P, P, F32, F32, I, I, i32, i32, i32],
-                 dict(H=16, K=K, BT=64, LOG_BT=6, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
-                ("dqk", G.gla_dqk_intra_kernel, "q k v g do dq dk cu chunks T NT zero", [P, P, P, F32, P, F32, F32, I, I, i32, i32, i32],
-                 dict(base, LOG_BT=6, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
+                ("A", G.gla_A_tame_kernel, "q k g A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
+                 dict(TAME_SPAN=60.0, H=16, K=K, BT=64, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
+                ("A_sub", G.gla_A_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
+                 dict(H=16, K=K, BT=64, BC=16, BK=L["A_sub"]["block"], VARLEN=False, PREC="tf32")),
+                ("dqk", G.gla_dqk_tame_kernel, "q k v g do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
+                 dict(base, TAME_SPAN=60.0, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
+                ("dqk_sub", G.gla_dqk_intra_kernel, "q k v bc do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
+                 dict(base, BC=16, BK=L["dqk_sub"]["block"], BV=Vp, PREC="tf32")),
                 ("dg_tot", G.gla_dg_tot_kernel, "q k dq dk tot cu T SC SM1", [P, P, F32, F32, F32, I, i32, i32, i32],
                  dict(base, BK=L["dg"]["block"])),
                 ("dg", G.gla_dg_kernel, "q k v do dq dk dg dgx dkx dq_out dk_out tot cu T SC SM1",

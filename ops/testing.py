@@ -9,6 +9,8 @@ time the candidates. Production code never calls it: the plan comes from `ops.tu
         ...
     with force_plan(launch={"fwd": {"num_warps": 4}}):
         ...
+    with force_plan(tame_span=-1):           # GLA: every chunk through the sub-chunk kernels
+        ...
 """
 from __future__ import annotations
 
@@ -21,7 +23,11 @@ SCAN = 1 << 30  # a segment length no sequence reaches: the scan layout
 
 
 @contextmanager
-def force_plan(seg_chunks: int | None = None, launch: dict | None = None) -> Iterator[None]:
+def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
+               tame_span: float | None = None) -> Iterator[None]:
+    """seg_chunks: segment length in chunks (SCAN: the scan layout); launch: per-kernel overrides;
+    tame_span: GLA chunks decaying by at most exp(-tame_span) take the direct intra-chunk products
+    (-1: none does, every chunk goes through the sub-chunk kernels)."""
     old = dict(tuning._FORCED)
     tuning._FORCED.clear()
     tuning._FORCED_VERSION[0] += 1
@@ -31,6 +37,8 @@ def force_plan(seg_chunks: int | None = None, launch: dict | None = None) -> Ite
         tuning._FORCED["seg_chunks"] = int(seg_chunks)
     if launch:
         tuning._FORCED["launch"] = {k: dict(v) for k, v in launch.items()}
+    if tame_span is not None:
+        tuning._FORCED["tame_span"] = float(tame_span)
     try:
         yield
     finally:

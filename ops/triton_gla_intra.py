@@ -1,30 +1,25 @@
 """Intra-chunk parts of gated linear attention (per-channel decay), in Triton.
 
-Inside a chunk of BT = 64 rows the weight of key j for query i is sum_d q_id k_jd exp(b_id - b_jd) (b the
-cumulative log-decay, i >= j). Written as (q * exp(b)) (k * exp(-b))^T it overflows fp32 as soon as a
-channel decays past e^-88 inside the chunk, which gates of log f = -2 per step already reach. These
-kernels use a scheme that is exact and stable for every gate value and costs the same for all of them:
-the pairs i > j are split by the highest bit in which their positions differ (level l = 0..5). A pair of
-level l has i in the upper and j in the lower half of one aligned block of 2^(l+1) rows; with r = b at the
-last row of that lower half,
+Inside a chunk the weight of key j for query i is sum_d q_id k_jd exp(b_id - b_jd) (b the cumulative
+log-decay). Two forms, chosen per (chunk, head) by the chunk's gates (`gla_cumsum_kernel`):
+  * tame chunks (no key channel decays by more than exp(-TAME_SPAN) across the chunk): directly as
+    (q * exp(b)) (k * exp(-b))^T, every factor within exp(+-TAME_SPAN), far from fp32 overflow
+    (`gla_A_tame_kernel`, `gla_dqk_tame_kernel`: one tensor-core product per key block);
+  * the others (gates near 0): that form would overflow once a chunk's decay passes e^-88, so the chunk is
+    cut into sub-chunks of BC = 16 rows; sub-chunk pairs I > J use tensor cores with the reference r = b at
+    I's first row, (q_I * exp(b_I - r)) (k_J * exp(r - b_J))^T, both exponents <= 0; diagonal pairs are
+    formed element-wise in a [BC, BC, BK] tile with exponents masked to i >= j (`gla_A_kernel`,
+    `gla_dqk_intra_kernel`). Nothing exceeds 1 before the products, so nothing overflows; tiny weights
+    underflow to exactly 0.
+Each kernel's programs return at once for the other kind, so every chunk is written by exactly one.
 
-    exp(b_i - b_j) = exp(b_i - r) * exp(r - b_j),       both exponents <= 0 (b never increases),
-
-so per level one tensor-core product of (q * exp(b - r)) and (k * exp(r - b)), both factors in [0, 1],
-kept on that level's pairs, gives those weights exactly; the diagonal (weight 1) is q_i . k_i. Six
-levels cover every pair of a 64-row chunk. No factor exceeds 1, so nothing overflows for any
-log f <= 0; a weight that underflows to 0 is below 1e-38 of the diagonal weight of its row, so dropping
-it changes no result. (fla's chunk_gla splits the chunk into 16-row sub-chunks instead and forms their
-16 x 16 diagonal blocks element-wise, one exp per pair and channel; here every pair's weight comes from
-two per-row exps, 12 per row and channel in all, and dense products.)
-
-`gla_A_kernel` writes A [tokens, H, BT] (row = query, column = key position inside the chunk);
-`gla_dqk_intra_kernel` writes the intra-chunk dq, dk (from dA = do v^T, strictly below the diagonal) into
-fp32 buffers, onto which the walks of `ops.triton_scan` add the inter-chunk parts. `gla_dg_kernel` turns
-dq, dk into d log_f via d log_f_s = sum_{t >= s} (q_t dq_t - k_t dk_t) (+ the final state's term), a
-reverse cumulative sum per sequence that involves no exponentials at all (the diagonal i == j terms,
-equal on both sides, are left out of it and added to dq, dk only afterwards); in the split layout each
-segment starts from the sum of the later segments' totals (`gla_dg_tot_kernel`).
+`gla_A_*` write A [tokens, H, BT] (row = query, column = key position inside the chunk); `gla_dqk_*`
+write the intra-chunk dq, dk (from dA = do v^T) into fp32 buffers, to which the walks of `ops.triton_scan`
+then add the inter-chunk parts. `gla_dg_kernel` turns dq, dk into d log_f via
+d log_f_s = sum_{t >= s} (q_t dq_t - k_t dk_t) (+ the final state's term), a reverse cumulative sum per
+sequence that involves no exponentials at all (the diagonal i == j terms, equal on both sides, are left
+out of it and added to dq, dk only afterwards); in the split layout each segment starts from the sum of
+the later segments' totals (`gla_dg_tot_kernel`).
 """
 from __future__ import annotations
 
@@ -47,6 +42,43 @@ def _chunk_of(chunks, pid, T, NT, VARLEN: tl.constexpr):
     return i_n, i_c
 
 
+# A chunk is *tame* when no key channel decays by more than exp(-TAME_SPAN) across it: then its
+# intra-chunk weights exp(b_i - b_j) may be formed as exp(b_i) * exp(-b_j), every factor inside
+# exp(+-TAME_SPAN), far from fp32 overflow (see gla_cumsum_kernel).
+TAME_SPAN = 60.0
+
+
+@triton.jit
+def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                      BK: tl.constexpr, TAME_SPAN: tl.constexpr, SET_FLAGS: tl.constexpr, VARLEN: tl.constexpr):
+    """grid (chunks, H): classifies each (chunk, head) and writes the flag at the chunk's first token
+    (tame[token, head]). A chunk is *tame* when no key channel decays by more than exp(-TAME_SPAN) across
+    it: then the scans form its intra-chunk products directly as (q exp(b)) (k exp(-b))^T (every factor
+    within exp(+-TAME_SPAN), far from overflow). Otherwise bc = the cumulative log-decay from the chunk's
+    start (fp32) is written for the sub-chunk kernels below, which handle that chunk instead."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_h = tl.program_id(1)
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    rows = i_c * BT + tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
+    m = (rows < eos - bos)[:, None] & (offs_k < K)[None, :]
+    p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
+    gt = tl.load(g + p, mask=m, other=0.).to(tl.float32)
+    if SET_FLAGS:  # forward; the backward reads the forward's flags, so both passes agree
+        span = -tl.min(tl.sum(gt, axis=0), axis=0)  # the largest decay (in log) of any channel
+        flag = (span <= TAME_SPAN).to(tl.int32)
+        tl.store(tame + (bos + i_c * BT) * H + i_h, flag)
+    else:
+        flag = tl.load(tame + (bos + i_c * BT) * H + i_h)
+    wild = (tl.zeros([BT, BK], dtype=tl.int32) + flag) == 0
+    tl.store(bc + p, tl.cumsum(gt, axis=0), mask=m & wild)
+
+
+@triton.jit
+def _is_tame(tame, bos, t0, i_h, H: tl.constexpr):
+    return tl.load(tame + (bos + t0) * H + i_h) != 0
+
+
 @triton.jit
 def _tile(x, bos, rows, L, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask):
     p = x + ((bos + rows) * H + i_h)[:, None] * D + offs[None, :]
@@ -54,111 +86,194 @@ def _tile(x, bos, rows, L, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask):
 
 
 @triton.jit
-def _level_factors(g_c, l: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """The two factors of level l (pairs i > j of the chunk whose positions first differ in bit l, so i
-    lies in the upper half of a block of 2^(l+1) rows and j in its lower half; r = b at the last row of
-    that lower half). From g_c [BT, BK] (log-decays of the chunk's rows):
-        fq_i = exp(b_i - r)  on rows with bit l set, else 0      (log: cumsum of g inside i's 2^l-block)
-        fk_j = exp(r - b_j)  on rows with bit l clear, else 0    (log: the rest of j's 2^l-block after j)
-    Both exponents are <= 0, so both factors lie in [0, 1], and fq_i fk_j = exp(b_i - b_j) exactly."""
-    n: tl.constexpr = 1 << l
-    g3 = tl.reshape(g_c, [BT // n, n, BK])
-    c3 = tl.cumsum(g3, axis=1)
-    c = tl.reshape(c3, [BT, BK])
-    rest = tl.reshape(tl.sum(g3, axis=1, keep_dims=True) - c3, [BT, BK])
-    up = (((tl.arange(0, BT) >> l) & 1) == 1)[:, None]
-    f = tl.exp(tl.minimum(tl.where(up, c, rest), 0.))  # each row needs one of the two: one exp per element
-    return tl.where(up, f, 0.), tl.where(up, 0., f)
+def _exp0(x):
+    """exp of an exponent that is <= 0 on every real row; padded rows (b loaded as 0) could make it
+    positive, and their inf times a zero input would be NaN, so clamp."""
+    return tl.exp(tl.minimum(x, 0.))
 
 
 @triton.jit
-def _same_block(l: tl.constexpr, BT: tl.constexpr, kb, zero):
-    """[BT, BT]: rows i and columns j in one block of 2^(l+1) rows (with the factors' masks: level l).
-    `kb * zero` (zero: a run-time 0) ties the mask to the key-block loop: hoisted out of it, the six
-    levels' masks (and masked dA copies) would stay live across the loop and spill registers."""
-    i = tl.arange(0, BT) + kb * zero
-    return (i[:, None] >> (l + 1)) == (i[None, :] >> (l + 1))
+def _row_of(b, r: tl.constexpr, N: tl.constexpr):
+    return tl.sum(tl.where(tl.arange(0, N)[:, None] == r, b, 0.), axis=0)[None, :]
 
 
 @triton.jit
-def gla_A_kernel(q, k, g, A, cu, chunks, T, NT, zero,
-                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, LOG_BT: tl.constexpr,
+def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
+                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                  BK: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, H): A [tokens, H, BT] of the chunk (row = query, column = key position), zero above
-    the diagonal. The diagonal is q_i . k_i (weight exp(0)); each level l of the module docstring adds
-    one tensor-core product (q * fq)(k * fk)^T kept on the pairs of that level (fp32 operands: tf32 for
-    bf16 inputs)."""
+    """grid (chunks, BT // BC, H): the rows of sub-chunk S of A, every column of the chunk. Columns of
+    earlier sub-chunks in one tensor-core product with the reference r = b at S's first row (all
+    exponents <= 0 once the columns from S on are masked), the diagonal block element-wise."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_h = tl.program_id(1)
+    i_S = tl.program_id(1)
+    i_h = tl.program_id(2)
     bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
-    rows = i_c * BT + tl.arange(0, BT)
-    ii = tl.arange(0, BT)
-    acc = tl.zeros([BT, BT], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
-        offs_k = kb * BK + tl.arange(0, BK)
-        kmask = offs_k < K
-        g_c = _tile(g, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        q_c = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        k_c = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-        jj = ii + kb * zero
-        acc += tl.where(jj[:, None] == jj[None, :], tl.dot(q_c, tl.trans(k_c), input_precision=PREC), 0.)
-        for l in tl.static_range(LOG_BT):
-            fq, fk = _level_factors(g_c, l, BT, BK)
-            acc += tl.where(_same_block(l, BT, kb, zero), tl.dot(q_c * fq, tl.trans(k_c * fk), input_precision=PREC), 0.)
-    p = A + ((bos + rows) * H + i_h)[:, None] * BT + ii[None, :]
-    tl.store(p, acc, mask=(rows < L)[:, None])
-
-
-@triton.jit
-def gla_dqk_intra_kernel(q, k, v, g, do, dq, dk, cu, chunks, T, NT, zero,
-                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                         LOG_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                         VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, H): the intra-chunk dq, dk (fp32) of the chunk, to which the dq / dk walks then add
-    the inter-chunk parts. dA = do v^T strictly below the diagonal (the i == j terms do not depend on the
-    gates and cancel in q dq - k dk: `gla_dg_kernel` adds them after forming d log_f). Per level l, with
-    dA_l = dA on that level's pairs:
-        dq += fq * (dA_l (k * fk))        dk += fk * (dA_l^T (q * fq))
-    two tensor-core products, the same factors for both."""
-    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_h = tl.program_id(1)
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
-    rows = i_c * BT + tl.arange(0, BT)
-    ii = tl.arange(0, BT)
-    offs_v = tl.arange(0, BV)
-    vmask = offs_v < V
-    b_do = _tile(do, bos, rows, L, i_h, H, V, offs_v, vmask)
-    b_v = _tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)
-    m = (rows < L)[:, None]
-    # dq first, then dk (dA^T formed directly): one [BT, BT] matrix live at a time keeps the registers
-    # below the spill limit at the cost of forming the factors twice
-    for role in tl.static_range(2):
-        if role == 0:
-            dA = tl.where(ii[:, None] > ii[None, :], tl.dot(b_do, tl.trans(b_v)), 0.)
-            out = dq
-        else:
-            dA = tl.where(ii[:, None] < ii[None, :], tl.dot(b_v, tl.trans(b_do)), 0.)  # dA^T
-            out = dk
+    if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: gla_A_tame_kernel
+        L = eos - bos
+        t0 = i_c * BT
+        rows_S = t0 + i_S * BC + tl.arange(0, BC)
+        rows_c = t0 + tl.arange(0, BT)
+        before = (tl.arange(0, BT) < i_S * BC)[:, None]
+        causal = tl.arange(0, BC)[:, None] >= tl.arange(0, BC)[None, :]
+        dt = q.dtype.element_ty
+        acc = tl.zeros([BC, BT], dtype=tl.float32)
+        acc_d = tl.zeros([BC, BC], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            g_c = _tile(g, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            if role == 0:
-                x_c = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            else:
-                x_c = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            acc = tl.zeros([BT, BK], dtype=tl.float32)
-            for l in tl.static_range(LOG_BT):
-                fq, fk = _level_factors(g_c, l, BT, BK)
-                dA_l = tl.where(_same_block(l, BT, kb, zero), dA, 0.)  # symmetric mask
-                if role == 0:  # dq += fq * (dA_l (k * fk))
-                    acc += fq * tl.dot(dA_l, x_c * fk, input_precision=PREC)
-                else:  # dk += fk * (dA_l^T (q * fq))
-                    acc += fk * tl.dot(dA_l, x_c * fq, input_precision=PREC)
+            b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+            q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
+            r = _row_of(b_S, 0, BC)
+            k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
+            acc += tl.dot(q_S * _exp0(b_S - r), tl.trans(k_w), input_precision=PREC)  # fp32 operands: tf32
+            d = b_S[:, None, :] - b_S[None, :, :]
+            w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.)
+            acc_d += tl.sum(q_S[:, None, :] * k_S[None, :, :] * w, axis=2)
+        rmask = (rows_S < L)[:, None]
+        cols = tl.arange(0, BT)[None, :]
+        a_row = A + ((bos + rows_S) * H + i_h)[:, None] * BT
+        # three stores to disjoint columns: earlier sub-chunks, the diagonal block, zeros after it
+        tl.store(a_row + cols, acc, mask=rmask & (cols < i_S * BC))
+        tl.store(a_row + cols, tl.zeros([BC, BT], dtype=tl.float32), mask=rmask & (cols >= (i_S + 1) * BC))
+        tl.store(a_row + i_S * BC + tl.arange(0, BC)[None, :], acc_d, mask=rmask)
+
+
+@triton.jit
+def _tame_factors(q, k, g, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
+                  TAME_SPAN: tl.constexpr):
+    """A tame chunk's q, k (fp32) and decay factors exp(b), exp(-b) for key columns offs_k, b the
+    cumulative log-decay from the chunk's start (-b <= TAME_SPAN on real rows; clamped for safety)."""
+    b = tl.cumsum(_tile(g, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32), axis=0)
+    b_q = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    b_k = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    return b_q, b_k, tl.exp(b), tl.exp(tl.minimum(-b, TAME_SPAN))
+
+
+@triton.jit
+def gla_A_tame_kernel(q, k, g, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
+                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, H); only for tame chunks (the others return at once: `gla_A_kernel` does them):
+    A = (q exp(b)) (k exp(-b))^T on i >= j, b the cumulative log-decay from the chunk's start. Every
+    factor lies within exp(+-TAME_SPAN) on a tame chunk, so the product needs no sub-chunks. Formed here,
+    in parallel over chunks, the forward and dv scans only read A instead of forming it at every step of
+    their walks (fp32 operands: tf32 for bf16 inputs, as everywhere on the gated path)."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_h = tl.program_id(1)
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    if _is_tame(tame, bos, i_c * BT, i_h, H):
+        L = eos - bos
+        rows = i_c * BT + tl.arange(0, BT)
+        acc = tl.zeros([BT, BT], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            offs_k = kb * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            b_q, b_k, e_b, e_over = _tame_factors(q, k, g, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
+            acc += tl.dot(b_q * e_b, tl.trans(b_k * e_over), input_precision=PREC)
+        causal = tl.arange(0, BT)[:, None] >= tl.arange(0, BT)[None, :]
+        p = A + ((bos + rows) * H + i_h)[:, None] * BT + tl.arange(0, BT)[None, :]
+        tl.store(p, tl.where(causal, acc, 0.), mask=(rows < L)[:, None])
+
+
+@triton.jit
+def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
+                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                         BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                         VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, H); only for chunks that are not tame (the others return at once:
+    `gla_dqk_tame_kernel` does them), looping over sub-chunks S and key blocks kb. Writes the intra-chunk
+    dq, dk (fp32) of sub-chunk S's rows and key block kb, to which the dq / dk scans then add the
+    inter-chunk parts. dA = do v^T. dq_S takes the keys of earlier
+    sub-chunks (reference: b at S's first row), dk_S the queries of later ones (reference: b at S's
+    last row): one tensor-core product each, then the diagonal block element-wise."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_h = tl.program_id(1)
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: gla_dqk_tame_kernel
+        for i_S in range(0, BT // BC):
+            for kb in range(0, tl.cdiv(K, BK)):
+                L = eos - bos
+                t0 = i_c * BT
+                offs_k = kb * BK + tl.arange(0, BK)
+                kmask = offs_k < K
+                offs_v = tl.arange(0, BV)
+                vmask = offs_v < V
+                dt = do.dtype.element_ty
+                rows_S = t0 + i_S * BC + tl.arange(0, BC)
+                rows_c = t0 + tl.arange(0, BT)
+                idx_c = tl.arange(0, BT)
+                before = (idx_c < i_S * BC)[:, None]
+                after = (idx_c >= (i_S + 1) * BC)[:, None]
+                b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+                q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                do_S = _tile(do, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
+                v_S = _tile(v, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
+                b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
+                q_c = _tile(q, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                do_c = _tile(do, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
+                v_c = _tile(v, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
+                # dq_S += exp(b_S - r) * (dA[S, :S] @ (k * exp(r - b))[:S])
+                r = _row_of(b_S, 0, BC)
+                dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
+                k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
+                acc_q = tl.dot(dA_row, k_w, input_precision=PREC) * _exp0(b_S - r)  # fp32 operands: tf32
+                # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
+                r2 = _row_of(b_S, BC - 1, BC)
+                dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
+                q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
+                acc_k = tl.dot(tl.trans(dA_col), q_w, input_precision=PREC) * _exp0(r2 - b_S)
+                # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
+                # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
+                causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]
+                dA = tl.where(causal, tl.dot(do_S, tl.trans(v_S), input_precision=PREC), 0.)
+                d = b_S[:, None, :] - b_S[None, :, :]
+                w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
+                acc_q += tl.sum(w * k_S[None, :, :], axis=1)
+                acc_k += tl.sum(w * q_S[:, None, :], axis=0)
+                p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
+                m = (rows_S < L)[:, None] & kmask[None, :]
+                tl.store(dq + p, acc_q, mask=m)
+                tl.store(dk + p, acc_k, mask=m)
+
+
+@triton.jit
+def gla_dqk_tame_kernel(q, k, v, g, do, dq, dk, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
+                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, H); only for tame chunks (the others return at once: `gla_dqk_intra_kernel`).
+    Writes their intra-chunk dq, dk (fp32), to which the dq / dk scans then add the inter-chunk parts:
+    with dA = do v^T strictly below the diagonal (the i == j terms: see gla_dg_kernel) and b the
+    cumulative log-decay from the chunk's start,
+        dq = exp(b) * (dA (k exp(-b)))        dk = exp(-b) * (dA^T (q exp(b)))
+    every factor within exp(+-TAME_SPAN) on a tame chunk. In parallel over chunks, these products stay
+    off the scans' walks, which are latency-bound."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_h = tl.program_id(1)
+    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    if _is_tame(tame, bos, i_c * BT, i_h, H):
+        L = eos - bos
+        rows = i_c * BT + tl.arange(0, BT)
+        offs_v = tl.arange(0, BV)
+        vmask = offs_v < V
+        strict = tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]
+        b_do = _tile(do, bos, rows, L, i_h, H, V, offs_v, vmask)
+        b_v = _tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)
+        dA = tl.where(strict, tl.dot(b_do, tl.trans(b_v), input_precision=PREC), 0.)
+        for kb in range(0, tl.cdiv(K, BK)):
+            offs_k = kb * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            b_q, b_k, e_b, e_over = _tame_factors(q, k, g, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
+            b_dq = tl.dot(dA, b_k * e_over, input_precision=PREC) * e_b  # fp32 operands: tf32
+            b_dk = tl.dot(tl.trans(dA), b_q * e_b, input_precision=PREC) * e_over
             p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
-            tl.store(out + p, acc, mask=m & kmask[None, :])
+            m = (rows < L)[:, None] & kmask[None, :]
+            tl.store(dq + p, b_dq, mask=m)
+            tl.store(dk + p, b_dk, mask=m)
 
 
 @triton.jit

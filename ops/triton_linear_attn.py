@@ -20,13 +20,14 @@ from torch import Tensor
 from ops import tuning
 from ops.config import get_config
 from ops.linear_attention import register_impl
-from ops.triton_gla_intra import (gla_A_kernel, gla_dg_kernel, gla_dg_tot_kernel, gla_dqk_intra_kernel,
-                                  gla_state_grad_kernel)
+from ops.triton_gla_intra import (TAME_SPAN, gla_A_kernel, gla_A_tame_kernel, gla_cumsum_kernel, gla_dg_kernel,
+                                  gla_dg_tot_kernel, gla_dqk_intra_kernel, gla_dqk_tame_kernel, gla_state_grad_kernel)
 from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel,
                              seg_combine_kernel, seg_local_kernel)
 
 BT = tuning.BT  # chunk length
-LOG_BT = BT.bit_length() - 1  # levels of the GLA intra-chunk products (ops.triton_gla_intra)
+BC = 16  # sub-chunk length of the GLA intra-chunk products of chunks that are not tame
+BK_INTRA = 32  # key block of their element-wise [BC, BC, BK] tiles
 
 
 def _np2(x: int) -> int:
@@ -322,30 +323,63 @@ def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
 # gated linear attention
 # ----------------------------------------------------------------------------------------------------
 
+def _tame_span() -> float:
+    # chunks decaying by at most exp(-span) take the direct intra-chunk products; the test-only seam
+    # (ops.testing.force_plan(tame_span=-1)) sends every chunk through the sub-chunk kernels instead
+    return min(tuning._FORCED.get("tame_span", TAME_SPAN), TAME_SPAN)
+
+
+def _gla_cumsum(g, cu, T, chunks, tame=None):
+    """(bc, tame): per (chunk, head) the tame flag at the chunk's first token (computed, or the given
+    flags of the forward pass), and for the other chunks the chunk-local cumulative log-decay (fp32)
+    that the sub-chunk kernels read."""
+    H, K = g.shape[2], g.shape[3]
+    n_chunks, table = chunks
+    bc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+    set_flags = tame is None
+    if set_flags:
+        tame = torch.empty(g.shape[:3], dtype=torch.int32, device=g.device)
+    gla_cumsum_kernel[(n_chunks, H)](g, bc, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+                                     H=H, K=K, BT=BT, BK=_np2(K), TAME_SPAN=_tame_span(),
+                                     SET_FLAGS=set_flags, VARLEN=table is not None)
+    return bc, tame
+
+
 def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
+    """o, final state, A (the intra-chunk weights of every chunk), the tame flags, the chained states."""
     H, K = q.shape[2], q.shape[3]
     n_chunks, table = chunks
+    bc, tame = _gla_cumsum(g, cu, T, chunks)
     A = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
-    ca = plan.launch["A"]
-    gla_A_kernel[(n_chunks, H)](
-        q, k, g, A, cu, table if table is not None else cu, T, triton.cdiv(T, BT), 0, H=H, K=K, BT=BT,
-        LOG_BT=LOG_BT, BK=min(ca["block"], _np2(K)), VARLEN=table is not None, PREC=_prec(q), **_kw(ca))
+    ca, cs = plan.launch["A"], plan.launch["A_sub"]
+    tab, NT, vl = table if table is not None else cu, triton.cdiv(T, BT), table is not None
+    gla_A_tame_kernel[(n_chunks, H)](
+        q, k, g, A, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)),
+        VARLEN=vl, PREC=_prec(q), **_kw(ca))
+    gla_A_kernel[(n_chunks, BT // BC, H)](
+        q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BC=BC, BK=min(cs["block"], _np2(K)), VARLEN=vl,
+        PREC=_prec(q), **_kw(cs))
     o, ht, Hs = _fwd(q, k, v, g, None, A, h0, cu, N, T, True, plan)
-    return o, ht, A, Hs
+    return o, ht, A, tame, Hs
 
 
-def _gla_backward(q, k, v, g, h0, A, Hs, do, dht, cu, N, T, chunks, plan):
+def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     n_chunks, table = chunks
     S, SC = plan.segments, plan.seg_chunks
-    # the intra-chunk dq, dk first (fp32 buffers), then the walks add the inter-chunk parts
+    # the intra-chunk dq, dk first (fp32 buffers, every chunk written by one of the two kernels), then the
+    # walks add the inter-chunk parts
     dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
-    ct = plan.launch["dqk"]
+    ct, cs = plan.launch["dqk"], plan.launch["dqk_sub"]
+    tab, NT, vl = table if table is not None else cu, triton.cdiv(T, BT), table is not None
+    gla_dqk_tame_kernel[(n_chunks, H)](
+        q, k, v, g, do, dq, dk, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
+        BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
+    bc, _ = _gla_cumsum(g, cu, T, chunks, tame)
     gla_dqk_intra_kernel[(n_chunks, H)](
-        q, k, v, g, do, dq, dk, cu, table if table is not None else cu, T, triton.cdiv(T, BT), 0, H=H, K=K, V=V,
-        BT=BT, LOG_BT=LOG_BT, BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=table is not None,
-        PREC=_prec(q), **_kw(ct))
+        q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BC=BC,
+        BK=min(cs["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(cs))
     dq, dk, dv, dh0 = _bwd_walks(q, k, v, g, None, A, do, h0, dht, Hs, cu, N, T, True, plan, dq=dq, dk=dk)
     dgx = dkx = None
     if dht is not None:  # the final state's gradient, in its direct (non-cancelling) form
@@ -374,7 +408,7 @@ def _gla_backward(q, k, v, g, h0, A, Hs, do, dht, cu, N, T, chunks, plan):
 
 @torch.library.custom_op("linscale::gated_linear_attn_fwd", mutates_args=())
 def _gla_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
-             cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+             cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, h0 = _contig(q, k, v, g, h0)
     N, T, cu = _layout(q, cu_seqlens)
     chunks = _chunk_table(cu_seqlens, N, T)
@@ -383,13 +417,13 @@ def _gla_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
         do = torch.randn_like(v)
 
         def run():
-            _, _, A, Hs = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, p)
-            _gla_backward(q, k, v, g, h0, A, Hs, do, None, cu, N, T, chunks, p)
+            _, _, A, tame, Hs = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, p)
+            _gla_backward(q, k, v, g, h0, A, tame, Hs, do, None, cu, N, T, chunks, p)
         return _timer(run)
     plan = _plan("gla", q, v, N, T, cu_seqlens is not None, measure)
-    o, ht, A, Hs = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan)
+    o, ht, A, tame, Hs = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan)
     table = chunks[1] if chunks[1] is not None else q.new_empty((0, 2), dtype=torch.int32)
-    return o, ht, A, table, Hs, _seg_marker(q, plan)
+    return o, ht, A, tame, table, Hs, _seg_marker(q, plan)
 
 
 @_gla_fwd.register_fake
@@ -400,25 +434,26 @@ def _(q, k, v, g, h0, cu_seqlens):
     # packed input: one table row per (sequence, chunk), a count known only from the lengths' values
     rows = 0 if cu_seqlens is None else ctx.new_dynamic_size()
     return (v.new_empty(v.shape), q.new_empty((N, H, K, v.shape[3]), dtype=torch.float32),
-            q.new_empty((B * T, H, BT), dtype=torch.float32), q.new_empty((rows, 2), dtype=torch.int32),
+            q.new_empty((B * T, H, BT), dtype=torch.float32), q.new_empty((B, T, H), dtype=torch.int32),
+            q.new_empty((rows, 2), dtype=torch.int32),
             q.new_empty((ctx.new_dynamic_size(),), dtype=torch.float32),
             q.new_empty((ctx.new_dynamic_size(),), dtype=torch.int8))
 
 
 @torch.library.custom_op("linscale::gated_linear_attn_bwd", mutates_args=())
 def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_seqlens: Tensor | None,
-             A: Tensor, table: Tensor, Hs: Tensor, seg: Tensor, do: Tensor, dht: Tensor | None
+             A: Tensor, tame: Tensor, table: Tensor, Hs: Tensor, seg: Tensor, do: Tensor, dht: Tensor | None
              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, h0, do, dht = _contig(q, k, v, g, h0, do, dht)
     N, T, cu = _layout(q, cu_seqlens)
     chunks = (N * triton.cdiv(T, BT), None) if cu_seqlens is None else (table.shape[0], table)
     plan = _replan("gla", q, v, N, T, cu_seqlens, seg)
-    dq, dk, dv, dg, dh0 = _gla_backward(q, k, v, g, h0, A, Hs, do.to(v.dtype), dht, cu, N, T, chunks, plan)
+    dq, dk, dv, dg, dh0 = _gla_backward(q, k, v, g, h0, A, tame, Hs, do.to(v.dtype), dht, cu, N, T, chunks, plan)
     return dq, dk, dv, dg, dh0 if dh0 is not None else _empty(q)
 
 
 @_gla_bwd.register_fake
-def _(q, k, v, g, h0, cu_seqlens, A, table, Hs, seg, do, dht):
+def _(q, k, v, g, h0, cu_seqlens, A, tame, table, Hs, seg, do, dht):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape),
             h0.new_empty(h0.shape, dtype=torch.float32) if h0 is not None else _empty(q))
 
@@ -431,11 +466,11 @@ def _gla_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(q, k, v, g, h0, cu_seqlens, *output[2:])
 
 
-def _gla_autograd(ctx, do, dht, _dA, _dtable, _dHs, _dseg):
-    q, k, v, g, h0, cu_seqlens, A, table, Hs, seg = ctx.saved_tensors
+def _gla_autograd(ctx, do, dht, _dA, _dtame, _dtable, _dHs, _dseg):
+    q, k, v, g, h0, cu_seqlens, A, tame, table, Hs, seg = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(v)
-    dq, dk, dv, dg, dh0 = _gla_bwd(q, k, v, g, h0, cu_seqlens, A, table, Hs, seg, do, dht)
+    dq, dk, dv, dg, dh0 = _gla_bwd(q, k, v, g, h0, cu_seqlens, A, tame, table, Hs, seg, do, dht)
     return dq, dk, dv, dg, dh0 if h0 is not None else None, None
 
 

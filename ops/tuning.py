@@ -95,9 +95,12 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
         "dk": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": 2},
         "local": {"block": min(32 if gated else 64, Kp), "block_v": min(64, Vp), "num_warps": 4, "num_stages": 2},
         "combine": {"block": min(16, Kp), "block_v": Vp, "num_warps": 4, "num_stages": 1},
-        # GLA intra-chunk kernels: 16-wide key blocks at 8 warps keep A spill-free, dq/dk at 152 B
-        "A": {"block": 16, "num_warps": 8, "num_stages": 1},
-        "dqk": {"block": 16, "num_warps": 8, "num_stages": 1},
+        # GLA intra-chunk kernels (H200 sweep at T = 8192, each GPU-tested): tame chunks' A at 32-wide key
+        # blocks, 4 warps; their dq / dk at 16-wide blocks, 4 warps; the sub-chunk kernels 32 / 4
+        "A": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
+        "dqk": {"block": min(16, Kp), "num_warps": 4, "num_stages": 1},
+        "A_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
+        "dqk_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dg": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
     }
 

@@ -130,6 +130,29 @@ def test_gla_gates_near_zero_with_final_state_grad(layout):
     _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16), state_grad=True, layout=layout)
 
 
+@pytest.mark.parametrize("layout", ["scan", "split1"])
+def test_gla_subchunk_path(layout):
+    """Every chunk through the sub-chunk kernels (the path of chunks that are not tame), forced with mild
+    gates, so that both paths are checked on the same inputs."""
+    q, k, v, x = _make("gla", 130, 2, 24, 16, seed=11)
+    with force_plan(tame_span=-1):
+        _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout=layout)
+
+
+def test_gla_mixed_tame_and_subchunk_chunks():
+    """One sequence whose first chunk is tame and whose second is not (and the reverse in the other
+    head): both paths in one launch."""
+    import ops.triton_linear_attn as TL
+    T = 120
+    q, k, v, _ = _make("gla", T, 2, 16, 16, seed=13)
+    x = torch.full((1, T, 2, 16), -0.05)
+    x[:, 64:, 0] = -3.0  # head 0: chunk 1 decays by e^-168 -> sub-chunk path
+    x[:, :64, 1] = -3.0  # head 1: chunk 0
+    _, flags = TL._gla_cumsum(x, torch.zeros(1, dtype=torch.int32), T, (2, None))
+    assert flags[0, [0, 64]].tolist() == [[1, 0], [0, 1]]
+    _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16), layout="split1")
+
+
 @pytest.mark.parametrize("kind,layout", [("la", "scan"), ("la", "split1"), ("gla", "scan"), ("gla", "split1")])
 def test_cu_seqlens_resets_state(kind, layout):
     """Packed documents (lengths 17, 70, 40: boundaries inside chunks; the 70-token one spans two chunks,
