@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ops.triton_scan import _and, _program, _segment, _seq_bounds
+from ops.triton_scan import _and, _dot32, _program, _segment, _seq_bounds
 
 
 @triton.jit
@@ -128,7 +128,7 @@ def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
             b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
             r = _row_of(b_S, 0, BC)
             k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
-            acc += tl.dot(q_S * _exp0(b_S - r), tl.trans(k_w), input_precision=PREC)  # fp32 operands: tf32
+            acc += _dot32(q_S * _exp0(b_S - r), tl.trans(k_w), PREC)  # fp32 operands: tf32
             d = b_S[:, None, :] - b_S[None, :, :]
             w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.)
             acc_d += tl.sum(q_S[:, None, :] * k_S[None, :, :] * w, axis=2)
@@ -172,7 +172,7 @@ def gla_A_tame_kernel(q, k, g, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constex
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
             b_q, b_k, e_b, e_over = _tame_factors(q, k, g, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
-            acc += tl.dot(b_q * e_b, tl.trans(b_k * e_over), input_precision=PREC)
+            acc += _dot32(b_q * e_b, tl.trans(b_k * e_over), PREC)
         causal = tl.arange(0, BT)[:, None] >= tl.arange(0, BT)[None, :]
         p = A + ((bos + rows) * H + i_h)[:, None] * BT + tl.arange(0, BT)[None, :]
         tl.store(p, tl.where(causal, acc, 0.), mask=(rows < L)[:, None])
@@ -221,12 +221,12 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
                 r = _row_of(b_S, 0, BC)
                 dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
                 k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
-                acc_q = tl.dot(dA_row, k_w, input_precision=PREC) * _exp0(b_S - r)  # fp32 operands: tf32
+                acc_q = _dot32(dA_row, k_w, PREC) * _exp0(b_S - r)  # fp32 operands: tf32
                 # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
                 r2 = _row_of(b_S, BC - 1, BC)
                 dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
                 q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
-                acc_k = tl.dot(tl.trans(dA_col), q_w, input_precision=PREC) * _exp0(r2 - b_S)
+                acc_k = _dot32(tl.trans(dA_col), q_w, PREC) * _exp0(r2 - b_S)
                 # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
                 # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
                 causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]
@@ -268,8 +268,8 @@ def gla_dqk_tame_kernel(q, k, v, g, do, dq, dk, tame, cu, chunks, T, NT, TAME_SP
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
             b_q, b_k, e_b, e_over = _tame_factors(q, k, g, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
-            b_dq = tl.dot(dA, b_k * e_over, input_precision=PREC) * e_b  # fp32 operands: tf32
-            b_dk = tl.dot(tl.trans(dA), b_q * e_b, input_precision=PREC) * e_over
+            b_dq = _dot32(dA, b_k * e_over, PREC) * e_b  # fp32 operands: tf32
+            b_dk = _dot32(tl.trans(dA), b_q * e_b, PREC) * e_over
             p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
             m = (rows < L)[:, None] & kmask[None, :]
             tl.store(dq + p, b_dq, mask=m)

@@ -111,10 +111,30 @@ def _step(s, a, x, w, b_last, F32: tl.constexpr, DECAY: tl.constexpr, PREC: tl.c
 
 
 @triton.jit
+def _tf32(x):
+    """x (fp32) rounded to the nearest tf32 value (10-bit mantissa, ties to even). Tensor cores read only
+    the top 19 bits of an fp32 operand, i.e. truncate it; truncation errors all point towards zero, and
+    d log_f, a reverse cumulative sum over the whole sequence of a cancelling difference, piles such a
+    bias up with T (2e-2 relative error at T = 64K). Rounded operands leave only unbiased errors."""
+    b = x.to(tl.int32, bitcast=True)
+    b = (b + 0xFFF + ((b >> 13) & 1)) & -8192
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot32(a, b, PREC: tl.constexpr):
+    """a @ b for fp32 operands: tf32 tensor cores with round-to-nearest operands (PREC 'tf32', bf16
+    inputs), or exact fp32 ('ieee', fp32 inputs)."""
+    if PREC == "tf32":
+        return tl.dot(_tf32(a), _tf32(b), input_precision="tf32")
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
 def _outer(a, x, w, F32: tl.constexpr, PREC: tl.constexpr):
     """(a * w)^T x on fp32 operands when F32, else on a's dtype."""
     if F32:
-        return tl.dot(tl.trans(a.to(tl.float32) * w), x.to(tl.float32), input_precision=PREC)
+        return _dot32(tl.trans(a.to(tl.float32) * w), x.to(tl.float32), PREC)
     return tl.dot(tl.trans((a * w).to(a.dtype)), x, input_precision=PREC)
 
 
@@ -296,8 +316,8 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # A precomputed for every chunk (ops.triton_gla_intra)
-            b_o = tl.dot(_load_A(A, bos, rows, rmask, i_h, H, BT, False), b_v.to(tl.float32), input_precision=PREC)
-            b_o += tl.dot(b_q.to(tl.float32) * tl.exp(b), h, input_precision=PREC)
+            b_o = _dot32(_load_A(A, bos, rows, rmask, i_h, H, BT, False), b_v.to(tl.float32), PREC)
+            b_o += _dot32(b_q.to(tl.float32) * tl.exp(b), h, PREC)
         else:
             b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
             b_o = tl.dot(b_A.to(dt), b_v, input_precision=PREC)
@@ -338,7 +358,7 @@ def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, cu, T, SC, SM1,
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # GLA: fp32 operands (tf32 for bf16 inputs): d log_f is a cancelling sum of q dq - k dk
-            b_dq = tl.dot(b_do.to(tl.float32), tl.trans(h), input_precision=PREC)
+            b_dq = _dot32(b_do.to(tl.float32), tl.trans(h), PREC)
         else:
             b_dq = tl.dot(b_do, tl.trans(h.to(dt)), input_precision=PREC)
         if GATED or HAS_DECAY:
@@ -383,7 +403,7 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, cu, T, SC, SM1,
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # see the dq walk
-            b_dk = tl.dot(b_v.to(tl.float32), tl.trans(dh), input_precision=PREC)
+            b_dk = _dot32(b_v.to(tl.float32), tl.trans(dh), PREC)
         else:
             b_dk = tl.dot(b_v, tl.trans(dh.to(dt)), input_precision=PREC)
         if GATED or HAS_DECAY:
@@ -430,8 +450,8 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # the forward's A; fp32 operands (tf32 for bf16 inputs), as in the other gated walks
             b_At = _load_A(A, bos, rows, rmask, i_h, H, BT, True)
-            b_dv = tl.dot(b_At, b_do.to(tl.float32), input_precision=PREC)
-            b_dv += tl.dot(b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.)), dh, input_precision=PREC)
+            b_dv = _dot32(b_At, b_do.to(tl.float32), PREC)
+            b_dv += _dot32(b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.)), dh, PREC)
         else:
             b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
             b_dv = tl.dot(b_At.to(dt), b_do, input_precision=PREC)

@@ -14,6 +14,10 @@ import ops  # noqa: E402
 from ops import gated_linear_attn, lightning_attn  # noqa: E402
 from ops import reference as R  # noqa: E402
 from ops.testing import SCAN, force_plan  # noqa: E402
+from ops.triton_scan import _dot32, _tf32  # noqa: E402
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 TOL = 1e-3
 # layout name -> segment length in chunks (T <= 130 here: 1-3 chunks per sequence)
@@ -223,3 +227,42 @@ def test_auto_on_cuda_follows_the_ops_config():
         assert LA._resolve("lightning_attn", None, q) is impls["lightning_attn"]["chunked"]
     finally:
         ops.set_config(old)
+
+
+@triton.jit
+def _round_kernel(x, y, a, b, c, N: tl.constexpr, M: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(y + offs, _tf32(tl.load(x + offs)))
+    r = tl.arange(0, M)
+    ta = tl.load(a + r[:, None] * M + r[None, :])
+    tb = tl.load(b + r[:, None] * M + r[None, :])
+    tl.store(c + r[:, None] * M + r[None, :], _dot32(ta, tb, "tf32"))
+
+
+def test_tf32_operands_round_to_nearest():
+    """The gated kernels' tf32 products take operands rounded to the nearest tf32 value (ties to even),
+    not truncated as tensor cores read them: truncation biases every product towards zero, and d log_f
+    (a sequence-long reverse cumsum) accumulates that bias. Checked bit for bit against numpy."""
+    import numpy as np
+    import triton
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(4000, generator=g) * 10 ** torch.randint(-20, 20, (4000,), generator=g).float(),
+                   torch.tensor([1 + 2 ** -11, 1 + 3 * 2 ** -11, -(1 + 2 ** -11), 1 + 2 ** -11 + 2 ** -20, 0.0, -0.0])])
+    n = triton.next_power_of_2(x.numel())
+    x = torch.cat([x, torch.zeros(n - x.numel())])
+    y = torch.empty_like(x)
+    a, b = torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)
+    c = torch.empty(16, 16)
+    _round_kernel[(1,)](x, y, a, b, c, N=n, M=16)
+    bits = x.numpy().view(np.uint32).astype(np.uint64)
+    keep = bits >> 13
+    rest = bits & 0x1FFF
+    up = (rest > 0x1000) | ((rest == 0x1000) & (keep & 1 == 1))
+    want = (((keep + up) << 13) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+    np.testing.assert_array_equal(y.numpy(), want)
+    assert y[4000:4004].tolist() == [1.0, 1 + 4 * 2 ** -11, -1.0, 1 + 2 ** -10]  # ties to even; above a tie: up
+    rounded = lambda t: torch.from_numpy(  # noqa: E731
+        ((((t.numpy().view(np.uint32).astype(np.uint64) + 0xFFF + ((t.numpy().view(np.uint32) >> 13) & 1))
+           & 0xFFFFE000)).astype(np.uint32)).view(np.float32))
+    torch.testing.assert_close(c, rounded(a).double().mm(rounded(b).double()).float(), rtol=1e-5, atol=1e-5)
