@@ -53,9 +53,11 @@ _TABLE = {
     "H100": {"lightning": {12: 12, 24: 8, 32: 6, 64: 1}, "gla": {12: 12, 24: 8, 32: 6, 64: 1}},
 }
 _MIN_SEG = {"lightning": 8, "gla": 8}
-# sequences shorter than this many chunks are never split: there the whole op takes about as long as its
-# launches (T = 2048 ran fastest unsplit in every swept shape), and splitting adds four launches
-_MIN_SPLIT_CHUNKS = 64
+# sequences shorter than this many chunks are never split: there the op takes about as long as its
+# launches, and splitting adds four (lightning at T = 8192: unsplit was faster at 2 x 12 and 1 x 32 heads,
+# 1.25 vs 2.05 and 1.37 vs 1.78 ms; T = 2048 ran fastest unsplit in every swept shape). GLA's walks are
+# several times slower per chunk, so its split pays from shorter sequences on.
+_MIN_SPLIT_CHUNKS = {"lightning": 256, "gla": 64}
 _SMS_OF_TABLE = {"H100": 132}
 # the split layout's segment-state buffers stay below this (packed input with many sequences)
 _MAX_SEG_BYTES = 1 << 30
@@ -111,7 +113,7 @@ def _segments(gpu: str, sms: int, op: str, NH: int, K: int, V: int, nc_avg: int,
     nh = NH * table_sms / sms  # the same load per SM on this GPU
     near = min(counts, key=lambda c: abs(math.log(c / nh)))
     s = int(round(counts[near] * near / nh)) if nh < max(counts) else 1
-    s = max(1, min(s, nc_avg // _MIN_SEG[op])) if nc_avg >= _MIN_SPLIT_CHUNKS else 1
+    s = max(1, min(s, nc_avg // _MIN_SEG[op])) if nc_avg >= _MIN_SPLIT_CHUNKS[op] else 1
     while s > 1 and NH * (math.ceil(nc_max / math.ceil(nc_avg / s)) - 1) * K * V * 4 > _MAX_SEG_BYTES:
         s -= 1
     return s
