@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 IMPLS = ("auto", "triton", "chunked", "recurrent")
 
@@ -24,11 +24,12 @@ class OpsConfig:
     autotune: time the candidate layouts of each new shape on its first use and keep the fastest in an
     on-disk cache (`tune_cache`), instead of the measured per-GPU rule of `ops.tuning`.
     tune_cache: that cache's JSON file; '' is ~/.cache/linscale/kernel-tune.json (entries keyed by GPU)."""
-    impl: str = "auto"
+    # metadata: what values the run config's parser accepts (pretrain.config checks every field with it)
+    impl: str = field(default="auto", metadata={"choices": IMPLS})
     gla_triton: bool = True
     side_streams: bool = True
     autotune: bool = False
-    tune_cache: str = ""
+    tune_cache: str = field(default="", metadata={"path": True})
 
     def validate(self) -> None:
         if self.impl not in IMPLS:

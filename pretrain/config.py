@@ -18,6 +18,7 @@ import yaml
 from models import ModelConfig, model_config
 from models.config import ARCH_ALIASES, ARCHS
 from models.sizes import SIZES
+from ops.config import OpsConfig
 from pretrain.errors import ConfigError
 
 PAPER_GLOBAL_BATCH_TOKENS = 480 * 8192
@@ -78,7 +79,6 @@ class TrainConfig:
     ac_fraction: float = param(1.0, gt=0, le=1)  # share of the blocks checkpointed, spread over the depth (not auto)
     # auto: torch.compile on CUDA on the plain PyTorch path, eager on CPU and under DeepSpeed; --no-compile
     compile: str = param("auto", choices=("auto", "true", "false"), casefold=True)
-    ops_impl: str = param("auto", choices=("auto", "triton", "chunked", "recurrent"))  # see ops.linear_attention
     doc_reset: bool = False        # reset linear-attention state at document starts (cu_seqlens)
     log_every: int = param(1, ge=1)
     eval_every: int = param(0, ge=0)            # validation loss every N steps (0: never)
@@ -120,6 +120,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ops: OpsConfig = field(default_factory=OpsConfig)  # kernel options (ops.config), flags --ops-<field>
 
     @property
     def run_dir(self) -> Path:
@@ -147,13 +148,16 @@ class RunConfig:
 # CLI: flags derived from the dataclasses, so a flag and its field cannot drift apart
 # ----------------------------------------------------------------------------------------------------
 
-SECTIONS = {"optim": OptimConfig, "train": TrainConfig, "dist": DistConfig, "checkpoint": CheckpointConfig}
+SECTIONS = {"optim": OptimConfig, "train": TrainConfig, "dist": DistConfig, "checkpoint": CheckpointConfig,
+            "ops": OpsConfig}
 TOP_LEVEL = ("arch", "size", "data", "out", "resume", "overwrite")
 # short flag names where the issue fixes them; everything else is --<field-name>
 FLAG_NAMES = {"dist.zero": "zero", "checkpoint.save_every": "save-every", "checkpoint.keep_last": "keep-last"}
 
 
 def _flag(path: str) -> str:
+    if path.startswith("ops."):  # --ops-impl, --ops-autotune, ...
+        return "--" + path.replace(".", "-").replace("_", "-")
     return "--" + FLAG_NAMES.get(path, path.split(".")[-1]).replace("_", "-")
 
 

@@ -171,7 +171,7 @@ class Trainer:
         self.metrics = None
         check_device(cfg.train.device)
         self.env = env = dist_env(cfg.train.device)
-        ops.set_default_impl(cfg.train.ops_impl)
+        ops.set_config(cfg.ops)  # recorded in config.json with the rest of the run config
         self.run_dir = Path(cfg.run_dir)
         # rank 0 locks the directory (held until close()) and refuses to start over an earlier run
         self.run_lock = open_run_directory(self.run_dir, cfg.resume, cfg.overwrite, env.is_main)

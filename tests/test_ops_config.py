@@ -55,7 +55,8 @@ def test_run_config_records_the_ops_section(tmp_path):
     assert d["ops"] == {"impl": "chunked", "gla_triton": True, "side_streams": False, "autotune": True,
                         "tune_cache": ""}
     assert config_from_dict(d).ops == cfg.ops
-    with pytest.raises(ValueError, match="ops impl"):
+    from pretrain.errors import ConfigError
+    with pytest.raises(ConfigError, match="--ops-impl 'fast': not allowed"):
         parse_config(["--ops-impl", "fast"])
 
 

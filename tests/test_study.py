@@ -26,7 +26,7 @@ def study_yaml(tmp: Path, data: Path, name: str = "t", tokens=1920, **extra) -> 
         "name": name, "out": str(tmp / name), "data": str(data), "archs": ["llama", "hgrn2"],
         "sizes": [{"name": k, **dict(zip(("n_layers", "d_model", "n_heads", "d_glu"), v))} for k, v in SHAPES.items()],
         "tokens": tokens, "seq_len": 16, "global_batch_tokens": 96, "model": {"vocab_size": 256},
-        "recipe": {"train": {"micro_batch": 6, "log_every": 1, "device": "cpu", "ops_impl": "chunked"},
+        "recipe": {"train": {"micro_batch": 6, "log_every": 1, "device": "cpu"}, "ops": {"impl": "chunked"},
                    "optim": {"lr": 3e-3, "warmup_steps": 3}, "checkpoint": {"save_every": 0}},
         "snapshots": {"log_points": 2},
         "evaluation": {"tasks": ["valid_loss"], "valid_windows": 4, "batch_size": 4},
@@ -95,7 +95,7 @@ def test_plan_follows_the_paper_flops_formulas(tmp_path, dataset):
     from pretrain.config import parse_config
     rc = parse_config(plans["hgrn2-b"].argv)
     assert (rc.arch, rc.model().n_layers, rc.model().d_model, rc.model().size) == ("hgrn2", 2, 64, "b")
-    assert (rc.train.max_steps, rc.train.seq_len, rc.optim.lr, rc.train.ops_impl) == (21, 16, 3e-3, "chunked")
+    assert (rc.train.max_steps, rc.train.seq_len, rc.optim.lr, rc.ops.impl) == (21, 16, 3e-3, "chunked")
     out = study("plan", "--config", tmp_path / "t.yaml").stdout
     assert "llama-a" in out and "total compute" in out and "PFLOP-days" in out
 
