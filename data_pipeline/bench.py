@@ -274,23 +274,25 @@ t3 = time.perf_counter()
 out = {"import_s": t1 - t0, "startup_s": t2 - t1, "batch_ms": (t3 - t2) / steps * 1e3}
 store = ld.provider.stores[0]
 if walk:
-    # the worst case of a resume without a saved cursor: a walk over a whole epoch's lengths
+    # a resume without a saved cursor walks the epoch's lengths: its rate, over the first 1M documents
     t = time.perf_counter()
-    target = store.total - seq * batch // 2
-    cur = store.cursor_at(target)
-    out["walk_epoch_s"] = time.perf_counter() - t
-    # a state whose position straddles the end of epoch 0, with its cursor: the epoch change
+    store.cursor_at(store.total * 1_000_000 // store.n)
+    out["walk_docs_per_s"] = (store.cursor[1] + 1) / (time.perf_counter() - t)
+    # the epoch change: a state whose position is half a batch before the end of epoch 0; its cursor
+    # comes from the epoch's last documents, whose starts are the total minus their lengths
+    import numpy as np
+    target = (store.total - seq * batch // 2) // seq * seq
+    i, start = store.n, store.total
+    while start > target:
+        i -= 1
+        start -= int(store.index[int(store.docs_at(0, np.array([i]))[0]), 1])
     state = ld.state_dict()
-    state["counts"] = [target // seq]
-    state["samples"] = target // seq
-    state["micro"] = 0
-    state["cursors"] = [list(store.cursor_at(target // seq * seq))]
+    state.update(counts=[target // seq], samples=target // seq, micro=0, cursors=[[0, i, start]])
     ld2 = build_loader(root, seq, batch, batch)
     t = time.perf_counter()
     ld2.load_state_dict(state)
-    ld2.next_batch()  # reads the last windows of epoch 0 and the first of epoch 1
+    ld2.next_batch()  # the last windows of epoch 0 and the first of epoch 1
     out["epoch_change_batch_ms"] = (time.perf_counter() - t) * 1e3
-    ld2.next_batch()
     out["after_change_epoch"] = ld2.provider.stores[0].cursor[0]
 for k, v in mem().items():
     out[k + "_mb"] = v
