@@ -7,9 +7,11 @@ that pairs a random key with a random 7-digit value, so the answer cannot be gue
 - easy mode: the needle holds question and answer ("Question: ... Answer: ... is V."), and the same
   question is asked again at the end.
 The prompt ends with "... The special magic number for K is", the model continues greedily, and a
-deterministic scorer maps the reply to s in [1, 10] (`score_reply`). Each cell (depth, context length)
-averages `trials` needles; every prompt of one length has exactly that many tokens, so a whole column
-decodes as one batch. `summarize` turns the score matrix into the paper's metrics.
+deterministic scorer maps the reply to s in [1, 10] (`score_reply`): by default strictly, 10 for the exact
+value and 1 otherwise; `scoring="partial"` gives credit per correct leading digit. The needle sits at the
+stated depth counted in haystack tokens (the achieved depth is reported per cell). Each cell (depth, context
+length) averages `trials` needles; every prompt of one length has exactly that many tokens, so a whole
+column decodes as one batch. `summarize` turns the score matrix into the paper's metrics.
 """
 from __future__ import annotations
 
@@ -46,6 +48,21 @@ def column_penalty(success: Sequence[bool]) -> float:
     return 2.0 ** ((1 - runs_down(success)) / 2)
 
 
+def check_grid(depths: Sequence[float], lengths: Sequence[int]) -> None:
+    """The metrics weight depth i by alpha_d^i and length j by alpha_c^j, so the grid must be in increasing
+    order: refuse (rather than silently sort) a grid given in any other order, repeats included."""
+    for name, values in (("depths", list(depths)), ("lengths", list(lengths))):
+        if not values:
+            raise ValueError(f"NIAH {name}: empty")
+        if any(b <= a for a, b in zip(values, values[1:])):
+            raise ValueError(f"NIAH {name} must be strictly increasing (the weights follow the order), got "
+                             f"{values}; give them sorted, e.g. {sorted(set(values))}")
+    if min(depths) < 0 or max(depths) > 100:
+        raise ValueError(f"NIAH depths are percentages in [0, 100], got {list(depths)}")
+    if min(lengths) <= 0:
+        raise ValueError(f"NIAH lengths are token counts > 0, got {list(lengths)}")
+
+
 def summarize(scores, depths: Sequence[float], lengths: Sequence[int], alpha_d: float = 1.5,
               alpha_c: float = 1.5, threshold: float = 5.5) -> dict:
     """The paper's NIAH metrics from scores[depth i, length j], each s in [1, 10]; accuracy a = (s-1)/9.
@@ -55,7 +72,8 @@ def summarize(scores, depths: Sequence[float], lengths: Sequence[int], alpha_d: 
     acc_avg            mean of a
     weighted_avg_acc   Σ W·a / Σ W with W = outer(α_d^i, α_c^j) (later depths, longer contexts weigh more)
     niah_score         Σ W·a·p_j / Σ W, p_j = column_penalty(s[:, j] >= threshold)
-    Lengths and depths must be in increasing order (the weights follow the index)."""
+    Lengths and depths must be strictly increasing (the weights follow the index; see check_grid)."""
+    check_grid(depths, lengths)
     s = np.asarray(scores, dtype=np.float64)
     if s.shape != (len(depths), len(lengths)):
         raise ValueError(f"scores must be [depths={len(depths)}, lengths={len(lengths)}], got {s.shape}")
@@ -79,15 +97,25 @@ def summarize(scores, depths: Sequence[float], lengths: Sequence[int], alpha_d: 
 
 # -- the task -------------------------------------------------------------------------------------------
 
-def score_reply(reply: str, value: str) -> float:
-    """Deterministic 1-10: 10 when the first number in the reply is exactly the value; otherwise
-    1 + 9·k/len(value) with k the number of leading digits it gets right (capped below 10)."""
+SCORINGS = ("exact", "partial")
+
+
+def score_reply(reply: str, value: str, scoring: str = "exact") -> float:
+    """Deterministic 1-10 from the first run of digits in the reply. "exact" (the default success rule):
+    10 when it is exactly the value, else 1. "partial": 10 when exact, else 1 + 9·k/len(value) with k the
+    number of leading digits it gets right (capped below 10): with 7 digits, 4 right already scores 6.1, above
+    the default success threshold 5.5, so partial scores pair with a higher threshold if success must mean
+    the exact value."""
+    if scoring not in SCORINGS:
+        raise ValueError(f"NIAH scoring {scoring!r}; choose one of {SCORINGS}")
     found = re.search(r"\d+", reply)
     if found is None:
         return 1.0
     digits = found.group(0)
     if digits == value:
         return 10.0
+    if scoring == "exact":
+        return 1.0
     k = 0
     while k < min(len(digits), len(value)) and digits[k] == value[k]:
         k += 1
@@ -146,17 +174,14 @@ def haystack_tokens(files: Sequence[str | Path] | None, n_tokens: int) -> list[i
     raise ValueError("haystack files hold no text")
 
 
-def insertion_point(hay: list[int], depth: float, window: int = 256) -> int:
-    """Token index for the needle at `depth` percent, moved back to just after a sentence end when one is
-    within `window` tokens (so the needle does not split a sentence); 0 and 100 are the ends."""
-    idx = round(depth / 100 * len(hay))
-    if idx <= 0 or idx >= len(hay):
-        return max(0, min(idx, len(hay)))
-    tok = get_tokenizer()
-    for j in range(idx - 1, max(-1, idx - 1 - window), -1):
-        if tok.decode([hay[j]]).rstrip().endswith((".", "!", "?")):
-            return j + 1
-    return idx
+def insertion_point(n_hay: int, depth: float) -> int:
+    """Haystack tokens before the needle for `depth` percent: round(depth/100 · n_hay), so the achieved depth
+    100·at/n_hay is within half a token of the stated one (0 and 100 are the two ends). The needle text is
+    inserted as its own tokens (starting with a space), so it is never merged into the text around it, even
+    mid-sentence: moving it to a sentence boundary would shift every needle earlier by a different amount."""
+    if not 0 <= depth <= 100:
+        raise ValueError(f"NIAH depth {depth} is not a percentage in [0, 100]")
+    return min(n_hay, max(0, round(depth / 100 * n_hay)))
 
 
 @dataclass
@@ -171,19 +196,27 @@ class NiahConfig:
     batch_size: int = 8
     alpha_d: float = 1.5
     alpha_c: float = 1.5
-    threshold: float = 5.5
+    threshold: float = 5.5                 # success: cell score >= threshold (exact scoring: > half the trials exact)
+    scoring: str = "exact"                 # "exact" | "partial" (score_reply)
 
 
-def build_prompt(hay: list[int], needle: Needle, mode: str, length: int, depth: float) -> list[int]:
-    """<|endoftext|> + haystack with the needle at `depth` + question: exactly `length` tokens."""
+def build_prompt(hay: list[int], needle: Needle, mode: str, length: int, depth: float,
+                 info: dict | None = None) -> list[int]:
+    """<|endoftext|> + haystack with the needle at `depth` + question: exactly `length` tokens. `info`, if
+    given, receives the needle's token position and the achieved depth (percent of the haystack before it)."""
     tok = get_tokenizer()
     needle_text, question = needle.text(mode)
     n_ids, q_ids = tok.encode_ordinary(needle_text), tok.encode_ordinary(question)
     n_hay = length - 1 - len(n_ids) - len(q_ids)
     if n_hay < 0:
-        raise ValueError(f"context length {length} is too short for the needle and question")
+        raise ValueError(f"context length {length} is too short for the needle and question "
+                         f"({len(n_ids) + len(q_ids) + 1} tokens); use lengths of at least that")
+    if len(hay) < n_hay:
+        raise ValueError(f"haystack of {len(hay)} tokens is shorter than the {n_hay} a {length}-token prompt needs")
     h = hay[:n_hay]
-    at = insertion_point(h, depth)
+    at = insertion_point(n_hay, depth)
+    if info is not None:
+        info.update(needle_token=1 + at, achieved_depth=100.0 * at / n_hay if n_hay else 0.0)
     return [EOT_ID] + h[:at] + n_ids + h[at:] + q_ids
 
 
@@ -192,29 +225,40 @@ def run_niah(model, cfg: NiahConfig, progress: Callable[[str], None] | None = No
     are drawn from `seed`, so a rerun asks exactly the same questions."""
     from evaluation.scoring import generate_tokens
     tok = get_tokenizer()
-    lengths, depths = sorted(cfg.lengths), sorted(cfg.depths)
+    check_grid(cfg.depths, cfg.lengths)
+    if cfg.scoring not in SCORINGS:
+        raise ValueError(f"NIAH scoring {cfg.scoring!r}; choose one of {SCORINGS}")
+    lengths, depths = list(cfg.lengths), list(cfg.depths)
     stride = 997  # haystack offset between trials: different text, same books
     hay = haystack_tokens(cfg.haystack or None, max(lengths) + stride * cfg.trials)
     rng = random.Random(cfg.seed)
     needles = {(t, i, j): random_needle(rng) for t in range(cfg.trials)
                for i in range(len(depths)) for j in range(len(lengths))}
     scores = np.zeros((len(depths), len(lengths)))
+    achieved = np.zeros((len(depths), len(lengths)))
     cells = []
     for j, L in enumerate(lengths):
         keys = [(t, i, j) for t in range(cfg.trials) for i in range(len(depths))]
-        prompts = [build_prompt(hay[stride * t:], needles[(t, i, j)], cfg.mode, L, depths[i]) for t, i, _ in keys]
+        infos = [{} for _ in keys]
+        prompts = [build_prompt(hay[stride * t:], needles[(t, i, j)], cfg.mode, L, depths[i], info)
+                   for (t, i, _), info in zip(keys, infos)]
         replies = generate_tokens(model, prompts, cfg.max_new_tokens, cfg.batch_size, eos_id=EOT_ID,
                                   stop=lambda new: re.search(r"\d\D", tok.decode(new)) is not None)
-        for (t, i, _), r in zip(keys, replies):
+        for (t, i, _), r, info in zip(keys, replies, infos):
             text = tok.decode(r)
-            s = score_reply(text, needles[(t, i, j)].value)
+            s = score_reply(text, needles[(t, i, j)].value, cfg.scoring)
             scores[i, j] += s / cfg.trials
-            cells.append({"length": L, "depth": depths[i], "trial": t, "key": needles[(t, i, j)].key,
-                          "value": needles[(t, i, j)].value, "reply": text, "score": s})
+            achieved[i, j] += info["achieved_depth"] / cfg.trials
+            cells.append({"length": L, "depth": depths[i], "achieved_depth": info["achieved_depth"],
+                          "needle_token": info["needle_token"], "trial": t, "key": needles[(t, i, j)].key,
+                          "value": needles[(t, i, j)].value, "reply": text, "score": s,
+                          "exact": s == 10.0})
         if progress is not None:
             progress(f"niah {cfg.mode} length {L}: mean score {scores[:, j].mean():.2f}")
     metrics = summarize(scores, depths, lengths, cfg.alpha_d, cfg.alpha_c, cfg.threshold)
     return {"mode": cfg.mode, "depths": list(depths), "lengths": list(lengths), "scores": scores.tolist(),
+            "achieved_depths": achieved.tolist(),
+            "max_depth_error": float(np.abs(achieved - np.asarray(depths, dtype=float)[:, None]).max()),
             "metrics": metrics, "cells": cells, "config": asdict(cfg)}
 
 

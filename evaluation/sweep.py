@@ -49,6 +49,8 @@ class SweepConfig:
     niah_lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 6144, 8192, 10240, 12288, 14336, 16384])
     niah_depths: list[float] = field(default_factory=lambda: [float(d) for d in range(0, 101, 10)])
     niah_trials: int = 1
+    niah_scoring: str = "exact"              # "exact" (success = the exact value) | "partial" (evaluation.niah)
+    niah_threshold: float = 5.5              # a cell succeeds when its mean score >= this
     niah_haystack: list[str] = field(default_factory=list)
     valid_shards: list[str] = field(default_factory=list)   # flat uint32 token files -> task valid_loss
     valid_seq_len: int = 2048
@@ -104,7 +106,8 @@ def task_settings(task: str, cfg: SweepConfig, window: int | None = None) -> dic
     s = {"task": task, "limit": cfg.limit, "max_length": window if window is not None else cfg.max_length}
     if task.startswith("niah_"):
         s.update(lengths=cfg.niah_lengths, depths=cfg.niah_depths, trials=cfg.niah_trials,
-                 haystack=cfg.niah_haystack)
+                 haystack=cfg.niah_haystack, scoring=cfg.niah_scoring, threshold=cfg.niah_threshold,
+                 placement="token_depth")
     if task == "valid_loss":
         s.update(shards=cfg.valid_shards, seq_len=cfg.valid_seq_len, windows=cfg.valid_windows)
     return s
@@ -133,7 +136,8 @@ def run_tasks(tasks: list[str], model, snap: dict, cfg: SweepConfig, out: Path) 
             from evaluation import niah
             ncfg = niah.NiahConfig(mode=t.removeprefix("niah_"), lengths=tuple(cfg.niah_lengths),
                                    depths=tuple(cfg.niah_depths), trials=cfg.niah_trials,
-                                   haystack=tuple(cfg.niah_haystack), batch_size=cfg.batch_size)
+                                   haystack=tuple(cfg.niah_haystack), batch_size=cfg.batch_size,
+                                   scoring=cfg.niah_scoring, threshold=cfg.niah_threshold)
             res = niah.run_niah(model, ncfg, progress=lambda msg: print(f"    {msg}", flush=True))
             png = niah.plot_heatmap(res, out / "niah" / snap["run"] / f"{snap['snapshot']}_{t}.png",
                                     title=f"{snap['run']} {snap['snapshot']} {t}")
@@ -203,6 +207,11 @@ def sweep(cfg: SweepConfig) -> list[dict]:
                                               "niah_standard", *CSR_TASKS, *SCROLLS_TASKS}]
     if unknown:
         raise ValueError(f"unknown task(s) {unknown}")
+    if any(t.startswith("niah_") for t in tasks):
+        from evaluation.niah import SCORINGS, check_grid
+        check_grid(cfg.niah_depths, cfg.niah_lengths)   # before any model is loaded
+        if cfg.niah_scoring not in SCORINGS:
+            raise ValueError(f"--niah-scoring {cfg.niah_scoring!r}; choose one of {SCORINGS}")
     snaps = find_snapshots(cfg.runs)
     out = Path(cfg.out) if cfg.out else (Path(snaps[0]["path"]).parent.parent / "eval" if snaps else Path("eval"))
     out.mkdir(parents=True, exist_ok=True)

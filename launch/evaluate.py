@@ -36,6 +36,11 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
     p.add_argument("--niah-lengths", type=int, nargs="+", default=d.niah_lengths)
     p.add_argument("--niah-depths", type=float, nargs="+", default=d.niah_depths)
     p.add_argument("--niah-trials", type=int, default=d.niah_trials)
+    p.add_argument("--niah-scoring", choices=["exact", "partial"], default=d.niah_scoring,
+                   help="exact: a reply scores 10 only with the exact value, else 1; partial: credit per correct "
+                        "leading digit (docs/evaluation.md)")
+    p.add_argument("--niah-threshold", type=float, default=d.niah_threshold,
+                   help="a cell succeeds when its mean score >= this (for the NIAH score's penalty)")
     p.add_argument("--niah-haystack", nargs="+", default=d.niah_haystack, help="text files (default: Gutenberg books)")
     p.add_argument("--valid-shards", nargs="+", default=d.valid_shards, help="uint32 token files (globs)")
     p.add_argument("--valid-seq-len", type=int, default=d.valid_seq_len)

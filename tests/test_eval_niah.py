@@ -17,23 +17,61 @@ def haystack(tmp_path):
     return [str(f)]
 
 
-def test_prompt_has_exact_length_and_needle_at_depth(haystack):
+def test_prompt_has_exact_length_and_needle_at_token_depth(haystack):
+    """The needle's tokens sit after exactly round(depth/100 · n_hay) haystack tokens (n_hay = what the
+    prompt has room for), unsplit and unmoved, for depths that fall mid-sentence too; the achieved depth is
+    reported and within half a token of the stated one."""
     tok = get_tokenizer()
     hay = niah.haystack_tokens(haystack, 600)
     needle = niah.Needle("qwerty", "7654321")
     for mode in ("standard", "easy"):
-        for depth in (0, 25, 50, 100):
-            p = niah.build_prompt(hay, needle, mode, 300, depth)
-            assert len(p) == 300 and p[0] == EOT_ID
-            text = tok.decode(p)
-            assert text.endswith("The special magic number for qwerty is")
-            at = text.index("7654321")
-            frac = at / len(text)
-            assert abs(frac - depth / 100) < 0.12, (mode, depth, frac)
-            if mode == "easy":
-                assert text.count("What is the special magic number for qwerty?") == 2
-            else:
-                assert text.count("What is the special magic number for qwerty?") == 1
+        n_text, q_text = needle.text(mode)
+        n_ids, q_ids = tok.encode_ordinary(n_text), tok.encode_ordinary(q_text)
+        for length in (300, 301):
+            n_hay = length - 1 - len(n_ids) - len(q_ids)
+            for depth in (0, 7.5, 25, 33, 50, 99, 100):
+                info = {}
+                p = niah.build_prompt(hay, needle, mode, length, depth, info)
+                at = round(depth / 100 * n_hay)                   # reference: the stated token depth
+                assert len(p) == length and p[0] == EOT_ID
+                assert p[1:1 + at] == hay[:at]
+                assert p[1 + at:1 + at + len(n_ids)] == n_ids
+                assert p[1 + at + len(n_ids):length - len(q_ids)] == hay[at:n_hay]
+                assert p[length - len(q_ids):] == q_ids
+                assert info["needle_token"] == 1 + at
+                assert info["achieved_depth"] == pytest.approx(100 * at / n_hay)
+                assert abs(info["achieved_depth"] - depth) <= 50 / n_hay + 1e-9
+            text = tok.decode(niah.build_prompt(hay, needle, mode, length, 100))
+            assert text.endswith(n_text + q_text)                 # 100%: right before the question
+            assert text.count("What is the special magic number for qwerty?") == (2 if mode == "easy" else 1)
+
+
+def test_exact_scoring_by_default_partial_credit_on_request():
+    value = "7654321"
+    assert niah.score_reply(" 7654321.", value) == 10.0
+    assert niah.score_reply(" 7654999 is it", value) == 1.0                         # 4 of 7 digits: a failure
+    assert niah.score_reply(" 7654999", value, "partial") == pytest.approx(1 + 9 * 4 / 7)
+    assert niah.score_reply(" 76543210", value, "partial") == pytest.approx(1 + 9 * 6 / 7)   # capped below 10
+    assert niah.score_reply(" none", value, "partial") == 1.0
+    # the trap the default avoids: with partial credit, 4 correct leading digits pass the default threshold
+    assert niah.score_reply(" 7654999", value, "partial") >= niah.NiahConfig().threshold
+    assert niah.NiahConfig().scoring == "exact"
+    with pytest.raises(ValueError, match="scoring"):
+        niah.score_reply("1", value, "lenient")
+
+
+def test_unsorted_grids_are_refused(haystack, tmp_path):
+    with pytest.raises(ValueError, match="strictly increasing"):
+        niah.summarize(np.full((2, 2), 5.0), [50, 0], [100, 200])
+    with pytest.raises(ValueError, match="strictly increasing"):
+        niah.summarize(np.full((2, 2), 5.0), [0, 50], [200, 100])
+    with pytest.raises(ValueError, match="strictly increasing"):
+        niah.run_niah(None, niah.NiahConfig(lengths=(200, 200), depths=(0, 50), haystack=tuple(haystack)))
+    with pytest.raises(ValueError, match=r"\[0, 100\]"):
+        niah.run_niah(None, niah.NiahConfig(lengths=(200,), depths=(0, 150), haystack=tuple(haystack)))
+    from evaluation import sweep as sw
+    with pytest.raises(ValueError, match="strictly increasing"):
+        sw.sweep(sw.SweepConfig(runs=[str(tmp_path)], tasks=["niah_easy"], niah_lengths=[2048, 1024]))
 
 
 def test_niah_grid_with_oracle_reader(monkeypatch, haystack, tmp_path):
@@ -54,6 +92,7 @@ def test_niah_grid_with_oracle_reader(monkeypatch, haystack, tmp_path):
     res = niah.run_niah(None, cfg)
     expected = np.array([[10, 10], [10, 10], [1, 1], [1, 1]], dtype=float)
     assert np.array_equal(np.array(res["scores"]), expected)
+    assert res["max_depth_error"] < 0.5 and all(abs(c["achieved_depth"] - c["depth"]) < 0.5 for c in res["cells"])
     m = res["metrics"]
     assert m["acc_avg"] == pytest.approx(0.5)
     assert m["penalty"] == {200: pytest.approx(2 ** -0.5), 400: pytest.approx(2 ** -0.5)}
