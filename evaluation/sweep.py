@@ -4,8 +4,8 @@ Snapshots are RUN/exports/*/ (each loadable by models.load_pretrained, config.js
 flops) or export directories given directly. Each (snapshot, task) result is cached as JSON under
 OUT/cache/<run>/<snapshot>/<task>.json together with the settings and the snapshot's fingerprint (size and
 mtime of its weights), so a rerun skips finished work and redoes only what changed. The table is written
-as OUT/results.csv and OUT/results.json, with one plot per metric against FLOPs and against tokens under
-OUT/plots/, and NIAH heatmaps under OUT/niah/.
+as OUT/results.csv and OUT/results.json, with one plot per metric against C (PFLOP-days) and against tokens
+under OUT/plots/ (metrics with at least two snapshots of a run), and NIAH heatmaps under OUT/niah/.
 """
 from __future__ import annotations
 
@@ -84,9 +84,19 @@ def find_snapshots(paths: list[str]) -> list[dict]:
             found.append({"run": run, "snapshot": e.name, "path": str(e.resolve()), "arch": model.get("arch"),
                           "size": model.get("size"), "step": meta.get("step"), "tokens": meta.get("tokens"),
                           "flops": meta.get("flops"), "flops_non_embedding": meta.get("flops_non_embedding"),
-                          "train_seq_len": training_context(e), "max_seq_len": model.get("max_seq_len")})
+                          "train_seq_len": training_context(e), "max_seq_len": model.get("max_seq_len"),
+                          "n_params": _n_params(model)})
     found.sort(key=lambda r: (r["run"], r["step"] if r["step"] is not None else -1, r["snapshot"]))
     return found
+
+
+def _n_params(model: dict) -> int | None:
+    """Non-embedding parameters (the paper's formula) of an export's model config, for ordering sizes."""
+    try:
+        from models import ModelConfig, paper_non_embedding_params
+        return int(paper_non_embedding_params(ModelConfig.from_dict(model)))
+    except Exception:  # an unknown config only loses its place in the legend order
+        return None
 
 
 def fingerprint(export: str) -> dict:
@@ -285,7 +295,7 @@ def csr_average(paper_scores: dict[str, float | None]) -> float | None:
 
 
 def write_tables(rows: list[dict], tasks: list[str], out: Path) -> None:
-    base = ["run", "snapshot", "arch", "size", "step", "tokens", "flops", "path"]
+    base = ["run", "snapshot", "arch", "size", "n_params", "step", "tokens", "flops", "flops_non_embedding", "path"]
     flats = [flat_metrics(r) for r in rows]
     cols = sorted({k for f in flats for k in f})
     with open(out / "results.csv", "w", newline="") as fh:
@@ -296,40 +306,70 @@ def write_tables(rows: list[dict], tasks: list[str], out: Path) -> None:
     (out / "results.json").write_text(json.dumps({"tasks": tasks, "snapshots": rows}, indent=1, default=str))
 
 
+def compute_axis(rows: list[dict]) -> tuple[str, str]:
+    """The C to plot against (the key of each row) and its axis label: the paper's C (training FLOPs without
+    the embedding term) when every snapshot records it, else the full count, named as such."""
+    if rows and all(isinstance(r.get("flops_non_embedding"), (int, float)) for r in rows):
+        return "flops_non_embedding", "C (PFLOP-days): training FLOPs without the embedding term (the paper's C)"
+    return "flops", "C (PFLOP-days): training FLOPs including the embedding term"
+
+
 def plot_metrics(rows: list[dict], out: Path) -> list[Path]:
-    """One PNG per metric and x axis (FLOPs, tokens): a line per run through its snapshots."""
+    """One PNG per metric and x axis (C in PFLOP-days, tokens): a line per run through its snapshots, colour =
+    architecture, shade and marker = model size (legend sorted by size). Metrics no run has two snapshots of
+    are left out: a plot of single points shows nothing a table does not."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from models.config import ARCHS
+    from scaling.plots import ARCH_NAMES, SIZE_MARKERS, plain_log_ticks, size_shades
+    from scaling.runs import size_label
+    from scaling.units import flops_to_pflop_days
     flats = [flat_metrics(r) for r in rows]
     metrics = sorted({k for f in flats for k in f if k.split("/")[-1] not in COUNTS})
+    c_key, c_text = compute_axis(rows)
+    runs = {}
+    for r in rows:
+        runs.setdefault(r["run"], (r.get("arch") or "?", r.get("n_params") or 0))
+    arch_rank = {a: i for i, a in enumerate(ARCHS)}
+    order = sorted(runs, key=lambda run: (arch_rank.get(runs[run][0], len(ARCHS)), runs[run][0], runs[run][1], run))
+    style = {}
+    for arch in {a for a, _ in runs.values()}:
+        sizes = sorted({n for a, n in runs.values() if a == arch})
+        for k, (n, shade) in enumerate(zip(sizes, size_shades(arch, len(sizes)))):
+            style[(arch, n)] = (shade, SIZE_MARKERS[k % len(SIZE_MARKERS)])
     written = []
-    for x in ("flops", "tokens"):
+    for x, xlabel in ((c_key, c_text), ("tokens", "training tokens")):
         for m in metrics:
-            fig, ax = plt.subplots(figsize=(5, 3.5))
-            drew = False
-            for run in sorted({r["run"] for r in rows}):
-                pts = sorted((r[x], f[m]) for r, f in zip(rows, flats)
+            series = {}
+            for run in order:
+                pts = sorted((flops_to_pflop_days(r[x]) if x != "tokens" else r[x], f[m])
+                             for r, f in zip(rows, flats)
                              if r["run"] == run and m in f and isinstance(r.get(x), (int, float)) and r[x] > 0
                              and math.isfinite(f[m]))
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", ms=3, label=run)
-                    drew = True
-            if not drew:
-                plt.close(fig)
+                    series[run] = pts
+            if not any(len(p) >= 2 for p in series.values()):
                 continue
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for run, pts in series.items():
+                arch, n = runs[run]
+                color, marker = style[(arch, n)]
+                label = f"{ARCH_NAMES.get(arch, arch)} {size_label(n) if n else ''} ({run})"
+                ax.plot(*zip(*pts), marker=marker, ms=4, color=color, label=label)
             ax.set_xscale("log")
             if "perplexity" in m:
                 ax.set_yscale("log")
-            ax.set_xlabel("training FLOPs" if x == "flops" else "training tokens")
+                plain_log_ticks(ax, "y")
+            ax.set_xlabel(xlabel, fontsize=8)
             ax.set_ylabel(m)
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
             fig.tight_layout()
-            path = out / "plots" / f"{m.replace('/', '__')}_vs_{x}.png"
+            path = out / "plots" / f"{m.replace('/', '__')}_vs_{'compute' if x != 'tokens' else 'tokens'}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, dpi=110)
             plt.close(fig)
             written.append(path)
     return written
-

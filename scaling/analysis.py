@@ -1,6 +1,16 @@
-"""One architecture's scaling study: envelope -> L(C), eps + power law, N_opt(C), D_opt(C), and optionally
-Chinchilla approach 3. C is in PFLOP-days in every fit (the paper's unit); FLOPs-unit coefficients are
-derived from those (scaling.units)."""
+"""One architecture's scaling study: envelope -> L(C) (power law and eps + power law), N_opt(C) and D_opt(C)
+from the handovers between adjacent sizes (scaling.optimal), optionally Chinchilla approach 3; intervals from
+replicates of the whole study; warnings for the ways a sweep silently misleads a fit.
+
+C is in PFLOP-days in every fit (the paper's unit); FLOPs-unit coefficients are derived from those
+(scaling.units). Which FLOPs count as C (with or without the embedding term) is decided when the runs are
+read (scaling.runs) and named in every output.
+
+Intervals: each run's logged log-losses are regenerated as its size's fitted learning curve (scaling.curves)
+plus the run's own residuals resampled in blocks of consecutive rows; every fit is redone on every replicate
+and the percentile interval of each coefficient is reported. Replicates are whole studies, so the correlation
+between neighbouring envelope points (they share runs) is kept, unlike a bootstrap over envelope points.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,21 +18,29 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scaling.chinchilla import ChinchillaFit, fit_chinchilla
-from scaling.envelope import Envelope, build_envelope, loss_at
-from scaling.fits import OffsetPowerLawFit, PowerLawFit, fit_offset_power_law, fit_power_law
+from scaling.curves import block_bootstrap, fit_curves, row_weights
+from scaling.envelope import Envelope, build_envelope, c_grid, inside_range, loss_at
+from scaling.fits import (OffsetPowerLawFit, PowerLawFit, _interval, fit_offset_power_law, fit_power_law,
+                          offset_refit, with_replicate_intervals)
+from scaling.optimal import OptimalPoints, SizeCurve, describe, handovers, line_fits, optimal_points, size_curves
 from scaling.runs import Run
-from scaling.units import flops_to_pflop_days
+from scaling.units import PFLOP_DAY, flops_to_pflop_days
+
+LOG_PFLOP_DAY = float(np.log(PFLOP_DAY))
 
 
 @dataclass
 class FitSettings:
     points_per_decade: int = 20       # C grid density (log-spaced)
     smooth_decades: float = 0.0       # half-width of the log-token box filter on each run's loss; 0 = off
-    min_runs: int = 2                 # fit only at C where >= this many runs are present (see docs/scaling.md)
-    c_min: float | None = None        # FLOPs; fit only C >= c_min
-    c_max: float | None = None        # FLOPs; fit only C <= c_max
-    n_boot: int = 1000                # bootstrap resamples for the log-linear fits
-    n_boot_offset: int = 200          # ... for the eps + power-law fit (nonlinear, slower)
+    min_runs: int = 2                 # fit L(C) only at C where >= this many runs are present
+    envelope: str = "fitted"          # "fitted": envelope of each size's fitted learning curve; "logged": of the
+                                      # logged (optionally --smooth'ed) losses
+    c_min: float | None = None        # PFLOP-days; fit only C >= c_min
+    c_max: float | None = None        # PFLOP-days; fit only C <= c_max
+    n_boot: int = 200                 # study replicates for the intervals (0: no intervals)
+    n_boot_offset: int = 100          # ... of them refitted with the (nonlinear, slower) eps + power law
+    block: int | None = None          # residual block length in rows (default: rows^(1/3) per run)
     ci: float = 0.95
     seed: int = 0
     chinchilla: bool = False
@@ -40,11 +58,27 @@ class ArchResult:
     n_fit: PowerLawFit | None = None
     d_fit: PowerLawFit | None = None
     chinchilla: ChinchillaFit | None = None
-    notes: list[str] = field(default_factory=list)   # why a fit is missing
+    curves: list[SizeCurve] = field(default_factory=list)
+    optimal: OptimalPoints | None = None
+    notes: list[str] = field(default_factory=list)      # why a fit is missing
+    warnings: list[str] = field(default_factory=list)   # what in the runs may mislead a fit
 
     @property
     def sizes(self) -> list[str]:
-        return list(dict.fromkeys(r.label for r in self.runs))
+        return list(dict.fromkeys(r.label for r in sorted(self.runs, key=lambda r: r.n_params)))
+
+    def edge_summary(self) -> dict:
+        """Envelope points by status in the L(C) fit range (edge-won points carry no N_opt information)."""
+        if self.envelope is None or self.fit_mask is None:
+            return {}
+        st = self.envelope.status[self.fit_mask]
+        c = flops_to_pflop_days(self.envelope.c[self.fit_mask])
+        out = {}
+        for k in ("interior", "edge_low", "edge_high", "alone"):
+            sel = st == k
+            out[k] = {"points": int(sel.sum()),
+                      "c_range_pflop_days": [float(c[sel].min()), float(c[sel].max())] if sel.any() else None}
+        return out
 
 
 def _try(result: ArchResult, what: str, fn):
@@ -68,37 +102,162 @@ def chinchilla_points(runs: list[Run], c: np.ndarray, smooth_decades: float = 0.
     return np.concatenate(n), np.concatenate(d), np.concatenate(l)
 
 
+def _replicate_runs(curves: list[SizeCurve], n_rep: int, rng: np.random.Generator,
+                    block: int | None) -> dict[int, np.ndarray]:
+    """id(run) -> [n_rep, rows] replicate losses: the size's fitted curve at the run's rows times the run's
+    own log residuals, resampled in blocks. Runs of sizes without a curve fit keep their logged losses."""
+    out = {}
+    for sc in curves:
+        for run in sc.runs:
+            if sc.fit is None:
+                out[id(run)] = np.broadcast_to(run.loss, (n_rep, len(run.loss)))
+                continue
+            fitted = sc.fit.log_loss(np.log(run.tokens))[0]
+            resid = np.log(run.loss) - fitted
+            out[id(run)] = np.exp(fitted[None, :] + block_bootstrap(resid, n_rep, rng, block))
+    return out
+
+
+def _replicate_curve_fits(curves: list[SizeCurve], reps: dict[int, np.ndarray]) -> None:
+    """Extend each size's fit (row 0, the data) with fits to its replicate rows."""
+    for sc in curves:
+        if sc.fit is None:
+            continue
+        y = np.stack([np.log(reps[id(sc.runs[j])][:, i]) for j, i in zip(sc.row_run, sc.row_idx)], axis=1)
+        rep = fit_curves(sc.log_d, y, row_weights(sc.log_d))
+        f = sc.fit
+        f.e, f.b, f.beta = (np.concatenate([getattr(f, k)[:1], getattr(rep, k)]) for k in ("e", "b", "beta"))
+        f.rmse_log = np.concatenate([f.rmse_log[:1], rep.rmse_log])
+
+
+def _loss_table(runs: list[Run], curves: list[SizeCurve], c: np.ndarray, s: FitSettings,
+                reps: dict[int, np.ndarray] | None) -> np.ndarray:
+    """[R, runs, len(c)] loss of each run at each C inside its logged range (NaN outside): of the data (R = 1,
+    reps None) or of every replicate. "fitted": the run's size's learning curve; "logged": its logged losses
+    (interpolated, optionally smoothed); a size without a curve fit always uses its logged losses."""
+    size_of = {id(r): sc for sc in curves for r in sc.runs}
+    rows = []
+    for r in runs:
+        sc = size_of[id(r)]
+        if s.envelope == "fitted" and sc.fit is not None:
+            fit = sc.fit.rows(slice(0, 1) if reps is None else slice(1, None))
+            inside = inside_range(r, c)
+            out = np.full((len(fit.e), len(c)), np.nan)
+            out[:, inside] = np.exp(fit.log_loss(np.log(c[inside] / r.flops_per_token)))
+            rows.append(out)
+        else:
+            rows.append(loss_at(r, c, s.smooth_decades, loss=None if reps is None else reps[id(r)]).reshape(-1, len(c)))
+    return np.stack(rows, axis=1)
+
+
+def _warn_ended_while_winning(res: ArchResult, env: Envelope) -> None:
+    for i, nxt, c in env.ended_while_winning():
+        run, other = env.runs[i], env.runs[nxt]
+        if run.n_params > other.n_params:
+            continue   # the largest present run ending hands over to a smaller one: the end of the data
+        res.warnings.append(
+            f"run {run.name} ({run.label}) stops at C = {flops_to_pflop_days(c):.3g} PFLOP-days while still "
+            f"winning the envelope; {other.name} ({other.label}) wins after it only because it stopped. Train "
+            f"{run.name} past the C where the next size overtakes it")
+
+
 def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> ArchResult:
     s = s or FitSettings()
     res = ArchResult(arch=arch, runs=runs)
+    if not runs:
+        res.notes.append("no runs")
+        return res
     n_sizes = len({r.n_params for r in runs})
     if n_sizes < 2:
         res.notes.append(f"only one model size ({runs[0].label}, {len(runs)} run(s)): a scaling law across compute "
                          f"needs runs of >= 2 sizes; with one size the envelope is just that run's learning curve "
                          f"and N_opt cannot move")
         return res
-    env = build_envelope(runs, s.points_per_decade, s.smooth_decades)
+    c_min = None if s.c_min is None else s.c_min * PFLOP_DAY
+    c_max = None if s.c_max is None else s.c_max * PFLOP_DAY
+    if s.envelope not in ("fitted", "logged"):
+        raise ValueError(f"envelope {s.envelope!r}: choose fitted or logged")
+    warm = [r for r in runs if r.warmup_tokens and r.tokens.size and r.tokens[0] <= r.warmup_tokens]
+    if warm:
+        res.warnings.append(f"rows inside the lr warm-up are fitted for {', '.join(r.name for r in warm)} (warm-up "
+                            f"ends at {', '.join(f'{r.warmup_tokens:.3g}' for r in warm)} tokens): the learning "
+                            f"curve there is not the constant-lr one the fits assume; drop --keep-warmup")
+
+    # learning curves of each size, then the replicate studies
+    res.curves = size_curves(runs)
+    for sc in res.curves:
+        if len(sc.log_d) < 4:
+            res.notes.append(f"size {sc.label}: {len(sc.log_d)} usable row(s); its learning curve (for N_opt/D_opt "
+                             f"and the intervals) needs >= 4")
+            continue
+        sc.fit = fit_curves(sc.log_d, sc.log_loss, row_weights(sc.log_d))
+    n_rep = max(0, int(s.n_boot))
+    reps = {}
+    if n_rep:
+        rng = np.random.default_rng(s.seed)
+        reps = _replicate_runs(res.curves, n_rep, rng, s.block)
+        _replicate_curve_fits(res.curves, reps)
+
+    # the envelope, of the fitted learning curves or of the logged losses
+    grid = c_grid(runs, s.points_per_decade)
+    env = build_envelope(runs, c=grid, table=_loss_table(runs, res.curves, grid, s, None)[0])
     res.envelope = env
-    mask = env.mask(s.min_runs, s.c_min, s.c_max)
+    mask = env.mask(s.min_runs, c_min, c_max)
     res.fit_mask = mask
+    _warn_ended_while_winning(res, env)
+
+    # L(C): the envelope's points where >= min_runs runs are present
     if mask.sum() < 2:
         res.notes.append(f"{mask.sum()} envelope point(s) with >= {s.min_runs} runs present"
-                         f"{' in the C range' if s.c_min or s.c_max else ''}: a fit needs >= 2 points; runs of "
-                         f"neighbouring sizes must overlap in C (train each past the C where the next size "
+                         f"{' in the C range' if s.c_min or s.c_max else ''}: an L(C) fit needs >= 2 points; runs "
+                         f"of neighbouring sizes must overlap in C (train each past the C where the next size "
                          f"overtakes it), or lower --min-runs")
-        return res
-    c = flops_to_pflop_days(env.c[mask])
-    res.loss_fit = _try(res, "L(C)", lambda: fit_power_law(c, env.loss[mask], s.n_boot, s.seed, s.ci, "L(C)"))
-    res.offset_fit = _try(res, "eps + power law", lambda: fit_offset_power_law(
-        c, env.loss[mask], s.n_boot_offset, s.seed, s.ci, "eps + power law"))
-    winners = np.unique(env.winner[mask])
-    if len({runs[i].n_params for i in winners}) < 2:
-        res.notes.append(f"N_opt/D_opt: every fitted envelope point is won by one size "
-                         f"({runs[winners[0]].label}); a power law in C needs >= 2 winning sizes")
     else:
-        res.n_fit = _try(res, "N_opt(C)", lambda: fit_power_law(c, env.n_opt[mask], s.n_boot, s.seed, s.ci, "N_opt(C)"))
-        res.d_fit = _try(res, "D_opt(C)", lambda: fit_power_law(c, env.d_opt[mask], s.n_boot, s.seed, s.ci, "D_opt(C)"))
+        c = flops_to_pflop_days(env.c[mask])
+        res.loss_fit = _try(res, "L(C)", lambda: fit_power_law(c, env.loss[mask], 0, s.seed, s.ci, "L(C)"))
+        res.offset_fit = _try(res, "eps + power law", lambda: fit_offset_power_law(
+            c, env.loss[mask], 0, s.seed, s.ci, "eps + power law"))
+        if n_rep and res.loss_fit is not None:
+            table = _loss_table(runs, res.curves, env.c[mask], s, reps)          # [R, runs, points]
+            table = np.where(np.isfinite(table), table, np.inf)
+            env_rep = np.log(table.min(axis=1))                                # [R, points]
+            slope, icpt = line_fits(np.broadcast_to(np.log(c), env_rep.shape), env_rep)
+            with_replicate_intervals(res.loss_fit, slope, icpt, s.ci)
+            if res.offset_fit is not None and s.n_boot_offset > 0:
+                p = np.array([offset_refit(res.offset_fit, c, np.exp(row)) for row in env_rep[:s.n_boot_offset]])
+                o = res.offset_fit
+                o.eps_ci, o.coef_ci, o.exponent_ci = (_interval(p[:, 0], s.ci), _interval(np.exp(p[:, 1]), s.ci),
+                                                      _interval(p[:, 2], s.ci))
+                o.ci_method, o.n_replicates = "runs", len(p)
+
+    # N_opt, D_opt: handovers between adjacent sizes
+    hs = handovers(res.curves, c_min, c_max)
+    pts = optimal_points(hs)
+    res.optimal = pts
+    for h in hs:
+        if h.status == "outside_range":
+            res.notes.append(f"handover {describe(h)}")
+        elif h.status != "ok" or h.reason:
+            res.warnings.append(f"handover {h.small} -> {h.large}: {h.reason}")
+    if len(pts.used) < 2:
+        res.notes.append(f"N_opt/D_opt: {len(pts.used)} observed handover(s) between adjacent sizes; a power law "
+                         f"in C needs >= 2 (see the handover lines above)")
+    else:
+        lc = pts.log_c - LOG_PFLOP_DAY
+        ld = pts.log_d
+        res.n_fit = fit_power_law(np.exp(lc[0]), np.exp(pts.log_n), 0, what="N_opt(C)")
+        res.d_fit = fit_power_law(np.exp(lc[0]), np.exp(ld[0]), 0, what="D_opt(C)")
+        if n_rep:
+            sn, inn = line_fits(lc[1:], np.broadcast_to(pts.log_n, lc[1:].shape))
+            sd, ind = line_fits(lc[1:], ld[1:])
+            with_replicate_intervals(res.n_fit, sn, inn, s.ci)
+            with_replicate_intervals(res.d_fit, sd, ind, s.ci)
+            lost = int(np.isnan(pts.log_c[1:]).any(axis=1).sum())
+            if lost > 0.05 * n_rep:
+                res.warnings.append(f"N_opt/D_opt: {lost} of {n_rep} replicates lost at least one handover "
+                                    f"(a crossing near the end of an overlap): the intervals rest on fewer points there")
     if s.chinchilla:
         n, d, l = chinchilla_points(runs, env.c, s.smooth_decades)
         res.chinchilla = _try(res, "Chinchilla", lambda: fit_chinchilla(n, d, l, n_starts=s.chinchilla_starts))
     return res
+

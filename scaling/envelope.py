@@ -5,6 +5,11 @@ log-spaced (`points_per_decade` points per factor 10 of C), spanning the union o
 A run's loss at C is linear interpolation of log-loss in log-C between its two neighbouring logged rows;
 a run takes part only inside its own logged C range (no extrapolation). The winner at C is the run with
 the lowest interpolated loss there.
+
+A point's winner is reported with its context (`Envelope.status`): "interior" when a smaller and a larger
+size are present at that C (the winner beat both neighbours), "edge_low" / "edge_high" when no smaller /
+larger size is present (it may win only because nothing smaller / larger exists there), "alone" when it is
+the only run present.
 """
 from __future__ import annotations
 
@@ -27,28 +32,35 @@ def c_grid(runs: list[Run], points_per_decade: int = 20) -> np.ndarray:
 
 def smooth_loss(tokens: np.ndarray, loss: np.ndarray, half_width_decades: float) -> np.ndarray:
     """Mean of log-loss over a window of +-half_width_decades in log10(tokens) around each row (a box filter in
-    log-token space, so it means the same whatever the logging interval). 0 leaves the loss unchanged."""
-    if half_width_decades <= 0 or len(loss) < 3:
+    log-token space, so it means the same whatever the logging interval). 0 leaves the loss unchanged.
+    `loss` may hold replicates along its first axis ([R, rows])."""
+    if half_width_decades <= 0 or loss.shape[-1] < 3:
         return loss
     x = np.log10(tokens)
-    csum = np.concatenate([[0.0], np.cumsum(np.log(loss))])
+    ll = np.log(loss)
+    csum = np.concatenate([np.zeros(ll.shape[:-1] + (1,)), np.cumsum(ll, axis=-1)], axis=-1)
     lo = np.searchsorted(x, x - half_width_decades, side="left")
     hi = np.searchsorted(x, x + half_width_decades, side="right")
-    return np.exp((csum[hi] - csum[lo]) / (hi - lo))
+    return np.exp((csum[..., hi] - csum[..., lo]) / (hi - lo))
 
 
-def loss_at(run: Run, c: np.ndarray, smooth_decades: float = 0.0) -> np.ndarray:
-    """The run's loss at each C (FLOPs), NaN outside its logged C range."""
+def loss_at(run: Run, c: np.ndarray, smooth_decades: float = 0.0, loss: np.ndarray | None = None) -> np.ndarray:
+    """The run's loss at each C (FLOPs), NaN outside its logged C range. `loss` replaces the run's logged
+    losses (same rows), e.g. [R, rows] bootstrap replicates, giving [R, len(c)]."""
     rc = run.compute
-    loss = smooth_loss(run.tokens, run.loss, smooth_decades)
+    loss = smooth_loss(run.tokens, run.loss if loss is None else loss, smooth_decades)
     c = np.asarray(c, dtype=np.float64)
-    out = np.full(c.shape, np.nan)
+    out = np.full(loss.shape[:-1] + c.shape, np.nan)
     # the relative slack keeps a grid end point that logspace rounded a hair outside the run's range
     inside = (c >= rc[0] * (1 - 1e-9)) & (c <= rc[-1] * (1 + 1e-9))
     if len(rc) == 1:
-        out[inside] = loss[0]
-    else:
-        out[inside] = np.exp(np.interp(np.log(c[inside]), np.log(rc), np.log(loss)))
+        out[..., inside] = loss[..., :1]
+        return out
+    x = np.clip(np.log(c[inside]), np.log(rc[0]), np.log(rc[-1]))
+    j = np.clip(np.searchsorted(np.log(rc), x, side="right") - 1, 0, len(rc) - 2)
+    t = (x - np.log(rc[j])) / (np.log(rc[j + 1]) - np.log(rc[j]))
+    ll = np.log(loss)
+    out[..., inside] = np.exp(ll[..., j] * (1 - t) + ll[..., j + 1] * t)
     return out
 
 
@@ -70,6 +82,38 @@ class Envelope:
         """Tokens the winning run had trained on when it reached C."""
         return self.c / np.array([self.runs[i].flops_per_token for i in self.winner])
 
+    @property
+    def status(self) -> np.ndarray:
+        """Per point: interior | edge_low | edge_high | alone (see the module docstring)."""
+        n = np.array([r.n_params for r in self.runs], dtype=np.float64)
+        present = self.present
+        nw = n[self.winner]
+        smaller = (present & (n[:, None] < nw[None, :])).any(axis=0)
+        larger = (present & (n[:, None] > nw[None, :])).any(axis=0)
+        return np.where(smaller & larger, "interior", np.where(~smaller & ~larger, "alone",
+                                                               np.where(smaller, "edge_high", "edge_low")))
+
+    @property
+    def present(self) -> np.ndarray:
+        """[runs, points]: run i has logged rows around C."""
+        lo = np.array([r.compute[0] for r in self.runs])[:, None] * (1 - 1e-9)
+        hi = np.array([r.compute[-1] for r in self.runs])[:, None] * (1 + 1e-9)
+        return (self.c[None, :] >= lo) & (self.c[None, :] <= hi)
+
+    def ended_while_winning(self) -> list[tuple[int, int, float]]:
+        """(run, next winner, C) for each run that wins the envelope at its last logged point while another run
+        goes on: the winner changes there because the run stopped, not because it was overtaken."""
+        out = []
+        present = self.present
+        for i in range(len(self.runs)):
+            where = np.nonzero(present[i])[0]
+            if len(where) == 0:
+                continue
+            last = where[-1]
+            if self.winner[last] == i and last + 1 < len(self.c) and not present[i, last + 1]:
+                out.append((i, int(self.winner[last + 1]), float(self.c[last])))
+        return out
+
     def mask(self, min_runs: int = 1, c_min: float | None = None, c_max: float | None = None) -> np.ndarray:
         m = self.coverage >= min_runs
         if c_min is not None:
@@ -80,11 +124,14 @@ class Envelope:
 
 
 def build_envelope(runs: list[Run], points_per_decade: int = 20, smooth_decades: float = 0.0,
-                   c: np.ndarray | None = None) -> Envelope:
+                   c: np.ndarray | None = None, table: np.ndarray | None = None) -> Envelope:
+    """The envelope of the runs' logged (optionally smoothed) losses, or of `table` ([runs, len(c)] losses at the
+    grid `c`, NaN where a run is absent), e.g. their fitted learning curves."""
     if not runs:
         raise ValueError("build_envelope needs at least one run")
     c = c_grid(runs, points_per_decade) if c is None else np.asarray(c, dtype=np.float64)
-    table = np.stack([loss_at(r, c, smooth_decades) for r in runs])   # [runs, C]
+    if table is None:
+        table = np.stack([loss_at(r, c, smooth_decades) for r in runs])   # [runs, C]
     present = np.isfinite(table)
     coverage = present.sum(axis=0)
     keep = coverage > 0
@@ -92,3 +139,8 @@ def build_envelope(runs: list[Run], points_per_decade: int = 20, smooth_decades:
     winner = np.argmin(table, axis=0)
     return Envelope(runs=runs, c=c[keep], loss=table[winner, np.arange(table.shape[1])],
                     winner=winner, coverage=coverage[keep])
+
+
+def inside_range(run: Run, c: np.ndarray) -> np.ndarray:
+    """Grid points within the run's logged C range (the same slack as loss_at)."""
+    return (c >= run.compute[0] * (1 - 1e-9)) & (c <= run.compute[-1] * (1 + 1e-9))

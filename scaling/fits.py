@@ -1,15 +1,18 @@
-"""Power-law fits with bootstrap intervals.
+"""Power-law fits and their intervals.
 
 - `fit_power_law`: y = coef * x^exponent, ordinary least squares of log y on log x.
 - `fit_offset_power_law`: y = eps + coef * x^exponent (eps >= 0), least squares on log y, from several starts.
 
-Intervals are percentile intervals of a case bootstrap over the fitted points (resample points with
-replacement, refit). Envelope points next to each other on the C grid are correlated, so the intervals
-describe how well one law describes the envelope, not the seed-to-seed variance of the runs.
+The scaling study (scaling.analysis) gives each fit percentile intervals from replicates of the whole study:
+each run's logged losses are regenerated from its fitted learning curve plus its own residuals resampled in
+blocks, and every fit is redone (`from_replicates`). That is the spread a second sweep with fresh noise would
+show. The `n_boot` option of the two functions here is a case bootstrap over the fitted points instead
+(`ci_method="points"`), for use on independent points only: neighbouring envelope points share their runs'
+noise, so on an envelope that interval is too narrow.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -23,12 +26,15 @@ class PowerLawFit:
     exponent_ci: tuple[float, float]
     n_points: int
     r2: float               # of log y
+    ci_method: str = "points"   # "points" (case bootstrap over the points) | "runs" (study replicates) | "none"
+    n_replicates: int = 0
+    exponent_samples: np.ndarray | None = field(default=None, repr=False)   # per replicate (not serialised)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.coef * np.asarray(x, dtype=np.float64) ** self.exponent
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "exponent_samples"}
 
 
 @dataclass
@@ -41,6 +47,8 @@ class OffsetPowerLawFit:
     exponent_ci: tuple[float, float]
     n_points: int
     rmse_log: float
+    ci_method: str = "points"
+    n_replicates: int = 0
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.eps + self.coef * np.asarray(x, dtype=np.float64) ** self.exponent
@@ -93,7 +101,17 @@ def fit_power_law(x: np.ndarray, y: np.ndarray, n_boot: int = 1000, seed: int = 
         bs, bi = _weighted_line(lx, ly, counts)
         exp_ci, coef_ci = _interval(bs, ci), _interval(np.exp(bi), ci)
     return PowerLawFit(coef=float(np.exp(icpt)), exponent=float(slope), coef_ci=coef_ci, exponent_ci=exp_ci,
-                       n_points=len(x), r2=r2)
+                       n_points=len(x), r2=r2, ci_method="points" if n_boot > 0 else "none")
+
+
+def with_replicate_intervals(fit: PowerLawFit, slopes: np.ndarray, log_coefs: np.ndarray, ci: float) -> PowerLawFit:
+    """The fit with percentile intervals from study replicates (one slope / log-coefficient per replicate)."""
+    ok = np.isfinite(slopes) & np.isfinite(log_coefs)
+    fit.exponent_ci = _interval(slopes[ok], ci)
+    fit.coef_ci = _interval(np.exp(log_coefs[ok]), ci)
+    fit.ci_method, fit.n_replicates = "runs", int(ok.sum())
+    fit.exponent_samples = slopes[ok]
+    return fit
 
 
 def _offset_fit_once(lx: np.ndarray, ly: np.ndarray, start: np.ndarray, y_min: float) -> tuple[np.ndarray, float]:
@@ -143,4 +161,13 @@ def fit_offset_power_law(x: np.ndarray, y: np.ndarray, n_boot: int = 200, seed: 
         s = np.array(samples).reshape(-1, 3)
         eps_ci, coef_ci, exp_ci = _interval(s[:, 0], ci), _interval(np.exp(s[:, 1]), ci), _interval(s[:, 2], ci)
     return OffsetPowerLawFit(eps=float(p[0]), coef=float(np.exp(p[1])), exponent=float(p[2]), eps_ci=eps_ci,
-                             coef_ci=coef_ci, exponent_ci=exp_ci, n_points=len(x), rmse_log=err)
+                             coef_ci=coef_ci, exponent_ci=exp_ci, n_points=len(x), rmse_log=err,
+                             ci_method="points" if n_boot > 0 else "none")
+
+
+def offset_refit(fit: OffsetPowerLawFit, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(eps, log coef, exponent) refitted to new y at the same x, started from `fit` (for study replicates)."""
+    lx, ly = np.log(np.asarray(x, dtype=np.float64)), np.log(np.asarray(y, dtype=np.float64))
+    y_min = float(np.exp(ly.min()))
+    start = np.array([min(fit.eps, y_min * (1 - 1e-6)), np.log(fit.coef), fit.exponent])
+    return _offset_fit_once(lx, ly, start, y_min)[0]

@@ -1,6 +1,11 @@
-"""Figure-1-style plots (matplotlib, Agg): per architecture, loss curves of every size on log-log axes with the
-envelope and the fits, and the envelope winners' N and D against C; plus one figure comparing architectures.
-C is in PFLOP-days on every axis."""
+"""Figure-1-style plots (matplotlib, Agg). Per architecture: the loss of every size against C with the envelope
+and the L(C) fits; N_opt and D_opt against C with the envelope's winners (interior vs edge-won), the
+handover points the fits use, and the fits with their 95% bands. One more figure compares architectures.
+
+Conventions on every figure: C in PFLOP-days on the x axis, named for what it counts; colour = architecture
+(one hue per architecture, as in `ARCH_COLORS`), shade = model size (light = small, dark = large, legend sorted
+by size); sizes written as people write them (2.8B); loss on a log axis with plain tick labels (2.2, 2.4, ...).
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,84 +16,174 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
 
 from scaling.analysis import ArchResult  # noqa: E402
+from scaling.report import compute_name  # noqa: E402
+from scaling.runs import size_label  # noqa: E402
 from scaling.units import flops_to_pflop_days  # noqa: E402
 
-ARCH_COLORS = {"llama": "tab:blue", "tnl": "tab:orange", "hgrn2": "tab:green", "cos2": "tab:red"}
+ARCH_COLORS = {"llama": "#1f77b4", "tnl": "#ff7f0e", "hgrn2": "#2ca02c", "cos2": "#d62728"}
+ARCH_NAMES = {"llama": "LLaMA", "tnl": "TNL", "hgrn2": "HGRN2", "cos2": "cosFormer2"}
+SIZE_MARKERS = "ovs^Dp*hX<>"
 
 
-def _fit_line(ax, c: np.ndarray, fit, color: str, label: str, style: str = "--") -> None:
-    x = np.logspace(np.log10(c[0]), np.log10(c[-1]), 100)
-    ax.plot(x, fit(x), style, color=color, lw=1.5, label=label)
+def arch_color(arch: str) -> str:
+    return ARCH_COLORS.get(arch, "#7f7f7f")
 
 
-def plot_arch(r: ArchResult, out: Path) -> Path:
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+def size_shades(arch: str, k: int) -> list[tuple[float, float, float]]:
+    """k shades of the architecture's colour, light (small) to dark (large)."""
+    base = np.array(to_rgb(arch_color(arch)))
+    mix = np.linspace(0.55, -0.35, k) if k > 1 else np.array([0.0])
+    return [tuple(np.clip(base + m * (1 - base) if m > 0 else base * (1 + m), 0, 1)) for m in mix]
+
+
+def c_label(include_embedding: bool) -> str:
+    return f"C (PFLOP-days): {compute_name(include_embedding)}"
+
+
+def loss_axis(ax, lo: float, hi: float) -> None:
+    """Plain, evenly stepped tick labels on a log loss axis (2.2, 2.4, ...) instead of powers of ten."""
+    span = hi - lo
+    step = next((s for s in (0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0, 2.0, 5.0) if span / s <= 8), 10.0)
+    ticks = np.arange(np.floor(lo / step) * step, hi + step * 0.5, step)
+    ticks = ticks[(ticks >= lo - 1e-12) & (ticks <= hi + 1e-12) & (ticks > 0)]
+    decimals = max(0, int(-np.floor(np.log10(step) + 1e-9)))
+    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FixedFormatter([f"{t:.{decimals}f}" for t in ticks]))
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_ylim(lo, hi)
+
+
+def plain_log_ticks(ax, axis: str = "y") -> None:
+    """Ticks at 1, 2, 5 x 10^k labelled as plain numbers (20, 50, 100) on a log axis."""
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    target.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def _size_name(label: str, n: float) -> str:
+    human = size_label(n)
+    return human if label.lower() == human.lower() else f"{label} ({human})"
+
+
+def _band(ax, x: np.ndarray, fit, color: str) -> None:
+    """The fit's 95% band from its coefficient and exponent intervals (pivoting at the data's centre)."""
+    lo, hi = fit.exponent_ci
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return
+    xc = np.exp(np.mean(np.log(x)))
+    yc = fit(xc)
+    ys = np.stack([yc * (x / xc) ** e for e in (lo, hi)])
+    ax.fill_between(x, ys.min(0), ys.max(0), color=color, alpha=0.12, lw=0)
+
+
+def _fit_line(ax, c: np.ndarray, fit, color: str, label: str, style: str = "--", band: bool = False) -> None:
+    x = np.logspace(np.log10(c.min()), np.log10(c.max()), 100)
+    ax.plot(x, fit(x), style, color=color, lw=1.6, label=label)
+    if band:
+        _band(ax, x, fit, color)
+
+
+def plot_arch(r: ArchResult, out: Path, include_embedding: bool) -> Path:
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     ax = axes[0]
-    cmap = plt.get_cmap("viridis")
-    for k, run in enumerate(r.runs):
-        ax.plot(flops_to_pflop_days(run.compute), run.loss, lw=1, alpha=0.8,
-                color=cmap(k / max(1, len(r.runs) - 1)), label=f"{run.label} ({run.n_params / 1e6:.3g}M)")
+    color = arch_color(r.arch)
+    runs = sorted(r.runs, key=lambda x: (x.n_params, x.name))
+    sizes = sorted({x.n_params for x in runs})
+    shade = dict(zip(sizes, size_shades(r.arch, len(sizes))))
+    seen = set()
+    for run in runs:
+        label = None if run.n_params in seen else _size_name(run.label, run.n_params)
+        seen.add(run.n_params)
+        ax.plot(flops_to_pflop_days(run.compute), run.loss, lw=1.1, color=shade[run.n_params], label=label)
+    losses = np.concatenate([x.loss for x in runs])
     env = r.envelope
     if env is not None:
         c = flops_to_pflop_days(env.c)
         m = r.fit_mask
-        ax.plot(c, env.loss, color="black", lw=2.2, alpha=0.5, label="envelope")
+        ax.plot(c[m], env.loss[m], color="black", lw=2.4, alpha=0.45, label="envelope (fitted range)")
         if r.loss_fit is not None:
             f = r.loss_fit
-            _fit_line(ax, c[m], f, "red", f"L = {f.coef:.4f}·C^{f.exponent:.4f}")
+            _fit_line(ax, c[m], f, "black", f"L = {f.coef:.4f}·C^{f.exponent:.4f}")
         if r.offset_fit is not None:
             o = r.offset_fit
-            _fit_line(ax, c[m], o, "purple", f"L = {o.eps:.3f} + {o.coef:.3f}·C^{o.exponent:.3f}", ":")
+            _fit_line(ax, c[m], o, "dimgray", f"L = {o.eps:.3f} + {o.coef:.3f}·C^{o.exponent:.3f}", ":")
+        status = env.status
+        interior = status == "interior"
         for ax2, y, fit, name in ((axes[1], env.n_opt, r.n_fit, "N_opt"), (axes[2], env.d_opt, r.d_fit, "D_opt")):
-            ax2.scatter(c[m], y[m], s=10, color="black", label=f"envelope winner ({name})")
-            ax2.scatter(c[~m], y[~m], s=10, facecolors="none", edgecolors="gray", label="not fitted (coverage / range)")
-            if fit is not None:
-                _fit_line(ax2, c[m], fit, "red", f"{name} = {fit.coef:.3g}·C^{fit.exponent:.3f}")
-    return _finish(fig, axes, ("training loss", "N_opt (non-embedding params)", "D_opt (tokens)"), 7,
-                   f"{r.arch}: loss, optimal model size and data size against compute", out / f"scaling_{r.arch}.png")
+            ax2.scatter(c[interior], y[interior], s=9, color=color, alpha=0.5, label="envelope winner (interior)")
+            ax2.scatter(c[~interior], y[~interior], s=9, facecolors="none", edgecolors="gray", alpha=0.6,
+                        label="edge-won (no smaller / larger size present): not fitted")
+            pts = r.optimal
+            if pts is not None and pts.used:
+                hc = flops_to_pflop_days(np.exp(pts.log_c[0]))
+                hy = np.exp(pts.log_n) if name == "N_opt" else np.exp(pts.log_d[0])
+                ax2.scatter(hc, hy, s=60, marker="D", color=color, edgecolors="black", zorder=5,
+                            label="handover of adjacent sizes (fitted)")
+            if fit is not None and pts is not None and pts.used:
+                lo, hi = fit.exponent_ci
+                ci = f" [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else ""
+                span = np.array([hc.min() / 3, hc.max() * 3])   # the fit's support: its handovers
+                _fit_line(ax2, span, fit, "black", f"{name} = {fit.coef:.3g}·C^{fit.exponent:.3f}{ci}", band=True)
+    lo, hi = float(losses.min()), float(losses.max())
+    axes[0].set_yscale("log")
+    loss_axis(axes[0], lo * 0.98, hi * 1.02)
+    return _finish(fig, axes, ("training loss (nats/token)", "N (non-embedding parameters)", "D (tokens)"), 8,
+                   f"{ARCH_NAMES.get(r.arch, r.arch)}: loss, optimal model size and data size against compute",
+                   out / f"scaling_{r.arch}.png", include_embedding, log_y=(False, True, True))
 
 
-def plot_compare(results: list[ArchResult], out: Path) -> Path:
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+def plot_compare(results: list[ArchResult], out: Path, include_embedding: bool) -> Path:
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    lo, hi = np.inf, 0.0
     for r in results:
         if r.envelope is None or not r.fit_mask.any():
             continue
-        color = ARCH_COLORS.get(r.arch, None)
+        color = arch_color(r.arch)
         c = flops_to_pflop_days(r.envelope.c)
         m = r.fit_mask
-        axes[0].plot(c[m], r.envelope.loss[m], color=color, alpha=0.35, lw=2)
-        for ax, fit in zip(axes, (r.loss_fit, r.n_fit, r.d_fit)):
+        axes[0].plot(c[m], r.envelope.loss[m], color=color, alpha=0.35, lw=2.5)
+        lo, hi = min(lo, r.envelope.loss[m].min()), max(hi, r.envelope.loss[m].max())
+        used = r.optimal.used if r.optimal is not None else []
+        hc = flops_to_pflop_days(np.array([h.c for h in used])) if used else c[m]
+        for ax, fit, span in zip(axes, (r.loss_fit, r.n_fit, r.d_fit), (c[m], hc, hc)):
             if fit is not None:
-                _fit_line(ax, c[m], fit, color, f"{r.arch}: {fit.coef:.4g}·C^{fit.exponent:.4f}")
-    return _finish(fig, axes, ("loss (envelope and fit)", "N_opt (non-embedding params)", "D_opt (tokens)"), 8,
-                   "scaling laws by architecture", out / "scaling_compare.png")
+                span = np.array([span.min(), span.max()]) * ([1, 1] if ax is axes[0] else [1 / 3, 3])
+                _fit_line(ax, span, fit, color, f"{ARCH_NAMES.get(r.arch, r.arch)}: {fit.coef:.4g}·C^{fit.exponent:.4f}",
+                          band=ax is not axes[0])
+    axes[0].set_yscale("log")
+    if np.isfinite(lo):
+        loss_axis(axes[0], lo * 0.98, hi * 1.02)
+    return _finish(fig, axes, ("loss (envelope and fit, nats/token)", "N_opt (non-embedding parameters)",
+                               "D_opt (tokens)"), 8, "scaling laws by architecture", out / "scaling_compare.png",
+                   include_embedding, log_y=(False, True, True))
 
 
-def _finish(fig, axes, ylabels: tuple[str, ...], legend_size: int, title: str, path: Path) -> Path:
-    """Log-log axes against C in PFLOP-days, legends, title; save and close."""
-    for a, ylabel in zip(axes, ylabels):
+def _finish(fig, axes, ylabels, legend_size: int, title: str, path: Path, include_embedding: bool,
+            log_y=(True, True, True)) -> Path:
+    for a, ylabel, logy in zip(axes, ylabels, log_y):
         a.set_xscale("log")
-        a.set_yscale("log")
-        a.set_xlabel("C (PFLOP-days)")
+        if logy:
+            a.set_yscale("log")
+        a.set_xlabel(c_label(include_embedding), fontsize=8)
         a.set_ylabel(ylabel)
-        a.grid(True, which="both", alpha=0.3)
+        a.grid(True, which="major", alpha=0.3)
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=legend_size)
-    axes[0].yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    axes[0].yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def write_plots(results: list[ArchResult], out: str | Path) -> list[Path]:
+def write_plots(results: list[ArchResult], out: str | Path, include_embedding: bool = False) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [plot_arch(r, out) for r in results]
+    paths = [plot_arch(r, out, include_embedding) for r in results]
     if sum(r.loss_fit is not None for r in results) >= 1:
-        paths.append(plot_compare(results, out))
+        paths.append(plot_compare(results, out, include_embedding))
     return paths

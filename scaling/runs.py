@@ -1,8 +1,12 @@
 """Reading training runs: a run directory's config.json + metrics.jsonl -> clean (tokens, loss) series with
 compute C recomputed from the paper's FLOPs formulas (models.accounting), never read from the log, so the
-embedding term can be switched in or out.
+embedding term can be switched in or out. The default C is the paper's: training FLOPs without the embedding
+(LM-head) term, as its FLOPs table and Table 1 count them.
 
-Rows that cannot be used are skipped and counted by reason; a bad row never stops a fit."""
+Rows that cannot be used are skipped and counted by reason; a bad row never stops a fit. Rows the trainer
+flagged (`loss_spike`, or `skipped` for a step whose update was dropped) are left out, and so are the rows of
+the learning-rate warm-up (steps <= optim.warmup_steps of the run's config) unless asked to keep them: the
+constant-learning-rate learning curve the fits assume starts after it."""
 from __future__ import annotations
 
 import json
@@ -38,6 +42,7 @@ class Run:
     tokens: np.ndarray         # strictly increasing, > 0
     loss: np.ndarray           # finite, > 0
     skipped: dict[str, int] = field(default_factory=dict)
+    warmup_tokens: float | None = None   # tokens at the end of the lr warm-up (None: the config does not say)
 
     @property
     def name(self) -> str:
@@ -45,7 +50,7 @@ class Run:
 
     @property
     def label(self) -> str:
-        return self.size or f"N={self.n_params / 1e6:.1f}M"
+        return self.size or size_label(self.n_params)
 
     @property
     def compute(self) -> np.ndarray:
@@ -57,12 +62,31 @@ class Run:
         return sum(self.skipped.values())
 
 
-def compute_per_token(cfg: ModelConfig, seq_len: int, include_embedding: bool = True) -> float:
+def size_label(n_params: float) -> str:
+    """A parameter count as people write it: 85M, 334M, 2.8B, 460K."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n_params >= div:
+            v = n_params / div
+            return f"{v:.2g}{unit}" if v < 10 else f"{v:.0f}{unit}"
+    return f"{n_params:.0f}"
+
+
+def compute_per_token(cfg: ModelConfig, seq_len: int, include_embedding: bool = False) -> float:
     """C(tokens) = flops_per_token * tokens. Per token, not per step: LLaMA's n^2 terms make it depend on seq_len."""
     return flops_per_step(cfg, 1, seq_len, include_embedding) / seq_len
 
 
-def _read_config(path: Path) -> tuple[ModelConfig, int]:
+def _warmup_tokens(config: dict, seq_len: int) -> float | None:
+    """optim.warmup_steps x tokens per step (train.global_batch_tokens, or global_batch x seq_len)."""
+    steps = (config.get("optim") or {}).get("warmup_steps")
+    train = config.get("train") or {}
+    per_step = train.get("global_batch_tokens") or (train.get("global_batch") or 0) * seq_len
+    if not isinstance(steps, (int, float)) or isinstance(steps, bool) or not per_step:
+        return None
+    return float(steps) * float(per_step)
+
+
+def _read_config(path: Path) -> tuple[ModelConfig, int, dict]:
     try:
         config = json.loads((path / CONFIG_FILE).read_text())
     except json.JSONDecodeError as err:
@@ -77,7 +101,7 @@ def _read_config(path: Path) -> tuple[ModelConfig, int]:
     if not isinstance(seq_len, int) or seq_len <= 0:
         raise RunError(f"{path}: {CONFIG_FILE} needs train.seq_len (a positive int) to compute FLOPs per token, "
                        f"got {seq_len!r}")
-    return cfg, seq_len
+    return cfg, seq_len, config
 
 
 def _number(row: dict, key: str) -> float | None:
@@ -87,12 +111,14 @@ def _number(row: dict, key: str) -> float | None:
     return float(v)
 
 
-def read_metrics(path: Path, loss_key: str = "loss", min_tokens: float = 0.0
+def read_metrics(path: Path, loss_key: str = "loss", min_tokens: float = 0.0, warmup_tokens: float | None = None
                  ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
     """(tokens, loss, skipped-by-reason) from a metrics.jsonl. A resumed trainer appends and re-logs steps it had
-    logged before the crash; the later log of a step wins and the earlier rows from that step on are dropped."""
+    logged before the crash; the later log of a step wins and the earlier rows from that step on are dropped.
+    Rows the trainer flagged as a loss spike or a skipped step are dropped; so are rows with tokens <=
+    warmup_tokens (the warm-up), when given."""
     skipped: Counter = Counter()
-    kept: list[tuple[float, float, float]] = []   # (order key, tokens, loss-or-nan)
+    kept: list[tuple[float, float, float, str | None]] = []   # (order key, tokens, loss-or-nan, flag)
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = f.read().splitlines()
     for line in lines:
@@ -117,16 +143,22 @@ def read_metrics(path: Path, loss_key: str = "loss", min_tokens: float = 0.0
             kept.pop()
             skipped["superseded by a later log of the same step (resume)"] += 1
         loss = _number(row, loss_key)
-        kept.append((key, tokens, math.nan if loss is None else loss))
+        flag = ("flagged loss_spike by the trainer" if row.get("loss_spike") is True else
+                "flagged skipped (no update) by the trainer" if row.get("skipped") is True else None)
+        kept.append((key, tokens, math.nan if loss is None else loss, flag))
 
     toks, losses = [], []
-    for _, tokens, loss in kept:
-        if not math.isfinite(loss):
+    for _, tokens, loss, flag in kept:
+        if flag is not None:
+            skipped[flag] += 1
+        elif not math.isfinite(loss):
             skipped[f"{loss_key} missing or not finite"] += 1
         elif loss <= 0:
             skipped[f"{loss_key} <= 0"] += 1
         elif tokens <= 0:
             skipped["tokens <= 0 (no compute yet)"] += 1
+        elif warmup_tokens is not None and tokens <= warmup_tokens:
+            skipped["in the lr warm-up (--keep-warmup keeps these)"] += 1
         elif tokens < min_tokens:
             skipped["below --skip-tokens"] += 1
         elif toks and tokens <= toks[-1]:
@@ -137,19 +169,22 @@ def read_metrics(path: Path, loss_key: str = "loss", min_tokens: float = 0.0
     return np.asarray(toks, dtype=np.float64), np.asarray(losses, dtype=np.float64), dict(skipped)
 
 
-def load_run(path: str | Path, include_embedding: bool = True, loss_key: str = "loss",
-             min_tokens: float = 0.0) -> Run:
+def load_run(path: str | Path, include_embedding: bool = False, loss_key: str = "loss",
+             min_tokens: float = 0.0, skip_warmup: bool = True) -> Run:
     path = Path(path)
     missing = [f for f in (CONFIG_FILE, METRICS_FILE) if not (path / f).is_file()]
     if missing:
         raise RunError(f"{path}: not a run directory (missing {' and '.join(missing)}); "
                        f"a run holds {CONFIG_FILE} and {METRICS_FILE} as written by launch/pretrain.py")
-    cfg, seq_len = _read_config(path)
-    tokens, loss, skipped = read_metrics(path / METRICS_FILE, loss_key, min_tokens)
+    cfg, seq_len, config = _read_config(path)
+    warmup = _warmup_tokens(config, seq_len)
+    tokens, loss, skipped = read_metrics(path / METRICS_FILE, loss_key, min_tokens,
+                                         warmup if skip_warmup else None)
     return Run(path=path, arch=cfg.arch, size=cfg.size, cfg=cfg, seq_len=seq_len,
                n_params=paper_non_embedding_params(cfg), n_params_exact=exact_params(cfg)["non_embedding"],
                flops_per_token=compute_per_token(cfg, seq_len, include_embedding),
-               include_embedding=include_embedding, tokens=tokens, loss=loss, skipped=skipped)
+               include_embedding=include_embedding, tokens=tokens, loss=loss, skipped=skipped,
+               warmup_tokens=warmup)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -184,13 +219,14 @@ def find_run_dirs(paths: list[str | Path], problems: list[str] | None = None) ->
     return list(dict.fromkeys(found))
 
 
-def load_runs(paths: list[str | Path], include_embedding: bool = True, loss_key: str = "loss",
-              min_tokens: float = 0.0, skip_bad: bool = False) -> tuple[list[Run], list[str]]:
+def load_runs(paths: list[str | Path], include_embedding: bool = False, loss_key: str = "loss",
+              min_tokens: float = 0.0, skip_bad: bool = False, skip_warmup: bool = True
+              ) -> tuple[list[Run], list[str]]:
     """All runs under `paths`, and the reasons for any left out (only with skip_bad; otherwise RunError)."""
     runs, problems = [], []
     for p in find_run_dirs(paths, problems if skip_bad else None):
         try:
-            run = load_run(p, include_embedding, loss_key, min_tokens)
+            run = load_run(p, include_embedding, loss_key, min_tokens, skip_warmup)
         except RunError as err:
             if not skip_bad:
                 raise
@@ -214,3 +250,44 @@ def group_by_arch(runs: list[Run]) -> dict[str, list[Run]]:
     for r in sorted(runs, key=lambda r: (ARCHS.index(r.arch), r.n_params, r.name)):
         out.setdefault(r.arch, []).append(r)
     return out
+
+
+def select_seq_len(runs: list[Run], seq_len: int | None = None) -> tuple[list[Run], list[str]]:
+    """One architecture's runs restricted to one training context length, and warnings.
+
+    Loss per token depends on the context it was trained at, so runs of one size at 2K and at 8K are two
+    studies, not two samples of one: mixing them puts the wrong run on the envelope. With `seq_len` given,
+    only runs at that length are kept. Otherwise, when some size has runs at several lengths, the length that
+    the most sizes were trained at is kept (ties: the longer) and the rest are named; when the lengths differ
+    only between sizes, all runs are kept with a warning."""
+    if not runs:
+        return [], []
+    lens = sorted({r.seq_len for r in runs})
+    arch = runs[0].arch
+    if seq_len is not None:
+        kept = [r for r in runs if r.seq_len == seq_len]
+        out = [r for r in runs if r.seq_len != seq_len]
+        warn = [f"--seq-len {seq_len}: left out {len(out)} run(s) at other context lengths "
+                f"({', '.join(f'{r.name} ({r.seq_len})' for r in out)})"] if out else []
+        if not kept:
+            warn.append(f"no {arch} run was trained at seq_len {seq_len} (have {lens})")
+        return kept, warn
+    if len(lens) == 1:
+        return runs, []
+    by_size: dict[int, set[int]] = {}
+    for r in runs:
+        by_size.setdefault(r.n_params, set()).add(r.seq_len)
+    mixed = [n for n, s in by_size.items() if len(s) > 1]
+    if not mixed:
+        return runs, [f"{arch}: sizes were trained at different context lengths "
+                      f"({', '.join(f'{r.label}: {r.seq_len}' for r in sorted(runs, key=lambda r: r.n_params))}); "
+                      f"loss per token depends on the context, so the envelope compares unlike runs: fit one "
+                      f"context length with --seq-len"]
+    count = {L: sum(L in s for s in by_size.values()) for L in lens}
+    keep = max(lens, key=lambda L: (count[L], L))
+    kept = [r for r in runs if r.seq_len == keep]
+    out = [r for r in runs if r.seq_len != keep]
+    sizes = ", ".join(size_label(n) for n in sorted(mixed))
+    return kept, [f"{arch}: sequence-length variants of one size ({sizes}) at {lens}: fitting only seq_len {keep} "
+                  f"(the most sizes), left out {', '.join(f'{r.name} ({r.seq_len})' for r in out)}; choose "
+                  f"another with --seq-len"]

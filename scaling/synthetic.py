@@ -52,10 +52,13 @@ class LossLaw:
 
 def write_run(out: str | Path, cfg: ModelConfig, law: LossLaw, max_tokens: float, seq_len: int = 2048,
               global_batch: int = 8, n_rows: int = 300, noise: float = 0.0, seed: int = 0,
-              nan_every: int = 0, drop_frac: float = 0.0, truncate_last: bool = False) -> Path:
-    """One run directory with ~n_rows rows logged every k steps up to max_tokens. noise is the std of a
+              nan_every: int = 0, drop_frac: float = 0.0, truncate_last: bool = False, early_rows: int = 0,
+              warmup_steps: int | None = None, extra_config: dict | None = None) -> Path:
+    """One run directory with ~n_rows rows logged every k steps up to max_tokens, plus `early_rows` log-spaced
+    rows over the 16x fewer steps before the first of them (a trainer's first logs). noise is the std of a
     multiplicative log-normal factor on the loss; nan_every > 0 writes a NaN loss on every such row;
-    drop_frac leaves rows out at random; truncate_last cuts the final line in half (a crash mid-write)."""
+    drop_frac leaves rows out at random; truncate_last cuts the final line in half (a crash mid-write);
+    warmup_steps is written as the config's optim.warmup_steps."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -66,9 +69,15 @@ def write_run(out: str | Path, cfg: ModelConfig, law: LossLaw, max_tokens: float
     fpt = compute_per_token(cfg, seq_len, include_embedding=True)
     config = {"model": cfg.to_dict(), "train": {"seq_len": seq_len, "global_batch": global_batch, "lr": 3e-4},
               "synthetic_law": asdict(law)}
+    if warmup_steps is not None:
+        config["optim"] = {"warmup_steps": warmup_steps}
+    config.update(extra_config or {})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     lines = []
-    for i, step in enumerate(range(log_every, steps + 1, log_every)):
+    # early rows cover the 16x of steps before the first regular row, log-spaced (a trainer's first logs)
+    early = ([int(x) for x in np.unique(np.round(np.geomspace(max(1, log_every / 16), log_every, early_rows + 1)[:-1]))]
+             if early_rows and log_every > 1 else [])
+    for i, step in enumerate([*early, *range(log_every, steps + 1, log_every)]):
         if drop_frac and rng.random() < drop_frac:
             continue
         tokens = step * tokens_per_step
@@ -82,6 +91,44 @@ def write_run(out: str | Path, cfg: ModelConfig, law: LossLaw, max_tokens: float
         text = "\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2]
     (out / "metrics.jsonl").write_text(text)
     return out
+
+
+def frontier(law: LossLaw, flops_per_token, c: np.ndarray, n_bounds: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """The law's exact compute-optimal N and D at each C (FLOPs) under a FLOPs-per-token function of N:
+    N_opt(C) = argmin_N L(N, C / fpt(N)) by bounded scalar minimisation (no C ∝ N·D assumption), D = C/fpt(N).
+    The reference a fit of synthetic runs should recover: with the paper's FLOPs, fpt is not exactly 6N, so
+    the exponents differ slightly from beta/(alpha+beta)."""
+    from scipy.optimize import minimize_scalar
+    n_opt = []
+    for cc in np.asarray(c, dtype=np.float64):
+        r = minimize_scalar(lambda x: float(law(np.exp(x), cc / flops_per_token(np.exp(x)))),
+                            bounds=(np.log(n_bounds[0]), np.log(n_bounds[1])), method="bounded",
+                            options={"xatol": 1e-10})
+        n_opt.append(np.exp(r.x))
+    n_opt = np.array(n_opt)
+    return n_opt, np.asarray(c, dtype=np.float64) / np.array([flops_per_token(x) for x in n_opt])
+
+
+def frontier_exponents(law: LossLaw, sizes: list[tuple[float, float]], c_lo: float, c_hi: float,
+                       points: int = 25) -> tuple[float, float]:
+    """Exponents (a, b) of the law's exact frontier over [c_lo, c_hi] FLOPs, for a ladder of (N, FLOPs per token)
+    `sizes`: fpt(N) is log-log interpolated between them and extended by the end segments' slopes."""
+    n, fpt = (np.array(v, dtype=np.float64) for v in zip(*sorted(sizes)))
+    ln, lf = np.log(n), np.log(fpt)
+
+    def f(x: float) -> float:
+        lx = np.log(x)
+        if lx < ln[0]:
+            return float(np.exp(lf[0] + (lf[1] - lf[0]) / (ln[1] - ln[0]) * (lx - ln[0])))
+        if lx > ln[-1]:
+            return float(np.exp(lf[-1] + (lf[-1] - lf[-2]) / (ln[-1] - ln[-2]) * (lx - ln[-1])))
+        return float(np.exp(np.interp(lx, ln, lf)))
+
+    c = np.geomspace(c_lo, c_hi, points)
+    n_opt, d_opt = frontier(law, f, c, (n[0] / 20, n[-1] * 20))
+    if not ((n_opt > n[0] / 19).all() and (n_opt < n[-1] * 19).all()):
+        raise ValueError("the law's optimum left the searched range of N: widen the ladder or the C range")
+    return float(np.polyfit(np.log(c), np.log(n_opt), 1)[0]), float(np.polyfit(np.log(c), np.log(d_opt), 1)[0])
 
 
 def write_sweep(out_root: str | Path, arch: str, sizes: list[str], law: LossLaw, tokens_per_param: float = 400.0,
@@ -104,12 +151,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sizes", nargs="+", default=["tiny", "mini", "70m", "160m", "410m", "1b", "3b", "7b"])
     p.add_argument("--noise", type=float, default=0.01, help="std of the multiplicative log-normal loss noise")
     p.add_argument("--rows", type=int, default=300, help="about this many logged rows per run")
+    p.add_argument("--early-rows", type=int, default=40,
+                   help="log-spaced rows before the first regular one (a trainer's first logs)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for j, arch in enumerate(args.arch):
         # a slightly different law per arch so the worked example's table has something to compare
         law = LossLaw(E=1.69 - 0.03 * j, A=406.4, B=410.7 * (1 - 0.05 * j), alpha=0.34, beta=0.28 + 0.01 * j)
-        paths = write_sweep(args.out, arch, args.sizes, law, seed=args.seed + j, noise=args.noise, n_rows=args.rows)
+        paths = write_sweep(args.out, arch, args.sizes, law, seed=args.seed + j, noise=args.noise, n_rows=args.rows,
+                            early_rows=args.early_rows)
         print(f"{arch}: {len(paths)} runs, law {law} (a = {law.a:.3f}, b = {law.b:.3f})")
 
 

@@ -61,8 +61,12 @@ def test_sweep_caches_per_snapshot_and_task(run_dir, tmp_path, monkeypatch):
     assert float(table[0]["valid_loss/windows"]) == 2
     assert float(table[0]["valid_loss/loss"]) == pytest.approx(cached["metrics"]["loss"], rel=1e-12)
     assert json.loads((out / "results.json").read_text())["snapshots"][0]["run"] == "run_a"
-    assert (out / "plots" / "valid_loss__loss_vs_flops.png").exists()
+    assert (out / "plots" / "valid_loss__loss_vs_compute.png").exists()
     assert (out / "plots" / "valid_loss__loss_vs_tokens.png").exists()
+    # one snapshot per run: nothing to draw a line through, so no plots
+    sw.sweep(sw.SweepConfig(runs=[str(run_dir / "exports" / "step_00000010")], tasks=["valid_loss"],
+                            valid_shards=[str(shards)], valid_seq_len=16, out=str(tmp_path / "one"), device="cpu"))
+    assert not (tmp_path / "one" / "plots").exists()
 
 
 def test_validation_loss_matches_forward_pass():

@@ -1,5 +1,7 @@
-"""Scaling fits against laws we know: the fitters on exact power laws with noise, the envelope against a brute-force
-minimum of the generating law, and end to end from synthetic runs to the frontier exponents of the law."""
+"""Scaling fits against laws we know: the fitters on exact power laws with noise, the learning-curve fit against
+least squares, the envelope (and the status of each of its points) against a brute-force minimum of the
+generating law, and synthetic studies in the trainer's run format, fitted by launch/fit_scaling.py, against the
+exact compute-optimal frontier of the law that generated them."""
 import importlib.util
 import json
 from pathlib import Path
@@ -10,13 +12,17 @@ import pytest
 from models.sizes import model_config
 from scaling.analysis import FitSettings, analyze_arch
 from scaling.chinchilla import fit_chinchilla
+from scaling.curves import fit_curves, row_weights
 from scaling.envelope import build_envelope
 from scaling.fits import fit_offset_power_law, fit_power_law
+from scaling.paper import PAPER_TABLE3, paper_reference
 from scaling.runs import load_runs
-from scaling.synthetic import LossLaw, write_run, write_sweep
+from scaling.synthetic import LossLaw, frontier_exponents, write_run, write_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = ["tiny", "mini", "70m", "160m", "410m", "1b", "3b", "7b"]
+PAPER_SIZES = ["70m", "160m", "410m", "1b", "3b", "7b"]
+LAW_618 = LossLaw(E=1.8, A=40.0, B=845.0, alpha=0.2, beta=0.3236)   # a = beta/(alpha+beta) = 0.618, D_opt ~ 20 N at 1B
 
 
 def _cli():
@@ -31,8 +37,15 @@ def sweep(tmp_path_factory) -> tuple[Path, LossLaw]:
     """TNL at all eight registry sizes from a law without irreducible loss, 0.5% multiplicative noise."""
     root = tmp_path_factory.mktemp("sweep")
     law = LossLaw(E=0.0)
-    write_sweep(root, "tnl", SIZES, law, noise=0.005, n_rows=200, seed=1)
+    write_sweep(root, "tnl", SIZES, law, noise=0.005, n_rows=200, seed=1, early_rows=30)
     return root, law
+
+
+def true_exponents(law: LossLaw, runs, c_lo: float, c_hi: float) -> tuple[float, float]:
+    """Exponents of the law's exact frontier over [c_lo, c_hi] FLOPs with the runs' own FLOPs per token: the
+    reference, computed by minimising the law (scaling.synthetic.frontier), without any of the fitting code."""
+    sizes = {(float(r.n_params), r.flops_per_token) for r in runs}
+    return frontier_exponents(law, sorted(sizes), c_lo, c_hi)
 
 
 def test_power_law_recovered_from_noisy_points():
@@ -81,10 +94,33 @@ def test_chinchilla_recovers_the_law():
         fit_chinchilla(np.full(10, 1e8), d[:10], loss[:10])
 
 
+def test_learning_curve_fit_matches_least_squares():
+    """The vectorised fit of L(D) = e + b·D^-beta (a scan over beta with closed-form e, b) against scipy's
+    least squares on the weighted log residual, on noisy rows; exact on noise-free rows."""
+    from scipy.optimize import least_squares
+    d = np.concatenate([np.geomspace(2e6, 2e7, 30), np.linspace(2.5e7, 2e9, 300)])
+    truth = 2.1 + 420.0 * d ** -0.29
+    exact = fit_curves(np.log(d), np.log(truth))
+    scale = exact.b[0] * exact.d_ref ** exact.beta[0]
+    assert (exact.e[0], scale, exact.beta[0]) == pytest.approx((2.1, 420.0, 0.29), rel=1e-5)
+    rng = np.random.default_rng(3)
+    y = np.log(truth) + 0.01 * rng.standard_normal((3, len(d)))
+    got = fit_curves(np.log(d), y)
+    w = np.sqrt(row_weights(np.log(d)))
+    for k in range(3):
+        ref = least_squares(lambda p: w * (np.log(p[0] + np.exp(p[1] - p[2] * np.log(d))) - y[k]), [1.5, 6.0, 0.25],
+                            bounds=([0, -np.inf, 1e-3], [np.exp(y[k]).min(), np.inf, 3]), xtol=1e-14, ftol=1e-14).x
+        ours = got.log_loss(np.log(d))[k]
+        theirs = np.log(ref[0] + np.exp(ref[1] - ref[2] * np.log(d)))
+        # the same curve to well below the noise (the objectives differ only in relative vs log error)
+        assert np.max(np.abs(ours - theirs)) < 1e-3
+        assert got.beta[k] == pytest.approx(ref[2], rel=0.05)
+
+
 def test_envelope_picks_the_lowest_run_at_each_c(tmp_path):
     law = LossLaw()
     sizes = ["tiny", "mini", "70m", "160m"]
-    write_sweep(tmp_path, "hgrn2", sizes, law, tokens_per_param=300, n_rows=400)
+    write_sweep(tmp_path, "hgrn2", sizes, law, tokens_per_param=300, n_rows=400, early_rows=40)
     runs, _ = load_runs([tmp_path], include_embedding=True)
     env = build_envelope(runs, points_per_decade=30)
     # reference: the generating law at every run inside its logged range, minimum by brute force
@@ -103,30 +139,94 @@ def test_envelope_picks_the_lowest_run_at_each_c(tmp_path):
     for i, r in enumerate(runs):
         won = env.c[env.winner == i]
         assert won.min() >= r.compute[0] * (1 - 1e-9) and won.max() <= r.compute[-1] * (1 + 1e-9)
+    # each point's status, from the runs' ranges by hand
+    n = [r.n_params for r in runs]
+    for j, (w, st) in enumerate(zip(env.winner, env.status)):
+        present = [i for i in range(len(runs)) if np.isfinite(table[i, j])]
+        smaller = any(n[i] < n[w] for i in present)
+        larger = any(n[i] > n[w] for i in present)
+        assert st == {(True, True): "interior", (False, True): "edge_low", (True, False): "edge_high",
+                      (False, False): "alone"}[(smaller, larger)]
+    assert {"interior", "edge_low", "edge_high"} <= set(env.status.tolist())
+
+
+def test_edge_won_staircase_is_biased_and_the_handovers_are_not(tmp_path):
+    """Noise-free, the paper's six sizes: a line through the envelope's winners (the edge-won flat steps
+    included) is far from the frontier exponents; the handover fit recovers them."""
+    write_sweep(tmp_path, "tnl", PAPER_SIZES, LAW_618, early_rows=30)
+    runs, _ = load_runs([tmp_path])
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0))
+    used = res.optimal.used
+    assert len(used) == len(PAPER_SIZES) - 1 and not res.warnings
+    c = np.exp(res.optimal.log_c[0])
+    a, b = true_exponents(LAW_618, runs, c.min(), c.max())
+    assert a == pytest.approx(LAW_618.a, abs=0.01)        # the paper's FLOPs are close to, not exactly, 6N·D
+    assert res.n_fit.exponent == pytest.approx(a, abs=0.004)
+    assert res.d_fit.exponent == pytest.approx(b, abs=0.004)
+    env, m = res.envelope, res.fit_mask
+    naive = np.polyfit(np.log(env.c[m]), np.log(env.n_opt[m]), 1)[0]
+    assert naive < a - 0.05                                 # what fitting every winner gives
+    st = res.edge_summary()
+    assert st["edge_low"]["points"] > 0 and st["edge_high"]["points"] > 0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_synthetic_study_recovers_a_and_b_within_the_intervals(tmp_path, seed):
+    """Six sizes, 1% log-normal noise per logged row, written in the trainer's format and fitted by the CLI: the
+    exact frontier exponents lie inside the 95% intervals, which are not uselessly wide (their coverage over
+    many seeds is measured by launch/bench_scaling_calibration.py)."""
+    write_sweep(tmp_path / "runs", "tnl", PAPER_SIZES, LAW_618, noise=0.01, seed=seed, early_rows=40)
+    out = tmp_path / "fits.json"
+    assert _cli()([str(tmp_path / "runs"), "--json", str(out), "--n-boot", "120", "--seed", str(seed)]) == 0
+    rec = json.loads(out.read_text())["archs"]["tnl"]
+    runs, _ = load_runs([tmp_path / "runs"])
+    c = [h["c_pflop_days"] * 8.64e19 for h in rec["handovers"] if h["status"] == "ok"]
+    assert len(c) == 5
+    a, b = true_exponents(LAW_618, runs, min(c), max(c))
+    assert rec["a_ci"][0] <= a <= rec["a_ci"][1], (a, rec["a"], rec["a_ci"])
+    assert rec["b_ci"][0] <= b <= rec["b_ci"][1], (b, rec["b"], rec["b_ci"])
+    assert rec["a_ci"][1] - rec["a_ci"][0] < 0.15 and rec["b_ci"][1] - rec["b_ci"][0] < 0.15
+    assert rec["opt_ci_method"] == "runs" and rec["n_replicates"] >= 100
+    by_status = rec["envelope_points_by_status"]
+    assert by_status["edge_low"]["points"] > 0 and by_status["edge_high"]["points"] > 0   # reported
 
 
 def test_exponents_of_the_law_recovered_end_to_end(sweep):
     root, law = sweep
-    runs, _ = load_runs([root], include_embedding=False)   # C ∝ N*D holds only without the LM-head term
-    res = analyze_arch("tnl", runs, FitSettings(n_boot=200, n_boot_offset=0))
+    runs, _ = load_runs([root])
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0))
     assert not res.notes
-    # frontier of L = A/N^alpha + B/D^beta with C ∝ N*D: L ∝ C^(-alpha beta/(alpha+beta)), N ∝ C^a, D ∝ C^b.
-    # The tolerances cover the discrete sizes (x2.5-8 apart) and the FLOPs terms not proportional to N.
+    # frontier of L = A/N^alpha + B/D^beta: L ∝ C^(-alpha beta/(alpha+beta)) (E = 0), N ∝ C^a, D ∝ C^b
+    c = np.exp(res.optimal.log_c[0])
+    a, b = true_exponents(law, runs, c.min(), c.max())
     assert res.loss_fit.exponent == pytest.approx(law.loss_exponent, abs=0.01)
-    assert res.n_fit.exponent == pytest.approx(law.a, abs=0.04)
-    assert res.d_fit.exponent == pytest.approx(law.b, abs=0.04)
+    assert res.n_fit.exponent == pytest.approx(a, abs=0.02)
+    assert res.d_fit.exponent == pytest.approx(b, abs=0.02)
     assert res.loss_fit.r2 > 0.99
 
 
 def test_irreducible_loss_recovered_by_the_eps_form(tmp_path):
     law = LossLaw(E=1.69)
     write_sweep(tmp_path, "tnl", SIZES, law, noise=0.002, n_rows=150, seed=4)
-    runs, _ = load_runs([tmp_path], include_embedding=False)
+    runs, _ = load_runs([tmp_path])
     res = analyze_arch("tnl", runs, FitSettings(n_boot=0, n_boot_offset=0))
     assert res.offset_fit.eps == pytest.approx(1.69, abs=0.06)
     assert res.offset_fit.exponent == pytest.approx(law.loss_exponent, abs=0.015)
     # a pure power law cannot follow the curvature of E + power: its log residuals are larger
     assert res.offset_fit.rmse_log < 0.5 * np.sqrt(1 - res.loss_fit.r2) * np.std(np.log(res.envelope.loss[res.fit_mask]))
+
+
+def test_a_run_that_stops_while_winning_is_named(tmp_path):
+    """160m stops long before 410m overtakes it: the envelope changes winner at 160m's last row, and the
+    pair's handover is not observed. Both are reported, naming the run."""
+    write_sweep(tmp_path, "tnl", ["70m", "410m", "1b"], LossLaw(), early_rows=30)
+    write_run(tmp_path / "tnl-160m", model_config("tnl", "160m"), LossLaw(), 1.5e9, n_rows=100, early_rows=30)
+    runs, _ = load_runs([tmp_path])
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0))
+    assert any("tnl-160m" in w and "while still winning" in w for w in res.warnings), res.warnings
+    pair = [h for h in res.optimal.handovers if h.small == "160m"][0]
+    assert pair.status == "smaller_ahead" and "tnl-160m" in pair.reason
+    assert [h.status for h in res.optimal.handovers if h.small != "160m"] == ["ok", "ok"]
 
 
 def test_single_size_is_explained_not_fitted(tmp_path):
@@ -138,30 +238,84 @@ def test_single_size_is_explained_not_fitted(tmp_path):
     assert any(">= 2 sizes" in n for n in res.notes)
 
 
+def test_paper_table3_values():
+    """The paper's Table 3, all twelve laws, against the L(C) values the design records and the ranges of a
+    and b its text states."""
+    assert set(PAPER_TABLE3) == {"llama", "tnl", "hgrn2", "cos2"}
+    l_design = {"llama": (3.7087, -0.0798), "tnl": (3.5391, -0.0768), "hgrn2": (3.4788, -0.0753),
+                "cos2": (3.5877, -0.0756)}
+    for arch, laws in PAPER_TABLE3.items():
+        assert laws["L"] == l_design[arch]
+        assert 0.64 <= laws["N_opt"][1] <= 0.72 and 0.45 <= laws["D_opt"][1] <= 0.52
+        ref = paper_reference(arch)
+        assert ref["alpha"] == laws["L"][1] and "PFLOP-days" in ref["unit"] and "without the embedding" in ref["unit"]
+    assert PAPER_TABLE3["llama"]["N_opt"] == (1.82e8, 0.7118) and PAPER_TABLE3["llama"]["D_opt"] == (2.56e10, 0.5102)
+    assert paper_reference("mamba") == {}
+
+
 def test_cli_writes_table_json_and_plots(sweep, tmp_path, capsys):
     root, _ = sweep
     # a second arch with a single size: reported, not fatal
     write_run(root.parent / "single" / "llama-mini", model_config("llama", "mini"), LossLaw(), 1e8, n_rows=30)
-    out = tmp_path / "fits.json"
-    rc = _cli()([str(root), str(root.parent / "single"), "--json", str(out), "--plots", str(tmp_path / "plots"),
-                 "--no-embedding-flops", "--n-boot", "0"])   # no intervals: NaN internally, null in the JSON
+    out, md = tmp_path / "fits.json", tmp_path / "table.md"
+    rc = _cli()([str(root), str(root.parent / "single"), "--json", str(out), "--markdown", str(md),
+                 "--plots", str(tmp_path / "plots"), "--n-boot", "0"])   # no intervals: NaN internally, null in JSON
     text = capsys.readouterr().out
     assert rc == 0
     assert "PFLOP-days" in text and "| tnl |" in text and ">= 2 sizes" in text
+    assert "without the embedding term" in text.splitlines()[0]          # the C is named first thing
     rec = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
     tnl = rec["archs"]["tnl"]
-    for key in ("alpha", "beta", "a", "b", "n_coef", "d_coef", "beta_flops", "eps_power_law", "paper"):
+    for key in ("alpha", "beta", "a", "b", "n_coef", "d_coef", "beta_flops", "eps_power_law", "paper", "handovers",
+                "envelope_points_by_status", "warnings"):
         assert key in tnl
     assert tnl["paper"]["alpha"] == -0.0768 and "PFLOP-days" in tnl["paper"]["unit"]
     assert rec["include_embedding_flops"] is False and "PFLOP-days" in rec["units"]["C"]
+    assert "without the embedding" in rec["compute"]
     # the FLOPs-unit coefficient predicts the same loss as the PFLOP-days one
     c_flops = 1e20
     assert tnl["beta_flops"] * c_flops ** tnl["alpha"] == pytest.approx(tnl["beta"] * (c_flops / 8.64e19) ** tnl["alpha"])
     assert "alpha" not in rec["archs"]["llama"]
     assert tnl["alpha_ci"] == [None, None]
+    # Table 3 side by side: ours and the paper's L, N_opt and D_opt for the fitted architecture
+    table = md.read_text()
+    assert "Table 3 side by side" in table and "NOT like for like" not in table
+    for law, (coef, exp) in PAPER_TABLE3["tnl"].items():
+        row = [line for line in table.splitlines() if line.startswith(f"| tnl | {law}(C) |")]
+        assert len(row) == 1 and f"{exp:.4f}" in row[0]
     pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
     assert pngs == ["scaling_compare.png", "scaling_llama.png", "scaling_tnl.png"]
     assert all((tmp_path / "plots" / p).stat().st_size > 10_000 for p in pngs)
+    # the other C is one flag away, and named as such
+    assert _cli()([str(root), "--json", str(out), "--markdown", str(md), "--n-boot", "0", "--embedding-flops"]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["include_embedding_flops"] is True and "including the embedding" in rec["compute"]
+    assert "NOT like for like" in md.read_text()
+
+
+def test_c_bounds_are_in_the_unit_the_tables_print(sweep, tmp_path, capsys):
+    root, _ = sweep
+    main = _cli()
+    assert main([str(root), "--c-min", "1e20", "--n-boot", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "PFLOP-days" in err and "--c-min 1.157" in err                 # the value it meant, converted
+    out = tmp_path / "fits.json"
+    assert main([str(root), "--c-min", "0.01", "--c-max", "10", "--n-boot", "0", "--json", str(out)]) == 0
+    lo, hi = json.loads(out.read_text())["archs"]["tnl"]["fit_c_range_pflop_days"]
+    assert 0.01 <= lo and hi <= 10
+    assert main([str(root), "--c-min", "5", "--c-max", "1"]) == 2
+
+
+def test_keeping_the_warmup_with_a_short_skip_is_warned(tmp_path, capsys):
+    for size in ("mini", "70m", "160m"):
+        write_run(tmp_path / f"tnl-{size}", model_config("tnl", size), LossLaw(), 3e9, n_rows=60, warmup_steps=10_000)
+    main = _cli()
+    assert main([str(tmp_path), "--n-boot", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "in the lr warm-up" in text and "WARNING --skip-tokens" not in text
+    assert main([str(tmp_path), "--n-boot", "0", "--keep-warmup", "--skip-tokens", "1000"]) == 0
+    text = capsys.readouterr().out
+    assert "WARNING --skip-tokens 1e+03 ends before the lr warm-up" in text
 
 
 def test_cli_errors(tmp_path, capsys):

@@ -10,7 +10,7 @@ import pytest
 from models.accounting import flops_per_step
 from models.sizes import model_config
 from scaling.envelope import loss_at, smooth_loss
-from scaling.runs import RunError, find_run_dirs, load_run, load_runs
+from scaling.runs import RunError, find_run_dirs, load_run, load_runs, select_seq_len, size_label
 from scaling.synthetic import LossLaw, write_run
 from scaling.units import PFLOP_DAY, coef_pflop_days_to_flops, flops_to_pflop_days, pflop_days_to_flops
 
@@ -88,12 +88,73 @@ def test_resumed_run_keeps_the_later_log_of_each_step(tmp_path):
     assert run.skipped == {"superseded by a later log of the same step (resume)": 5}
 
 
-def test_skip_tokens_drops_the_warmup(tmp_path):
+def test_skip_tokens_drops_early_rows(tmp_path):
     cfg = model_config("tnl", "tiny")
     rows = "".join(json.dumps({"step": s, "tokens": 100 * s, "loss": 3.0}) + "\n" for s in range(1, 11))
     run = load_run(_write(tmp_path / "r", cfg, rows), min_tokens=450)
     np.testing.assert_array_equal(run.tokens, [500, 600, 700, 800, 900, 1000])
     assert run.skipped == {"below --skip-tokens": 4}
+
+
+def test_the_warmup_is_skipped_by_default(tmp_path):
+    """Rows up to optim.warmup_steps x tokens per step (from the run's own config) are left out unless kept."""
+    cfg = model_config("tnl", "tiny")
+    seq_len, batch = 64, 4
+    rows = "".join(json.dumps({"step": s, "tokens": s * seq_len * batch, "loss": 3.0}) + "\n" for s in range(1, 11))
+    d = _write(tmp_path / "r", cfg, rows, seq_len, batch)
+    config = json.loads((d / "config.json").read_text())
+    config["optim"] = {"warmup_steps": 3}
+    (d / "config.json").write_text(json.dumps(config))
+    run = load_run(d)
+    assert run.warmup_tokens == 3 * seq_len * batch
+    np.testing.assert_array_equal(run.tokens, np.arange(4, 11) * seq_len * batch)
+    assert run.skipped == {"in the lr warm-up (--keep-warmup keeps these)": 3}
+    assert len(load_run(d, skip_warmup=False).tokens) == 10
+    # a config written by the trainer carries global_batch_tokens instead
+    config["train"] = {"seq_len": seq_len, "global_batch_tokens": 2 * seq_len * batch}
+    (d / "config.json").write_text(json.dumps(config))
+    assert load_run(d).warmup_tokens == 6 * seq_len * batch
+
+
+def test_rows_the_trainer_flagged_are_left_out(tmp_path):
+    cfg = model_config("hgrn2", "tiny")
+    rows = [{"step": s, "tokens": 100 * s, "loss": 3.0} for s in range(1, 8)]
+    rows[2]["loss_spike"] = True
+    rows[2]["loss"] = 30.0
+    rows[4]["skipped"] = True
+    rows[5]["skipped"] = False        # only a true flag counts
+    run = load_run(_write(tmp_path / "r", cfg, "".join(json.dumps(r) + "\n" for r in rows)))
+    np.testing.assert_array_equal(run.tokens, [100, 200, 400, 600, 700])
+    assert run.skipped == {"flagged loss_spike by the trainer": 1, "flagged skipped (no update) by the trainer": 1}
+
+
+def test_default_compute_is_the_papers_without_embedding(tmp_path):
+    cfg = model_config("llama", "tiny")
+    rows = "".join(json.dumps({"step": s, "tokens": s * 256, "loss": 5.0}) + "\n" for s in (1, 2))
+    run = load_run(_write(tmp_path / "r", cfg, rows))
+    assert not run.include_embedding
+    np.testing.assert_allclose(run.compute, np.array([1, 2]) * flops_per_step(cfg, 4, 64, include_embedding=False))
+
+
+def test_size_labels_are_human():
+    assert [size_label(n) for n in (6_476_500_000, 2_775_800_000, 906_200_000, 85_000_000, 20_500_000, 460_000, 12)] \
+        == ["6.5B", "2.8B", "906M", "85M", "20M", "460K", "12"]
+
+
+def test_sequence_length_variants_of_one_size_are_not_mixed(tmp_path):
+    law = LossLaw()
+    for size, seq in (("mini", 256), ("70m", 256), ("70m", 1024), ("160m", 256), ("160m", 1024)):
+        write_run(tmp_path / f"llama-{size}-{seq}", model_config("llama", size), law, 1e8, seq_len=seq, n_rows=10)
+    runs, _ = load_runs([tmp_path])
+    kept, warn = select_seq_len(runs)
+    assert {r.seq_len for r in kept} == {256} and len(kept) == 3          # the length most sizes have
+    assert "variants of one size" in warn[0] and "llama-70m-1024" in warn[0] and "--seq-len" in warn[0]
+    kept, warn = select_seq_len(runs, 1024)
+    assert sorted(r.name for r in kept) == ["llama-160m-1024", "llama-70m-1024"] and "left out 3" in warn[0]
+    # different lengths for different sizes only: kept, with a warning
+    kept, warn = select_seq_len([r for r in runs if r.name in ("llama-mini-256", "llama-70m-1024")])
+    assert len(kept) == 2 and "different context lengths" in warn[0]
+    assert select_seq_len([r for r in runs if r.seq_len == 256]) == ([r for r in runs if r.seq_len == 256], [])
 
 
 def test_logging_interval_does_not_change_the_loss_at_c(tmp_path):

@@ -1,0 +1,208 @@
+"""Compute-optimal model size N_opt(C) and data size D_opt(C) from the handovers between adjacent model sizes.
+
+Why not the envelope's winners (docs/scaling.md derives this): with a ladder of sizes N_1 < ... < N_K the
+winner at C is a staircase in N. The steps of the smallest and largest size are cut by the data, not by a
+competitor: below the handover N_1 -> N_2 the smallest size wins at every C, however small the optimum is
+there, and above N_{K-1} -> N_K the largest wins at every C up to its last logged row. Those flat edge steps
+pull a fitted exponent down, and more so the longer the edge runs are. Even the complete interior steps
+carry one number each (their size) over a whole range of C: a line through K equal steps has (1 - 1/K²) of
+the true slope.
+
+What the data do pin down is where each step ends. Where the fitted learning curves of adjacent sizes N_k and
+N_{k+1} cross, at compute C_x, both give the same loss, so (for unimodal iso-FLOP profiles) the optimum lies
+between them: N_opt(C_x) = N_k·(N_{k+1}/N_k)^s with s in (0, 1). For a law whose iso-FLOP profile has the
+same shape at every scale (any power-law frontier), s is the same at every handover, so the geometric mean
+sqrt(N_k·N_{k+1}) is off by a constant factor — the coefficient of N_opt moves, its exponent does not — on a
+geometric ladder of sizes, and by a small varying amount on an uneven one. D_opt at the handover is
+C_x / sqrt(fpt_k·fpt_{k+1}) (fpt: training FLOPs per token). The fits are least squares of log N (log D) on
+log C over the handover points.
+
+A handover is used only when it is observed: the crossing lies inside both sizes' logged C ranges. Otherwise
+the pair is reported (the larger size is already better at its first usable row, or the smaller is still
+better when one of them stops — the run that stops while still winning is named).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scaling.curves import CurveFit, fit_curves, row_weights
+from scaling.runs import Run, size_label
+
+GRID_POINTS = 512   # log-C points per adjacent pair on which a crossing is bracketed, then interpolated
+
+
+@dataclass
+class SizeCurve:
+    """All usable rows of one model size (its runs pooled) and the fitted learning curve(s)."""
+    n_params: float
+    flops_per_token: float
+    label: str
+    runs: list[Run]
+    log_d: np.ndarray              # sorted, unique
+    log_loss: np.ndarray
+    row_run: np.ndarray            # which of `runs` each row came from
+    row_idx: np.ndarray            # ... and which of that run's rows
+    fit: CurveFit | None = None    # row 0: the data; further rows: bootstrap replicates
+
+    @property
+    def log_c_range(self) -> tuple[float, float]:
+        return (float(self.log_d[0] + np.log(self.flops_per_token)), float(self.log_d[-1] + np.log(self.flops_per_token)))
+
+
+def size_curves(runs: list[Run]) -> list[SizeCurve]:
+    """One SizeCurve per distinct model size, smallest first; rows of several runs of one size are pooled
+    (a repeated token count keeps its first row)."""
+    by_n: dict[int, list[Run]] = {}
+    for r in runs:
+        by_n.setdefault(r.n_params, []).append(r)
+    out = []
+    for n in sorted(by_n):
+        rs = by_n[n]
+        d = np.concatenate([r.tokens for r in rs])
+        loss = np.concatenate([r.loss for r in rs])
+        src = np.concatenate([np.full(len(r.tokens), i) for i, r in enumerate(rs)])
+        idx = np.concatenate([np.arange(len(r.tokens)) for r in rs])
+        order = np.argsort(d, kind="stable")
+        d, loss, src, idx = d[order], loss[order], src[order], idx[order]
+        keep = np.concatenate([[True], np.diff(d) > 0])
+        out.append(SizeCurve(n_params=float(n), flops_per_token=float(np.mean([r.flops_per_token for r in rs])),
+                             label=rs[0].label, runs=rs, log_d=np.log(d[keep]), log_loss=np.log(loss[keep]),
+                             row_run=src[keep], row_idx=idx[keep]))
+    return out
+
+
+def fit_size_curves(curves: list[SizeCurve], log_loss_replicates: list[np.ndarray] | None = None) -> list[str]:
+    """Fit each size's learning curve (to its data, or to [R, rows] replicates); returns notes for sizes with
+    too few rows (they get fit = None)."""
+    notes = []
+    for k, sc in enumerate(curves):
+        y = sc.log_loss if log_loss_replicates is None else log_loss_replicates[k]
+        if len(sc.log_d) < 4:
+            sc.fit = None
+            notes.append(f"size {sc.label}: {len(sc.log_d)} usable row(s), a learning-curve fit needs >= 4")
+            continue
+        sc.fit = fit_curves(sc.log_d, y, row_weights(sc.log_d))
+    return notes
+
+
+@dataclass
+class Handover:
+    small: str
+    large: str
+    log_c: np.ndarray              # [R]: crossing per replicate (NaN where none was observed)
+    n: float                       # sqrt(N_small·N_large)
+    log_fpt: float                 # log sqrt(fpt_small·fpt_large)
+    status: str = "ok"             # of replicate 0 (the data)
+    reason: str = ""
+
+    @property
+    def c(self) -> float:
+        return float(np.exp(self.log_c[0]))
+
+    @property
+    def d(self) -> float:
+        return float(np.exp(self.log_c[0] - self.log_fpt))
+
+
+def _pair(a: SizeCurve, b: SizeCurve) -> tuple[np.ndarray, str, str]:
+    """Crossing log C of sizes a < b per replicate, and the status/reason of replicate 0."""
+    (a0, a1), (b0, b1) = a.log_c_range, b.log_c_range
+    lo, hi = max(a0, b0), min(a1, b1)
+    r = len(a.fit.e)
+    if hi <= lo:
+        return np.full(r, np.nan), "no_overlap", (
+            f"{a.label} and {b.label} do not overlap in C ({a.label} ends at {np.exp(a1):.3g} FLOPs, "
+            f"{b.label} starts at {np.exp(b0):.3g}): no handover can be seen; train {a.label} longer")
+    x = np.linspace(lo, hi, GRID_POINTS)
+    # g > 0: the larger size has the lower loss
+    g = a.fit.log_loss(x - np.log(a.flops_per_token)) - b.fit.log_loss(x - np.log(b.flops_per_token))
+    up = (g[:, :-1] <= 0) & (g[:, 1:] > 0)
+    has = up.any(axis=1)
+    i = np.argmax(up, axis=1)
+    rows = np.arange(r)
+    g0, g1 = g[rows, i], g[rows, i + 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xc = x[i] + (x[i + 1] - x[i]) * (-g0) / (g1 - g0)
+    xc = np.where(has, xc, np.nan)
+    if has[0]:
+        later_down = ((g[0, i[0] + 1:-1] > 0) & (g[0, i[0] + 2:] <= 0)).any()
+        reason = (f"the curves of {a.label} and {b.label} cross back later in their overlap (noisy or "
+                  f"mis-specified fits); the first crossing is used") if later_down else ""
+        return xc, "ok", reason
+    if (g[0] > 0).all():
+        first = b.label if b0 >= a0 else a.label
+        return xc, "larger_ahead", (
+            f"{b.label} is already better than {a.label} where their logged C ranges begin (at {np.exp(lo):.3g} "
+            f"FLOPs, the first usable row of {first}): their handover is not observed; log {first} from earlier "
+            f"(or keep more of its warm-up)")
+    ender = a if a1 <= b1 else b
+    return xc, "smaller_ahead", (
+        f"{a.label} is still better than {b.label} where their overlap ends ({np.exp(hi):.3g} FLOPs), where run "
+        f"{'/'.join(r.name for r in ender.runs)} stops while still winning: train it past the C where {b.label} "
+        f"overtakes {a.label}, or the handover is lost")
+
+
+def handovers(curves: list[SizeCurve], c_min: float | None = None, c_max: float | None = None) -> list[Handover]:
+    """The observed handover of each adjacent pair of fitted sizes (C bounds in FLOPs)."""
+    fitted = [sc for sc in curves if sc.fit is not None]
+    out = []
+    for a, b in zip(fitted, fitted[1:]):
+        log_c, status, reason = _pair(a, b)
+        h = Handover(small=a.label, large=b.label, log_c=log_c, n=float(np.sqrt(a.n_params * b.n_params)),
+                     log_fpt=float(0.5 * np.log(a.flops_per_token * b.flops_per_token)), status=status, reason=reason)
+        if status == "ok":
+            outside = np.zeros(len(log_c), dtype=bool)
+            if c_min is not None:
+                outside |= log_c < np.log(c_min)
+            if c_max is not None:
+                outside |= log_c > np.log(c_max)
+            if outside[0]:
+                h.status, h.reason = "outside_range", (f"handover {a.label} -> {b.label} at {h.c:.3g} FLOPs is "
+                                                       f"outside --c-min/--c-max")
+            h.log_c = np.where(outside, np.nan, log_c)
+        out.append(h)
+    return out
+
+
+def line_fits(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares slope and intercept of y on x per row ([R, P], NaN = missing); NaN where < 2 points."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    m = ok.sum(axis=1)
+    xs, ys = np.where(ok, x, 0.0), np.where(ok, y, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mx, my = xs.sum(1) / m, ys.sum(1) / m
+        dx = np.where(ok, x - mx[:, None], 0.0)
+        sxx = (dx * dx).sum(1)
+        slope = (dx * np.where(ok, y - my[:, None], 0.0)).sum(1) / sxx
+        slope = np.where((m >= 2) & (sxx > 1e-12), slope, np.nan)
+    return slope, my - slope * mx
+
+
+@dataclass
+class OptimalPoints:
+    """The handover points used for N_opt/D_opt, per replicate: log C [R, P], log N [P], log D [R, P]."""
+    handovers: list[Handover]
+    log_c: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
+    log_n: np.ndarray = field(default_factory=lambda: np.empty(0))
+    log_d: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
+
+    @property
+    def used(self) -> list[Handover]:
+        return [h for h in self.handovers if h.status == "ok"]
+
+
+def optimal_points(hs: list[Handover]) -> OptimalPoints:
+    used = [h for h in hs if h.status == "ok"]
+    pts = OptimalPoints(handovers=hs)
+    if used:
+        pts.log_c = np.stack([h.log_c for h in used], axis=1)
+        pts.log_n = np.log([h.n for h in used])
+        pts.log_d = pts.log_c - np.array([h.log_fpt for h in used])[None, :]
+    return pts
+
+
+def describe(h: Handover) -> str:
+    return f"{h.small} -> {h.large}" + (f" at C = {h.c:.3g} FLOPs (N {size_label(h.n)}, D {h.d:.3g})"
+                                        if h.status == "ok" else f": {h.reason}")
