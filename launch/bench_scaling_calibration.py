@@ -27,9 +27,10 @@ STUDIES = {
     # a = 0.618, D_opt ~ 20 N near 1B; the paper's six sizes
     "a618_paper_sizes_1pct": dict(arch="tnl", law=LossLaw(E=1.8, A=40.0, B=845.0, alpha=0.2, beta=0.3236),
                                   sizes=["70m", "160m", "410m", "1b", "3b", "7b"], noise=0.01),
-    # Chinchilla's published law (a = 0.452), LLaMA's FLOPs, eight sizes from 0.5M to 6.5B, noisier logs
-    "chinchilla_8_sizes_2pct": dict(arch="llama", law=LossLaw(),
-                                    sizes=["mini", "70m", "160m", "410m", "1b", "3b", "7b"], noise=0.02),
+    # Chinchilla's published law (a = 0.452 if C were 6ND), LLaMA's FLOPs (attention terms included), seven
+    # sizes from 3.4M to 6.5B, noisier logs
+    "chinchilla_llama_7_sizes_2pct": dict(arch="llama", law=LossLaw(),
+                                          sizes=["mini", "70m", "160m", "410m", "1b", "3b", "7b"], noise=0.02),
 }
 
 

@@ -124,7 +124,7 @@ def _replicate_curve_fits(curves: list[SizeCurve], reps: dict[int, np.ndarray]) 
         if sc.fit is None:
             continue
         y = np.stack([np.log(reps[id(sc.runs[j])][:, i]) for j, i in zip(sc.row_run, sc.row_idx)], axis=1)
-        rep = fit_curves(sc.log_d, y, row_weights(sc.log_d))
+        rep = fit_curves(sc.log_d, sc.grouped(y), row_weights(sc.log_d))
         f = sc.fit
         f.e, f.b, f.beta = (np.concatenate([getattr(f, k)[:1], getattr(rep, k)]) for k in ("e", "b", "beta"))
         f.rmse_log = np.concatenate([f.rmse_log[:1], rep.rmse_log])
@@ -190,7 +190,12 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
             res.notes.append(f"size {sc.label}: {len(sc.log_d)} usable row(s); its learning curve (for N_opt/D_opt "
                              f"and the intervals) needs >= 4")
             continue
-        sc.fit = fit_curves(sc.log_d, sc.log_loss, row_weights(sc.log_d))
+        fit = fit_curves(sc.log_d, sc.log_loss, row_weights(sc.log_d))
+        if not np.isfinite(fit.rmse_log[0]):
+            res.notes.append(f"size {sc.label}: no decreasing learning curve L(D) = e + b*D^-beta fits its rows "
+                             f"(is the loss falling?); it is left out of N_opt/D_opt")
+            continue
+        sc.fit = fit
     n_rep = max(0, int(s.n_boot))
     reps = {}
     if n_rep:

@@ -45,7 +45,7 @@ class CurveFit:
     b: np.ndarray
     beta: np.ndarray
     d_ref: float
-    rmse_log: np.ndarray          # weighted rms of log residuals
+    rmse_log: np.ndarray          # weighted rms of log residuals (inf where no valid curve fits)
 
     def rows(self, sl: slice) -> "CurveFit":
         """The fits of some replicates only (row 0: the data)."""
@@ -126,10 +126,12 @@ def fit_curves(log_d: np.ndarray, log_loss: np.ndarray, weights: np.ndarray | No
     # second pass: weights from the fitted curve, not the noisy observation (which would favour low rows)
     fitted = e[:, None] + b[:, None] * np.exp(-beta[:, None] * u[None, :])
     fitted = np.where(np.isfinite(fitted) & (fitted > 0), fitted, y)
-    e, b, beta, _ = _scan(w[None, :] / fitted ** 2, y, u)
+    e, b, beta, sse = _scan(w[None, :] / fitted ** 2, y, u)
+    bad = ~np.isfinite(sse)              # no decreasing curve with 0 <= e < min L fits these rows
+    e, b, beta = (np.where(bad, np.nan, v) for v in (e, b, beta))
     with np.errstate(divide="ignore", invalid="ignore"):
         resid = ll - np.log(e[:, None] + b[:, None] * np.exp(-beta[:, None] * u[None, :]))
-    rmse = np.sqrt((w[None, :] * resid ** 2).sum(-1) / w.sum())
+    rmse = np.where(bad, np.inf, np.sqrt((w[None, :] * resid ** 2).sum(-1) / w.sum()))
     return CurveFit(e=e, b=b, beta=beta, d_ref=d_ref, rmse_log=rmse)
 
 

@@ -31,6 +31,9 @@ from scaling.curves import CurveFit, fit_curves, row_weights
 from scaling.runs import Run, size_label
 
 GRID_POINTS = 512   # log-C points per adjacent pair on which a crossing is bracketed, then interpolated
+# above this many rows (a trainer logging every step), a size's rows are averaged in consecutive groups before
+# its learning curve is fitted: the curve is smooth on that scale, and the fits of hundreds of replicates stay fast
+MAX_CURVE_ROWS = 1000
 
 
 @dataclass
@@ -40,11 +43,17 @@ class SizeCurve:
     flops_per_token: float
     label: str
     runs: list[Run]
-    log_d: np.ndarray              # sorted, unique
+    log_d: np.ndarray              # sorted, unique (group means when the rows were grouped)
     log_loss: np.ndarray
-    row_run: np.ndarray            # which of `runs` each row came from
+    row_run: np.ndarray            # which of `runs` each pooled row came from (before grouping)
     row_idx: np.ndarray            # ... and which of that run's rows
+    group_starts: np.ndarray       # first pooled row of each fitted row (np.add.reduceat boundaries)
     fit: CurveFit | None = None    # row 0: the data; further rows: bootstrap replicates
+
+    def grouped(self, log_loss_rows: np.ndarray) -> np.ndarray:
+        """[R, pooled rows] -> [R, fitted rows]: the mean over each group."""
+        counts = np.diff(np.append(self.group_starts, log_loss_rows.shape[-1]))
+        return np.add.reduceat(log_loss_rows, self.group_starts, axis=-1) / counts
 
     @property
     def log_c_range(self) -> tuple[float, float]:
@@ -67,9 +76,15 @@ def size_curves(runs: list[Run]) -> list[SizeCurve]:
         order = np.argsort(d, kind="stable")
         d, loss, src, idx = d[order], loss[order], src[order], idx[order]
         keep = np.concatenate([[True], np.diff(d) > 0])
-        out.append(SizeCurve(n_params=float(n), flops_per_token=float(np.mean([r.flops_per_token for r in rs])),
-                             label=rs[0].label, runs=rs, log_d=np.log(d[keep]), log_loss=np.log(loss[keep]),
-                             row_run=src[keep], row_idx=idx[keep]))
+        d, loss, src, idx = d[keep], loss[keep], src[keep], idx[keep]
+        starts = np.array([g[0] for g in np.array_split(np.arange(len(d)), min(len(d), MAX_CURVE_ROWS)) if len(g)],
+                          dtype=int)
+        sc = SizeCurve(n_params=float(n), flops_per_token=float(np.mean([r.flops_per_token for r in rs])),
+                       label=rs[0].label, runs=rs, log_d=np.log(d), log_loss=np.log(loss), row_run=src, row_idx=idx,
+                       group_starts=starts)
+        if len(starts) < len(d):
+            sc.log_d, sc.log_loss = sc.grouped(sc.log_d[None, :])[0], sc.grouped(sc.log_loss[None, :])[0]
+        out.append(sc)
     return out
 
 

@@ -327,3 +327,30 @@ def test_cli_errors(tmp_path, capsys):
     assert main([str(tmp_path / "one")]) == 1
     captured = capsys.readouterr()
     assert ">= 2 sizes" in captured.out and "no architecture could be fitted" in captured.err
+
+
+def test_dense_logs_are_grouped_before_the_curve_fit(tmp_path):
+    """A run logged at every step: its rows are averaged in consecutive groups (at most MAX_CURVE_ROWS) before
+    the learning-curve fit, which then still describes the rows it came from."""
+    from scaling.optimal import MAX_CURVE_ROWS
+    write_sweep(tmp_path, "tnl", ["70m", "160m", "410m"], LossLaw(), noise=0.01, n_rows=2500, early_rows=30)
+    runs, _ = load_runs([tmp_path])
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=20))
+    for sc, run in zip(res.curves, sorted(runs, key=lambda r: r.n_params)):
+        assert len(run.tokens) > MAX_CURVE_ROWS and len(sc.log_d) == MAX_CURVE_ROWS
+        resid = np.log(run.loss) - sc.fit.log_loss(np.log(run.tokens))[0]
+        assert abs(resid.mean()) < 2e-3 and resid.std() == pytest.approx(0.01, rel=0.1)   # just the noise
+    assert len(res.optimal.used) == 2 and res.n_fit.n_replicates == 20
+
+
+def test_a_size_whose_loss_does_not_fall_is_left_out(tmp_path):
+    write_sweep(tmp_path, "hgrn2", ["70m", "160m", "410m"], LossLaw(), early_rows=30)
+    bad = tmp_path / "hgrn2-160m" / "metrics.jsonl"
+    rows = [json.loads(line) for line in bad.read_text().splitlines()]
+    for i, r in enumerate(rows):
+        r["loss"] = 3.0 + 1e-3 * i                    # diverging
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs, _ = load_runs([tmp_path])
+    res = analyze_arch("hgrn2", runs, FitSettings(n_boot=10))
+    assert any("160m" in n and "no decreasing learning curve" in n for n in res.notes)
+    assert [(h.small, h.large) for h in res.optimal.handovers] == [("70m", "410m")]
