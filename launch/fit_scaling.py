@@ -35,10 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-embedding-flops", action="store_true", help=argparse.SUPPRESS)  # the default now
     p.add_argument("--chinchilla", action="store_true", help="also fit L(N,D) = E + A/N^alpha + B/D^beta (approach 3)")
     p.add_argument("--loss-key", default="loss", help="metrics.jsonl key to fit (e.g. val_loss)")
-    p.add_argument("--skip-tokens", type=float, default=0.0,
-                   help="also ignore rows before this many tokens (the lr warm-up is skipped anyway)")
-    p.add_argument("--keep-warmup", action="store_true",
-                   help="keep the rows of each run's lr warm-up (steps <= optim.warmup_steps of its config)")
+    p.add_argument("--skip-tokens", type=float, default=0.0, help="ignore rows before this many tokens")
+    p.add_argument("--skip-warmup", action="store_true",
+                   help="ignore the rows of each run's lr warm-up (steps <= optim.warmup_steps of its own config)")
     p.add_argument("--seq-len", type=int, help="fit only runs trained at this context length")
     p.add_argument("--points-per-decade", type=int, default=d.points_per_decade, help="C grid density")
     p.add_argument("--envelope", choices=["fitted", "logged"], default=d.envelope,
@@ -73,17 +72,17 @@ def check_c_bounds(args: argparse.Namespace) -> str | None:
     return None
 
 
-def warmup_warnings(runs, skip_tokens: float, keep_warmup: bool) -> list[str]:
-    """--skip-tokens below a run's warm-up, with the warm-up kept: the cut does not do what it looks like."""
-    if not keep_warmup or skip_tokens <= 0:
+def warmup_warnings(runs, skip_tokens: float, skip_warmup: bool) -> list[str]:
+    """--skip-tokens that ends inside a run's warm-up: a cut meant to drop the warm-up that does not."""
+    if skip_warmup or skip_tokens <= 0:
         return []
     short = [r for r in runs if r.warmup_tokens and skip_tokens < r.warmup_tokens]
     if not short:
         return []
     return [f"--skip-tokens {skip_tokens:.3g} ends before the lr warm-up of {len(short)} run(s) "
             f"({', '.join(f'{r.name}: {r.warmup_tokens:.3g} tokens' for r in short[:4])}"
-            f"{', ...' if len(short) > 4 else ''}); rows inside the warm-up are fitted. Drop --keep-warmup "
-            f"(warm-ups are then skipped per run) or raise --skip-tokens"]
+            f"{', ...' if len(short) > 4 else ''}); rows inside the warm-up are fitted. --skip-warmup drops each "
+            f"run's own warm-up"]
 
 
 def _main(argv=None) -> int:
@@ -95,7 +94,7 @@ def _main(argv=None) -> int:
         return 2
     try:
         runs, problems = load_runs(args.runs, include_embedding, args.loss_key, args.skip_tokens, args.skip_bad,
-                                   skip_warmup=not args.keep_warmup)
+                                   skip_warmup=args.skip_warmup)
     except RunError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -103,7 +102,7 @@ def _main(argv=None) -> int:
                            min_runs=args.min_runs, c_min=args.c_min, c_max=args.c_max, n_boot=args.n_boot,
                            n_boot_offset=min(args.n_boot, FitSettings.n_boot_offset), block=args.block,
                            seed=args.seed, chinchilla=args.chinchilla)
-    warnings = warmup_warnings(runs, args.skip_tokens, args.keep_warmup)
+    warnings = warmup_warnings(runs, args.skip_tokens, args.skip_warmup)
     results = []
     for arch, rs in group_by_arch(runs).items():
         rs, seq_warn = select_seq_len(rs, args.seq_len)

@@ -179,9 +179,11 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
         raise ValueError(f"envelope {s.envelope!r}: choose fitted or logged")
     warm = [r for r in runs if r.warmup_tokens and r.tokens.size and r.tokens[0] <= r.warmup_tokens]
     if warm:
-        res.warnings.append(f"rows inside the lr warm-up are fitted for {', '.join(r.name for r in warm)} (warm-up "
-                            f"ends at {', '.join(f'{r.warmup_tokens:.3g}' for r in warm)} tokens): the learning "
-                            f"curve there is not the constant-lr one the fits assume; drop --keep-warmup")
+        which = ", ".join(f"{r.name}: warm-up ends at {r.warmup_tokens:.3g} tokens" for r in warm[:4])
+        res.warnings.append(
+            f"rows inside the lr warm-up are fitted for {len(warm)} run(s) ({which}{', ...' if len(warm) > 4 else ''}); "
+            f"the learning curve there is not the constant-lr one L(D) = e + b*D^-beta describes: --skip-warmup "
+            f"leaves them out")
 
     # learning curves of each size, then the replicate studies
     res.curves = size_curves(runs)

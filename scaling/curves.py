@@ -10,7 +10,7 @@ noise of training losses. Row weights w_i are each row's share of the log-token 
 steps (dense at the end in log D) weighs each decade of D alike, as the envelope's log-spaced C grid does.
 
 For fixed beta the problem is linear in (e, b), so every fit is a scan over beta (closed-form (e, b) at each
-grid value, with e clamped to [0, min L)) refined by golden-section search, and a second pass reweights by
+grid value, with e clamped at 0) refined by golden-section search, and a second pass reweights by
 the fitted curve. Everything is vectorised over rows of `log_loss`, so many bootstrap replicates of a run fit
 in one call.
 """
@@ -58,7 +58,8 @@ class CurveFit:
 
 
 def _solve(wt, y, x):
-    """Weighted least squares of y on [1, x] per row, e clamped to [0, min y): (e, b, sse), each [R]."""
+    """Weighted least squares of y on [1, x] per row with e >= 0 (clamped to 0): (e, b, sse), each [R]; sse is
+    inf where b <= 0 (no decreasing curve). e may exceed the lowest noisy row: the curve stays positive."""
     s0 = wt.sum(-1)
     s1 = (wt * x).sum(-1)
     s2 = (wt * x * x).sum(-1)
@@ -72,8 +73,7 @@ def _solve(wt, y, x):
         neg = ~(e >= 0)                           # also NaN (a degenerate x column): fall back to e = 0
         e = np.where(neg, 0.0, e)
         b = np.where(neg, sxy / s2, b)
-    y_min = y.min(-1)
-    ok = (b > 0) & (e < y_min) & np.isfinite(b)
+    ok = (b > 0) & np.isfinite(b)
     sse = syy - 2 * e * sy - 2 * b * sxy + e * e * s0 + 2 * e * b * s1 + b * b * s2
     return e, b, np.where(ok, np.maximum(sse, 0.0), np.inf)
 
@@ -127,7 +127,7 @@ def fit_curves(log_d: np.ndarray, log_loss: np.ndarray, weights: np.ndarray | No
     fitted = e[:, None] + b[:, None] * np.exp(-beta[:, None] * u[None, :])
     fitted = np.where(np.isfinite(fitted) & (fitted > 0), fitted, y)
     e, b, beta, sse = _scan(w[None, :] / fitted ** 2, y, u)
-    bad = ~np.isfinite(sse)              # no decreasing curve with 0 <= e < min L fits these rows
+    bad = ~np.isfinite(sse)              # no decreasing curve (b > 0, e >= 0) fits these rows
     e, b, beta = (np.where(bad, np.nan, v) for v in (e, b, beta))
     with np.errstate(divide="ignore", invalid="ignore"):
         resid = ll - np.log(e[:, None] + b[:, None] * np.exp(-beta[:, None] * u[None, :]))

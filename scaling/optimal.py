@@ -151,7 +151,7 @@ def _pair(a: SizeCurve, b: SizeCurve) -> tuple[np.ndarray, str, str]:
         return xc, "larger_ahead", (
             f"{b.label} is already better than {a.label} where their logged C ranges begin (at {np.exp(lo):.3g} "
             f"FLOPs, the first usable row of {first}): their handover is not observed; log {first} from earlier "
-            f"(or keep more of its warm-up)")
+            f"(or, with --skip-warmup, from a shorter warm-up)")
     ender = a if a1 <= b1 else b
     return xc, "smaller_ahead", (
         f"{a.label} is still better than {b.label} where their overlap ends ({np.exp(hi):.3g} FLOPs), where run "

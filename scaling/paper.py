@@ -25,6 +25,8 @@ PAPER_TABLE3: dict[str, dict[str, tuple[float, float]]] = {
     "cos2": {"L": (3.5877, -0.0756), "N_opt": (2.65e8, 0.6516), "D_opt": (4.23e10, 0.4529)},
 }
 LAWS = ("L", "N_opt", "D_opt")
+# L(C) = beta · C^alpha per architecture, in the keys the loss fits use (derived from PAPER_TABLE3)
+PAPER_LOSS_FIT: dict[str, dict[str, float]] = {a: {"beta": t["L"][0], "alpha": t["L"][1]} for a, t in PAPER_TABLE3.items()}
 
 
 def paper_reference(arch: str) -> dict:

@@ -4,8 +4,8 @@ embedding term can be switched in or out. The default C is the paper's: training
 (LM-head) term, as its FLOPs table and Table 1 count them.
 
 Rows that cannot be used are skipped and counted by reason; a bad row never stops a fit. Rows the trainer
-flagged (`loss_spike`, or `skipped` for a step whose update was dropped) are left out, and so are the rows of
-the learning-rate warm-up (steps <= optim.warmup_steps of the run's config) unless asked to keep them: the
+flagged (`loss_spike`, or `skipped` for a step whose update was dropped) are left out. On request the rows of
+the learning-rate warm-up (steps <= optim.warmup_steps of the run's config) are left out too: the
 constant-learning-rate learning curve the fits assume starts after it."""
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def read_metrics(path: Path, loss_key: str = "loss", min_tokens: float = 0.0, wa
         elif tokens <= 0:
             skipped["tokens <= 0 (no compute yet)"] += 1
         elif warmup_tokens is not None and tokens <= warmup_tokens:
-            skipped["in the lr warm-up (--keep-warmup keeps these)"] += 1
+            skipped["in the lr warm-up (--skip-warmup)"] += 1
         elif tokens < min_tokens:
             skipped["below --skip-tokens"] += 1
         elif toks and tokens <= toks[-1]:
@@ -170,7 +170,7 @@ def read_metrics(path: Path, loss_key: str = "loss", min_tokens: float = 0.0, wa
 
 
 def load_run(path: str | Path, include_embedding: bool = False, loss_key: str = "loss",
-             min_tokens: float = 0.0, skip_warmup: bool = True) -> Run:
+             min_tokens: float = 0.0, skip_warmup: bool = False) -> Run:
     path = Path(path)
     missing = [f for f in (CONFIG_FILE, METRICS_FILE) if not (path / f).is_file()]
     if missing:
@@ -220,7 +220,7 @@ def find_run_dirs(paths: list[str | Path], problems: list[str] | None = None) ->
 
 
 def load_runs(paths: list[str | Path], include_embedding: bool = False, loss_key: str = "loss",
-              min_tokens: float = 0.0, skip_bad: bool = False, skip_warmup: bool = True
+              min_tokens: float = 0.0, skip_bad: bool = False, skip_warmup: bool = False
               ) -> tuple[list[Run], list[str]]:
     """All runs under `paths`, and the reasons for any left out (only with skip_bad; otherwise RunError)."""
     runs, problems = [], []

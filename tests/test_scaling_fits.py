@@ -306,16 +306,20 @@ def test_c_bounds_are_in_the_unit_the_tables_print(sweep, tmp_path, capsys):
     assert main([str(root), "--c-min", "5", "--c-max", "1"]) == 2
 
 
-def test_keeping_the_warmup_with_a_short_skip_is_warned(tmp_path, capsys):
+def test_warmup_rows_are_warned_and_skipped_on_request(tmp_path, capsys):
     for size in ("mini", "70m", "160m"):
         write_run(tmp_path / f"tnl-{size}", model_config("tnl", size), LossLaw(), 3e9, n_rows=60, warmup_steps=10_000)
     main = _cli()
     assert main([str(tmp_path), "--n-boot", "0"]) == 0
     text = capsys.readouterr().out
-    assert "in the lr warm-up" in text and "WARNING --skip-tokens" not in text
-    assert main([str(tmp_path), "--n-boot", "0", "--keep-warmup", "--skip-tokens", "1000"]) == 0
+    assert "WARNING rows inside the lr warm-up are fitted" in text and "--skip-warmup" in text
+    # a --skip-tokens that stops short of the warm-up (1e9 tokens against the paper's 7.9e9) is named
+    assert main([str(tmp_path), "--n-boot", "0", "--skip-tokens", "1000"]) == 0
     text = capsys.readouterr().out
-    assert "WARNING --skip-tokens 1e+03 ends before the lr warm-up" in text
+    assert "WARNING --skip-tokens 1e+03 ends before the lr warm-up of 3 run(s)" in text
+    assert main([str(tmp_path), "--n-boot", "0", "--skip-warmup"]) == 0
+    text = capsys.readouterr().out
+    assert "in the lr warm-up (--skip-warmup): 3" in text and "WARNING rows inside the lr warm-up" not in text
 
 
 def test_cli_errors(tmp_path, capsys):

@@ -96,8 +96,8 @@ def test_skip_tokens_drops_early_rows(tmp_path):
     assert run.skipped == {"below --skip-tokens": 4}
 
 
-def test_the_warmup_is_skipped_by_default(tmp_path):
-    """Rows up to optim.warmup_steps x tokens per step (from the run's own config) are left out unless kept."""
+def test_the_warmup_is_skipped_on_request(tmp_path):
+    """Rows up to optim.warmup_steps x tokens per step (from the run's own config) are left out when asked."""
     cfg = model_config("tnl", "tiny")
     seq_len, batch = 64, 4
     rows = "".join(json.dumps({"step": s, "tokens": s * seq_len * batch, "loss": 3.0}) + "\n" for s in range(1, 11))
@@ -105,11 +105,11 @@ def test_the_warmup_is_skipped_by_default(tmp_path):
     config = json.loads((d / "config.json").read_text())
     config["optim"] = {"warmup_steps": 3}
     (d / "config.json").write_text(json.dumps(config))
-    run = load_run(d)
+    run = load_run(d, skip_warmup=True)
     assert run.warmup_tokens == 3 * seq_len * batch
     np.testing.assert_array_equal(run.tokens, np.arange(4, 11) * seq_len * batch)
-    assert run.skipped == {"in the lr warm-up (--keep-warmup keeps these)": 3}
-    assert len(load_run(d, skip_warmup=False).tokens) == 10
+    assert run.skipped == {"in the lr warm-up (--skip-warmup)": 3}
+    assert len(load_run(d).tokens) == 10
     # a config written by the trainer carries global_batch_tokens instead
     config["train"] = {"seq_len": seq_len, "global_batch_tokens": 2 * seq_len * batch}
     (d / "config.json").write_text(json.dumps(config))
