@@ -43,10 +43,15 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
+def _needs_setuptools():
+    pytest.importorskip("setuptools", reason="building linscale's wheels needs setuptools in this environment")
+
+
 @pytest.mark.parametrize("kind", ["wheel", "editable"])
 def test_both_wheels_install_the_hook_into_site_packages(tmp_path, kind):
     """A wheel's root is what pip unpacks into site-packages: the hook must sit there, listed in RECORD with
     its hash, in the wheel of `pip install .` and in the editable wheel of `pip install -e .` (PEP 660)."""
+    _needs_setuptools()
     src = _source_copy(tmp_path / "src")
     out = tmp_path / "dist"
     out.mkdir()
@@ -70,6 +75,7 @@ def test_both_wheels_install_the_hook_into_site_packages(tmp_path, kind):
 def test_editable_install_registers_the_model_when_lm_eval_starts(tmp_path):
     """`pip install -e .` into a fresh virtual environment (its other packages borrowed from this one), then a
     program named lm_eval started by that environment's Python finds the `linscale` model registered."""
+    _needs_setuptools()
     src = _source_copy(tmp_path / "src")
     venv = tmp_path / "venv"
     made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
