@@ -52,11 +52,16 @@ def test_summarize_extremes_and_validation():
 
 
 def test_score_reply():
+    # the default rule: the exact value or nothing
     assert niah.score_reply(" 1234567.", "1234567") == 10.0
     assert niah.score_reply(" nothing", "1234567") == 1.0
-    assert niah.score_reply(" 1239999", "1234567") == pytest.approx(1 + 9 * 3 / 7)
-    assert niah.score_reply(" 12345678", "1234567") == pytest.approx(1 + 9 * 6 / 7)  # longer is not exact
-    assert niah.score_reply(" 7654321", "1234567") == 1.0
+    assert niah.score_reply(" 1239999", "1234567") == 1.0
+    assert niah.score_reply(" 12345678", "1234567") == 1.0                           # longer is not exact
+    # partial credit per correct leading digit, on request
+    assert niah.score_reply(" 1234567.", "1234567", "partial") == 10.0
+    assert niah.score_reply(" 1239999", "1234567", "partial") == pytest.approx(1 + 9 * 3 / 7)
+    assert niah.score_reply(" 12345678", "1234567", "partial") == pytest.approx(1 + 9 * 6 / 7)
+    assert niah.score_reply(" 7654321", "1234567", "partial") == 1.0
 
 
 @pytest.mark.parametrize("n_tokens,max_len", [(1, 4), (4, 4), (5, 4), (11, 4), (23, 7)])
