@@ -129,7 +129,6 @@ def _main(argv=None) -> int:
     return 0
 
 
-
 def main(argv=None) -> int:
     """Errors in the input end in one `error:` line and exit code 2 (docs/errors.md)."""
     return run_cli(_main, argv)
