@@ -73,7 +73,7 @@ class RunLock:
 
     def _details(self) -> dict:
         return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "command": " ".join(sys.argv)[:300]}
+                "command": " ".join(sys.argv)[:300], "slurm_job": os.environ.get("SLURM_JOB_ID")}
 
     def _read(self) -> dict:
         try:
@@ -110,13 +110,23 @@ class RunLock:
 
     def _acquire_pidfile(self) -> "RunLock":
         host = socket.gethostname()
-        for _ in range(2):
+        for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
                 holder = self._read()
-                if holder.get("host") == host and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]):
-                    _info(f"{self.path}: stale lock of pid {holder['pid']} (no longer running on {host}); removed")
+                job = os.environ.get("SLURM_JOB_ID")
+                dead_here = holder.get("host") == host and isinstance(holder.get("pid"), int) \
+                    and not _pid_alive(holder["pid"])
+                # Slurm requeues a job under its own id only after its processes ended: the lock is the old
+                # incarnation's, left by a kill that gave it no chance to remove it
+                requeued = job is not None and holder.get("slurm_job") == job
+                if not holder:  # empty: released by a flock-mode run, or just created by our own open()
+                    self.path.unlink(missing_ok=True)
+                    continue
+                if dead_here or requeued:
+                    why = f"no longer running on {host}" if dead_here else f"an earlier incarnation of Slurm job {job}"
+                    _info(f"{self.path}: stale lock of pid {holder.get('pid')} ({why}); removed")
                     self.path.unlink(missing_ok=True)
                     continue
                 raise RunDirectoryBusy(

@@ -318,6 +318,39 @@ def test_run_directory_in_use(dataset, tmp_path, capsys):
     assert (run / ".lock").read_text() == ""  # released at the end
 
 
+def test_run_directory_lock_without_flock(tmp_path, monkeypatch):
+    """Where the file system has no flock, the lock is an exclusively created file: a live holder is
+    refused (how to clear it is in the message), a dead pid on this host or an earlier incarnation of the
+    same Slurm job (a requeue) is taken over, and release removes the file."""
+    import errno
+    import fcntl
+    import socket
+    from checkpoints.errors import RunDirectoryBusy
+    from checkpoints.run_dir import RunLock
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = RunLock(run).acquire()
+    assert json.loads((run / ".lock").read_text())["pid"] == os.getpid()
+    with pytest.raises(RunDirectoryBusy, match=r"is locked by pid \d+ on host .* delete .*\.lock"):
+        RunLock(run).acquire()
+    lock.release()
+    assert not (run / ".lock").exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    holder = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": "x", "command": "x", "slurm_job": None}
+    (run / ".lock").write_text(json.dumps(holder))
+    RunLock(run).acquire().release()  # the dead pid's lock is taken over
+    (run / ".lock").write_text(json.dumps({**holder, "pid": 1, "host": "elsewhere", "slurm_job": "4242"}))
+    with pytest.raises(RunDirectoryBusy):
+        RunLock(run).acquire()
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    RunLock(run).acquire().release()  # a requeued job takes its own old lock over
+
+
 def test_fresh_start_over_an_earlier_run(dataset, tmp_path, capsys):
     """A run without --resume in a directory holding another run's checkpoints is refused (nothing is
     written); --overwrite moves the earlier run aside (nothing deleted) and starts afresh; --resume auto
