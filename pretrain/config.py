@@ -192,8 +192,8 @@ def _help(path: str, f: dataclasses.Field) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Pretrain a linear-complexity LM (or the LLaMA baseline).",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # each field's help carries its real default and allowed values (the parser's own defaults are None)
+    p = argparse.ArgumentParser(description="Pretrain a linear-complexity LM (or the LLaMA baseline).")
     p.add_argument("--config", help="YAML file of config fields (nested as the dataclasses); flags override it")
     p.add_argument("--arch", default=None, help="llama | tnl | hgrn2 | cos2 (alias cosformer2)")
     p.add_argument("--size", default=None, help=" | ".join(SIZES))

@@ -396,6 +396,27 @@ def test_resume_auto_ignores_another_runs_checkpoint(dataset, tmp_path, capsys):
     assert (b / "checkpoints" / "latest").read_text().strip() == "step_00000006"
 
 
+def test_resume_an_earlier_checkpoint_of_this_run(dataset, tmp_path, capsys):
+    """--resume with one of this run's own older checkpoints starts a new branch: the later checkpoints
+    and snapshots (the abandoned branch) are moved to superseded-<time>/ (not deleted), so --resume auto
+    afterwards follows the new branch and a replayed step never keeps the old branch's snapshot."""
+    run = tmp_path / "run"
+    flags = ("--save-every", "2", "--keep-last", "0", "--snapshot-every-tokens", str(2 * 96))
+    assert pretrain(run_flags(run, dataset, 6, *flags), capsys)[0] == 0
+    old6 = (run / "snapshots" / "step_00000006" / "model.safetensors").read_bytes()
+    rc, out, _ = pretrain(run_flags(run, dataset, 4, *flags, "--lr", "1e-3", "--resume",
+                                    run / "checkpoints" / "step_00000002"), capsys)
+    assert rc == 0 and "abandoned branch" in out
+    ckpt_aside = [p for p in (run / "checkpoints").iterdir() if p.name.startswith("superseded-")]
+    snap_aside = [p for p in (run / "snapshots").iterdir() if p.name.startswith("superseded-")]
+    assert len(ckpt_aside) == 1 and sorted(p.name for p in ckpt_aside[0].iterdir()) == ["step_00000004", "step_00000006"]
+    assert len(snap_aside) == 1 and (snap_aside[0] / "step_00000006" / "model.safetensors").read_bytes() == old6
+    rc, out, _ = pretrain(run_flags(run, dataset, 6, *flags, "--lr", "1e-3", "--resume", "auto"), capsys)
+    assert rc == 0 and "step_00000004 at step 4" in out  # the new branch's step 4, not the old step 6
+    new6 = (run / "snapshots" / "step_00000006" / "model.safetensors").read_bytes()
+    assert new6 != old6  # written by the new branch (lr 1e-3), not kept from the old one
+
+
 def _corrupt(path: Path) -> None:
     target = path / "module" / "model.pt"
     data = bytearray(target.read_bytes())
