@@ -48,7 +48,7 @@ from checkpoints.errors import CheckpointError, SaveFailed
 from checkpoints.hashio import FileRecord, save_safetensors, save_torch
 from checkpoints.layout import (CHECKPOINTS, LATEST, SNAPSHOTS, TMP_SUFFIX, parse_step, step_dirs, step_name,
                                 tmp_dirs)
-from checkpoints.manifest import MANIFEST, verify, write_manifest
+from checkpoints.manifest import verify, write_manifest
 from checkpoints.run_dir import read_run_id
 from checkpoints.schedule import SnapshotSchedule
 from checkpoints.signals import StopSignal
@@ -444,8 +444,8 @@ class CheckpointManager:
                     if f["disk_full"] or free < (f.get("needed") or 0) + headroom(self.ckpt_dir) else
                     f"{what}: a write came up short ({f['error']}; {human_bytes(free)} free on "
                     f"{device_of(self.ckpt_dir)})")
-            fix = (f"Free space there (or lower --keep-last, or save less often), or continue into an --out on a "
-                   f"bigger disk, then --resume auto")
+            fix = ("Free space there (or lower --keep-last, or save less often), or move the run directory to a "
+                   "bigger disk and pass it as --out; then --resume auto")
         else:
             head = f"{what}: {f['error']}"
             fix = "Fix the cause, then --resume auto"

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
