@@ -88,7 +88,15 @@ def test_editable_install_registers_the_model_when_lm_eval_starts(tmp_path):
     if not here:
         pytest.skip("lm-eval is not installed in a site-packages directory of this Python")
     # sorts before the hook, so lm_eval and torch are importable when the hook runs (as in a full install)
-    (Path(purelib) / "aa_borrow_packages.pth").write_text(here[0] + "\n")
+    # borrowed without linscale itself: where this Python has it installed (not editable, as in CI), a borrowed
+    # copy would shadow the editable source under test
+    borrowed = tmp_path / "borrowed"
+    borrowed.mkdir()
+    for entry in Path(here[0]).iterdir():
+        if entry.name in PACKAGES or entry.name == HOOK or entry.name.lower().startswith(("linscale", "__editable__")):
+            continue
+        (borrowed / entry.name).symlink_to(entry)
+    (Path(purelib) / "aa_borrow_packages.pth").write_text(f"{borrowed}\n")
     pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
                           "--no-build-isolation", "-e", str(src)], capture_output=True, text=True, timeout=300)
     if pip.returncode != 0 and "no such option: --python" in pip.stderr:
