@@ -21,9 +21,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-try:
+from ops.optional import HAVE_TRITON
+
+if HAVE_TRITON:  # Triton is optional; a broken kernel module must still fail loudly
     from ops.triton_cross_entropy import ce_rows_triton
-except ImportError:  # Triton is optional
+else:
     ce_rows_triton = None
 
 

@@ -30,6 +30,9 @@ def test_triton_kernels_registered():
     assert ops.HAVE_TRITON
     for op in ("lightning_attn", "gated_linear_attn"):
         assert "triton" in ops.available_impls(op), f"{op}: the triton implementation did not register"
+    from ops.cross_entropy import ce_rows_triton
+    from ops.norm import rms_norm_triton
+    assert ce_rows_triton is not None and rms_norm_triton is not None, "the fused loss / norm kernels did not load"
 
 
 def rel(a, b):

@@ -67,9 +67,19 @@ def test_missing_triton_falls_back_but_a_broken_kernel_module_fails():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False ['chunked', 'recurrent']"
     pytest.importorskip("triton")
-    broken = "import sys; sys.modules['ops.triton_scan'] = None\nimport ops"
-    r = _python(broken, TRITON_INTERPRET="1")
-    assert r.returncode != 0 and "ops.triton_scan" in r.stderr
+    # every kernel module: with Triton installed, one that does not import stops `import ops`
+    for module in ("ops.triton_scan", "ops.triton_cross_entropy"):
+        r = _python(f"import sys; sys.modules[{module!r}] = None\nimport ops", TRITON_INTERPRET="1")
+        assert r.returncode != 0 and module in r.stderr, (module, r.stderr[-500:])
+    # a kernel module that raises while importing (a renamed symbol, say) is not taken for a missing Triton
+    renamed = ("import sys, importlib.abc\n"
+               "class Broken(importlib.abc.MetaPathFinder):\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name == 'ops.triton_norm':\n"
+               "            raise ImportError('cannot import name rms_norm_fwd_kernel')\n"
+               "sys.meta_path.insert(0, Broken())\nimport ops")
+    r = _python(renamed, TRITON_INTERPRET="1")
+    assert r.returncode != 0 and "rms_norm_fwd_kernel" in r.stderr, r.stderr[-500:]
 
 
 def _plan(monkeypatch, B, H, T, op="lightning", K=128, gpu=("NVIDIA H100 80GB HBM3", 132)):
