@@ -12,6 +12,7 @@ from typing import Callable
 from torch import Tensor
 
 from ops import reference
+from ops import sequence_parallel as _sp
 from ops.checks import check_decay, check_log_f, check_qkv, check_state_and_lengths
 from ops.config import get_config, set_config
 
@@ -85,7 +86,8 @@ def lightning_attn(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None = None,
     check_qkv("lightning_attn", q, k, v)
     check_decay("lightning_attn", q, decay, check_values)
     check_state_and_lengths("lightning_attn", q, v, initial_state, cu_seqlens, check_values)
-    o, state = _resolve("lightning_attn", impl, q)(q, k, v, decay, initial_state, cu_seqlens)
+    o, state = _sp.run("lightning_attn", _resolve("lightning_attn", impl, q), q, k, v, decay, initial_state,
+                       cu_seqlens)
     return (o, state) if output_final_state else o
 
 
@@ -98,5 +100,6 @@ def gated_linear_attn(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
     check_qkv("gated_linear_attn", q, k, v)
     check_log_f("gated_linear_attn", q, log_f, check_values)
     check_state_and_lengths("gated_linear_attn", q, v, initial_state, cu_seqlens, check_values)
-    o, state = _resolve("gated_linear_attn", impl, q)(q, k, v, log_f, initial_state, cu_seqlens)
+    o, state = _sp.run("gated_linear_attn", _resolve("gated_linear_attn", impl, q), q, k, v, log_f, initial_state,
+                       cu_seqlens)
     return (o, state) if output_final_state else o

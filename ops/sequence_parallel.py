@@ -1,0 +1,253 @@
+"""Sequence parallelism for the linear-attention ops: the LASP-2 state exchange.
+
+Each micro-batch's sequences are split along time over the `size` ranks of a sequence-parallel group;
+rank r holds tokens [r*seg_len, (r+1)*seg_len) of every sequence. A linear-attention layer needs from the
+ranks before it only one fixed-size state per sequence, so a layer runs as:
+
+1. each rank summarises its segment: the state S_r its tokens build from zero (from the segment start or
+   from its last document start, whichever is later), the factor D_r by which the segment decays a state
+   that enters it (the product of its decays; 0 when a document starts inside the segment), and whether
+   its first token continues the previous rank's document (g_r);
+2. one all-gather of (S, D, g) over the group (per sequence H x Dk x Dv + H x Dk + 1 numbers per rank);
+3. each rank forms its incoming state by the scan C_r = D_r * g_r C_{r-1} + S_r, I_r = g_r C_{r-1};
+4. the op runs on the local segment with `initial_state` = I_r (the ops' initial-state interface; with
+   `cu_seqlens` only the segment's first document gets it).
+
+The backward mirrors it through autograd: the op returns the initial state's gradient, the scan is plain
+tensor algebra, and the all-gather's backward sums every rank's gradient for a state onto the rank that
+owns it (a reduce-scatter), from where it flows into k, v and the decays of that rank's segment.
+
+Nothing here is model code: `sequence_parallel(sp)` makes `lightning_attn` and `gated_linear_attn` run this
+way for the calls made inside it (the model plan in `pretrain.sequence_parallel` enters it around each
+token mixer), and `segment_prefix` serves any other diagonal recurrence (cosFormer2's TPE).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ops.reference import state_dtype
+
+
+@dataclass
+class Segments:
+    """Where the local tokens sit in the micro-batch's sequences.
+
+    Args:
+        rows: sequences in the micro-batch. Without `cu_seqlens` the ops read it from the batch dimension;
+            with `cu_seqlens` (packed into one row of rows x seg_len tokens) it must be given here.
+        continues: [rows] bool, True where the row's first local token continues the document that the
+            previous rank's segment of that row ends in. None: every row continues on ranks > 0 (one
+            document per sequence, or no document resets).
+    """
+    rows: int | None = None
+    continues: Tensor | None = None
+
+
+class SequenceParallel:
+    """A sequence-parallel group and the segment layout of the micro-batch being run.
+
+    Args:
+        group: the process group of the ranks that share each sequence (None: the default group).
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.segments = Segments()
+
+    def continues(self, rows: int, device: torch.device) -> Tensor:
+        c = self.segments.continues
+        if c is None:
+            return torch.full((rows,), self.rank > 0, dtype=torch.bool, device=device)
+        if c.numel() != rows:
+            raise ValueError(f"sequence parallel: `continues` has {c.numel()} entries for {rows} rows")
+        return c.to(device=device, dtype=torch.bool)
+
+
+_ACTIVE: list[SequenceParallel] = []
+
+
+@contextlib.contextmanager
+def sequence_parallel(sp: SequenceParallel | None) -> Iterator[None]:
+    """Run the linear-attention ops called inside as segments of `sp`'s sequences (None: no-op)."""
+    if sp is None:
+        yield
+        return
+    _ACTIVE.append(sp)
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+
+
+def active() -> SequenceParallel | None:
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+# ----------------------------------------------------------------------------------------------------
+# the collective and the scan
+# ----------------------------------------------------------------------------------------------------
+
+# torch 2.13 renames the single-tensor collectives; the GPU image's torch has only the old names
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class _AllGather(torch.autograd.Function):
+    """[n] -> [size, n]; the backward gives each rank the sum over ranks of the gradient of its slice."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, sp: SequenceParallel) -> Tensor:
+        ctx.sp = sp
+        x = x.contiguous()
+        out = x.new_empty(sp.size * x.shape[0], *x.shape[1:])  # ranks' tensors one after another in dim 0
+        _all_gather_single(out, x, group=sp.group)
+        return out.view(sp.size, *x.shape)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        sp = ctx.sp
+        grad = grad.contiguous()
+        if dist.get_backend(sp.group) == "nccl":
+            mine = grad.new_empty(grad.shape[1:])
+            _reduce_scatter_single(mine, grad.view(-1, *grad.shape[2:]), group=sp.group)
+        else:  # gloo has no reduce-scatter: the same sum, through an all-reduce
+            dist.all_reduce(grad, group=sp.group)
+            mine = grad[sp.rank]
+        return mine, None
+
+
+@torch.compiler.disable
+def segment_prefix(sp: SequenceParallel, state: Tensor, transfer: Tensor, continues: Tensor) -> Tensor:
+    """The state that enters this rank's segment of each row (steps 2 and 3 of the module docstring).
+
+    Args:
+        sp: the sequence-parallel group.
+        state: [rows, *S] the state the local segment builds from zero (from its last document start).
+        transfer: [rows, *F], F broadcastable to S: the factor by which the segment decays an incoming
+            state (0 where a document starts inside the segment).
+        continues: [rows] bool, whether the segment's first token continues the previous rank's document.
+
+    Returns:
+        [rows, *S]: sum_{r' < r} (prod_{r' < j < r} D_j) S_{r'}, cut at documents that do not continue;
+        zero on the first rank. Differentiable in `state` and `transfer` (on every rank).
+    """
+    rows, s_shape, f_shape = state.shape[0], state.shape[1:], transfer.shape[1:]
+    n_s, n_f = state[0].numel(), transfer[0].numel()
+    packed = torch.cat([state.reshape(rows, n_s), transfer.to(state.dtype).reshape(rows, n_f),
+                        continues.to(state.dtype).reshape(rows, 1)], dim=1)
+    every = _AllGather.apply(packed, sp)                                   # [size, rows, n]
+    # zeros that depend on the gathered tensor: the first rank uses nothing of it, yet must join the
+    # collective of its backward, which autograd only runs for tensors that reach the output
+    carry = every[0, :, :n_s].reshape(rows, *s_shape) * 0
+    for r in range(sp.rank):
+        S = every[r, :, :n_s].reshape(rows, *s_shape)
+        D = every[r, :, n_s:n_s + n_f].reshape(rows, *f_shape)
+        g = every[r, :, -1].reshape(rows, *([1] * len(s_shape)))
+        carry = D * (g * carry) + S
+    g = continues.to(state.dtype).reshape(rows, *([1] * len(s_shape)))
+    return g * carry
+
+
+# ----------------------------------------------------------------------------------------------------
+# segment summaries and the sequence-parallel ops
+# ----------------------------------------------------------------------------------------------------
+
+def _row_layout(cu_seqlens: Tensor, rows: int, seg: int) -> tuple[Tensor, Tensor, Tensor]:
+    """For each row of a packed [rows*seg] input: the index of its first document, the local offset of its
+    last document start (tokens before it do not reach the row's final state) and whether a document
+    starts inside it (after its first token)."""
+    starts = cu_seqlens[:-1].long()
+    row_start = torch.arange(rows, device=starts.device) * seg
+    first_doc = torch.searchsorted(starts, row_start)
+    last_doc = torch.searchsorted(starts, row_start + seg) - 1
+    last_start = starts[last_doc] - row_start
+    return first_doc, last_start, last_start > 0
+
+
+def _rows_and_seg(sp: SequenceParallel, q: Tensor, cu_seqlens: Tensor | None, op: str) -> tuple[int, int]:
+    B, T = q.shape[:2]
+    if cu_seqlens is None:
+        return B, T
+    rows = sp.segments.rows
+    if rows is None or rows < 1 or T % rows:
+        raise ValueError(f"{op} under sequence parallelism with cu_seqlens: the packed row of {T} tokens must "
+                         f"be `Segments.rows` sequences of equal length; rows is {rows}")
+    return rows, T // rows
+
+
+def _finish(sp: SequenceParallel, fn: Callable, q, k, v, x, S, D, rows, cu_seqlens, first_doc):
+    incoming = segment_prefix(sp, S, D, sp.continues(rows, q.device))
+    if cu_seqlens is None:
+        h0 = incoming
+    else:  # only each row's first document enters with a carried state
+        n_docs = cu_seqlens.numel() - 1
+        h0 = incoming.new_zeros(n_docs, *incoming.shape[1:]).index_copy(0, first_doc, incoming)
+    return fn(q, k, v, x, h0, cu_seqlens)
+
+
+def lightning_attn_sp(sp: SequenceParallel, fn: Callable, q: Tensor, k: Tensor, v: Tensor,
+                      decay: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
+    """`lightning_attn` on this rank's segments; `fn` is the chosen implementation (q, k, v, decay,
+    initial_state, cu_seqlens) -> (o, final_state). Returns what `fn` returns for the local segment (its
+    final state is the sequence's final state on the last rank)."""
+    rows, seg = _rows_and_seg(sp, q, cu_seqlens, "lightning_attn")
+    H, Dk, Dv = q.shape[2], q.shape[3], v.shape[3]
+    sd = state_dtype(q)
+    log_lam = torch.zeros(H, dtype=sd, device=q.device) if decay is None else decay.to(sd).log()
+    t = torch.arange(seg, device=q.device, dtype=sd)
+    w = torch.exp(log_lam[None, :] * (seg - 1 - t)[:, None]).expand(rows, seg, H)   # decay^(seg-1-t)
+    D = torch.exp(log_lam * seg).expand(rows, H)
+    first_doc = None
+    if cu_seqlens is not None:
+        first_doc, last_start, inner = _row_layout(cu_seqlens, rows, seg)
+        w = w * (t[None, :] >= last_start[:, None]).to(sd)[:, :, None]
+        D = D * (~inner).to(sd)[:, None]
+    kr = k.reshape(rows, seg, H, Dk).to(sd)
+    vr = v.reshape(rows, seg, H, Dv).to(sd)
+    S = torch.einsum("bthk,bth,bthv->bhkv", kr, w, vr)
+    D = D[:, :, None].expand(rows, H, Dk)
+    return _finish(sp, fn, q, k, v, decay, S, D[..., None], rows, cu_seqlens, first_doc)
+
+
+def gated_linear_attn_sp(sp: SequenceParallel, fn: Callable, q: Tensor, k: Tensor, v: Tensor,
+                         log_f: Tensor, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
+    """`gated_linear_attn` on this rank's segments (as `lightning_attn_sp`)."""
+    rows, seg = _rows_and_seg(sp, q, cu_seqlens, "gated_linear_attn")
+    H, Dk, Dv = q.shape[2], q.shape[3], v.shape[3]
+    sd = state_dtype(q)
+    lf = log_f.reshape(rows, seg, H, Dk).to(sd)
+    # sum_{u > t} log_f_u: summed from the end, never as a difference of prefix sums (no cancellation)
+    after = torch.cat([lf[:, 1:], torch.zeros_like(lf[:, :1])], dim=1).flip(1).cumsum(1).flip(1)
+    w = after.exp()
+    D = lf.sum(1).exp()                                                        # [rows, H, Dk]
+    first_doc = None
+    if cu_seqlens is not None:
+        first_doc, last_start, inner = _row_layout(cu_seqlens, rows, seg)
+        t = torch.arange(seg, device=q.device)
+        w = w * (t[None, :] >= last_start[:, None]).to(sd)[:, :, None, None]
+        D = D * (~inner).to(sd)[:, None, None]
+    kr = k.reshape(rows, seg, H, Dk).to(sd)
+    vr = v.reshape(rows, seg, H, Dv).to(sd)
+    S = torch.einsum("bthk,bthv->bhkv", kr * w, vr)
+    return _finish(sp, fn, q, k, v, log_f, S, D[..., None], rows, cu_seqlens, first_doc)
+
+
+def run(op: str, fn: Callable, q: Tensor, k: Tensor, v: Tensor, x: Tensor | None,
+        initial_state: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Dispatch point of the public ops: `fn` as is, or under the active sequence-parallel group."""
+    sp = active()
+    if sp is None or sp.size == 1:
+        return fn(q, k, v, x, initial_state, cu_seqlens)
+    if initial_state is not None:
+        raise ValueError(f"{op}: an initial state cannot be passed under sequence parallelism (the state that "
+                         f"enters each rank's segment comes from the ranks before it); decode without it")
+    body = lightning_attn_sp if op == "lightning_attn" else gated_linear_attn_sp
+    return body(sp, fn, q, k, v, x, cu_seqlens)
