@@ -3,9 +3,12 @@ temporary name, flushed to disk (fsync), then renamed; the directory holding the
 or a power loss could undo the rename while keeping the old name."""
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 from pathlib import Path
+
+from checkpoints.layout import TRASH_SUFFIX
 
 
 def fsync_dir(path: Path) -> None:
@@ -28,11 +31,36 @@ def atomic_write_text(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (Linux renameat2 RENAME_EXCHANGE). False where the kernel, the C
+    library or the file system cannot (nothing is changed then)."""
+    global _renameat2
+    if _renameat2 is None:
+        try:
+            _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+        except (OSError, AttributeError):
+            _renameat2 = False
+    if _renameat2 is False:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return _renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+_renameat2 = None
+
+
 def publish_dir(tmp: Path, final: Path) -> None:
-    """Rename a fully written `tmp` directory to `final`. An existing `final` (a stale or corrupt copy of
-    the same step) is moved aside first and deleted after, so a crash in between leaves either the old
-    or the new directory under a name resume recognises, plus at most some trash."""
-    trash = final.with_name(final.name + ".trash")
+    """Rename a fully written `tmp` directory to `final`. An existing `final` (an older copy of the same
+    thing) is swapped with `tmp` in one step where the system can, so a reader finds `final` at every
+    instant, then the old copy (now under the `tmp` name) is removed. Elsewhere the old one is moved aside
+    first and deleted after: a crash in between leaves the old or the new directory under a name resume
+    recognises, plus at most some trash."""
+    tmp, final = Path(tmp), Path(final)
+    if final.exists() and exchange(tmp, final):
+        fsync_dir(final.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    trash = final.with_name(final.name + TRASH_SUFFIX)
     if trash.exists():
         shutil.rmtree(trash)
     if final.exists():

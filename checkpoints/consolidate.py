@@ -10,10 +10,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from checkpoints.manager import META, MODULE_DIR, SNAPSHOT_WEIGHTS
-from checkpoints.universal import DEEPSPEED_DIR
-
-TORCH_MODEL_FILE = "model.pt"          # TorchTrainModule.save_state
+from checkpoints.layout import DEEPSPEED_DIR, META, MODEL_WEIGHTS, MODULE_DIR, TORCH_MODEL
 
 
 def read_meta(path: Path) -> dict:
@@ -23,12 +20,12 @@ def read_meta(path: Path) -> dict:
 def consolidated_state_dict(path: Path) -> dict[str, Tensor]:
     """Weights of the snapshot or resume checkpoint at `path` as {name: fp32 CPU tensor}."""
     path = Path(path)
-    if (path / SNAPSHOT_WEIGHTS).is_file():
+    if (path / MODEL_WEIGHTS).is_file():
         from safetensors.torch import load_file
-        return load_file(str(path / SNAPSHOT_WEIGHTS))
+        return load_file(str(path / MODEL_WEIGHTS))
     module_dir = path / MODULE_DIR
-    if (module_dir / TORCH_MODEL_FILE).is_file():
-        state = torch.load(module_dir / TORCH_MODEL_FILE, map_location="cpu", weights_only=True)
+    if (module_dir / TORCH_MODEL).is_file():
+        state = torch.load(module_dir / TORCH_MODEL, map_location="cpu", weights_only=True)
         return {k: v.float() for k, v in state.items()}
     if (module_dir / DEEPSPEED_DIR).is_dir():
         try:
@@ -38,5 +35,5 @@ def consolidated_state_dict(path: Path) -> dict[str, Tensor]:
                               f"(pip install -c constraints.txt deepspeed), or export a snapshot instead") from err
         state = get_fp32_state_dict_from_zero_checkpoint(str(module_dir), tag=DEEPSPEED_DIR)
         return {k: v.float() for k, v in state.items()}
-    raise FileNotFoundError(f"{path}: no {SNAPSHOT_WEIGHTS} (snapshot), {MODULE_DIR}/{TORCH_MODEL_FILE} (PyTorch "
+    raise FileNotFoundError(f"{path}: no {MODEL_WEIGHTS} (snapshot), {MODULE_DIR}/{TORCH_MODEL} (PyTorch "
                             f"checkpoint) or {MODULE_DIR}/{DEEPSPEED_DIR}/ (DeepSpeed checkpoint) found")

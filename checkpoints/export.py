@@ -13,8 +13,9 @@ from typing import Callable
 import torch
 
 from checkpoints.consolidate import consolidated_state_dict, read_meta
-from checkpoints.layout import CHECKPOINTS, EXPORTS, SNAPSHOTS, step_dirs, step_name
-from checkpoints.manifest import MANIFEST, verify
+from checkpoints.layout import (CHECKPOINTS, EXPORTS, MANIFEST, MODEL_CONFIG, MODEL_WEIGHTS, RUN_CONFIG, SNAPSHOTS,
+                                step_dirs, step_name)
+from checkpoints.manifest import verify
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -81,15 +82,15 @@ def export_config(meta: dict, source: Source, dtype: str) -> dict:
 def _run_train_config(source: Source) -> dict:
     """The `train` section of the run's config.json (RUN/snapshots/step_N -> RUN/config.json), or {}."""
     try:
-        train = json.loads((source.path.parents[1] / "config.json").read_text()).get("train")
+        train = json.loads((source.path.parents[1] / RUN_CONFIG).read_text()).get("train")
     except (OSError, ValueError, AttributeError):
         return {}
     return train if isinstance(train, dict) else {}
 
 
 def already_exported(out: Path, step: int, dtype: str) -> bool:
-    cfg = out / "config.json"
-    if not (cfg.is_file() and (out / "model.safetensors").is_file()):
+    cfg = out / MODEL_CONFIG
+    if not (cfg.is_file() and (out / MODEL_WEIGHTS).is_file()):
         return False
     try:
         meta = json.loads(cfg.read_text())

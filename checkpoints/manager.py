@@ -46,21 +46,18 @@ from checkpoints.atomic import atomic_write_text, fsync_dir, publish_dir
 from checkpoints.disk import device_of, disk_full_cause, free_bytes, headroom, human_bytes, looks_like_short_write
 from checkpoints.errors import CheckpointError, SaveFailed
 from checkpoints.hashio import FileRecord, save_safetensors, save_torch
-from checkpoints.layout import (CHECKPOINTS, LATEST, SNAPSHOTS, TMP_SUFFIX, parse_step, step_dirs, step_name,
+from checkpoints.layout import (CHECKPOINTS, LATEST, META, MODEL_WEIGHTS, MODULE_DIR, PARTS_DIR, SNAPSHOTS,
+                                TMP_SUFFIX, TORCH_MODEL, TRAINER_DIR, TRASH_SUFFIX, parse_step, step_dirs, step_name,
                                 tmp_dirs)
 from checkpoints.manifest import verify, write_manifest
 from checkpoints.run_dir import read_run_id
 from checkpoints.schedule import SnapshotSchedule
 from checkpoints.signals import StopSignal
 from checkpoints.staging import StagingBuffers
-from checkpoints.universal import DEEPSPEED_DIR, make_universal, needs_universal
+from checkpoints.layout import DEEPSPEED_DIR
+from checkpoints.universal import make_universal, needs_universal
 from checkpoints.writer import BackgroundWriter
 
-MODULE_DIR = "module"
-TRAINER_DIR = "trainer"
-PARTS_DIR = "parts"
-META = "meta.json"
-SNAPSHOT_WEIGHTS = "model.safetensors"
 PIN_FRACTION = 0.1  # while staging buffers are being page-locked, at most this share of a step goes to it
 PIN_MAX_S = 0.05    # ... and at most this long per step (the time since the last step can include an eval)
 
@@ -149,7 +146,7 @@ def apply_retention(ckpt_dir: Path, keep_last: int, upto: int | None = None, run
     for step, path in ours:
         if step >= oldest_kept or path.name == latest:
             continue
-        trash = path.with_name(path.name + ".trash")  # renamed first: a half-deleted dir must not look loadable
+        trash = path.with_name(path.name + TRASH_SUFFIX)  # renamed first: a half-deleted dir must not look loadable
         os.replace(path, trash)
         shutil.rmtree(trash, ignore_errors=True)
         deleted.append(path)
@@ -170,7 +167,7 @@ def saved_zero_stage(path: Path, meta: dict | None = None) -> int:
             meta = {}
     if meta.get("zero") is not None:
         return int(meta["zero"])
-    return 0 if (path / MODULE_DIR / "model.pt").is_file() else int((path / MODULE_DIR / DEEPSPEED_DIR).is_dir())
+    return 0 if (path / MODULE_DIR / TORCH_MODEL).is_file() else int((path / MODULE_DIR / DEEPSPEED_DIR).is_dir())
 
 
 def engine_mismatch(path: Path, zero: int, meta: dict | None = None) -> str | None:
@@ -626,10 +623,10 @@ class CheckpointManager:
             return None
         staged = self._snapshot_buffers.stage({k: v.float() for k, v in state.items()})
         del state
-        from models import TOKENIZER_NAME
+        from data_pipeline.tokenizer import ENCODING_NAME
         meta = {"kind": "snapshot", "step": step, "tokens": tr.tokens, "flops": tr.flops,
                 "flops_non_embedding": step * tr.flops_per_step_ne, "model": tr.model_cfg.to_dict(),
-                "tokenizer": TOKENIZER_NAME, "run": Path(tr.run_dir).name, "run_id": self.run_id, "code": self.code,
+                "tokenizer": ENCODING_NAME, "run": Path(tr.run_dir).name, "run_id": self.run_id, "code": self.code,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         stall = time.perf_counter() - t0
 
@@ -640,9 +637,9 @@ class CheckpointManager:
                 if tmp.exists():
                     shutil.rmtree(tmp)
                 tmp.mkdir(parents=True)
-                rec = save_safetensors(staged, tmp / SNAPSHOT_WEIGHTS)
+                rec = save_safetensors(staged, tmp / MODEL_WEIGHTS)
                 (tmp / META).write_text(json.dumps(meta, indent=1))
-                write_manifest(tmp, {"kind": "snapshot", "step": step}, known={SNAPSHOT_WEIGHTS: rec})
+                write_manifest(tmp, {"kind": "snapshot", "step": step}, known={MODEL_WEIGHTS: rec})
                 publish_dir(tmp, final)
             except BaseException as err:
                 raise _WriteError("snapshot", step, needed, err) from err

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from checkpoints.atomic import atomic_write_text
 
-MANIFEST = "manifest.json"
+from checkpoints.layout import MANIFEST  # noqa: F401  (also imported from here)
 MANIFEST_VERSION = 1
 _CHUNK = 1 << 26  # large reads: fewer GIL hand-offs with the training thread while hashing in the background
 

@@ -26,12 +26,13 @@ from pathlib import Path
 
 from checkpoints.disk import device_of, free_bytes, human_bytes
 from checkpoints.errors import CheckpointError, RunDirectoryBusy
-from checkpoints.layout import CHECKPOINTS, EXPORTS, SNAPSHOTS, step_dirs, tmp_dirs
+from checkpoints.layout import (CHECKPOINTS, DEEPSPEED_CONFIG, EXPORTS, METRICS, RUN_CONFIG, SNAPSHOTS, SUMMARY,
+                                TENSORBOARD, step_dirs, tmp_dirs)
 
 LOCK_FILE = ".lock"
 RUN_INFO = "run.json"
 # what a run writes at the top of its directory, besides the folders above (moved aside by --overwrite)
-RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "deepspeed_config.json", "tensorboard", RUN_INFO)
+RUN_FILES = (METRICS, SUMMARY, RUN_CONFIG, DEEPSPEED_CONFIG, TENSORBOARD, RUN_INFO)
 OVERWRITTEN_PREFIX = "overwritten-"
 
 
@@ -174,7 +175,7 @@ def previous_run(run_dir: Path) -> list[str]:
         steps = step_dirs(run_dir / sub)
         if steps:
             found.append(f"{len(steps)} {what}{'s' if len(steps) > 1 else ''} (newest {steps[-1][1].name})")
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS
     if metrics.is_file() and metrics.stat().st_size > 0:
         with open(metrics, "rb") as f:
             rows = sum(1 for _ in f)

@@ -7,8 +7,8 @@ import shutil
 from argparse import Namespace
 from pathlib import Path
 
-DEEPSPEED_DIR = "deepspeed"   # DeepSpeedTrainModule.save_state writes <module>/deepspeed/ (its DeepSpeed tag)
-UNIVERSAL_DIR = "universal"   # DeepSpeedTrainModule.load_state reads <module>/universal/ on another world size
+from checkpoints.atomic import publish_dir
+from checkpoints.layout import DEEPSPEED_DIR, UNIVERSAL_DIR
 
 
 def needs_universal(module_dir: Path, saved_world: int, world: int) -> bool:
@@ -27,5 +27,5 @@ def make_universal(module_dir: Path) -> Path:
     ds_to_universal(Namespace(input_folder=str(module_dir / DEEPSPEED_DIR), output_folder=str(tmp),
                               num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
                               inject_missing_state=True))
-    tmp.rename(final)
+    publish_dir(tmp, final)
     return final

@@ -8,14 +8,17 @@ nothing about training.
 
 Where the training context is recorded (first match wins):
 1. the export's config.json `train_seq_len` (written by checkpoints.export),
-2. the run's config.json `train.seq_len` (written by the trainer), for an export at RUN/exports/step_N or
-   one whose config.json names its source snapshot (`source.path` = RUN/snapshots/step_N).
+2. the run's config.json `train.seq_len` (written by the trainer), for an export at RUN/exports/step_N, a
+   snapshot at RUN/snapshots/step_N, or an export whose config.json names its source snapshot
+   (`source.path` = RUN/snapshots/step_N).
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from pathlib import Path
+
+from checkpoints.layout import EXPORTS, MODEL_CONFIG, RUN_CONFIG, SNAPSHOTS
 
 
 def _positive_int(v) -> int | None:
@@ -31,11 +34,12 @@ def _read_json(path: Path) -> dict:
 
 
 def run_dirs_of(export_dir: str | Path, meta: dict | None = None) -> list[Path]:
-    """Run directories an export may belong to: RUN for RUN/exports/step_N, and the run of its source."""
+    """Run directories an export may belong to: RUN for RUN/exports/step_N and RUN/snapshots/step_N (a
+    snapshot loaded as it is), and the run of its source."""
     export_dir = Path(export_dir)
-    meta = _read_json(export_dir / "config.json") if meta is None else meta
+    meta = _read_json(export_dir / MODEL_CONFIG) if meta is None else meta
     out = []
-    if export_dir.parent.name == "exports":
+    if export_dir.parent.name in (EXPORTS, SNAPSHOTS):
         out.append(export_dir.parent.parent)
     src = (meta.get("source") or {}).get("path") if isinstance(meta.get("source"), dict) else None
     if isinstance(src, str) and src:
@@ -45,12 +49,12 @@ def run_dirs_of(export_dir: str | Path, meta: dict | None = None) -> list[Path]:
 
 def training_context(export_dir: str | Path) -> int | None:
     """Tokens per training sequence of the model exported at `export_dir`, or None when nothing records it."""
-    meta = _read_json(Path(export_dir) / "config.json")
+    meta = _read_json(Path(export_dir) / MODEL_CONFIG)
     found = _positive_int(meta.get("train_seq_len"))
     if found:
         return found
     for run in run_dirs_of(export_dir, meta):
-        found = _positive_int((_read_json(run / "config.json").get("train") or {}).get("seq_len"))
+        found = _positive_int((_read_json(run / RUN_CONFIG).get("train") or {}).get("seq_len"))
         if found:
             return found
     return None

@@ -1,13 +1,14 @@
-"""The lm-eval-harness model `linscale`: any exported snapshot (load_pretrained directory) as an lm-eval LM.
+"""The lm-eval-harness model `linscale`: any directory `models.load_pretrained` reads (an export, or a
+snapshot RUN/snapshots/step_N as it is) as an lm-eval LM.
 
-    lm_eval --model linscale --model_args pretrained=EXPORT_DIR,dtype=bfloat16 --tasks ...   # see below
-    python -m evaluation.lm_eval_cli --model linscale --model_args pretrained=EXPORT_DIR --tasks csr_local
+    lm_eval --model linscale --model_args pretrained=DIR,dtype=bfloat16 --tasks ...
+    python -m evaluation.lm_eval_cli --model linscale --model_args pretrained=DIR --tasks csr_local
 
-The class registers itself under "linscale" when `evaluation` is imported; the plain `lm_eval` command
-does not import it, hence `python -m evaluation.lm_eval_cli`, which does, then runs lm-eval's CLI with
-our task folder on the include path. Tokenizer: cl100k (data_pipeline.tokenizer), <|endoftext|> as
-the prefix token for empty contexts and rolling windows. Scoring and decoding live in
-evaluation.scoring (the same code the perplexity functions use).
+The class registers itself under "linscale" when this module is imported: the installed package's
+linscale_lm_eval.pth hook imports it when the `lm_eval` command starts, and `python -m
+evaluation.lm_eval_cli` imports it and adds our task folder to the include path. Tokenizer: cl100k
+(data_pipeline.tokenizer), <|endoftext|> as the prefix token for empty contexts and rolling windows.
+Scoring and decoding live in evaluation.scoring (the same code the perplexity functions use).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from models import LanguageModel, load_pretrained
 
 @register_model("linscale")
 class LinscaleLM(TemplateLM):
-    """model_args: pretrained=EXPORT_DIR (or model=LanguageModel from Python), device (auto|cpu|cuda:N),
+    """model_args: pretrained=DIR (an export or a snapshot; or model=LanguageModel from Python), device (auto|cpu|cuda:N),
     dtype (auto|float32|bfloat16), batch_size, max_length (default: the training context recorded with the
     export, else the config's max_seq_len), max_gen_toks,
     and any model config override (e.g. max_seq_len=16384 for LLaMA past its RoPE table)."""
@@ -38,7 +39,8 @@ class LinscaleLM(TemplateLM):
         device = resolve_device(device)
         if model is None:
             if pretrained is None:
-                raise ValueError("linscale: pass pretrained=EXPORT_DIR (a directory written by launch/export.py)")
+                raise ValueError("linscale: pass pretrained=DIR (an export written by launch/export.py, or a snapshot "
+                                 "RUN/snapshots/step_N)")
             model = load_pretrained(pretrained, device=device, dtype=resolve_dtype(dtype, device),
                                     **{k: int(v) if str(v).isdigit() else v for k, v in overrides.items()})
         elif overrides:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from checkpoints.layout import EXPORTS, MODEL_CONFIG, MODEL_WEIGHTS
 from evaluation.context import scoring_window, training_context
 
 CSR_TASKS = ("boolq", "piqa", "siqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
@@ -62,7 +63,7 @@ class SweepConfig:
 # -- discovery --------------------------------------------------------------------------------------------
 
 def is_export(path: Path) -> bool:
-    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+    return (path / MODEL_CONFIG).is_file() and (path / MODEL_WEIGHTS).is_file()
 
 
 def find_snapshots(paths: list[str]) -> list[dict]:
@@ -70,16 +71,16 @@ def find_snapshots(paths: list[str]) -> list[dict]:
     found = []
     for p in map(Path, paths):
         if is_export(p):
-            exports, run = [p], p.parent.parent.name if p.parent.name == "exports" else p.parent.name
+            exports, run = [p], p.parent.parent.name if p.parent.name == EXPORTS else p.parent.name
         else:
-            exports = sorted(Path(c).parent for c in glob.glob(str(p / "exports" / "*" / "config.json")))
+            exports = sorted(Path(c).parent for c in glob.glob(str(p / EXPORTS / "*" / MODEL_CONFIG)))
             exports = [e for e in exports if is_export(e)]
             run = p.name
             if not exports:
                 raise FileNotFoundError(f"{p}: neither an export directory (config.json + model.safetensors) "
                                         f"nor a run directory with exports/*/ (run launch/export.py first)")
         for e in exports:
-            meta = json.loads((e / "config.json").read_text())
+            meta = json.loads((e / MODEL_CONFIG).read_text())
             model = meta.get("model", {})
             found.append({"run": run, "snapshot": e.name, "path": str(e.resolve()), "arch": model.get("arch"),
                           "size": model.get("size"), "step": meta.get("step"), "tokens": meta.get("tokens"),
@@ -100,7 +101,7 @@ def _n_params(model: dict) -> int | None:
 
 
 def fingerprint(export: str) -> dict:
-    st = (Path(export) / "model.safetensors").stat()
+    st = (Path(export) / MODEL_WEIGHTS).stat()
     return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
@@ -203,7 +204,7 @@ def load_model(snap: dict, cfg: SweepConfig, tasks: list[str]):
     device = resolve_device(cfg.device)
     overrides = {}
     need = max(cfg.niah_lengths) + 64 if any(t.startswith("niah_") for t in tasks) else 0
-    meta = json.loads((Path(snap["path"]) / "config.json").read_text())
+    meta = json.loads((Path(snap["path"]) / MODEL_CONFIG).read_text())
     if need > meta["model"].get("max_seq_len", 0):
         overrides["max_seq_len"] = need  # LLaMA's RoPE table must cover the longest NIAH prompt
     return load_pretrained(snap["path"], device=device, dtype=resolve_dtype(cfg.dtype, device), **overrides)

