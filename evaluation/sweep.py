@@ -353,7 +353,9 @@ def plot_metrics(rows: list[dict], out: Path) -> list[Path]:
                     series[run] = pts
             if not any(len(p) >= 2 for p in series.values()):
                 continue
-            fig, ax = plt.subplots(figsize=(6, 4))
+            # a legend of many runs goes beside the axes, where it cannot hide the lines
+            outside = len(series) > 6
+            fig, ax = plt.subplots(figsize=(8.5 if outside else 6, 4 if len(series) <= 24 else 5.5))
             for run, pts in series.items():
                 arch, n = runs[run]
                 color, marker = style[(arch, n)]
@@ -365,7 +367,11 @@ def plot_metrics(rows: list[dict], out: Path) -> list[Path]:
                 plain_log_ticks(ax, "y")
             ax.set_xlabel(xlabel, fontsize=8)
             ax.set_ylabel(m)
-            ax.legend(fontsize=7)
+            if outside:
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+                          ncol=2 if len(series) > 24 else 1)
+            else:
+                ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
             fig.tight_layout()
             path = out / "plots" / f"{m.replace('/', '__')}_vs_{'compute' if x != 'tokens' else 'tokens'}.png"

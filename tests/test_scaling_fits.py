@@ -229,6 +229,46 @@ def test_a_run_that_stops_while_winning_is_named(tmp_path):
     assert [h.status for h in res.optimal.handovers if h.small != "160m"] == ["ok", "ok"]
 
 
+def test_stopping_is_not_claimed_where_the_size_goes_on_or_was_overtaken(tmp_path):
+    """No warning where none is due: a short run of a size whose longer run goes on (the size has not stopped),
+    and a run overtaken between the envelope's last grid point inside it and its own last row (the crossing,
+    computed from the law, lies inside the run)."""
+    from scipy.optimize import brentq
+    law = LossLaw()
+    write_sweep(tmp_path / "a", "tnl", ["70m", "160m", "410m"], law, early_rows=30)
+    write_run(tmp_path / "a" / "tnl-1-short", model_config("tnl", "160m"), law, 2e9, n_rows=60, early_rows=30)
+    runs, _ = load_runs([tmp_path / "a"])
+    assert runs[0].name == "tnl-1-short"                       # first, so it wins the ties with its longer twin
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0))
+    assert not [w for w in res.warnings if "while still winning" in w], res.warnings
+    assert [h.status for h in res.optimal.handovers] == ["ok", "ok"]
+
+    # 70m ends 2% past the C where 160m overtakes it; a coarse grid puts its last point well before that C
+    small, large = model_config("tnl", "70m"), model_config("tnl", "160m")
+    ref = tmp_path / "ref"
+    write_run(ref / "s", small, law, 1e6, n_rows=4)
+    write_run(ref / "l", large, law, 1e6, n_rows=4)
+    (rs, rl), _ = load_runs([ref / "s", ref / "l"])
+    gap = lambda lc: law(rs.n_params, np.exp(lc) / rs.flops_per_token) - law(rl.n_params, np.exp(lc) / rl.flops_per_token)
+    c_x = float(np.exp(brentq(gap, np.log(1e15), np.log(1e21))))
+    write_run(tmp_path / "b" / "tnl-70m", small, law, 1.02 * c_x / rs.flops_per_token, n_rows=300, early_rows=30)
+    write_run(tmp_path / "b" / "tnl-160m", large, law, 400 * rl.n_params, n_rows=300, early_rows=30)
+    runs, _ = load_runs([tmp_path / "b"])
+    run70 = next(r for r in runs if r.label == "70m")
+    assert run70.compute[-1] > c_x
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0, points_per_decade=2))
+    env = res.envelope
+    inside = env.c[env.c <= run70.compute[-1] * (1 + 1e-9)]
+    assert inside[-1] < c_x                                    # the grid alone would see 70m still winning
+    assert not [w for w in res.warnings if "while still winning" in w], res.warnings
+    assert res.optimal.handovers[0].status == "ok"
+    # ... and the same run ended 2% before that C is named
+    write_run(tmp_path / "b" / "tnl-70m", small, law, 0.98 * c_x / rs.flops_per_token, n_rows=300, early_rows=30)
+    runs, _ = load_runs([tmp_path / "b"])
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0, points_per_decade=2))
+    assert any("tnl-70m" in w and "while still winning" in w for w in res.warnings), res.warnings
+
+
 def test_single_size_is_explained_not_fitted(tmp_path):
     write_run(tmp_path / "a", model_config("llama", "mini"), LossLaw(), 1e8, n_rows=50)
     write_run(tmp_path / "b", model_config("llama", "mini"), LossLaw(), 1e8, n_rows=20, seed=1)
