@@ -1,7 +1,8 @@
 """Where the evaluation data lives and how each local file becomes the records the evaluations expect.
 
-Default layout is ../shared/data/eval next to the checkout (override with $LINSCALE_SHARED_DATA, or a
-`data_dir` argument / lm-eval `--metadata '{"data_dir": ...}'`, or an explicit file path). The commonsense
+Default layout: the eval/ folder of the shared data folder (`shared/data` beside the checkout's own folder;
+override with $LINSCALE_SHARED_DATA, or a `data_dir` argument / lm-eval `--metadata '{"data_dir": ...}'`, or an
+explicit file path). The commonsense
 loaders return the schema of the HF dataset that lm-eval's own task reads, so the task YAMLs under
 evaluation/tasks/ keep lm-eval's prompts; see docs/evaluation.md for the two converted formats
 (HellaSwag, WinoGrande).
@@ -33,7 +34,7 @@ HAYSTACK_DIR = "train/en/gutenberg"
 
 
 def shared_data_dir() -> Path:
-    """../shared/data next to the checkout, or $LINSCALE_SHARED_DATA."""
+    """The shared data folder: $LINSCALE_SHARED_DATA, else `shared/data` beside the checkout's folder."""
     return Path(os.environ.get("LINSCALE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
 

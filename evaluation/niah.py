@@ -1,6 +1,6 @@
-"""Needle in a haystack, as the paper ran it (DESIGN §7), and its metrics.
+"""Needle in a haystack, as the paper ran it, and its metrics.
 
-A haystack of real text (user files, or the Gutenberg books under ../shared/data/train/en) hides a needle
+A haystack of real text (user files, or the Gutenberg books under train/en of the shared data folder) hides a needle
 that pairs a random key with a random 7-digit value, so the answer cannot be guessed:
 - standard mode: the needle states only the answer ("The special magic number for K is V."); the question
   comes at the end of the prompt;
@@ -191,7 +191,7 @@ class NiahConfig:
     depths: tuple[float, ...] = DEFAULT_DEPTHS
     trials: int = 1
     seed: int = 0
-    haystack: tuple[str, ...] = ()          # files; empty -> ../shared/data/train/en/gutenberg
+    haystack: tuple[str, ...] = ()          # files; empty -> the shared data's train/en/gutenberg
     max_new_tokens: int = 12
     batch_size: int = 8
     alpha_d: float = 1.5

@@ -61,7 +61,7 @@ SHARED_DATA = Path(os.environ.get("LINSCALE_SHARED_DATA", ROOT.parent / "shared"
 
 @pytest.fixture
 def shared_data() -> Path:
-    """../shared/data (or $LINSCALE_SHARED_DATA); tests that need real corpora skip without it."""
+    """The shared data folder (shared/data beside the checkout's folder, or $LINSCALE_SHARED_DATA); tests that need real corpora skip without it."""
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data not found at {SHARED_DATA} (set LINSCALE_SHARED_DATA)")
     return SHARED_DATA

@@ -144,7 +144,7 @@ def test_local_multiple_choice_task_through_adapter(models, tmp_path):
 
 
 def test_commonsense_configs_load_local_data(shared_data):
-    """Every CSR loader reads ../shared/data with the published item counts; the two converted formats
+    """Every CSR loader reads the shared data folder with the published item counts; the two converted formats
     (HellaSwag, WinoGrande) also build valid lm-eval requests through their configs."""
     from lm_eval.tasks import TaskManager, get_task_dict
 

@@ -1,5 +1,5 @@
 """Gold answers of every commonsense task, as lm-eval scores them through our loaders and task YAMLs, against an
-independent parse of the raw files under ../shared/data/eval (each item's gold answer text, and the label
+independent parse of the raw files under eval/ of the shared data folder (each item's gold answer text, and the label
 distribution). Where a second official file exists it is the reference (OpenBookQA's test.tsv, WinoGrande's
 dev-labels.lst, HellaSwag's original klosax text), so a loader cannot agree with itself by construction."""
 from __future__ import annotations

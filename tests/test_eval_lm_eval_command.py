@@ -73,8 +73,10 @@ def test_both_wheels_install_the_hook_into_site_packages(tmp_path, kind):
 
 
 def test_editable_install_registers_the_model_when_lm_eval_starts(tmp_path):
-    """`pip install -e .` into a fresh virtual environment (its other packages borrowed from this one), then a
-    program named lm_eval started by that environment's Python finds the `linscale` model registered."""
+    """`pip install -e .` into a fresh virtual environment (its other packages borrowed from this one), then
+    lm-eval's own command (the console script pip writes: `cli_evaluate()` in a program named lm_eval) started by
+    that environment's Python evaluates `--model linscale` from the editable source, with no device given
+    (lm-eval's cuda:0: the GPU where there is one, the CPU fallback on a machine without CUDA)."""
     _needs_setuptools()
     src = _source_copy(tmp_path / "src")
     venv = tmp_path / "venv"
@@ -104,16 +106,26 @@ def test_editable_install_registers_the_model_when_lm_eval_starts(tmp_path):
     assert pip.returncode == 0, pip.stderr[-3000:]
     assert (Path(purelib) / HOOK).is_file()
     prog = venv / "bin" / "lm_eval"
-    # nothing imported by the program itself: only the hook, run by `site` at start-up, can have registered it
+    # nothing imported by the program before lm-eval's CLI: only the hook, run by `site` at start-up, can have
+    # registered the model; then the source it came from is printed
     prog.write_text(f"#!{py}\nimport sys\nhooked = 'evaluation.lm_eval_adapter' in sys.modules\n"
-                    "import lm_eval.api.registry as r\nregistered = 'linscale' in r.model_registry.keys()\n"
-                    "import evaluation\nprint(evaluation.__file__, hooked and registered)\n")
+                    "from lm_eval.__main__ import cli_evaluate\ncli_evaluate()\n"
+                    "import evaluation\nprint('SOURCE', evaluation.__file__, hooked)\n")
     prog.chmod(0o755)
-    res = subprocess.run([str(prog)], capture_output=True, text=True, timeout=300,
+    rows = [{"q": "The sky is", "choices": [" blue", " green"], "label": 0},
+            {"q": "Fire is", "choices": [" hot", " cold"], "label": 0}]
+    write_tiny_mc_task(tmp_path, "tiny_editable", rows)
+    torch.manual_seed(0)
+    save_pretrained(build_model("hgrn2", "tiny", max_seq_len=64), tmp_path / "export")
+    args = ["--model", "linscale", "--model_args", f"pretrained={tmp_path / 'export'}", "--tasks", "tiny_editable",
+            "--include_path", str(tmp_path), "--output_path", str(tmp_path / "res")]
+    res = subprocess.run([str(prog), *args], capture_output=True, text=True, timeout=600,
                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    assert res.returncode == 0, res.stderr[-2000:]
-    where, registered = res.stdout.split()[-2:]
-    assert registered == "True" and Path(where).is_relative_to(src)     # the editable source, not a copy
+    assert res.returncode == 0, res.stderr[-3000:]
+    where, hooked = res.stdout.rsplit("SOURCE", 1)[1].split()[:2]
+    assert hooked == "True" and Path(where).is_relative_to(src)         # the editable source, not a copy
+    (result,) = (tmp_path / "res").rglob("results*.json")
+    assert 0.0 <= json.loads(result.read_text())["results"]["tiny_editable"]["acc,none"] <= 1.0
 
 
 def test_hook_imports_the_adapter_only_for_the_lm_eval_command(tmp_path):
