@@ -90,15 +90,17 @@ class Cos2TokenMixer(nn.Module):
         e = self.theta.shape[1]
         self.theta.copy_(10000.0 ** (-torch.arange(e, dtype=torch.float32, device=self.theta.device) / e))
 
-    def lrpe(self, z: Tensor, pos: int) -> Tensor:
-        """[B, T, H, e] -> [B, T, H, 2e]; angles in fp32 (t * theta reaches 8192 rad)."""
+    def lrpe(self, z: Tensor, pos: int | Tensor) -> Tensor:
+        """[B, T, H, e] -> [B, T, H, 2e]; angles in fp32 (t * theta reaches 8192 rad). `pos`: the first
+        token's position, or the T tokens' positions (a segment of a longer sequence)."""
         acc = torch.float64 if z.dtype == torch.float64 else torch.float32
-        t = torch.arange(pos, pos + z.shape[1], device=z.device, dtype=acc)
+        t = (pos.to(device=z.device, dtype=acc) if isinstance(pos, Tensor)
+             else torch.arange(pos, pos + z.shape[1], device=z.device, dtype=acc))
         ang = t[:, None, None] * self.theta.to(acc)[None]                       # [T, H, e]
         zf = z.to(acc)
         return torch.cat([zf * ang.cos(), zf * ang.sin()], dim=-1).to(z.dtype)
 
-    def forward(self, x: Tensor, state: dict | None = None, pos: int = 0,
+    def forward(self, x: Tensor, state: dict | None = None, pos: int | Tensor = 0,
                 cu_seqlens: Tensor | None = None, **_) -> Tensor:
         q = self.lrpe(split_heads(F.silu(self.q_proj(x)), self.n_heads), pos)
         k = self.lrpe(split_heads(F.silu(self.k_proj(x)), self.n_heads), pos)

@@ -80,11 +80,21 @@ def sequence_parallel(sp: SequenceParallel | None) -> Iterator[None]:
     if sp is None:
         yield
         return
-    _ACTIVE.append(sp)
+    enter(sp)
     try:
         yield
     finally:
-        _ACTIVE.pop()
+        leave()
+
+
+def enter(sp: SequenceParallel) -> None:
+    """`sequence_parallel` split in two, for module hooks (a forward pre-hook enters, a forward hook
+    registered with always_call=True leaves)."""
+    _ACTIVE.append(sp)
+
+
+def leave() -> None:
+    _ACTIVE.pop()
 
 
 def active() -> SequenceParallel | None:

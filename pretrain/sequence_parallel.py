@@ -1,0 +1,185 @@
+"""Sequence parallelism (`--sp N`) applied to a linear language model from outside, as torchtitan applies
+its parallelisms: the model code is the one-device code; this plan attaches hooks that
+
+* turn the micro-batch's document layout (`cu_seqlens` over the full sequences) into the local one, and
+  record where the local segment sits (`ops.sequence_parallel.Segments`);
+* run each token mixer inside `ops.sequence_parallel.sequence_parallel`, so that `lightning_attn` and
+  `gated_linear_attn` exchange states with the other ranks of the group (LASP-2);
+* give cosFormer2's LRPE the tokens' global positions and carry its TPE recurrence across ranks with the
+  same exchange;
+* make the loss the mean over all tokens of the group's sequences (the value every rank reports) while
+  each rank's gradient is that of its own tokens' share of it, scaled so that the data-parallel gradient
+  average over all ranks (DDP or DeepSpeed, which see every rank as data parallel) gives exactly the
+  gradient of the mean loss over the dp groups' sequences.
+
+Norms, MLPs, embeddings and the loss run on the local segment. Ranks [k*N, (k+1)*N) form sequence-parallel
+group k (neighbours share a node, where the exchange is cheapest); group k is data-parallel rank k.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ops.sequence_parallel import Segments, SequenceParallel, enter, leave, segment_prefix
+
+SP_ARCHS = ("tnl", "hgrn2", "cos2")
+
+
+def build_groups(sp_size: int) -> tuple[SequenceParallel, int, int]:
+    """The sequence-parallel group of this rank (every rank must call it: group creation is collective).
+    Returns (its SequenceParallel, data-parallel rank, data-parallel size)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if sp_size < 1 or world % sp_size:
+        raise ValueError(f"--sp {sp_size} must divide the number of ranks ({world})")
+    mine = None
+    for first in range(0, world, sp_size):
+        group = dist.new_group(list(range(first, first + sp_size)))
+        if first <= rank < first + sp_size:
+            mine = group
+    return SequenceParallel(mine), rank // sp_size, world // sp_size
+
+
+def local_documents(cu_seqlens: Tensor, rows: int, seg_len: int, sp: SequenceParallel) -> tuple[Tensor, Tensor]:
+    """From cu_seqlens over the full sequences (flattened [rows, seg_len * size], as the loader and a
+    one-rank run give it) to this rank's: the offsets of document starts in its flattened [rows, seg_len]
+    segments, every row start included (the ops run each row's segment as documents), and for each row
+    whether its first token continues the document the previous rank's segment of that row ends in."""
+    T = seg_len * sp.size
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0 or bounds[-1] != rows * T:
+        raise ValueError(f"under sequence parallelism cu_seqlens describes the full sequences: it must run from "
+                         f"0 to {rows} x {T} = {rows * T} (rows x seq_len), got {bounds[0]} ... {bounds[-1]}; "
+                         f"the local [{rows}, {seg_len}] segment is cut out of them by the plan")
+    starts = set(bounds[:-1])
+    local, continues = [], []
+    for b in range(rows):
+        lo = b * T + sp.rank * seg_len
+        continues.append(lo not in starts)
+        local.append(b * seg_len)
+        local += [b * seg_len + s - lo for s in bounds[:-1] if lo < s < lo + seg_len]
+    local.append(rows * seg_len)
+    return (torch.tensor(local, dtype=cu_seqlens.dtype, device=cu_seqlens.device),
+            torch.tensor(continues, dtype=torch.bool))
+
+
+class SequenceParallelPlan:
+    """The hooks of one model. Keep the object: `remove()` takes them off again."""
+
+    def __init__(self, model: nn.Module, sp: SequenceParallel):
+        arch = model.config.arch
+        if arch not in SP_ARCHS:
+            raise ValueError(f"--sp (sequence parallelism) is for the linear models ({', '.join(SP_ARCHS)}), whose "
+                             f"layers pass only a fixed-size state between ranks; --arch {arch} has softmax "
+                             f"attention over the whole sequence: train it with --sp 1")
+        self.model, self.sp = model, sp
+        self.positions: Tensor | None = None  # LRPE positions of the local tokens (as the model flattens them)
+        self.handles = [model.register_forward_pre_hook(self._localise, with_kwargs=True),
+                        model.register_forward_hook(self._loss, with_kwargs=True)]
+        for block in model.blocks:
+            mixer = block.token_mixer
+            self.handles += [mixer.register_forward_pre_hook(self._enter, with_kwargs=True),
+                             mixer.register_forward_hook(self._leave, always_call=True)]
+        if getattr(model, "tpe", None) is not None:
+            self._tpe_depth = 0  # the TPE runs packed documents by calling itself on each: carry once, outside
+            self.handles += [model.tpe.register_forward_pre_hook(self._tpe_enter),
+                             model.tpe.register_forward_hook(self._tpe, with_kwargs=True, always_call=True)]
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    # -- per micro-batch: the segment layout ------------------------------------------------------------
+    def _localise(self, module, args, kwargs):
+        input_ids = args[0] if args else kwargs["input_ids"]
+        if kwargs.get("cache") is not None or (len(args) > 2 and args[2] is not None):
+            raise ValueError("sequence parallelism is for training and evaluation on whole sequences; decode "
+                             "with the model on one rank (no --sp)")
+        rows, seg = input_ids.shape
+        cu = kwargs.get("cu_seqlens")
+        if len(args) > 3:
+            raise ValueError("pass cu_seqlens to a sequence-parallel model as a keyword")
+        offset = self.sp.rank * seg
+        t = torch.arange(seg, device=input_ids.device)
+        if cu is None:
+            self.sp.segments = Segments(rows=rows, continues=None)
+            self.positions = offset + t
+        else:
+            local, continues = local_documents(cu, rows, seg, self.sp)
+            kwargs = dict(kwargs, cu_seqlens=local)
+            self.sp.segments = Segments(rows=rows, continues=continues)
+            # the model flattens packed rows into one: row b's tokens sit at b x seq_len + their position
+            T = seg * self.sp.size
+            rows_at = torch.arange(rows, device=input_ids.device)[:, None] * T
+            self.positions = (rows_at + offset + t[None, :]).reshape(-1)
+        return args, kwargs
+
+    # -- around each token mixer ------------------------------------------------------------------------
+    def _enter(self, module, args, kwargs):
+        enter(self.sp)
+        if hasattr(module, "lrpe"):  # cosFormer2: relative positions through absolute angles
+            kwargs = dict(kwargs, pos=self.positions)
+        return args, kwargs
+
+    def _leave(self, module, args, output):
+        leave()
+        return output
+
+    # -- cosFormer2's TPE: the same exchange for its per-channel recurrence -------------------------------
+    def _tpe_enter(self, module, args):
+        self._tpe_depth += 1
+
+    def _tpe(self, module, args, kwargs, y):
+        self._tpe_depth -= 1
+        if self._tpe_depth or y is None:
+            return y
+        x = args[0] if args else kwargs["x"]
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return y + tpe_carry(module, x, kwargs.get("cu_seqlens"), self.sp).to(y.dtype)
+
+    # -- the loss: the group's mean, with each rank's gradient its own share ----------------------------
+    def _loss(self, module, args, kwargs, out):
+        targets = kwargs.get("targets", args[1] if len(args) > 1 else None)
+        if targets is None:
+            return out
+        count = (targets != -100).sum().to(out.dtype)
+        mine = torch.where(count > 0, out, torch.zeros_like(out)) * count
+        totals = torch.stack([mine.detach(), count])
+        dist.all_reduce(totals, group=self.sp.group)
+        mean = totals[0] / totals[1]
+        # gradient: size x (own tokens' loss sum) / (group's tokens), so that averaging gradients over all
+        # ranks (dp x size of them) gives the dp-average of the group mean's gradient; value: the mean
+        scaled = mine * self.sp.size / totals[1]
+        return scaled + (mean - scaled).detach()
+
+
+def tpe_carry(tpe: nn.Module, x: Tensor, cu_seqlens: Tensor | None, sp: SequenceParallel) -> Tensor:
+    """What the TPE state carried in from the ranks before adds to the local output: with I the state
+    [rows, d, e] entering a row's segment, y_t += sum_j a_j^(t+1) I_j for the tokens of the segment's first
+    document. The TPE recurrence u_t = a u_{t-1} + B x_t is a diagonal one, so its segment summary is
+    S = sum_s a^(seg-1-s) B x_s with transfer a^seg, exchanged by `segment_prefix` like the attention states."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    rows = sp.segments.rows if cu_seqlens is not None else x.shape[0]
+    seg = x.shape[0] * x.shape[1] // rows
+    d = x.shape[-1]
+    log_a = F.logsigmoid(tpe.decay_logit.to(acc))                              # [e]
+    w_in = tpe.in_weight.to(acc)                                                # [d, e]
+    t = torch.arange(seg, device=x.device, dtype=acc)
+    to_end = torch.exp((seg - 1 - t)[:, None] * log_a[None, :]).expand(rows, seg, -1)   # a^(seg-1-t)
+    from_start = torch.exp((t + 1)[:, None] * log_a[None, :]).expand(rows, seg, -1)     # a^(t+1)
+    transfer = torch.exp(seg * log_a).expand(rows, -1)
+    if cu_seqlens is not None:
+        starts = cu_seqlens[:-1].long()
+        row_start = torch.arange(rows, device=x.device) * seg
+        last = starts[torch.searchsorted(starts, row_start + seg) - 1] - row_start       # last document start
+        nxt = torch.searchsorted(starts, row_start, right=True)                          # first start after the row's
+        first_end = torch.where(nxt < starts.numel(), starts[nxt.clamp(max=starts.numel() - 1)] - row_start,
+                                torch.full_like(row_start, seg)).clamp(max=seg)
+        to_end = to_end * (t[None, :] >= last[:, None]).to(acc)[..., None]
+        from_start = from_start * (t[None, :] < first_end[:, None]).to(acc)[..., None]
+        transfer = transfer * (last == 0).to(acc)[:, None]
+    xr = x.reshape(rows, seg, d).to(acc)
+    state = torch.einsum("btc,btj,cj->bcj", xr, to_end, w_in)                   # [rows, d, e]
+    incoming = segment_prefix(sp, state, transfer[:, None, :], sp.continues(rows, x.device))
+    return torch.einsum("btj,bcj->btc", from_start, incoming).reshape(x.shape)

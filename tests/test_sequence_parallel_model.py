@@ -1,0 +1,112 @@
+"""Sequence parallelism applied to the linear models (pretrain.sequence_parallel) on CPU with gloo: with
+the sequences split over 4 ranks, and over 2 ranks in each of 2 data-parallel groups (DDP over all 4), the
+logits, the loss and every parameter gradient equal the single-process run on whole sequences (fp32),
+for TNL, HGRN2 and cosFormer2, with and without packed documents that cross rank boundaries."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from models import build_model
+from ops.sequence_parallel import SequenceParallel
+from pretrain.sequence_parallel import SequenceParallelPlan, local_documents
+from tests.sp_utils import spawn_gloo
+from tests.test_sequence_parallel_ops import GLOBAL_CU, groups_of
+
+B, T, V = 2, 24, 97
+TOL = dict(rtol=2e-5, atol=2e-6)
+
+
+def tiny(arch: str):
+    torch.manual_seed(0)
+    # a TPE input weight far from its near-zero init, so that a wrong TPE carry shows in every output
+    return build_model(arch, "tiny", n_layers=2, d_model=32, n_heads=2, d_glu=64, vocab_size=V,
+                       tpe_init_bound=0.3)
+
+
+def batch(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (B, T + 1), generator=g)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def reference(model, ids, targets, cu):
+    """logits, loss and gradients of the single-process run on whole sequences."""
+    model.zero_grad()
+    logits = model(ids, cu_seqlens=cu).detach()
+    loss = model(ids, targets, cu_seqlens=cu)
+    loss.backward()
+    return logits, loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def check(what, got, want):
+    torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"{what}\n{m}")
+
+
+def run_arch(rank, world, size, arch, packed, ddp, ac):
+    group, sp_rank = groups_of(size, world)
+    dp_rank, dp_size = rank // size, world // size
+    base = tiny(arch)
+    cu = torch.tensor(GLOBAL_CU, dtype=torch.int32) if packed else None
+    refs = [reference(base, *batch(10 + d), cu) for d in range(dp_size)]
+    logits_ref, loss_ref, grads_ref = refs[dp_rank]
+
+    model = copy.deepcopy(base)
+    model.zero_grad()
+    if ac:
+        model.set_activation_checkpointing("full")
+    sp = SequenceParallel(group)
+    SequenceParallelPlan(model, sp)
+    seg = T // size
+    cols = slice(sp_rank * seg, (sp_rank + 1) * seg)
+    ids, targets = (x[:, cols].contiguous() for x in batch(10 + dp_rank))
+    what = f"{arch} packed={packed} sp={size} dp={dp_size} ac={ac} rank {rank}"
+    with torch.no_grad():
+        check(f"{what}: logits", model(ids, cu_seqlens=cu), logits_ref[:, cols])
+    run = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    loss = run(ids, targets=targets, cu_seqlens=cu)
+    check(f"{what}: loss", loss.detach(), loss_ref)
+    loss.backward()
+    for name, p in model.named_parameters():
+        g = p.grad
+        if ddp:  # DDP averaged over all ranks: the mean over data-parallel groups of their runs' gradients
+            want = sum(r[2][name] for r in refs) / dp_size
+        else:    # one group: its ranks' gradients average to the whole run's
+            g = g.clone()
+            dist.all_reduce(g, group=group)
+            g /= size
+            want = grads_ref[name]
+        check(f"{what}: gradient of {name}", g, want)
+
+
+def _worker(rank, world):
+    for arch in ("tnl", "hgrn2", "cos2"):
+        for packed in (False, True):
+            run_arch(rank, world, 4, arch, packed, ddp=False, ac=arch == "hgrn2" and packed)
+            run_arch(rank, world, 2, arch, packed, ddp=True, ac=False)
+    dist.barrier()
+
+
+def test_model_segments_match_whole_sequences():
+    spawn_gloo(_worker, 4)
+
+
+def test_local_documents_and_llama_refused():
+    class Rank:
+        def __init__(self, rank, size):
+            self.rank, self.size = rank, size
+    cu = torch.tensor(GLOBAL_CU, dtype=torch.int32)
+    # segments of 6 tokens on rank 1 of 4: row 0 holds 6..11 (document 5..10 continues; 11 starts one),
+    # row 1 holds 30..35 (30 and 31 start documents)
+    local, cont = local_documents(cu, 2, 6, Rank(1, 4))
+    assert local.tolist() == [0, 5, 6, 7, 12] and cont.tolist() == [True, False]
+    local, cont = local_documents(cu, 2, 6, Rank(3, 4))  # 18..23: no start; 42..47: 47 starts one
+    assert local.tolist() == [0, 6, 11, 12] and cont.tolist() == [True, True]
+    with pytest.raises(ValueError, match="full sequences"):
+        local_documents(torch.tensor([0, 3, 12], dtype=torch.int32), 2, 6, Rank(0, 4))
+    with pytest.raises(ValueError, match="linear models"):
+        SequenceParallelPlan(build_model("llama", "tiny", n_layers=1, d_model=32, n_heads=2, d_glu=64,
+                                         vocab_size=V), None)
