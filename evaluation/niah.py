@@ -271,7 +271,8 @@ def plot_heatmap(result: dict, path: str | Path, title: str | None = None) -> Pa
     s = np.asarray(result["scores"])
     depths, lengths, m = result["depths"], result["lengths"], result["metrics"]
     cmap = LinearSegmentedColormap.from_list("niah", ["#F0496E", "#EBB839", "#0CD79F"])
-    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(lengths), 1.2 + 0.4 * len(depths)))
+    # a floor on the size keeps the two-line title and the colour bar's label inside small grids
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 + 0.7 * len(lengths)), max(3.2, 1.4 + 0.4 * len(depths))))
     im = ax.imshow(s, cmap=cmap, vmin=1, vmax=10, aspect="auto")
     ax.set_xticks(range(len(lengths)), [f"{L // 1024}K" if L % 1024 == 0 else str(L) for L in lengths])
     ax.set_yticks(range(len(depths)), [f"{d:g}%" for d in depths])
@@ -282,7 +283,8 @@ def plot_heatmap(result: dict, path: str | Path, title: str | None = None) -> Pa
     ax.grid(which="minor", color="white", linewidth=1)
     ax.tick_params(which="minor", length=0)
     fig.colorbar(im, ax=ax, label="score")
-    head = title or f"NIAH ({result['mode']})"
+    scoring = (result.get("config") or {}).get("scoring")
+    head = title or f"NIAH ({result['mode']}{f', {scoring} scoring' if scoring else ''})"
     ax.set_title(f"{head}\navg acc {m['acc_avg']:.3f} · weighted {m['weighted_avg_acc']:.3f} · "
                  f"NIAH score {m['niah_score']:.3f}", fontsize=9)
     fig.tight_layout()

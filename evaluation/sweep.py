@@ -315,21 +315,13 @@ def compute_axis(rows: list[dict]) -> tuple[str, str]:
     return "flops", "C (PFLOP-days): training FLOPs including the embedding term"
 
 
-def plot_metrics(rows: list[dict], out: Path) -> list[Path]:
-    """One PNG per metric and x axis (C in PFLOP-days, tokens): a line per run through its snapshots, colour =
-    architecture, shade and marker = model size (legend sorted by size). Metrics no run has two snapshots of
-    are left out: a plot of single points shows nothing a table does not."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def run_styles(rows: list[dict]) -> dict[str, dict]:
+    """Legend order and look of each run in the sweep plots: runs sorted by architecture (models.config.ARCHS
+    order), then size; colour = the architecture's hue, shade light (small) to dark (large) and a marker per
+    size; label = architecture, size as people write it (2.8B), run name. {run: {label, color, marker}}."""
     from models.config import ARCHS
-    from scaling.plots import ARCH_NAMES, SIZE_MARKERS, plain_log_ticks, size_shades
+    from scaling.plots import ARCH_NAMES, SIZE_MARKERS, size_shades
     from scaling.runs import size_label
-    from scaling.units import flops_to_pflop_days
-    flats = [flat_metrics(r) for r in rows]
-    metrics = sorted({k for f in flats for k in f if k.split("/")[-1] not in COUNTS})
-    c_key, c_text = compute_axis(rows)
     runs = {}
     for r in rows:
         runs.setdefault(r["run"], (r.get("arch") or "?", r.get("n_params") or 0))
@@ -340,6 +332,30 @@ def plot_metrics(rows: list[dict], out: Path) -> list[Path]:
         sizes = sorted({n for a, n in runs.values() if a == arch})
         for k, (n, shade) in enumerate(zip(sizes, size_shades(arch, len(sizes)))):
             style[(arch, n)] = (shade, SIZE_MARKERS[k % len(SIZE_MARKERS)])
+    out = {}
+    for run in order:
+        arch, n = runs[run]
+        color, marker = style[(arch, n)]
+        out[run] = {"label": f"{ARCH_NAMES.get(arch, arch)} {size_label(n) if n else '?'} ({run})", "color": color,
+                    "marker": marker}
+    return out
+
+
+def plot_metrics(rows: list[dict], out: Path) -> list[Path]:
+    """One PNG per metric and x axis (C in PFLOP-days, tokens): a line per run through its snapshots, styled by
+    run_styles. Metrics no run has two snapshots of are left out: a plot of single points shows nothing a
+    table does not."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from scaling.plots import plain_log_ticks
+    from scaling.units import flops_to_pflop_days
+    flats = [flat_metrics(r) for r in rows]
+    metrics = sorted({k for f in flats for k in f if k.split("/")[-1] not in COUNTS})
+    c_key, c_text = compute_axis(rows)
+    styles = run_styles(rows)
+    order = list(styles)
     written = []
     for x, xlabel in ((c_key, c_text), ("tokens", "training tokens")):
         for m in metrics:
@@ -357,10 +373,8 @@ def plot_metrics(rows: list[dict], out: Path) -> list[Path]:
             outside = len(series) > 6
             fig, ax = plt.subplots(figsize=(8.5 if outside else 6, 4 if len(series) <= 24 else 5.5))
             for run, pts in series.items():
-                arch, n = runs[run]
-                color, marker = style[(arch, n)]
-                label = f"{ARCH_NAMES.get(arch, arch)} {size_label(n) if n else ''} ({run})"
-                ax.plot(*zip(*pts), marker=marker, ms=4, color=color, label=label)
+                st = styles[run]
+                ax.plot(*zip(*pts), marker=st["marker"], ms=4, color=st["color"], label=st["label"])
             ax.set_xscale("log")
             if "perplexity" in m:
                 ax.set_yscale("log")

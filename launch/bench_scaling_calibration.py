@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 
 from scaling.analysis import FitSettings, analyze_arch  # noqa: E402
 from scaling.runs import load_runs  # noqa: E402
-from scaling.synthetic import LossLaw, frontier_exponents, write_sweep  # noqa: E402
+from scaling.synthetic import LossLaw, frontier_exponents, size_ladder, write_sweep  # noqa: E402
 
 STUDIES = {
     # a = 0.618, D_opt ~ 20 N near 1B; the paper's six sizes
@@ -31,6 +31,9 @@ STUDIES = {
     # sizes from 3.4M to 6.5B, noisier logs
     "chinchilla_llama_7_sizes_2pct": dict(arch="llama", law=LossLaw(),
                                           sizes=["mini", "70m", "160m", "410m", "1b", "3b", "7b"], noise=0.02),
+    # many sizes (where a line through the envelope's winners is worst): sixteen uneven steps from 3.7M to 7.7B
+    "a618_16_sizes_1pct": dict(arch="tnl", law=LossLaw(E=1.8, A=40.0, B=845.0, alpha=0.2, beta=0.3236),
+                               sizes=size_ladder("tnl", 16), noise=0.01),
 }
 
 
@@ -86,7 +89,8 @@ def main() -> None:
         s["seconds"] = time.time() - t0
         print(json.dumps({name: s}), flush=True)
         report["studies"][name] = {"summary": s, "repeats": rows, "setup": {
-            k: (v.__dict__ if isinstance(v, LossLaw) else v) for k, v in STUDIES[name].items()}}
+            k: (v.__dict__ if isinstance(v, LossLaw) else [getattr(x, "size", x) for x in v] if k == "sizes" else v)
+            for k, v in STUDIES[name].items()}}
     if a.out:
         a.out.write_text(json.dumps(report, indent=1))
 

@@ -131,13 +131,29 @@ def frontier_exponents(law: LossLaw, sizes: list[tuple[float, float]], c_lo: flo
     return float(np.polyfit(np.log(c), np.log(n_opt), 1)[0]), float(np.polyfit(np.log(c), np.log(d_opt), 1)[0])
 
 
-def write_sweep(out_root: str | Path, arch: str, sizes: list[str], law: LossLaw, tokens_per_param: float = 400.0,
-                seed: int = 0, **run_kwargs) -> list[Path]:
-    """One run per registry size, each trained to tokens_per_param * N tokens, long past its compute-optimal
-    point so neighbouring sizes overlap in C and the envelope has a crossover to find."""
+def size_ladder(arch: str, k: int, n_min: float = 3e6, n_max: float = 7e9, aspect: float = 100.0) -> list[ModelConfig]:
+    """k model shapes whose non-embedding parameters are about geometric from n_min to n_max: width a multiple
+    of the paper's head width 128 near (aspect·N/12)^(1/3), layers to match N ~ 12·layers·width² (so
+    width/layers ~ aspect), GLU width 3·width. The rounding makes the steps uneven (as real ladders are);
+    sizes are named l<layers>d<width>."""
+    out = []
+    for n in np.geomspace(n_min, n_max, k):
+        d = max(128, int(round((n * aspect / 12) ** (1 / 3) / 128)) * 128)
+        layers = max(1, int(round(n / (12 * d * d))))
+        out.append(model_config(arch, "70m", n_layers=layers, d_model=d, n_heads=d // 128, d_glu=3 * d,
+                                size=f"l{layers}d{d}"))
+    return out
+
+
+def write_sweep(out_root: str | Path, arch: str, sizes: list[str | ModelConfig], law: LossLaw,
+                tokens_per_param: float = 400.0, seed: int = 0, **run_kwargs) -> list[Path]:
+    """One run per size (a registry name, or a ModelConfig such as size_ladder's), each trained to
+    tokens_per_param * N tokens, long past its compute-optimal point so neighbouring sizes overlap in C and
+    the envelope has a crossover to find."""
     paths = []
     for k, size in enumerate(sizes):
-        cfg = model_config(arch, size)
+        cfg = size if isinstance(size, ModelConfig) else model_config(arch, size)
+        size = cfg.size
         n = paper_non_embedding_params(cfg)
         paths.append(write_run(Path(out_root) / f"{cfg.arch}-{size}", cfg, law, tokens_per_param * n,
                                seed=seed * 1000 + k, **run_kwargs))

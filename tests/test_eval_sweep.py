@@ -182,3 +182,35 @@ def test_scoring_window_is_the_training_context(tmp_path, monkeypatch, capsys):
     # the lm-eval model defaults to the same window when given the export directory
     from evaluation.lm_eval_adapter import LinscaleLM
     assert LinscaleLM(pretrained=str(export), device="cpu").max_length == 24
+
+
+def test_plot_styles_colour_by_architecture_shade_by_size():
+    """Sweep plots: legend sorted by architecture then size, sizes as people write them, one hue per architecture
+    with darker shades for larger sizes and a marker per size; C is the paper's (no embedding FLOPs) only when
+    every snapshot records it, and the axis says which."""
+    import colorsys
+
+    from scaling.plots import ARCH_COLORS
+    rows = [{"run": r, "arch": a, "n_params": n} for r, a, n in
+            (("t3", "tnl", 2.8e9), ("l70", "llama", 2.1e7), ("t70", "tnl", 2.1e7), ("l1b", "llama", 9.2e8),
+             ("t410", "tnl", 3.3e8))]
+    st = sw.run_styles(rows)
+    assert list(st) == ["l70", "l1b", "t70", "t410", "t3"]
+    assert st["t3"]["label"] == "TNL 2.8B (t3)" and st["l70"]["label"] == "LLaMA 21M (l70)"
+    assert st["l1b"]["label"] == "LLaMA 920M (l1b)"
+
+    def hue_lum(rgb):
+        h, l, _ = colorsys.rgb_to_hls(*rgb)
+        return h, l
+
+    for arch, runs in (("llama", ["l70", "l1b"]), ("tnl", ["t70", "t410", "t3"])):
+        base = hue_lum(tuple(int(ARCH_COLORS[arch][i:i + 2], 16) / 255 for i in (1, 3, 5)))[0]
+        hl = [hue_lum(st[r]["color"]) for r in runs]
+        assert all(abs(h - base) < 0.02 for h, _ in hl)                      # the architecture's hue
+        assert all(a[1] > b[1] for a, b in zip(hl, hl[1:]))                   # larger = darker
+        assert len({st[r]["marker"] for r in runs}) == len(runs)
+    assert abs(hue_lum(st["l70"]["color"])[0] - hue_lum(st["t70"]["color"])[0]) > 0.1
+    full = [{**r, "flops": 1e18, "flops_non_embedding": 8e17} for r in rows]
+    assert sw.compute_axis(full)[0] == "flops_non_embedding" and "without the embedding" in sw.compute_axis(full)[1]
+    full[0]["flops_non_embedding"] = None
+    assert sw.compute_axis(full)[0] == "flops" and "including the embedding" in sw.compute_axis(full)[1]

@@ -170,6 +170,30 @@ def test_edge_won_staircase_is_biased_and_the_handovers_are_not(tmp_path):
     assert st["edge_low"]["points"] > 0 and st["edge_high"]["points"] > 0
 
 
+def test_more_sizes_do_not_remove_the_edge_bias_and_the_handovers_have_none(tmp_path):
+    """Noise-free, sixteen uneven sizes from 3.7M to 7.7B: the line through every envelope winner is even further
+    off than with six sizes (the edge-won steps stay as long as the edge runs), the handover fit still equals the
+    exact frontier's exponents, and every handover point lies on the law's exact frontier (N_opt at that C)."""
+    from scaling.synthetic import frontier, size_ladder
+    ladder = size_ladder("tnl", 16)
+    assert len({(c.n_layers, c.d_model) for c in ladder}) == 16
+    write_sweep(tmp_path, "tnl", ladder, LAW_618, early_rows=30)
+    runs, _ = load_runs([tmp_path])
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0))
+    assert len(res.optimal.used) == 15 and not res.warnings, res.warnings
+    c = np.exp(res.optimal.log_c[0])
+    a, b = true_exponents(LAW_618, runs, c.min(), c.max())
+    assert res.n_fit.exponent == pytest.approx(a, abs=0.004)
+    assert res.d_fit.exponent == pytest.approx(b, abs=0.004)
+    env, m = res.envelope, res.fit_mask
+    naive = np.polyfit(np.log(env.c[m]), np.log(env.n_opt[m]), 1)[0]
+    assert naive < a - 0.1
+    n, f = (np.array(v) for v in zip(*sorted({(float(r.n_params), r.flops_per_token) for r in runs})))
+    n_true, _ = frontier(LAW_618, lambda x: float(np.exp(np.interp(np.log(x), np.log(n), np.log(f)))), c,
+                         (n[0] / 20, n[-1] * 20))
+    np.testing.assert_allclose(np.exp(res.optimal.log_n), n_true, rtol=0.01)
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_synthetic_study_recovers_a_and_b_within_the_intervals(tmp_path, seed):
     """Six sizes, 1% log-normal noise per logged row, written in the trainer's format and fitted by the CLI: the
