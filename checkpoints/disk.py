@@ -96,3 +96,11 @@ def tree_bytes(path: Path) -> int:
             except OSError:
                 pass
     return total
+
+
+def write_failure(path: Path, err: BaseException) -> str:
+    """What went wrong writing `path`, for one error line: the device and its free space when the disk or
+    quota is full, else the OS error."""
+    if disk_full_cause(err) is not None:
+        return f"no space left on {device_of(path)} ({human_bytes(free_bytes(path))} free)"
+    return " ".join(str(err).split()) or type(err).__name__

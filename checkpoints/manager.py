@@ -349,9 +349,11 @@ class CheckpointManager:
     # -- hooks the training loop calls ----------------------------------------------------------------
     def stop_requested(self) -> str | None:
         """'signal' once any rank got SIGTERM/SIGUSR1/SIGINT, 'save_failed' once any rank's background save
-        failed, else None. All ranks must agree, or one would stop while the others wait for it in a
+        failed, 'log_failed' once rank 0 could not write a metrics row, else None. All ranks must agree, or one would stop while the others wait for it in a
         collective: the flags are reduced over ranks (one tiny all-reduce per step)."""
-        flags = [1.0 if self.signal.received is not None else 0.0, 1.0 if self.writer.failed else 0.0]
+        log_failed = getattr(getattr(self.trainer, "metrics", None), "failed", None) is not None
+        flags = [1.0 if self.signal.received is not None else 0.0, 1.0 if self.writer.failed else 0.0,
+                 1.0 if log_failed else 0.0]
         if _world() > 1:
             t = torch.tensor(flags, device=self.env.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -359,6 +361,8 @@ class CheckpointManager:
         if flags[1] > 0:
             self._abort.set()  # rank 0's writer may be waiting for a rank that will never finish
             return "save_failed"
+        if flags[2] > 0:  # rank 0 could not write metrics.jsonl (a full disk): at_end saves nothing new
+            return "log_failed"
         return "signal" if flags[0] > 0 else None
 
     def after_step(self) -> None:
@@ -390,6 +394,11 @@ class CheckpointManager:
         if stop_reason == "save_failed":
             self.wait()
             raise RuntimeError("a failed save was not reported")  # wait() raises SaveFailed first
+        if stop_reason == "log_failed":
+            # no checkpoint of steps whose rows are missing: a resume replays them and logs them again
+            self.wait()
+            self.signal.uninstall()
+            return
         jobs = []
         if stop_reason == "finished" and self.schedule.enabled and self.last_snapshot_step != tr.step:
             jobs.append(self._stage_snapshot())

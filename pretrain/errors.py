@@ -6,13 +6,14 @@ message names the input, says what is wrong and how to fix it; the command print
 traceback. `LINSCALE_TRACEBACK=1` shows the traceback of a user error too (for debugging linscale).
 
 Exit codes: 0 done; 2 bad input (as argparse); 3 training stopped itself (too many non-finite steps);
-4 a checkpoint could not be written (e.g. disk full); 130 interrupted (Ctrl-C before training started,
+4 a checkpoint or another output could not be written (a full disk); 130 interrupted (Ctrl-C before training started,
 or a second Ctrl-C).
 """
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
 EXIT_USAGE = 2
@@ -25,6 +26,11 @@ class UserError(Exception):
     """Bad input the user can fix; the message says what is wrong and what to do. `exit_code` is what the
     command exits with."""
     exit_code = EXIT_USAGE
+
+
+class OutputFailed(UserError):
+    """A file of the run could not be written (a full disk); the message names the file and the device."""
+    exit_code = EXIT_SAVE_FAILED
 
 
 class ConfigError(UserError, ValueError):
@@ -92,4 +98,14 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         tag = f"[rank {rank}] " if rank not in (None, "", "0") else ""
         print(f"{tag}{prefix}error: {describe(err)}", file=sys.stderr, flush=True)
         return exit_code(err)
+    except OSError as err:  # a full disk or quota is the user's to fix; any other OS error keeps its traceback
+        from checkpoints.disk import disk_full_cause, write_failure
+        if disk_full_cause(err) is None:
+            raise
+        where = f"{err.filename}: " if getattr(err, "filename", None) else ""
+        path = Path(err.filename) if getattr(err, "filename", None) else Path.cwd()
+        print(f"{prefix}error: {where}cannot write: {write_failure(path, err)}; free space there, or write to a "
+              f"bigger disk (for a run: move the run directory and pass it as --out, then --resume auto)",
+              file=sys.stderr, flush=True)
+        return EXIT_SAVE_FAILED
     return 0 if rc is None else int(rc)

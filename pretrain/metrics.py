@@ -33,14 +33,51 @@ def _fmt_duration(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def drop_partial_last_line(path: Path) -> int:
+    """Cut a row that a crash or a full disk left half-written at the end of a jsonl file (a later append
+    would glue the next row onto it). Returns the bytes removed."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, 2)
+            if size == 0:
+                return 0
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return 0
+            keep, pos = 0, size
+            while pos > 0:  # the last newline, read backwards in blocks
+                start = max(0, pos - (1 << 16))
+                f.seek(start)
+                i = f.read(pos - start).rfind(b"\n")
+                if i >= 0:
+                    keep = start + i + 1
+                    break
+                pos = start
+            f.truncate(keep)
+            return size - keep
+    except FileNotFoundError:
+        return 0
+
+
 class MetricsLogger:
+    """Rank 0 appends one JSON row per logged step to RUN/metrics.jsonl (and TensorBoard scalars). A row
+    that cannot be written (a full disk) does not raise: `failed` then says why, nothing more is written,
+    and the training loop stops at the step boundary without a checkpoint of the unlogged steps (resuming
+    replays them from the newest checkpoint, so no row is missing)."""
+
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = True):
         self.enabled = enabled
         self.file = None
         self.tb = None
+        self.failed: str | None = None
+        self.path = Path(run_dir) / METRICS
         if not enabled:
             return
-        self.file = open(run_dir / METRICS, "a", buffering=1)
+        cut = drop_partial_last_line(self.path)
+        if cut:
+            print(f"[linscale] {self.path}: removed a half-written last row ({cut} bytes; its step is replayed)",
+                  file=sys.stderr, flush=True)
+        self.file = open(self.path, "a", buffering=1)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -49,21 +86,44 @@ class MetricsLogger:
                 print(f"[linscale] tensorboard disabled: {err}", file=sys.stderr)
 
     def log(self, row: dict) -> None:
-        if not self.enabled:
+        if not self.enabled or self.failed is not None:
             return
-        self.file.write(json.dumps(row) + "\n")
+        try:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        except OSError as err:
+            from checkpoints.disk import write_failure
+            self.failed = write_failure(self.path, err)
+            self.close()
+            return
         if self.tb is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)) and v is not None and math.isfinite(v):
-                    self.tb.add_scalar(f"train/{k}", v, row["step"])
+            try:
+                for k, v in row.items():
+                    if k != "step" and isinstance(v, (int, float)) and v is not None and math.isfinite(v):
+                        self.tb.add_scalar(f"train/{k}", v, row["step"])
+            except OSError as err:  # TensorBoard is a view of metrics.jsonl: training goes on without it
+                print(f"[linscale] tensorboard disabled: {err}", file=sys.stderr, flush=True)
+                self._close_tb()
+
+    def _close_tb(self) -> None:
+        tb, self.tb = self.tb, None
+        if tb is not None:
+            try:
+                tb.close()
+            except OSError:
+                pass
 
     def close(self) -> None:
-        if self.file:
-            self.file.close()
-            self.file = None
-        if self.tb is not None:
-            self.tb.close()
-            self.tb = None
+        """Idempotent; never raises for a write that cannot complete (that is reported through `failed`)."""
+        f, self.file = self.file, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError as err:
+                if self.failed is None:
+                    from checkpoints.disk import write_failure
+                    self.failed = write_failure(self.path, err)
+        self._close_tb()
 
 
 class Progress:

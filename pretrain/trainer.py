@@ -19,7 +19,7 @@ from models import LanguageModel, build_from_config, flops_per_step, model_info
 from models.config import VOCAB_SIZE
 from pretrain.config import RunConfig, ac_mode, gradient_accumulation, resolve_compile, save_config
 from pretrain.distributed import DistEnv, barrier, dist_env, init_process_group
-from pretrain.errors import EXIT_STOPPED, UserError, run_cli
+from pretrain.errors import EXIT_STOPPED, OutputFailed, UserError, run_cli
 from pretrain.metrics import MetricsLogger, Progress, peak_flops
 from pretrain.train_module import TorchTrainModule, lr_at
 
@@ -357,8 +357,9 @@ class Trainer:
         last = {}
         stop_reason = "finished"
         while not self.done():
-            reason = self.checkpointer.stop_requested() if self.checkpointer is not None else None
-            if reason is not None:  # 'signal', or 'save_failed' (at_end then raises SaveFailed)
+            reason = (self.checkpointer.stop_requested() if self.checkpointer is not None
+                      else "log_failed" if self.metrics.failed else None)
+            if reason is not None:  # 'signal'; 'save_failed' (at_end raises SaveFailed); 'log_failed' (below)
                 stop_reason = reason
                 break
             micro = [self.loader.next_batch() for _ in range(self.accum)]
@@ -441,12 +442,27 @@ class Trainer:
             self.checkpointer.at_end(stop_reason)
         barrier()
         self.metrics.close()
+        if stop_reason == "log_failed":
+            raise self._log_failure()
         summary = {"step": self.step, "tokens": self.tokens, "flops": self.flops, "final_loss": last.get("loss"),
                    "val_loss": last.get("val_loss"), "bad_steps_total": self.bad_steps_total, "stop": stop_reason}
         if self.env.is_main:
             (self.run_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
             log(f"done: {summary}", self.env)
         return summary
+
+    def _log_failure(self) -> OutputFailed:
+        """The error a run ends with when rank 0 could not write metrics.jsonl (printed by rank 0 only)."""
+        from checkpoints.layout import step_dirs
+        done = [p.name for s, p in step_dirs(self.run_dir / CHECKPOINTS) if s <= self.step]
+        resume = (f"--resume auto continues from the newest checkpoint {done[-1]} (replaying the later steps)"
+                  if done else "no checkpoint exists yet: the run starts again from step 0")
+        err = OutputFailed(f"{self.metrics.path}: a row could not be written: {self.metrics.failed}; training "
+                           f"stopped at step {self.step} without a checkpoint of the unlogged steps; {resume}. "
+                           f"Free space there, or move the run directory to a bigger disk and pass it as --out; "
+                           f"then --resume auto")
+        err.quiet = not self.env.is_main
+        return err
 
 
 def _main(argv: list[str] | None = None) -> int:

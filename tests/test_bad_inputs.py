@@ -570,6 +570,69 @@ def test_save_that_cannot_fit(dataset, tmp_path, small_disk, capsys, monkeypatch
     assert "partial" not in line  # nothing was written
 
 
+class _FullAfter:
+    """A text file whose writes fail with ENOSPC after `rows` rows, the failing one half-written (as a
+    disk that fills up mid-row leaves it)."""
+
+    def __init__(self, f, rows: int):
+        self.f, self.rows = f, rows
+
+    def write(self, text: str) -> int:
+        import errno
+        if self.rows <= 0:
+            self.f.write(text[: len(text) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.rows -= 1
+        return self.f.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def test_disk_full_outside_a_save(dataset, tmp_path, capsys, monkeypatch):
+    """The disk fills up while metrics.jsonl is written (between saves): one line naming the file, the
+    device and the free space, exit 4, no traceback; training stops at the step boundary without a
+    checkpoint of the unlogged steps, so `--resume auto` replays them from the newest checkpoint and
+    metrics.jsonl ends up with every step once (the half-written row removed), the replayed losses equal
+    to an uninterrupted run's. Any other command's write to a full disk: the same one line, exit 4."""
+    import builtins
+    import pretrain.metrics as metrics_mod
+    from pretrain.errors import run_cli
+    ref = tmp_path / "ref"
+    assert pretrain(run_flags(ref, dataset, 9, "--save-every", "3"), capsys)[0] == 0
+
+    def full_open(path, mode="r", *a, **k):
+        f = builtins.open(path, mode, *a, **k)
+        return _FullAfter(f, 4) if str(path).endswith("metrics.jsonl") and "a" in mode else f
+
+    monkeypatch.setattr(metrics_mod, "open", full_open, raising=False)
+    run = tmp_path / "run"
+    rc, _, err = pretrain(run_flags(run, dataset, 9, "--save-every", "3"), capsys)
+    assert rc == 4
+    line = one_error_line(err)
+    assert line.startswith(f"error: {run / 'metrics.jsonl'}: a row could not be written: no space left on "), line
+    assert re.search(r"\([\d.]+ [KMGT]?B free\)", line) and "stopped at step 5" in line, line
+    assert "newest checkpoint step_00000003" in line and "--resume auto" in line, line
+    ckpts = run / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000003"]  # none of the unlogged step 5
+    assert not (run / "metrics.jsonl").read_text().endswith("\n")  # the half-written row of step 5
+    monkeypatch.undo()
+    rc, out, err = pretrain(run_flags(run, dataset, 9, "--save-every", "3", "--resume", "auto"), capsys)
+    assert rc == 0 and "step_00000003 at step 3" in out and "removed a half-written last row" in err
+    got, want = losses(run), losses(ref)
+    assert sorted(got) == list(range(1, 10))
+    assert all(v == want[s][0] for s, vs in got.items() for v in vs)  # replayed steps: the same losses
+
+    def writes_to_a_full_disk(argv):
+        import errno
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out.bin"))
+
+    assert run_cli(writes_to_a_full_disk, [], prog="prepare_data") == 4
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"prepare_data: error: {tmp_path / 'out.bin'}: cannot write: no space left on "), line
+
+
 # ---------------------------------------------------------------------------------------------------
 # Ctrl-C
 # ---------------------------------------------------------------------------------------------------
