@@ -194,21 +194,38 @@ print(json.dumps({{"seconds": time.perf_counter() - t, "cpu_seconds": time.proce
 """
 
 
-def bench_merge(n_docs: int, out: Path, num_parts: int = 8, shards: int = 16, keep: bool = False) -> dict:
+def bench_merge(n_docs: int, out: Path, num_parts: int = 8, shards: int = 16, keep: bool = False,
+                reuse: bool = False) -> dict:
     """Every merge stage on synthetic_parts(n_docs): per stage the wall time, CPU time and peak memory
-    (each stage's tasks run one after another in a process of its own)."""
+    (each stage's tasks run one after another in a process of its own). `reuse`: run the stages again
+    on the parts a kept earlier run of the same size left in `out` (generating 20M documents takes
+    longer than merging them)."""
     import subprocess
     import sys
     out = Path(out)
     t0 = time.perf_counter()
-    cfg, planted = synthetic_parts(out, n_docs, num_parts, shards)
+    cfg_path, made = out / "config.json", out / "synthetic.json"
+    if reuse:
+        if not made.exists():
+            raise FileNotFoundError(f"--reuse: no synthetic parts in {out} (run once with --keep first)")
+        info = json.loads(made.read_text())
+        if (info["documents"], info["parts"], info["shards"]) != (n_docs, num_parts, shards):
+            raise ValueError(f"--reuse: {out} holds {info['documents']} documents in {info['parts']} parts "
+                             f"and {info['shards']} shards, not {n_docs}, {num_parts}, {shards}")
+        planted = info["planted"]
+    else:
+        cfg, planted = synthetic_parts(out, n_docs, num_parts, shards)
+        from dataclasses import asdict
+        d = asdict(cfg)
+        d.pop("base_dir")
+        cfg_path.write_text(json.dumps(d))
+        made.write_text(json.dumps({"documents": n_docs, "parts": num_parts, "shards": shards,
+                                    "planted": planted}))
+    from .config import parse_data_config
+    cfg = parse_data_config(json.loads(cfg_path.read_text()))
     res = {"documents": n_docs, "parts": num_parts, "shards": shards, "planted": planted,
-           "generate_seconds": time.perf_counter() - t0, "stages": {}}
-    cfg_path = out / "config.json"
-    from dataclasses import asdict
-    d = asdict(cfg)
-    d.pop("base_dir")
-    cfg_path.write_text(json.dumps(d))
+           "generate_seconds": 0.0 if reuse else time.perf_counter() - t0, "reused_parts": reuse,
+           "load_avg_1min": os.getloadavg()[0], "stages": {}}
     from .merge import plan
     for stage, n in plan(cfg).items():
         code = _STAGE_PROBE.format(cfg=str(cfg_path), out=str(out), stage=stage, n=n)
@@ -216,7 +233,8 @@ def bench_merge(n_docs: int, out: Path, num_parts: int = 8, shards: int = 16, ke
                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
         if r.returncode:
             raise RuntimeError(f"merge stage {stage} failed:\n{r.stderr[-3000:]}")
-        res["stages"][stage] = {"tasks": n, **json.loads(r.stdout.strip().splitlines()[-1])}
+        res["stages"][stage] = {"tasks": n, **json.loads(r.stdout.strip().splitlines()[-1]),
+                                "load_avg_1min": os.getloadavg()[0]}
     stats = json.loads((out / "stats.json").read_text())
     s = stats["sources"][0]
     res["result"] = {"near_duplicates": s["near_duplicates"], "exact_duplicates": s["exact_duplicates"],

@@ -29,6 +29,8 @@ def main(argv=None) -> None:
     p.add_argument("--langid", action="store_true", help="compare the installed language-ID packages")
     p.add_argument("--merge-scale", type=int, default=0, help="documents of a synthetic staged-merge run")
     p.add_argument("--loader-index", type=int, default=0, help="documents of a synthetic loader index")
+    p.add_argument("--keep", action="store_true", help="keep the synthetic data (for --reuse)")
+    p.add_argument("--reuse", action="store_true", help="--merge-scale on the parts kept by an earlier run")
     p.add_argument("--scratch", default=tempfile.gettempdir(), help="folder for the synthetic data")
     a = p.parse_args(argv)
     if a.quality:
@@ -36,7 +38,8 @@ def main(argv=None) -> None:
     elif a.langid:
         res = bench_langid(a.config)
     elif a.merge_scale:
-        res = bench_merge(a.merge_scale, Path(a.scratch) / "linscale-bench-merge")
+        res = bench_merge(a.merge_scale, Path(a.scratch) / "linscale-bench-merge", keep=a.keep or a.reuse,
+                          reuse=a.reuse)
     elif a.loader_index:
         res = bench_loader_index(a.loader_index, Path(a.scratch) / "linscale-bench-index")
     else:
