@@ -7,7 +7,7 @@ jobs, one task per array index; see docs/data.md):
     pairs       bands x shards      every part's band-b records of shard s, pairs-<b>-<s>.npy: verified
                                     the signatures of multi-document          (member, center) pairs
                                     buckets (memory-mapped)
-    components  1                   every pairs file                        near.npy: keys to drop
+    components  1                   every pairs file, one batch at a time   near.npy: keys to drop
     index       sources             the parts' document tables, the drop    <source>.json; the source's
                                     lists of that source                      train/val indexes
     finish      1                   <source>.json of every source           meta.json of each split,
@@ -147,8 +147,7 @@ def run_task(cfg: DataConfig, out: Path, stage: str, task: int, parts: Parts | N
     elif stage == "components":
         _need(mdir, [f"pairs-{b:03d}-{s:04d}.npy" for b in range(cfg.dedup.bands) for s in range(cfg.dedup.shards)],
               "pairs")
-        pairs = [np.load(p) for p in sorted(mdir.glob("pairs-*.npy"))]
-        _save(mdir / "near.npy", component_drops(np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64)))
+        _save(mdir / "near.npy", component_drops_streamed(_PairFiles(sorted(mdir.glob("pairs-*.npy")))))
     elif stage == "index":
         _write_source(cfg, parts, mdir, task)
     else:
@@ -165,6 +164,16 @@ def run_all(cfg: DataConfig, out: Path) -> dict:
             run_task(cfg, out, stage, task, parts)
         log.info("merge stage %s: %d tasks, %.1f s", stage, n, time.time() - t0)
     return json.loads((Path(out) / "stats.json").read_text())
+
+
+class _PairFiles:
+    """The pairs files, read one at a time on each pass."""
+
+    def __init__(self, paths: list[Path]):
+        self.paths = paths
+
+    def __iter__(self):
+        return (np.load(p) for p in self.paths)
 
 
 def _save(path: Path, arr: np.ndarray) -> None:
@@ -258,28 +267,79 @@ def _link_to_centers(keys: np.ndarray, sigs: np.ndarray, need: int) -> list[tupl
     return pairs
 
 
+PAIRS_BATCH = 1 << 22  # pairs joined per union step of the components task (64 MB of pairs)
+
+
 def component_drops(pairs: np.ndarray) -> np.ndarray:
-    """Keys to drop: every member of a connected component of the pairs but its smallest key, sorted.
-    Union-find over the keys that occur in pairs (state: 8 bytes of label per such key), by hooking
-    roots to the smaller root and pointer jumping, vectorized."""
-    if not len(pairs):
+    """Keys to drop: every member of a connected component of the pairs but its smallest key, sorted."""
+    return component_drops_streamed([pairs])
+
+
+def component_drops_streamed(chunks, batch: int = PAIRS_BATCH) -> np.ndarray:
+    """component_drops() over the pairs of an iterable of [k, 2] key arrays (every pairs file of the
+    stage; called twice, so a sequence or a re-iterable), holding at any time the keys that occur in
+    pairs (8 bytes each) and their labels (8 bytes each), plus one batch of pairs: the same pair comes
+    from every band its documents share, so all pairs at once would hold each one up to `bands` times.
+    Union-find by hooking roots to the smaller root and pointer jumping, vectorized, one batch after
+    another onto the same labels (the components, and so the result, do not depend on the batching)."""
+    nodes = _distinct_keys(chunks, batch)
+    if not len(nodes):
         return np.zeros(0, np.int64)
-    nodes, inv = np.unique(pairs.reshape(-1), return_inverse=True)  # sorted: label order = key order
-    a, b = inv[0::2].astype(np.int64), inv[1::2].astype(np.int64)
-    parent = np.arange(len(nodes), dtype=np.int64)
+    parent = np.arange(len(nodes), dtype=np.int64)  # label = index of a key in sorted order
+    buf: list[np.ndarray] = []
+    size = 0
+    for c in chunks:
+        if len(c):
+            buf.append(np.asarray(c, np.int64).reshape(-1, 2))
+            size += len(buf[-1])
+        if size >= batch:
+            parent = _join(parent, nodes, np.concatenate(buf))
+            buf, size = [], 0
+    if buf:
+        parent = _join(parent, nodes, np.concatenate(buf))
+    return nodes[parent != np.arange(len(nodes))]
+
+
+def _distinct_keys(chunks, batch: int) -> np.ndarray:
+    """Sorted distinct keys of all chunks, merged in as they come (never all chunks' keys at once)."""
+    nodes = np.zeros(0, np.int64)
+    pending: list[np.ndarray] = []
+    size = 0
+    for c in chunks:
+        if len(c):
+            pending.append(_unique(np.asarray(c, np.int64)))
+            size += len(pending[-1])
+        if size >= max(batch, len(nodes)):
+            nodes = _unique(np.concatenate([nodes] + pending))
+            pending, size = [], 0
+    return _unique(np.concatenate([nodes] + pending)) if pending else nodes
+
+
+def _unique(x: np.ndarray) -> np.ndarray:
+    """np.unique by sorting (numpy's hash-based unique took 3x longer on these keys)."""
+    x = np.sort(x, axis=None)
+    keep = np.ones(len(x), bool)
+    keep[1:] = x[1:] != x[:-1]
+    return x[keep]
+
+
+def _join(parent: np.ndarray, nodes: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """Links the pairs into the forest `parent` (every node pointing at its root, a component's root its
+    smallest label) and returns it in the same state."""
+    a, b = np.searchsorted(nodes, pairs[:, 0]), np.searchsorted(nodes, pairs[:, 1])
+    del pairs
     while True:
         ra, rb = parent[a], parent[b]
         diff = ra != rb
         if not diff.any():
-            break
-        lo, hi = np.minimum(ra[diff], rb[diff]), np.maximum(ra[diff], rb[diff])
-        np.minimum.at(parent, hi, lo)  # hook the larger root under the smaller
+            return parent
+        a, b, ra, rb = a[diff], b[diff], ra[diff], rb[diff]  # pairs already joined stay joined
+        np.minimum.at(parent, np.maximum(ra, rb), np.minimum(ra, rb))  # hook the larger root under the smaller
         while True:  # pointer jumping until every node points at a root
             nxt = parent[parent]
             if np.array_equal(nxt, parent):
                 break
             parent = nxt
-    return nodes[parent != np.arange(len(nodes))]
 
 
 def _write_source(cfg: DataConfig, parts: Parts, mdir: Path, si: int) -> None:

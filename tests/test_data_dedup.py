@@ -11,7 +11,7 @@ import pytest
 
 from data_pipeline import build_loader
 from data_pipeline.config import parse_data_config
-from data_pipeline.merge import Parts, component_drops, exact_drops, plan, run_task
+from data_pipeline.merge import Parts, component_drops, component_drops_streamed, exact_drops, plan, run_task
 from data_pipeline.prepare import prepare
 from data_utils import english_text
 
@@ -143,8 +143,13 @@ def test_component_drops_and_exact_drops_against_plain_python():
             parent[max(ra, rb)] = min(ra, rb)
         touched = {v for p in pairs for v in p}
         want = sorted(v for v in touched if find(v) != v)
-        got = component_drops(np.asarray(pairs, np.int64).reshape(-1, 2))
-        assert got.tolist() == want
+        arr = np.asarray(pairs, np.int64).reshape(-1, 2)
+        assert component_drops(arr).tolist() == want
+        # pairs in files of any size, joined in batches of any size: the same components
+        cuts = sorted(rng.sample(range(len(arr) + 1), min(len(arr) + 1, 4)))
+        chunks = [arr[a:b] for a, b in zip([0] + cuts, cuts + [len(arr)])]
+        for batch in (1, 3, 1 << 20):
+            assert component_drops_streamed(chunks, batch=batch).tolist() == want
     hashes = np.array([5, 3, 5, 5, 9, 3], np.uint64)
     keys = np.array([10, 4, 2, 30, 7, 1], np.int64)
     rec = np.stack([hashes, keys.view(np.uint64)], 1)
