@@ -12,13 +12,15 @@ SPLITS = ("train", "val")
 
 def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch: int,
                  rank: int = 0, world_size: int = 1, seed: int = 0, doc_starts: bool = False,
-                 split: str = "train") -> "Loader":
+                 split: str = "train", sp_rank: int = 0, sp_size: int = 1) -> "Loader":
     """The loader of one rank.
 
     data: None for the embedded default corpus; a folder written by launch/prepare_data.py (its
     `train`/`val` split, or the folder itself if it holds meta.json); or a data config `*.yaml`,
     streamed (filter -> tokenize -> pack on the fly, no prepare step).
     split: "train" or "val" (held-out documents, for validation loss).
+    sp_rank, sp_size: this rank's place in its sequence-parallel group (rank, world_size count
+    data-parallel ranks); it gets its segment of every sequence.
     """
     from .loader import Loader, ShardProvider
     if split not in SPLITS:
@@ -39,7 +41,8 @@ def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch:
         elif split != "train" or not (root / "meta.json").is_file():
             raise FileNotFoundError(f"{data} has no {split!r} split ({root / split / 'meta.json'} missing)")
         provider = ShardProvider(root, seed)
-    return Loader(provider, seq_len, global_batch, micro_batch, rank, world_size, seed, doc_starts)
+    return Loader(provider, seq_len, global_batch, micro_batch, rank, world_size, seed, doc_starts,
+                  sp_rank=sp_rank, sp_size=sp_size)
 
 
 def __getattr__(name: str):

@@ -7,6 +7,11 @@ token, so every token is a target exactly once). Each optimizer step consumes `g
 consecutive samples; rank r of W takes samples [r*B/W, (r+1)*B/W) of the step, in B/(W*micro_batch)
 micro-batches. Nothing here depends on W or workers, so a run resumed on another world size continues
 the identical global stream.
+
+With sequence parallelism (sp_size N > 1) the N ranks of a sequence-parallel group form one data-parallel
+rank: each reads the same samples and keeps its segment, tokens [s*seq_len/N, (s+1)*seq_len/N) of every
+window (s its rank in the group); `cu_seqlens` (doc_starts) still describes the whole windows, so that the
+model's plan can tell which documents cross into a segment. The sample order depends on neither W nor N.
 """
 from __future__ import annotations
 
@@ -87,8 +92,13 @@ class Loader:
     """See the module docstring. Use build_loader() rather than constructing this directly."""
 
     def __init__(self, provider: WindowProvider, seq_len: int, global_batch: int, micro_batch: int,
-                 rank: int = 0, world_size: int = 1, seed: int = 0, doc_starts: bool = False):
+                 rank: int = 0, world_size: int = 1, seed: int = 0, doc_starts: bool = False,
+                 sp_rank: int = 0, sp_size: int = 1):
         _check_batching(seq_len, global_batch, micro_batch, rank, world_size)
+        if sp_size < 1 or not 0 <= sp_rank < sp_size or seq_len % sp_size:
+            raise ValueError(f"sequence parallelism: seq_len {seq_len} must split into {sp_size} equal segments "
+                             f"(and 0 <= sp rank {sp_rank} < {sp_size}); choose a --seq-len that --sp divides")
+        self.sp_rank, self.sp_size = sp_rank, sp_size
         self.provider = provider
         self.seq_len, self.global_batch, self.micro_batch = seq_len, global_batch, micro_batch
         self.rank, self.world_size, self.seed = rank, world_size, seed
@@ -122,9 +132,13 @@ class Loader:
             self.samples += self.global_batch
             self.counts = self._next_counts
         window = torch.from_numpy(self._buf.astype(np.int64))
-        batch = {"input_ids": window[:, :-1].contiguous(), "targets": window[:, 1:].contiguous()}
+        batch = {"input_ids": window[:, :-1], "targets": window[:, 1:]}
         if self.doc_starts:
-            batch["cu_seqlens"] = doc_boundaries(batch["input_ids"])
+            batch["cu_seqlens"] = doc_boundaries(batch["input_ids"])  # over the whole windows
+        seg = self.seq_len // self.sp_size
+        cols = slice(self.sp_rank * seg, (self.sp_rank + 1) * seg)
+        for key in ("input_ids", "targets"):
+            batch[key] = batch[key][:, cols].contiguous()
         return batch
 
     def __iter__(self):
@@ -168,7 +182,8 @@ class Loader:
 
     def describe(self) -> str:
         return (f"{self.provider.describe()} | seq_len {self.seq_len}, global batch {self.global_batch} "
-                f"= {self.world_size} ranks x {self.accum} x {self.micro_batch}, seed {self.seed}")
+                f"= {self.world_size} ranks x {self.accum} x {self.micro_batch}, seed {self.seed}"
+                + (f"; segment {self.sp_rank + 1} of {self.sp_size} of each sequence" if self.sp_size > 1 else ""))
 
 
 def doc_boundaries(input_ids: torch.Tensor) -> torch.Tensor:

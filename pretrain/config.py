@@ -16,7 +16,7 @@ from typing import Any, Callable
 import yaml
 
 from models import ModelConfig, model_config
-from models.config import ARCH_ALIASES, ARCHS
+from models.config import ARCH_ALIASES, ARCHS, canonical_arch
 from models.sizes import SIZES
 from ops.config import OpsConfig
 from pretrain.errors import ConfigError
@@ -93,6 +93,9 @@ class DistConfig:
     zero: int = param(0, choices=(0, 1, 2, 3))  # DeepSpeed ZeRO stage; 0 with one process runs plain PyTorch
     deepspeed_config: str | None = param(None, path=True)  # a user JSON merged over the generated DeepSpeed config
     backend: str = param("auto", choices=("auto", "nccl", "gloo", "mpi", "ucc"))  # auto: nccl on CUDA, gloo on CPU
+    # sequence parallelism (linear models): each sequence split over N consecutive ranks, which exchange
+    # linear-attention states (pretrain/sequence_parallel.py); the data-parallel size is world size / N
+    sp: int = param(1, ge=1)
 
 
 @dataclass
@@ -460,6 +463,15 @@ def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
         raise ConfigError(f"--global-batch-tokens {t.global_batch_tokens} is not a whole number of sequences of "
                           f"--seq-len {t.seq_len}; use a multiple, e.g. "
                           f"{max(1, t.global_batch_tokens // t.seq_len) * t.seq_len}")
+    if cfg.dist.sp > 1:
+        if canonical_arch(cfg.arch) == "llama":
+            raise ConfigError(f"--sp {cfg.dist.sp}: sequence parallelism is for the linear models (tnl, hgrn2, cos2), "
+                              f"whose layers pass only a fixed-size state between ranks; LLaMA's softmax attention "
+                              f"needs every earlier token: use --sp 1")
+        if t.seq_len % cfg.dist.sp:
+            raise ConfigError(f"--sp {cfg.dist.sp} must divide --seq-len {t.seq_len} (each rank takes an equal "
+                              f"segment of every sequence); use e.g. --seq-len "
+                              f"{max(1, t.seq_len // cfg.dist.sp) * cfg.dist.sp}")
     if cfg.overwrite and cfg.resume == "auto":
         raise ConfigError(f"--overwrite and --resume auto contradict each other: --resume auto continues the "
                           f"run in {cfg.run_dir}, --overwrite starts it afresh; pass one of them")

@@ -43,7 +43,8 @@ def generate_deepspeed_config(cfg: RunConfig, world_size: int, precision: str) -
     micro-batch, when the global batch cannot be reached exactly and --allow-inexact-batch is not set.
     """
     t = cfg.train
-    accum = gradient_accumulation(cfg.global_batch, world_size, t.micro_batch, t.allow_inexact_batch)
+    # with --sp N, N ranks share each sequence: world_size / N data-parallel ranks draw distinct samples
+    accum = gradient_accumulation(cfg.global_batch, world_size // cfg.dist.sp, t.micro_batch, t.allow_inexact_batch)
     zero: dict[str, Any] = {"stage": cfg.dist.zero}
     if cfg.dist.zero >= 1:
         # overlap the gradient reduction with the backward pass; contiguous buffers avoid fragmentation
@@ -55,6 +56,8 @@ def generate_deepspeed_config(cfg: RunConfig, world_size: int, precision: str) -
                      "stage3_max_live_parameters": 1e9, "stage3_gather_16bit_weights_on_model_save": False})
         zero.pop("allgather_bucket_size")
     ds: dict[str, Any] = {
+        # DeepSpeed counts every rank as data parallel (the sequence-parallel plan scales the loss so that its
+        # gradient average over all ranks is the right one), so its batch counts each segment as a sample
         "train_batch_size": world_size * t.micro_batch * accum,
         "train_micro_batch_size_per_gpu": t.micro_batch,
         "gradient_accumulation_steps": accum,

@@ -19,7 +19,7 @@ from models import LanguageModel, build_from_config, flops_per_step, model_info
 from models.config import VOCAB_SIZE
 from pretrain.config import RunConfig, ac_mode, gradient_accumulation, resolve_compile, save_config
 from pretrain.distributed import DistEnv, barrier, dist_env, init_process_group
-from pretrain.errors import EXIT_STOPPED, OutputFailed, UserError, run_cli
+from pretrain.errors import EXIT_STOPPED, ConfigError, OutputFailed, UserError, run_cli
 from pretrain.metrics import MetricsLogger, Progress, peak_flops
 from pretrain.train_module import TorchTrainModule, lr_at
 
@@ -186,10 +186,15 @@ class Trainer:
         self.model_cfg = cfg.model()
         t = cfg.train
         self.precision = t.precision if t.precision != "auto" else ("bf16" if env.device.type == "cuda" else "fp32")
-        self.accum = gradient_accumulation(cfg.global_batch, env.world_size, t.micro_batch, t.allow_inexact_batch)
+        sp = cfg.dist.sp
+        if env.world_size % sp:
+            raise ConfigError(f"--sp {sp} must divide the number of ranks ({env.world_size}): each sequence-parallel "
+                              f"group is {sp} ranks")
+        self.dp_size = env.world_size // sp  # ranks that draw distinct samples
+        self.accum = gradient_accumulation(cfg.global_batch, self.dp_size, t.micro_batch, t.allow_inexact_batch)
         # the batch actually trained on (differs from the requested one only with --allow-inexact-batch)
-        self.global_batch = env.world_size * t.micro_batch * self.accum
-        self.tokens_per_step = env.world_size * t.micro_batch * self.accum * t.seq_len
+        self.global_batch = self.dp_size * t.micro_batch * self.accum
+        self.tokens_per_step = self.dp_size * t.micro_batch * self.accum * t.seq_len
         self.flops_per_step = flops_per_step(self.model_cfg, self.tokens_per_step // t.seq_len, t.seq_len)
         self.flops_per_step_ne = flops_per_step(self.model_cfg, self.tokens_per_step // t.seq_len, t.seq_len, False)
         seed_everything(t.seed + env.rank)
@@ -205,6 +210,11 @@ class Trainer:
 
         init_process_group(env, cfg.dist.backend)
         model = build_from_config(self.model_cfg)
+        self.sp, self.dp_rank = None, env.rank
+        if sp > 1:  # hooks on the one-device model (pretrain/sequence_parallel.py), before any engine wraps it
+            from pretrain.sequence_parallel import SequenceParallelPlan, build_groups
+            self.sp, self.dp_rank, _ = build_groups(sp)
+            self.sp_plan = SequenceParallelPlan(model, self.sp)
         self.ac, self.ac_fraction = self._checkpointing(env.device)
         self.ac_blocks = model.set_activation_checkpointing(self.ac, self.ac_fraction)
         self.model = model
@@ -219,7 +229,8 @@ class Trainer:
         self.compile_time_s = 0.0  # wall time of the steps that compiled (excluded from tokens/s)
 
         self.loader = build_loader(cfg.data, t.seq_len, self.global_batch, t.micro_batch,
-                                   rank=env.rank, world_size=env.world_size, seed=t.seed, doc_starts=t.doc_reset)
+                                   rank=self.dp_rank, world_size=self.dp_size, seed=t.seed, doc_starts=t.doc_reset,
+                                   **self._sp_segment())
         self.val_batches = self._validation_batches(build_loader) if t.eval_every else []
 
         self.step = 0
@@ -269,11 +280,14 @@ class Trainer:
             f"of {total:.0f} GiB)", self.env)
         return mode, frac
 
+    def _sp_segment(self) -> dict:
+        return {} if self.sp is None else {"sp_rank": self.sp.rank, "sp_size": self.sp.size}
+
     def _validation_batches(self, build_loader) -> list[dict]:
         t = self.cfg.train
         try:
             val = build_loader(self.cfg.data, t.seq_len, t.micro_batch, t.micro_batch, rank=0, world_size=1,
-                               seed=t.seed, split="val")
+                               seed=t.seed, split="val", **self._sp_segment())
         except (TypeError, ValueError, FileNotFoundError) as err:
             log(f"no validation split ({err}); validation loss disabled", self.env)
             return []
@@ -323,7 +337,9 @@ class Trainer:
                 f"requested {self.cfg.global_batch}", e)
         engine = f"DeepSpeed ZeRO-{self.cfg.dist.zero}" if self.cfg.dist.zero else \
             ("DDP" if e.world_size > 1 else "PyTorch")
-        log(f"engine: {engine}; batch: {self.global_batch} x {self.cfg.train.seq_len} tokens = {e.world_size} ranks x micro "
+        if self.sp is not None:
+            engine += f" x sequence parallel {self.sp.size} ({self.dp_size} data-parallel groups)"
+        log(f"engine: {engine}; batch: {self.global_batch} x {self.cfg.train.seq_len} tokens = {self.dp_size} ranks x micro "
             f"{self.cfg.train.micro_batch} x accumulation {self.accum}; precision {self.precision}; device {e.device}", e)
         log(f"data: {self.loader.describe()}", e)
         t = self.cfg.train
