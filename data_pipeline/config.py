@@ -54,6 +54,7 @@ class FilterConfig:
     max_list_variety_zh: float = 0.3
     min_stop_share: float = 0.08  # English function words per word
     min_stop_share_zh: float = 0.04  # the most common Han characters per Han character
+    min_word_pair_share_zh: float = 0.12  # adjacent Han pairs that occur inside dictionary words
     min_language_score: float = 0.3  # lid.176's probability of the source's language, where scripts leave doubt
     max_line_bytes: int = 16 << 20  # a longer line is skipped (counted) without being read into memory
 

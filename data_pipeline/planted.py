@@ -4,7 +4,7 @@ measure what the filters catch (recall per class) next to what they wrongly remo
 Every class is generated with randomised structure and lengths, so that no fixed threshold is tuned
 to one layout: foreign-language text (Latin-script European languages, Cyrillic, Greek, Arabic,
 Korean, Japanese, and English inside a Chinese source), lorem ipsum, HTML pages, numeric CSV, base64
-blobs, letter soup, SEO keyword lists, URL lists, a sentence repeated inline, and minified
+blobs, letter soup (zh: also the characters of real text in random order), SEO keyword lists, URL lists, a sentence repeated inline, and minified
 JavaScript. `planted_documents(real, n, seed)` returns (language, class, text) triples; `real` maps
 "en" and "zh" to lists of clean documents that the generators borrow sentences and words from.
 """
@@ -262,8 +262,14 @@ def base64_blob(real, language, rng):
 
 
 def letter_soup(real, language, rng):
-    if language == "zh" and rng.random() < 0.7:  # characters of the CJK Unified Ideographs block
-        chars = [chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(rng.randint(100, 2000))]
+    kind = rng.random()
+    if language == "zh" and kind < 0.8:
+        n = rng.randint(100, 2000)
+        if kind < 0.4:  # characters of the CJK Unified Ideographs block
+            chars = [chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(n)]
+        else:  # characters of real text (as frequent as there) in random order
+            pool = re.findall(r"[\u4e00-\u9fff]", "".join(_sentences(real[language], language, rng, 40)))
+            chars = [rng.choice(pool) for _ in range(n)]
         for i in range(0, len(chars), rng.randint(10, 40)):
             chars[i] = rng.choice("，。 \n")
         return "".join(chars)

@@ -154,3 +154,53 @@ def test_component_drops_and_exact_drops_against_plain_python():
     keys = np.array([10, 4, 2, 30, 7, 1], np.int64)
     rec = np.stack([hashes, keys.view(np.uint64)], 1)
     assert exact_drops(rec).tolist() == [4, 10, 30]  # per hash all but the smallest key
+
+
+def test_slurm_style_cli_steps_give_the_one_process_result(tmp_path, capsys):
+    """launch/prepare_data.py as the array jobs run it: --merge-plan, the parts with --no-merge, then
+    every task of every stage with --merge-stage/--task (in reverse order within a stage) gives the
+    indexes and statistics of one prepare run; a stage run before the one it reads from, or a task out
+    of range, is an error line naming the fix."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("prepare_data_cli", Path(__file__).parents[1] / "launch" / "prepare_data.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    rng = random.Random(5)
+    docs = [english_text(rng, 120) for _ in range(30)]
+    for i, name in enumerate(("a", "b", "c")):
+        rows = docs[i * 10:(i + 1) * 10] + [docs[rng.randrange(30)] for _ in range(3)]  # copies across files
+        rows.append(docs[rng.randrange(30)].replace(" the ", " a ", 2))  # near copies
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in rows))
+    conf = tmp_path / "c.yaml"
+    conf.write_text("name: cli\nval_fraction: 0.1\ndedup: {shards: 2}\nsources:\n"
+                    "  - {name: s, language: en, type: jsonl, paths: ['*.jsonl']}\n")
+    out = str(tmp_path / "ds")
+
+    def run(*args):
+        capsys.readouterr()
+        rc = cli.main(["--config", str(conf), "--out", out, "--workers", "1", "--no-progress", *map(str, args)])
+        return rc, capsys.readouterr()
+
+    rc, io = run("--merge-plan")
+    steps = json.loads(io.out)
+    assert rc == 0 and steps == {"exact": 2, "pairs": 32, "components": 1, "index": 1, "finish": 1}
+    for p in range(2):
+        assert run("--part", p, "--num-parts", 2, "--no-merge")[0] == 0
+    rc, io = run("--merge-stage", "components", "--task", 0)
+    assert rc == 2 and "stage 'pairs'" in io.err and "run that stage's tasks first" in io.err
+    rc, io = run("--merge-stage", "exact", "--task", 2)
+    assert rc == 2 and "stage exact has 2 tasks (0..1)" in io.err
+    for stage, n in steps.items():
+        for task in reversed(range(n)):
+            assert run("--merge-stage", stage, "--task", task)[0] == 0
+    cfg = parse_data_config({"name": "cli", "val_fraction": 0.1, "dedup": {"shards": 2}, "sources": [
+        {"name": "s", "language": "en", "type": "jsonl", "paths": [str(tmp_path / "*.jsonl")]}]})
+    one = prepare(cfg, tmp_path / "one", workers=1, progress=False)
+    got = json.loads((tmp_path / "ds" / "stats.json").read_text())
+    assert one["sources"][0]["exact_duplicates"] + one["sources"][0]["near_duplicates"] >= 6
+    for key in ("exact_duplicates", "near_duplicates", "documents_out"):
+        assert got["sources"][0][key] == one["sources"][0][key], key
+    for split in ("train", "val"):
+        assert np.array_equal(np.load(tmp_path / "ds" / split / "s.index.npy")[:, 1],
+                              np.load(tmp_path / "one" / split / "s.index.npy")[:, 1])
+        assert _output_docs(tmp_path / "ds" / split) == _output_docs(tmp_path / "one" / split)

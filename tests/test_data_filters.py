@@ -71,7 +71,7 @@ def test_each_filter_fires_on_its_case():
                     "wurde nach dem großen Brand im Jahr siebzehnhundert neu aufgebaut. Es dauert ungefähr zwei "
                     "Stunden, mit dem Zug in die Hauptstadt zu fahren, und der erste Zug fährt vor Sonnenaufgang.",
     }
-    assert set(cases) | {"too_long"} == set(FILTER_NAMES)
+    assert set(cases) | {"too_long", "word_pairs"} == set(FILTER_NAMES)
     for name, junk in cases.items():
         c = FilterConfig(max_dup_line_fraction=1.0) if name == "dup_paragraphs" else cfg  # lines repeat too
         assert check(junk, "en", c) == name, (name, check(junk, "en", c), features([junk], "en"))
@@ -83,6 +83,14 @@ def test_each_filter_fires_on_its_case():
     assert check(good, "zh", cfg) == "language"
     assert check("この村は、海に向かってゆっくり流れる川のほとりにある。子どもたちは雨の日でも毎朝歩いて学校に通っていた。" * 2,
                  "zh", cfg) == "language"
+    # word_pairs: the characters of Chinese text in random order (as common as in the text, so the
+    # common-character share passes) are not words; the text itself and a short shuffle are kept
+    shuffled = list(zh * 3)
+    random.Random(1).shuffle(shuffled)
+    assert check("".join(shuffled), "zh", cfg) == "word_pairs"
+    assert check("".join(shuffled), "zh", FilterConfig(min_word_pair_share_zh=0)) is None
+    assert check("".join(shuffled[:70]), "zh", cfg) is None  # too few pairs to say
+    assert features([zh * 3], "zh")["word_pair_share"][0] > 0.3
     # a Chinese article full of Latin names stays (the model reads it as Chinese)
     mixed = ("Windows Central是由Mobile Nations創建的科技網站。它報導、介紹並評論有關於Microsoft Windows、"
              "Windows Phone、Xbox One與Surface等產品的新聞。網站的總部位於New York，主編為Daniel Rubino。")
