@@ -261,7 +261,9 @@ def open_run_directory(run_dir: Path, resume: str | None, overwrite: bool, is_ma
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise PermissionError(f"run directory {run_dir} cannot be created ({err.strerror}); pass --out to a "
+        blocker = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file, not a directory" if blocker is not None else err.strerror
+        raise PermissionError(f"run directory {run_dir} cannot be created ({why}); pass --out to a "
                               f"directory you can write") from None
     if not is_main:
         return None

@@ -210,6 +210,21 @@ def load_model(snap: dict, cfg: SweepConfig, tasks: list[str]):
     return load_pretrained(snap["path"], device=device, dtype=resolve_dtype(cfg.dtype, device), **overrides)
 
 
+def check_vocab(snap: dict, tasks: list[str]) -> None:
+    """Text tasks feed the tokenizer's ids: a model with a smaller vocabulary (a toy or synthetic-data
+    model) cannot take them; say so before loading it rather than at its first forward."""
+    text = [t for t in tasks if t != "valid_loss"]
+    if not text:
+        return
+    from data_pipeline.tokenizer import get_tokenizer
+    vocab = json.loads((Path(snap["path"]) / MODEL_CONFIG).read_text())["model"].get("vocab_size")
+    n_vocab = get_tokenizer().n_vocab
+    if vocab is not None and vocab < n_vocab:
+        raise ValueError(f"{snap['path']}: the model's vocab_size {vocab} is smaller than the tokenizer's {n_vocab:,} "
+                         f"ids, so the text tasks {', '.join(text)} cannot run on it; evaluate it with --tasks "
+                         f"valid_loss --valid-shards (token files of its own vocabulary)")
+
+
 def sweep(cfg: SweepConfig) -> list[dict]:
     tasks = list(cfg.tasks or SUITES[cfg.suite])
     if cfg.valid_shards and "valid_loss" not in tasks:
@@ -223,6 +238,10 @@ def sweep(cfg: SweepConfig) -> list[dict]:
         check_grid(cfg.niah_depths, cfg.niah_lengths)   # before any model is loaded
         if cfg.niah_scoring not in SCORINGS:
             raise ValueError(f"--niah-scoring {cfg.niah_scoring!r}; choose one of {SCORINGS}")
+    if "valid_loss" in tasks and not any(glob.glob(pat) for pat in cfg.valid_shards):
+        raise ValueError("task valid_loss needs held-out token files: pass --valid-shards FILE_OR_GLOB ... (flat "
+                         "uint32 token files, e.g. a prepared dataset's val shards)"
+                         + (f"; nothing matches {' '.join(cfg.valid_shards)}" if cfg.valid_shards else ""))
     snaps = find_snapshots(cfg.runs)
     out = Path(cfg.out) if cfg.out else (Path(snaps[0]["path"]).parent.parent / "eval" if snaps else Path("eval"))
     out.mkdir(parents=True, exist_ok=True)
@@ -245,6 +264,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
         label = f"[{n}/{len(snaps)}] {snap['run']}/{snap['snapshot']} (step {snap['step']})"
         print(f"{label}: {len(cached)} cached, {len(todo)} to run {todo if todo else ''}", flush=True)
         if todo:
+            check_vocab(snap, todo)
             t0 = time.time()
             model = load_model(snap, cfg, todo)
             for t in todo:

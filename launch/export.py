@@ -13,6 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from checkpoints.export import DTYPES, export_run  # noqa: E402
+from checkpoints.layout import CHECKPOINTS, SNAPSHOTS, parse_step  # noqa: E402
 from pretrain.errors import run_cli  # noqa: E402
 
 
@@ -28,6 +29,11 @@ def _main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.run_dir.is_dir():
         raise NotADirectoryError(f"{args.run_dir} is not a directory (give a run directory, e.g. runs/tnl-70m)")
+    step = parse_step(args.run_dir.resolve().name)
+    if step is not None and args.run_dir.resolve().parent.name in (CHECKPOINTS, SNAPSHOTS):
+        run = args.run_dir.resolve().parent.parent
+        raise NotADirectoryError(f"{args.run_dir} is one checkpoint or snapshot, not a run directory: pass its run "
+                                 f"and the step, launch/export.py {run} --step {step}")
     done = export_run(args.run_dir, args.step if args.step is not None else ("all" if args.all else "default"),
                       args.dtype, args.force)
     print(f"{len(done)} export(s) under {args.run_dir / 'exports'}")

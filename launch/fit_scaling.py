@@ -16,6 +16,7 @@ from scaling.analysis import FitSettings, analyze_arch  # noqa: E402
 from scaling.report import console_summary, to_json  # noqa: E402
 from scaling.runs import RunError, group_by_arch, load_runs, select_seq_len  # noqa: E402
 from scaling.units import PFLOP_DAY  # noqa: E402
+from pretrain.argtypes import non_negative_float, non_negative_int, positive_float, positive_int  # noqa: E402
 from pretrain.errors import run_cli  # noqa: E402
 
 # no study reaches 1e9 PFLOP-days (8.6e28 FLOPs); a bound that large was given in FLOPs
@@ -35,24 +36,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-embedding-flops", action="store_true", help=argparse.SUPPRESS)  # the default now
     p.add_argument("--chinchilla", action="store_true", help="also fit L(N,D) = E + A/N^alpha + B/D^beta (approach 3)")
     p.add_argument("--loss-key", default="loss", help="metrics.jsonl key to fit (e.g. val_loss)")
-    p.add_argument("--skip-tokens", type=float, default=0.0, help="ignore rows before this many tokens")
+    p.add_argument("--skip-tokens", type=non_negative_float, default=0.0, help="ignore rows before this many tokens")
     p.add_argument("--skip-warmup", action="store_true",
                    help="ignore the rows of each run's lr warm-up (steps <= optim.warmup_steps of its own config)")
-    p.add_argument("--seq-len", type=int, help="fit only runs trained at this context length")
-    p.add_argument("--points-per-decade", type=int, default=d.points_per_decade, help="C grid density")
+    p.add_argument("--seq-len", type=positive_int, help="fit only runs trained at this context length")
+    p.add_argument("--points-per-decade", type=positive_int, default=d.points_per_decade, help="C grid density")
     p.add_argument("--envelope", choices=["fitted", "logged"], default=d.envelope,
                    help="envelope of each size's fitted learning curve L(D) = e + b*D^-beta (default), or of the "
                         "logged losses (noisier: the minimum over runs favours lucky rows)")
-    p.add_argument("--smooth", type=float, default=d.smooth_decades,
+    p.add_argument("--smooth", type=non_negative_float, default=d.smooth_decades,
                    help="with --envelope logged: half-width in decades of tokens of a box filter on each run's loss "
                         "(0 = off; ~0.02 for noisy logs)")
-    p.add_argument("--min-runs", type=int, default=d.min_runs, help="fit L(C) only at C where this many runs are present")
-    p.add_argument("--c-min", type=float, help="fit only C >= this, in PFLOP-days (the unit of the tables)")
-    p.add_argument("--c-max", type=float, help="fit only C <= this, in PFLOP-days (the unit of the tables)")
-    p.add_argument("--n-boot", type=int, default=d.n_boot, help="replicate studies for the intervals (0 = none)")
-    p.add_argument("--block", type=int, default=d.block,
+    p.add_argument("--min-runs", type=positive_int, default=d.min_runs, help="fit L(C) only at C where this many runs are present")
+    p.add_argument("--c-min", type=positive_float, help="fit only C >= this, in PFLOP-days (the unit of the tables)")
+    p.add_argument("--c-max", type=positive_float, help="fit only C <= this, in PFLOP-days (the unit of the tables)")
+    p.add_argument("--n-boot", type=non_negative_int, default=d.n_boot, help="replicate studies for the intervals (0 = none)")
+    p.add_argument("--block", type=positive_int, default=d.block,
                    help="residual block length in rows for the replicates (default: rows^(1/3) per run)")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=non_negative_int, default=d.seed)
     p.add_argument("--skip-bad", action="store_true", help="leave out unreadable run directories instead of failing")
     return p.parse_args(argv)
 

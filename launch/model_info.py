@@ -9,18 +9,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models import model_config, model_info  # noqa: E402
+from pretrain.argtypes import positive_int  # noqa: E402
 from pretrain.errors import run_cli  # noqa: E402
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (a batch or a sequence length of 0 or less has no FLOPs to count)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: out of range; allowed: >= 1")
-    return value
 
 
 def _main(argv: list[str] | None = None) -> int:

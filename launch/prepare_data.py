@@ -19,6 +19,7 @@ from data_pipeline.config import load_data_config  # noqa: E402
 from data_pipeline.merge import STAGES, plan, run_task  # noqa: E402
 from data_pipeline.prepare import merge, prepare, summary  # noqa: E402
 from data_pipeline.sources import check_inputs  # noqa: E402
+from pretrain.argtypes import non_negative_int  # noqa: E402
 from pretrain.errors import run_cli  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def _main(argv=None) -> int:
     p.add_argument("--no-merge", action="store_true", help="do not run the merge (dedup + indexes) step")
     p.add_argument("--merge-only", action="store_true", help="only merge parts prepared earlier (all stages)")
     p.add_argument("--merge-stage", choices=STAGES, help="run one task of one merge stage (with --task)")
-    p.add_argument("--task", type=int, default=None, help="the task of --merge-stage (0-based)")
+    p.add_argument("--task", type=non_negative_int, default=None, help="the task of --merge-stage (0-based)")
     p.add_argument("--merge-plan", action="store_true", help="print the merge stages and their task counts")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
@@ -42,6 +43,10 @@ def _main(argv=None) -> int:
         p.error(f"--part {a.part}: out of range; allowed: 0 to {a.num_parts - 1} (--num-parts {a.num_parts})")
     if a.workers < 0:
         p.error(f"--workers {a.workers}: out of range; allowed: >= 0 (0: one per CPU, at most 8)")
+    if a.task is not None and not a.merge_stage:
+        p.error("--task goes with --merge-stage (which merge stage's task to run)")
+    if Path(a.out).exists() and not Path(a.out).is_dir():
+        p.error(f"--out {a.out}: a file, not a folder; give a new folder for the dataset")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     cfg = load_data_config(a.config)
     if a.merge_plan:
@@ -60,9 +65,35 @@ def _main(argv=None) -> int:
     if stats is not None:
         print(summary(stats))
         print(f"wrote {a.out}/train, {a.out}/val and {a.out}/stats.json")
+        empty = [s["name"] for s in stats["sources"] if not sum(s["tokens_out"].values())]
+        if len(empty) == len(stats["sources"]):
+            raise ValueError(f"--config {a.config}: the dataset in {a.out} holds no tokens: {_removed(stats)}. Loosen "
+                             f"those filters in the config's `filters:` section (docs/data.md), or check the inputs")
+        for s in stats["sources"]:
+            if s["name"] in empty:
+                print(f"WARNING source {s['name']!r} contributed no tokens: {_removed({'sources': [s]})}",
+                      file=sys.stderr)
     else:
         print(json.dumps({"part": a.part, "out": a.out}))
     return 0
+
+
+def _removed(stats: dict) -> str:
+    """Where the documents of `stats`' sources went, largest first (for an empty output's message)."""
+    gone: dict[str, int] = {}
+    docs_in = 0
+    for s in stats["sources"]:
+        docs_in += s["documents_in"]
+        for k, v in s["removed_by_filter"].items():
+            gone[f"filter {k}"] = gone.get(f"filter {k}", 0) + v
+        gone["exact duplicates"] = gone.get("exact duplicates", 0) + s["exact_duplicates"]
+        gone["near duplicates"] = gone.get("near duplicates", 0) + s["near_duplicates"]
+        for k, v in (s["skipped_input"] or {}).items():
+            gone[f"skipped input ({k})"] = gone.get(f"skipped input ({k})", 0) + v
+    top = sorted(((v, k) for k, v in gone.items() if v), reverse=True)[:4]
+    if not docs_in:
+        return "the inputs held no documents"
+    return f"of {docs_in} documents read, removed by " + ", ".join(f"{k}: {v}" for v, k in top)
 
 
 def main(argv=None) -> int:

@@ -231,6 +231,9 @@ def test_config_file_yaml_syntax(tmp_path, capsys):
     data_cfg.write_text("sources:\n  - name: s\n    paths: [a.jsonl\n  - name: t\n")
     proc = cli("prepare_data.py", "--config", data_cfg, "--out", tmp_path / "ds")
     assert proc.returncode == 2 and f"YAML syntax error in {data_cfg}, line 4" in one_error_line(proc.stderr)
+    from launch.study import main as study_main
+    rc, err = in_process(study_main, ["plan", "--config", data_cfg], capsys)
+    assert rc == 2 and f"YAML syntax error in {data_cfg}, line 4" in one_error_line(err), err
 
 
 def test_model_field_not_a_number(capsys):
@@ -897,16 +900,79 @@ def test_data_globs_match_nothing(tmp_path, dataset, capsys):
 
 
 def test_prepare_bad_part_flags(tmp_path, capsys):
-    """prepare_data --num-parts 0, a --part outside the parts, negative --workers: usage error, exit 2."""
+    """prepare_data --num-parts 0, a --part outside the parts, negative --workers, a negative --task or one
+    without --merge-stage: usage error, exit 2."""
     cfg = tmp_path / "d.yaml"
     cfg.write_text("sources: [{name: s, language: en, type: jsonl, paths: [x.jsonl]}]\n")
     from launch.prepare_data import main
     for args, expect in ((["--num-parts", "0"], "--num-parts 0: out of range; allowed: >= 1"),
                          (["--num-parts", "2", "--part", "2"], "--part 2: out of range; allowed: 0 to 1"),
-                         (["--workers", "-1"], "--workers -1: out of range")):
+                         (["--workers", "-1"], "--workers -1: out of range"),
+                         (["--task", "-1"], "argument --task: -1: out of range; allowed: >= 0"),
+                         (["--task", "3"], "--task goes with --merge-stage")):
         rc, err = in_process(main, ["--config", cfg, "--out", tmp_path / "o", *args], capsys)
         assert rc == 2 and expect in err and "Traceback" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_prepare_keeps_nothing(tmp_path, capsys):
+    """Every document removed by the filters: prepare_data exits 2 naming the filters that removed them
+    (never 0 with an empty dataset); one source of two left empty: a warning naming it."""
+    import random
+    rng = random.Random(0)
+    nouns = "river mill village baker teacher garden letter bridge harvest winter market station".split()
+    verbs = "watched crossed painted carried found opened remembered followed described visited".split()
+    docs = [" ".join(f"The {rng.choice(nouns)} {rng.choice(verbs)} the {rng.choice(nouns)} of {w}, and it was "
+                     f"there that we {rng.choice(verbs)} a {rng.choice(nouns)} for the {rng.choice(nouns)}."
+                     for w in rng.sample(range(10000), 12)) for _ in range(6)]
+    (tmp_path / "good.jsonl").write_bytes(_jsonl(docs))
+    (tmp_path / "tiny.jsonl").write_bytes(_jsonl(["too short"] * 5))
+    rc, stats, err = _prepare(tmp_path, [str(tmp_path / "tiny.jsonl")])
+    assert rc == 2, err
+    line = one_error_line(err)
+    assert "holds no tokens: of 5 documents read, removed by filter too_short: 5" in line, line
+    assert "`filters:`" in line
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(json.dumps({"name": "t", "val_fraction": 0, "dedup": {"near": False},
+                               "filters": {"min_chars": 10, "min_word_variety": 0},
+                               "sources": [{"name": "good", "language": "en", "type": "jsonl",
+                                            "paths": [str(tmp_path / "good.jsonl")], "weight": 1},
+                                           {"name": "tiny", "language": "en", "type": "jsonl",
+                                            "paths": [str(tmp_path / "tiny.jsonl")], "weight": 1}]}))
+    import contextlib
+    import io
+    from launch.prepare_data import main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["--config", str(cfg), "--out", str(tmp_path / "ds2"), "--workers", "1", "--no-progress"])
+    assert rc == 0 and "source 'tiny' contributed no tokens: of 5 documents read, removed by filter too_short: 5" \
+        in err.getvalue(), err.getvalue()
+
+
+def test_out_is_a_file(dataset, tmp_path, capsys):
+    """--out naming a file (or a path under one): one line saying which path is a file, exit 2."""
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    rc, _, err = pretrain(run_flags(f / "run", dataset, 1), capsys)
+    assert rc == 2 and f"({f} is a file, not a directory)" in one_error_line(err)
+    from launch.prepare_data import main
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text("sources: [{name: s, language: en, type: jsonl, paths: [x.jsonl]}]\n")
+    rc, err = in_process(main, ["--config", cfg, "--out", f], capsys)
+    assert rc == 2 and f"--out {f}: a file, not a folder" in err and "Traceback" not in err, err
+
+
+def test_fit_scaling_bad_numbers(capsys):
+    """fit_scaling's numeric flags outside their ranges: the usage error naming the flag, exit 2."""
+    from launch.fit_scaling import main
+    for args, expect in ((["--n-boot", "-1"], "argument --n-boot: -1: out of range; allowed: >= 0"),
+                         (["--points-per-decade", "0"], "argument --points-per-decade: 0: out of range; allowed: >= 1"),
+                         (["--min-runs", "0"], "argument --min-runs: 0: out of range"),
+                         (["--smooth", "-0.1"], "argument --smooth: -0.1: out of range; allowed: >= 0"),
+                         (["--c-min", "nan"], "argument --c-min: nan: not a finite number"),
+                         (["--block", "x"], "argument --block: expected an integer >= 1, got 'x'")):
+        rc, err = in_process(main, ["runs", *args], capsys)
+        assert rc == 2 and expect in err and "Traceback" not in err, (args, err)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -967,9 +1033,38 @@ def test_export_when_the_newest_checkpoint_is_corrupt(dataset, tmp_path, capsys)
     assert "nothing exported" in line and "step_00000002" in line and "step_00000004" in line
 
 
-def test_evaluate_bad_input(tmp_path):
-    """evaluate.py on a missing path, on a run without exports, and with --tasks bogus: one line or the
-    usage error listing the valid tasks, exit 2."""
+def _evaluate_main(argv: list, capsys) -> tuple[int, str]:
+    """launch/evaluate.py's main in this process (it replaces sys.path[0] on import: put it back)."""
+    saved = list(sys.path)
+    try:
+        from launch.evaluate import main
+    finally:
+        sys.path[:] = saved
+    return in_process(main, argv, capsys)
+
+
+def test_evaluate_bad_input(dataset, tmp_path, capsys):
+    """evaluate.py on a missing path, on a run without exports, with --tasks bogus, with numbers out of
+    range, valid_loss without token files, and text tasks on a model whose vocabulary is smaller than the
+    tokenizer's: one line or the usage error (listing the valid tasks), exit 2, before any model is run.
+    export.py given one checkpoint instead of its run: the command to type."""
+    run = tmp_path / "tiny"
+    assert pretrain(run_flags(run, dataset, 1), capsys)[0] == 0
+    from launch.export import main as export_main
+    rc, err = in_process(export_main, [run / "checkpoints" / "step_00000001"], capsys)
+    assert rc == 2 and f"not a run directory: pass its run and the step, launch/export.py {run} --step 1" \
+        in one_error_line(err), err
+    assert export_main([str(run)]) == 0
+    capsys.readouterr()
+    for args, expect in ((["--batch-size", "0"], "argument --batch-size: 0: out of range; allowed: >= 1"),
+                         (["--limit", "-2"], "argument --limit: -2: out of range; allowed: >= 1"),
+                         (["--niah-depths", "50", "150"], "argument --niah-depths: 150: out of range; allowed: >= 0 and <= 100"),
+                         (["--niah-threshold", "11"], "argument --niah-threshold: 11: out of range"),
+                         (["--tasks", "valid_loss"], "task valid_loss needs held-out token files: pass --valid-shards"),
+                         (["--tasks", "valid_loss", "--valid-shards", tmp_path / "none*.bin"], "nothing matches"),
+                         (["--tasks", "wikitext2"], "the model's vocab_size 256 is smaller than the tokenizer's")):
+        rc, err = _evaluate_main([run, "--device", "cpu", "--out", tmp_path / "eval", *args], capsys)
+        assert rc == 2 and expect in err and "Traceback" not in err, (args, err)
     (tmp_path / "run").mkdir()
     missing, empty, proc = clis(("evaluate.py", tmp_path / "missing"), ("evaluate.py", tmp_path / "run"),
                                 ("evaluate.py", tmp_path / "run", "--tasks", "bogus"))

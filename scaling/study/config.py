@@ -331,5 +331,6 @@ def load_study(path: str | Path, base: Path | None = None) -> StudyConfig:
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise _err(f"{path} is not valid YAML: {err}") from None
+        from pretrain.errors import describe
+        raise _err(describe(err).replace("<unicode string>", str(path))) from None
     return parse_study(raw, path.resolve(), base)
