@@ -686,11 +686,8 @@ def report(dirs: list[Path] | Path) -> str:
             tr, ex, ev, rs = (ph.get(k, {}) for k in PHASES)
             ck = (tr.get("checkpoints") or [{}])[-1]
             sn = (tr.get("snapshots") or [{}])[-1]
-            ppl = None
-            for row in ev.get("results") or []:
-                for k, v in row.items():
-                    if "word_perplexity" in k and isinstance(v, (int, float)):
-                        ppl = v
+            ppl = next((r.get("results", {}).get("wikitext2", {}).get("word_perplexity")
+                        for r in ev.get("results") or []), None)
             parts.append(f"| {c['arch']} | {c['size']} | {c['gpus']} | {_f(tr.get('tokens_per_s_per_gpu'))} | "
                          f"{_f(tr.get('mfu'), '{:.1%}')} | {_f(tr.get('max_gpu_peak_gib'), '{:.1f}')} | "
                          f"{_f(tr.get('checkpoint_gib'), '{:.1f}')} | {_f(ck.get('stall_s'), '{:.1f}')} / "
