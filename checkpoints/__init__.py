@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {"CHECKPOINTS": "layout", "EXPORTS": "layout", "SNAPSHOTS": "layout", "step_name": "layout",
-         "CheckpointManager": "manager", "attach_to_trainer": "manager", "apply_retention": "manager", "find_resume_checkpoint": "manager",
+         "CheckpointManager": "manager", "apply_retention": "manager", "find_resume_checkpoint": "manager",
          "verify": "manifest", "write_manifest": "manifest", "SnapshotSchedule": "schedule"}
 
 

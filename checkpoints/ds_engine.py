@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from checkpoints.hashio import FileRecord, save_torch
-from checkpoints.staging import StagingBuffers, _tensors
+from checkpoints.staging import StagingBuffers, tensors_in
 
 
 def _snapshot_objects(staged: Any) -> Any:
     """Deep-copy the non-tensor parts of a staged state (e.g. a loss scaler object that training keeps
     changing) while keeping the staged tensors themselves (already private host copies)."""
-    memo = {id(t): t for t in _tensors(staged)}
+    memo = {id(t): t for t in tensors_in(staged)}
     try:
         return copy.deepcopy(staged, memo)
     except Exception:  # noqa: BLE001 - an object that cannot be copied: keep the reference

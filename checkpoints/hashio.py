@@ -18,7 +18,7 @@ from typing import Iterator
 
 import torch
 
-from checkpoints.manifest import DEFAULT_ALGO, _hasher
+from checkpoints.manifest import DEFAULT_ALGO, new_hasher
 
 WRITE_SLICE = 256 << 20  # bytes per os.write / hash update: long GIL-free sections, bounded memory views
 
@@ -44,7 +44,7 @@ class HashingFile:
     def __init__(self, path: Path, algo: str = DEFAULT_ALGO) -> None:
         self.path = Path(path)
         self.algo = algo
-        self._hash = _hasher(algo)
+        self._hash = new_hasher(algo)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.size = 0
 

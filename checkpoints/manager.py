@@ -16,14 +16,11 @@ every rank raises SaveFailed with one message: what was not written, the device,
 free, and that the previous checkpoint is intact. A save that cannot fit is refused before anything is
 written (`_check_space`).
 
-The train module contract (TorchTrainModule, DeepSpeedTrainModule; see docs/checkpoints.md):
-  save_state(dir)          model + optimizer, every rank calls it (ZeRO-partitioned under DeepSpeed)
-  load_state(dir)          the inverse, every rank
-  full_state_dict()        consolidated weights on rank 0 (a collective under ZeRO-3: every rank calls it)
-  stage_state(buffers, dir) [optional]  copy model + optimizer to host memory now (through `buffers`, a
-                           StagingBuffers) and return `write()`, which writes the files into `dir` (in the
-                           background thread) and returns their hashio.FileRecord by path; without it the
-                           module part is saved synchronously and checksummed by reading it back.
+The manager is a training callback (pretrain/callbacks.py): it resumes in `post_attach`, agrees with the
+other ranks on stopping in `stop_requested`, saves on its schedule in `post_step`, and writes the final
+snapshot and checkpoint in `post_train`. What it saves comes from the train module, through the contract
+of `pretrain.train_module.TrainModule` (save_state / load_state / full_state_dict / stage_state), and
+from the trainer's own state (`state_dict` / `load_state_dict`: progress, data loader, RNG, callbacks).
 """
 from __future__ import annotations
 
@@ -32,14 +29,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
-import torch.distributed as dist
 
 from checkpoints import markers
 from checkpoints.atomic import atomic_write_text, fsync_dir, publish_dir
@@ -57,17 +52,27 @@ from checkpoints.staging import StagingBuffers
 from checkpoints.layout import DEEPSPEED_DIR
 from checkpoints.universal import make_universal, needs_universal
 from checkpoints.writer import BackgroundWriter
+from pretrain.callbacks import Callback, TrainProgress
+from pretrain.distributed import DistEnv, all_gather_object, all_reduce_max, barrier, broadcast_object
+from pretrain.logs import get_logger
+from pretrain.train_module import TrainModule
+
+if TYPE_CHECKING:
+    from models import ModelConfig
+    from pretrain.config import RunConfig
+
+logger = get_logger(__name__)
 
 PIN_FRACTION = 0.1  # while staging buffers are being page-locked, at most this share of a step goes to it
 PIN_MAX_S = 0.05    # ... and at most this long per step (the time since the last step can include an eval)
 
 
-def info(msg: str) -> None:
-    print(f"[linscale] {msg}", flush=True)
+class Stateful(Protocol):
+    """What holds the trainer's own state (progress, data loader, RNG, callbacks): the Trainer."""
 
+    def state_dict(self) -> dict: ...
 
-def warn(msg: str) -> None:
-    print(f"[linscale] WARNING: {msg}", file=sys.stderr, flush=True)
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 def code_version() -> dict | None:
@@ -100,7 +105,7 @@ def checkpoint_run_id(path: Path) -> str | None:
 
 
 def find_resume_checkpoint(ckpt_dir: Path, checksums: bool = True,
-                           on_skip: Callable[[str], None] = warn, run_id: str | None = None) -> Path | None:
+                           on_skip: Callable[[str], None] = logger.warning, run_id: str | None = None) -> Path | None:
     """The newest complete, intact checkpoint under ckpt_dir (scanning the directories, not trusting the
     `latest` pointer: a crash between publishing and the pointer update leaves the pointer one behind).
     Every newer one that is partial or corrupt is reported through `on_skip`, by name and reason. With
@@ -193,30 +198,50 @@ def model_config_mismatch(saved: dict, current: dict) -> list[str]:
 # the manager
 # ---------------------------------------------------------------------------------------------------
 
-class CheckpointManager:
-    """Owns RUN/checkpoints and RUN/snapshots for one trainer (see the module docstring)."""
+class CheckpointManager(Callback):
+    """Owns RUN/checkpoints and RUN/snapshots for one trainer (see the module docstring).
 
-    def __init__(self, trainer) -> None:
-        self.trainer = trainer
-        self.cfg = trainer.cfg.checkpoint
-        self.env = trainer.env
-        self.module = trainer.module
-        self.ckpt_dir = Path(trainer.run_dir) / CHECKPOINTS
-        self.snap_dir = Path(trainer.run_dir) / SNAPSHOTS
+    Args:
+        run: the run's configuration (checkpoint section, --resume, --zero, run directory; recorded in meta.json)
+        model_cfg: the model's configuration (recorded; a resume must match it)
+        env: this process's rank, world size and device
+        module: the train module whose model + optimizer are saved
+        progress: the run's step / tokens / FLOPs counters (read at every save)
+        trainer_state: the trainer's own state, saved per rank and given back on resume
+        tokens_per_step, flops_per_step_ne: per-step constants of the run (recorded; a resume must match)
+        total_steps: steps the run is to train (None: until stopped), for the snapshot schedule
+        metrics_failed: whether this rank's metrics could not be written (rank 0's full disk): a stop reason
+    """
+
+    def __init__(self, run: RunConfig, model_cfg: ModelConfig, env: DistEnv, module: TrainModule,
+                 progress: TrainProgress, trainer_state: Stateful, tokens_per_step: int, flops_per_step_ne: float,
+                 total_steps: int | None, metrics_failed: Callable[[], bool] = lambda: False) -> None:
+        self.run = run
+        self.metrics_failed = metrics_failed
+        self.model_cfg = model_cfg
+        self.cfg = run.checkpoint
+        self.env = env
+        self.module = module
+        self.progress = progress
+        self.trainer_state = trainer_state
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_step_ne = flops_per_step_ne
+        self.run_dir = Path(run.run_dir)
+        self.ckpt_dir = self.run_dir / CHECKPOINTS
+        self.snap_dir = self.run_dir / SNAPSHOTS
         if self.cfg.save_every < 0 or self.cfg.keep_last < 0:
             raise ValueError(f"checkpoint: save_every={self.cfg.save_every} and keep_last={self.cfg.keep_last} "
                              f"must be >= 0 (save_every 0: only at the end or on a signal; keep_last 0: keep all)")
-        total = trainer.total_steps()
         self.schedule = SnapshotSchedule(self.cfg.snapshot_every_tokens, self.cfg.snapshot_log_points,
-                                         trainer.tokens_per_step,
-                                         total * trainer.tokens_per_step if total is not None else None)
+                                         tokens_per_step,
+                                         total_steps * tokens_per_step if total_steps is not None else None)
         self.writer = BackgroundWriter()
         self._abort = threading.Event()  # set when a save is abandoned: rank 0's writer stops waiting
         self._last_bytes: dict[str, int] = {}  # size of this run's last checkpoint / snapshot (space checks)
         self._unwritten = 0  # bytes of saves staged in this step and not yet handed to the writer
         self.signal = StopSignal()
         self.code = code_version() if self.env.is_main else None
-        self.run_id = read_run_id(trainer.run_dir) if self.env.is_main else None
+        self.run_id = read_run_id(self.run_dir) if self.env.is_main else None
         self._module_buffers = StagingBuffers()
         self._snapshot_buffers = StagingBuffers()
         self._reserved = False
@@ -227,18 +252,18 @@ class CheckpointManager:
         self.history: list[dict] = []  # one row per save: step, kind, stall_s, write_s (for logs and benchmarks)
 
     # -- lifecycle -----------------------------------------------------------------------------------
-    def start(self) -> None:
+    def post_attach(self) -> None:
         """At trainer construction (the run directory is locked and cleaned of unfinished saves by
         checkpoints.run_dir): resume if asked, then install signal handlers (last, so a failed start leaves
         the process's handlers as they were)."""
         resume_from = self._choose_resume()
-        _barrier()
+        barrier()
         if resume_from is not None:
             self.load(resume_from)
         self.signal.install()
 
     def _choose_resume(self) -> Path | None:
-        target = self.trainer.cfg.resume
+        target = self.run.resume
         if not target:
             return None
         chosen: str | None = None
@@ -248,7 +273,7 @@ class CheckpointManager:
                 chosen = self._choose_on_main(target)
             except (CheckpointError, ValueError) as err:
                 error = (type(err).__name__, str(err))
-        chosen, error = _broadcast((chosen, error))
+        chosen, error = broadcast_object((chosen, error))
         if error:
             raise (CheckpointError if error[0] != "ValueError" else ValueError)(error[1])
         return Path(chosen) if chosen else None
@@ -259,7 +284,7 @@ class CheckpointManager:
 
             def on_skip(msg: str) -> None:
                 skipped.append(msg)
-                warn(msg)
+                logger.warning(msg)
             path = find_resume_checkpoint(self.ckpt_dir, on_skip=on_skip, run_id=self.run_id)
             if path is None:
                 published = step_dirs(self.ckpt_dir)
@@ -268,9 +293,9 @@ class CheckpointManager:
                         f"--resume auto: {self.ckpt_dir} holds {len(published)} checkpoint(s) and none can be "
                         f"resumed: " + " | ".join(m.replace("checkpoint ", "", 1) for m in skipped)
                         + f". Nothing was changed. To start from step 0 anyway, run without --resume and with "
-                          f"--overwrite (they are moved to {self.trainer.run_dir}/overwritten-<time>/); to use "
+                          f"--overwrite (they are moved to {self.run_dir}/overwritten-<time>/); to use "
                           f"one of them regardless, pass --resume with its path")
-                info(f"--resume auto: no complete checkpoint in {self.ckpt_dir} yet; starting from step 0")
+                logger.info(f"--resume auto: no complete checkpoint in {self.ckpt_dir} yet; starting from step 0")
                 return None
             return str(path)
         path = Path(target)
@@ -302,7 +327,7 @@ class CheckpointManager:
             dest.mkdir(exist_ok=True)
             for p in later:
                 os.replace(p, dest / p.name)
-            info(f"--resume {path}: {len(later)} later {parent.name} of the abandoned branch "
+            logger.info(f"--resume {path}: {len(later)} later {parent.name} of the abandoned branch "
                  f"({', '.join(p.name for p in later)}) moved to {dest}")
         if (self.ckpt_dir / LATEST).is_file() and read_latest(self.ckpt_dir) != path.name:
             atomic_write_text(self.ckpt_dir / LATEST, path.name + "\n")
@@ -310,26 +335,26 @@ class CheckpointManager:
     def load(self, path: Path) -> None:
         path = Path(path)
         meta = json.loads((path / META).read_text())
-        current = self.trainer.model_cfg.to_dict()
+        current = self.model_cfg.to_dict()
         diff = model_config_mismatch(meta["model"], current)
         if diff:
             raise ValueError(f"checkpoint {path} holds a different model ({'; '.join(diff)}); resume it with "
                              f"the same --arch/--size/--model overrides, or train into another --out")
-        if meta.get("tokens_per_step") not in (None, self.trainer.tokens_per_step):
+        if meta.get("tokens_per_step") not in (None, self.tokens_per_step):
             raise ValueError(f"checkpoint {path} was trained with {meta['tokens_per_step']} tokens per step but "
-                             f"this run has {self.trainer.tokens_per_step}; keep --global-batch-tokens and "
+                             f"this run has {self.tokens_per_step}; keep --global-batch-tokens and "
                              f"--seq-len when resuming")
-        mismatch = engine_mismatch(path, self.trainer.cfg.dist.zero, meta)
+        mismatch = engine_mismatch(path, self.run.dist.zero, meta)
         if mismatch:
             raise CheckpointError(mismatch)
         saved_world = int(meta["world_size"])
         same_world = saved_world == self.env.world_size
         if needs_universal(path / MODULE_DIR, saved_world, self.env.world_size):
             if self.env.is_main:  # ZeRO shards of another rank count: reshard once through DeepSpeed
-                info(f"{path}: ZeRO checkpoint of {saved_world} ranks, this run has {self.env.world_size}; "
+                logger.info(f"{path}: ZeRO checkpoint of {saved_world} ranks, this run has {self.env.world_size}; "
                      f"converting it to a DeepSpeed universal checkpoint")
                 make_universal(path / MODULE_DIR)
-            _barrier()
+            barrier()
         self.module.load_state(path / MODULE_DIR)
         own = path / TRAINER_DIR / rank_file(self.env.rank)
         state = torch.load(own if same_world else path / TRAINER_DIR / rank_file(0), map_location="cpu",
@@ -339,41 +364,40 @@ class CheckpointManager:
             # Per-rank RNG streams cannot be carried over to a different rank count; each rank keeps the
             # stream seeded for it (the recipe draws no random numbers during training: no dropout).
             state["rng"] = None
-        self.trainer.load_state_dict(state)
-        self.last_saved_step = self.trainer.step
-        self.last_snapshot_step = self.trainer.step if (self.snap_dir / step_name(self.trainer.step)).is_dir() else None
+        self.trainer_state.load_state_dict(state)
+        step = self.progress.step
+        self.last_saved_step = step
+        self.last_snapshot_step = step if (self.snap_dir / step_name(step)).is_dir() else None
         if self.env.is_main:
             note = "" if same_world else f" (saved by {saved_world} ranks, resumed on {self.env.world_size})"
-            info(f"resumed from {path} at step {self.trainer.step}, {self.trainer.tokens} tokens{note}")
+            logger.info(f"resumed from {path} at step {step}, {self.progress.tokens} tokens{note}")
 
     # -- hooks the training loop calls ----------------------------------------------------------------
     def stop_requested(self) -> str | None:
         """'signal' once any rank got SIGTERM/SIGUSR1/SIGINT, 'save_failed' once any rank's background save
-        failed, 'log_failed' once rank 0 could not write a metrics row, else None. All ranks must agree, or one would stop while the others wait for it in a
-        collective: the flags are reduced over ranks (one tiny all-reduce per step)."""
-        log_failed = getattr(getattr(self.trainer, "metrics", None), "failed", None) is not None
-        flags = [1.0 if self.signal.received is not None else 0.0, 1.0 if self.writer.failed else 0.0,
-                 1.0 if log_failed else 0.0]
-        if _world() > 1:
-            t = torch.tensor(flags, device=self.env.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            flags = t.tolist()
+        failed, 'log_failed' once rank 0 could not write a metrics row, else None. All ranks must agree, or
+        one would stop while the others wait for it in a collective: the flags are reduced over ranks (one tiny all-reduce per step)."""
+        flags = all_reduce_max([1.0 if self.signal.received is not None else 0.0,
+                                1.0 if self.writer.failed else 0.0,
+                                1.0 if self.metrics_failed() else 0.0], self.env.device)
         if flags[1] > 0:
             self._abort.set()  # rank 0's writer may be waiting for a rank that will never finish
             return "save_failed"
-        if flags[2] > 0:  # rank 0 could not write metrics.jsonl (a full disk): at_end saves nothing new
+        if flags[2] > 0:  # rank 0 could not write metrics.jsonl (a full disk): post_train saves nothing new
             return "log_failed"
         return "signal" if flags[0] > 0 else None
 
-    def after_step(self) -> None:
-        tr = self.trainer
+    def post_step(self, progress: TrainProgress | None = None) -> None:
+        """After every step: the snapshot and the checkpoint that are due (staged now, written in the
+        background unless --no-async-save)."""
+        p = self.progress
         if not self._reserved:
             self._reserve_staging()
         self._pin_some()
         jobs = []
-        if self.schedule.due(tr.tokens - tr.tokens_per_step, tr.tokens):
+        if self.schedule.due(p.tokens - self.tokens_per_step, p.tokens):
             jobs.append(self._stage_snapshot())
-        if self.cfg.save_every and tr.step % self.cfg.save_every == 0:
+        if self.cfg.save_every and p.step % self.cfg.save_every == 0:
             jobs.append(self._stage_checkpoint(blocking=not self.cfg.async_save))
         self._run([j for j in jobs if j is not None], blocking=not self.cfg.async_save)
 
@@ -384,13 +408,17 @@ class CheckpointManager:
         if blocking:
             self.wait()
 
+    def save_now(self) -> None:
+        """The run stops itself on purpose: a resume checkpoint of this step, written before it ends."""
+        self.save(blocking=True)
+
     def snapshot(self, blocking: bool = False) -> None:
         self._run([self._stage_snapshot()], blocking)
 
-    def at_end(self, stop_reason: str) -> None:
+    def post_train(self, stop_reason: str) -> None:
         """Final snapshot (finished runs with snapshots on), final checkpoint, and wait for the writer. After
         a failed save: no new save; the partial one is removed and SaveFailed raised on every rank."""
-        tr = self.trainer
+        step = self.progress.step
         if stop_reason == "save_failed":
             self.wait()
             raise RuntimeError("a failed save was not reported")  # wait() raises SaveFailed first
@@ -400,22 +428,26 @@ class CheckpointManager:
             self.signal.uninstall()
             return
         jobs = []
-        if stop_reason == "finished" and self.schedule.enabled and self.last_snapshot_step != tr.step:
+        if stop_reason == "finished" and self.schedule.enabled and self.last_snapshot_step != step:
             jobs.append(self._stage_snapshot())
-        if self.last_saved_step != tr.step:
+        if self.last_saved_step != step:
             jobs.append(self._stage_checkpoint(blocking=False))
         self._run([j for j in jobs if j is not None], blocking=False)
         self.wait()
         self.signal.uninstall()
         if stop_reason == "signal" and self.env.is_main:
-            info(f"stopped by {self.signal.received} at step {tr.step}; checkpoint {self.ckpt_dir / step_name(tr.step)} "
+            logger.info(f"stopped by {self.signal.received} at step {step}; checkpoint {self.ckpt_dir / step_name(step)} "
                  f"written; continue with --resume auto")
 
     def wait(self) -> None:
         """Block until every save of this rank is written (and, on rank 0, published); raise SaveFailed on
         every rank when any rank's save failed. Every rank must call it."""
         self._settle(self.writer.finish())
-        _barrier()
+        barrier()
+
+    def close(self) -> None:
+        """Give back the signal handlers (on every way out of the trainer)."""
+        self.signal.uninstall()
 
     # -- failures -------------------------------------------------------------------------------------
     def _settle(self, local: BaseException | None) -> None:
@@ -423,18 +455,18 @@ class CheckpointManager:
         (rank 0, once every rank's writer has stopped) and raise SaveFailed everywhere, with one message
         (printed by rank 0; the others exit quietly with the same code)."""
         failure = _describe_failure(local) if local is not None else None
-        failures = [f for f in _all_gather(failure) if f is not None]
+        failures = [f for f in all_gather_object(failure) if f is not None]
         # the rank whose own write failed says more than rank 0 giving up on waiting for it
         failure = next((f for f in failures if not f["secondary"]), failures[0] if failures else None)
         if failure is None:
             return
         self._abort.set()
-        _barrier()
+        barrier()
         if self.env.is_main:
             for d in (self.ckpt_dir, self.snap_dir):
                 for tmp in tmp_dirs(d):
                     shutil.rmtree(tmp, ignore_errors=True)
-        _barrier()
+        barrier()
         err = SaveFailed(self._failure_message(failure))
         err.quiet = not self.env.is_main
         raise err
@@ -469,7 +501,7 @@ class CheckpointManager:
             if self._unwritten + headroom(self.ckpt_dir) > free:
                 problem = {"kind": kind, "step": step, "needed": self._unwritten, "disk_full": True, "short_write": False,
                            "error": "", "before_writing": True}
-        problem = _broadcast(problem)
+        problem = broadcast_object(problem)
         if problem is not None:
             err = SaveFailed(self._failure_message(problem).replace("no space left on", "not enough space on"))
             err.quiet = not self.env.is_main
@@ -481,7 +513,7 @@ class CheckpointManager:
         last = self._last_bytes.get(kind)
         if last:
             return last
-        numel = sum(getattr(p, "ds_numel", p.numel()) for p in self.trainer.model.parameters())
+        numel = sum(getattr(p, "ds_numel", p.numel()) for p in self.module.model.parameters())
         return numel * 4 * (1 if kind == "snapshot" else 3)
 
     # -- staging (training thread) and writing (background thread) -------------------------------------
@@ -491,7 +523,7 @@ class CheckpointManager:
         Modules that cannot tell their staged layout in advance (DeepSpeed) get their buffers at the first
         save (pageable then, pinned over the following steps)."""
         self._reserved = True
-        if not (self.cfg.async_save and self.env.device.type == "cuda" and hasattr(self.module, "stage_layout")):
+        if not (self.cfg.async_save and self.env.device.type == "cuda"):
             return
         state = self.module.stage_layout()  # references only: the thread reads shapes and dtypes
         if state is not None:
@@ -526,13 +558,13 @@ class CheckpointManager:
             except Exception as err:  # noqa: BLE001 - reported on every rank by _settle
                 error = err
             self._settle(error)
-            _barrier()
+            barrier()
         else:
             self.writer.submit(lambda: [job() for job in jobs])
 
     def _stage_checkpoint(self, blocking: bool) -> Callable[[], None] | None:
-        tr, rank, world = self.trainer, self.env.rank, self.env.world_size
-        step = tr.step
+        p, rank, world = self.progress, self.env.rank, self.env.world_size
+        step = p.step
         if self.last_saved_step == step:
             return None
         self._settle(self.writer.finish())  # one save in flight at a time: staging buffers are reused
@@ -544,22 +576,22 @@ class CheckpointManager:
         parts = tmp / PARTS_DIR
         for sub in (MODULE_DIR, TRAINER_DIR, PARTS_DIR):
             (tmp / sub).mkdir(parents=True, exist_ok=True)
-        trainer_state = copy.deepcopy(tr.state_dict())
+        trainer_state = copy.deepcopy(self.trainer_state.state_dict())
         module_dir = tmp / MODULE_DIR
         write_module: Callable[[], dict] | None = None
         try:
-            if hasattr(self.module, "stage_state"):  # host copy now, files written (and hashed) by write()
-                write_module = self.module.stage_state(self._module_buffers, module_dir)
-            else:
+            # a host copy now, files written (and hashed) by write(); or, where the module cannot, saved now
+            write_module = self.module.stage_state(self._module_buffers, module_dir)
+            if write_module is None:
                 self.module.save_state(module_dir)
         except Exception as err:  # noqa: BLE001 - e.g. a full disk under a synchronous save_state
             markers.publish_failed(parts, rank, _one_line(err))
             self._settle(_WriteError("checkpoint", step, needed, err))
             raise
-        meta = {"kind": "checkpoint", "step": step, "tokens": tr.tokens, "flops": tr.flops,
-                "flops_non_embedding": step * tr.flops_per_step_ne, "tokens_per_step": tr.tokens_per_step, "world_size": world,
-                "module": type(self.module).__name__, "zero": tr.cfg.dist.zero,
-                "model": tr.model_cfg.to_dict(), "config": tr.cfg.to_dict(), "code": self.code,
+        meta = {"kind": "checkpoint", "step": step, "tokens": p.tokens, "flops": p.flops,
+                "flops_non_embedding": step * self.flops_per_step_ne, "tokens_per_step": self.tokens_per_step,
+                "world_size": world, "module": type(self.module).__name__, "zero": self.run.dist.zero,
+                "model": self.model_cfg.to_dict(), "config": self.run.to_dict(), "code": self.code,
                 "run_id": self.run_id, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         stall = time.perf_counter() - t0
         self.last_saved_step = step
@@ -600,25 +632,25 @@ class CheckpointManager:
                 atomic_write_text(self.ckpt_dir / LATEST, name + "\n")
                 deleted = apply_retention(self.ckpt_dir, self.cfg.keep_last, upto=step, run_id=self.run_id)
             except OSError as err:
-                warn(f"checkpoint {name} is complete, but updating `latest` or removing old checkpoints failed "
+                logger.warning(f"checkpoint {name} is complete, but updating `latest` or removing old checkpoints failed "
                      f"({_one_line(err)}); --resume auto still finds {name}")
             took = time.perf_counter() - t1
             self.history.append({"step": step, "kind": "checkpoint", "stall_s": stall, "write_s": took,
                                  "blocking": blocking, "hashed_while_writing": len(known)})
-            info(f"checkpoint {name} saved ({'blocking' if blocking else f'background, stall {stall:.3f} s'}, "
+            logger.info(f"checkpoint {name} saved ({'blocking' if blocking else f'background, stall {stall:.3f} s'}, "
                  f"written in {took:.2f} s, {len(known)} of {len(files)} files hashed while written)"
                  + (f"; removed {', '.join(p.name for p in deleted)}" if deleted else ""))
         return write
 
     def _stage_snapshot(self) -> Callable[[], None] | None:
-        tr = self.trainer
-        step = tr.step
+        p = self.progress
+        step = p.step
         if self.last_snapshot_step == step:
             return None
         final = self.snap_dir / step_name(step)
         # a replayed step after a resume: the existing snapshot holds the same weights
         skip = self.env.is_main and verify(final, checksums=False) is None
-        skip = _broadcast(skip)
+        skip = broadcast_object(skip)
         if skip:
             self.last_snapshot_step = step
             return None
@@ -633,9 +665,9 @@ class CheckpointManager:
         staged = self._snapshot_buffers.stage({k: v.float() for k, v in state.items()})
         del state
         from data_pipeline.tokenizer import ENCODING_NAME
-        meta = {"kind": "snapshot", "step": step, "tokens": tr.tokens, "flops": tr.flops,
-                "flops_non_embedding": step * tr.flops_per_step_ne, "model": tr.model_cfg.to_dict(),
-                "tokenizer": ENCODING_NAME, "run": Path(tr.run_dir).name, "run_id": self.run_id, "code": self.code,
+        meta = {"kind": "snapshot", "step": step, "tokens": p.tokens, "flops": p.flops,
+                "flops_non_embedding": step * self.flops_per_step_ne, "model": self.model_cfg.to_dict(),
+                "tokenizer": ENCODING_NAME, "run": self.run_dir.name, "run_id": self.run_id, "code": self.code,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         stall = time.perf_counter() - t0
 
@@ -655,7 +687,7 @@ class CheckpointManager:
             self._last_bytes["snapshot"] = rec.size
             took = time.perf_counter() - t1
             self.history.append({"step": step, "kind": "snapshot", "stall_s": stall, "write_s": took})
-            info(f"snapshot {final.name} saved ({tr.tokens} tokens, written in {took:.2f} s)")
+            logger.info(f"snapshot {final.name} saved ({p.tokens} tokens, written in {took:.2f} s)")
         return write
 
 
@@ -687,37 +719,6 @@ def _describe_failure(err: BaseException) -> dict:
             "secondary": isinstance(cause, markers.SaveAbandoned)}
 
 
-# ---------------------------------------------------------------------------------------------------
-# small distributed helpers (no-ops in one process)
-# ---------------------------------------------------------------------------------------------------
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _barrier() -> None:
-    if _world() > 1:
-        dist.barrier()
-
-
-def _broadcast(obj):
-    """Rank 0's value of a small picklable object, on every rank."""
-    if _world() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _all_gather(obj) -> list:
-    """Every rank's value of a small picklable object, in rank order, on every rank."""
-    if _world() == 1:
-        return [obj]
-    out = [None] * _world()
-    dist.all_gather_object(out, obj)
-    return out
-
-
 def check_resume_engine(run_dir: Path, resume: str | None, zero: int) -> None:
     """Before the (slow) engine is built: refuse a resume whose checkpoint was written by another engine
     (see engine_mismatch). Looks at the explicit --resume checkpoint, or for `auto` at the newest one of
@@ -738,11 +739,3 @@ def check_resume_engine(run_dir: Path, resume: str | None, zero: int) -> None:
         mismatch = engine_mismatch(path, zero, meta)
         if mismatch:
             raise CheckpointError(mismatch)
-
-
-def attach_to_trainer(trainer) -> CheckpointManager:
-    """Called by pretrain.Trainer at construction: sets trainer.checkpointer and resumes if --resume asks."""
-    manager = CheckpointManager(trainer)
-    trainer.checkpointer = manager
-    manager.start()
-    return manager

@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - depends on the machine
     DEFAULT_ALGO = "sha256"
 
 
-def _hasher(algo: str):
+def new_hasher(algo: str):
     if algo == "xxh3_128":
         if xxhash is None:
             return None
@@ -34,7 +34,7 @@ def _hasher(algo: str):
 def file_checksum(path: Path, algo: str = DEFAULT_ALGO, fsync: bool = False) -> str | None:
     """Checksum of a file's bytes (None when `algo` is not available here). With fsync the file is also
     flushed to disk: the manifest must not promise bytes that a power loss could still take away."""
-    h = _hasher(algo)
+    h = new_hasher(algo)
     with open(path, "rb") as f:
         if h is not None:
             while chunk := f.read(_CHUNK):

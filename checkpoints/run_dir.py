@@ -28,6 +28,7 @@ from checkpoints.disk import device_of, free_bytes, human_bytes
 from checkpoints.errors import CheckpointError, RunDirectoryBusy
 from checkpoints.layout import (CHECKPOINTS, DEEPSPEED_CONFIG, EXPORTS, METRICS, RUN_CONFIG, SNAPSHOTS, SUMMARY,
                                 TENSORBOARD, step_dirs, tmp_dirs)
+from pretrain.logs import get_logger
 
 LOCK_FILE = ".lock"
 RUN_INFO = "run.json"
@@ -36,8 +37,7 @@ RUN_FILES = (METRICS, SUMMARY, RUN_CONFIG, DEEPSPEED_CONFIG, TENSORBOARD, RUN_IN
 OVERWRITTEN_PREFIX = "overwritten-"
 
 
-def _info(msg: str) -> None:
-    print(f"[linscale] {msg}", flush=True)
+logger = get_logger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ class RunLock:
             return self._acquire_pidfile()
         previous = self._read()
         if previous and previous.get("pid") not in (None, os.getpid()):
-            _info(f"{self.path}: lock of an earlier run ({_holder_text(previous)}) was left behind; that run "
+            logger.info(f"{self.path}: lock of an earlier run ({_holder_text(previous)}) was left behind; that run "
                   f"is gone (its lock was released), taking over")
         self._fd = fd
         self._write(fd)
@@ -127,7 +127,7 @@ class RunLock:
                     continue
                 if dead_here or requeued:
                     why = f"no longer running on {host}" if dead_here else f"an earlier incarnation of Slurm job {job}"
-                    _info(f"{self.path}: stale lock of pid {holder.get('pid')} ({why}); removed")
+                    logger.info(f"{self.path}: stale lock of pid {holder.get('pid')} ({why}); removed")
                     self.path.unlink(missing_ok=True)
                     continue
                 raise RunDirectoryBusy(
@@ -274,7 +274,7 @@ def open_run_directory(run_dir: Path, resume: str | None, overwrite: bool, is_ma
                               f"directory you can write") from None
     try:
         for tmp in remove_unfinished_saves(run_dir):
-            _info(f"removed {tmp} (a save that never finished)")
+            logger.info(f"removed {tmp} (a save that never finished)")
         _probe_writable(run_dir)
         earlier = previous_run(run_dir)
         inside = resume not in (None, "auto") and _is_within(Path(resume), run_dir)
@@ -284,7 +284,7 @@ def open_run_directory(run_dir: Path, resume: str | None, overwrite: bool, is_ma
         if overwrite:
             moved = move_aside(run_dir)
             if moved is not None:
-                _info(f"--overwrite: the earlier run's files ({'; '.join(earlier) or 'logs'}) were moved to {moved}; "
+                logger.info(f"--overwrite: the earlier run's files ({'; '.join(earlier) or 'logs'}) were moved to {moved}; "
                       f"delete that folder when you no longer need it")
             write_run_id(run_dir)
         elif not resume or not (resume == "auto" or inside):

@@ -23,20 +23,20 @@ ALIGN = 64                 # every tensor starts at a multiple of this (any dtyp
 PIECE_BYTES = 64 << 20     # unit of page-locking: ~10-20 ms of cudaHostRegister each (see docs/benchmarks.md)
 
 
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
     """The tensors of a nested state, in a fixed order (dict insertion order, then sequence order)."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, dict):
         for v in obj.values():
-            yield from _tensors(v)
+            yield from tensors_in(v)
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            yield from _tensors(v)
+            yield from tensors_in(v)
 
 
 def _rebuild(obj: Any, views: Iterator[torch.Tensor]) -> Any:
-    """`obj` with its tensors replaced, in `_tensors` order, by the next items of `views`."""
+    """`obj` with its tensors replaced, in `tensors_in` order, by the next items of `views`."""
     if isinstance(obj, torch.Tensor):
         return next(views)
     if isinstance(obj, dict):
@@ -188,12 +188,12 @@ class StagingBuffers:
     def reserve(self, obj: Any, key: str = "") -> None:
         """Allocate and touch the arena that stage(obj, key) will use, without copying (only shapes and
         dtypes of `obj` are read). Meant for a background thread, right after the first training step."""
-        self._arena(key, list(_tensors(obj))).touch()
+        self._arena(key, list(tensors_in(obj))).touch()
 
     def stage(self, obj: Any, key: str = "") -> Any:
         """A copy of `obj` whose tensors are views into host memory sharing nothing with the originals.
         The copy stays valid until the next stage() with the same key."""
-        tensors = list(_tensors(obj))
+        tensors = list(tensors_in(obj))
         arena = self._arena(key, tensors)
         # A fresh arena (no reserve: DeepSpeed's first save) is faulted in first: a GPU copy into untouched
         # pageable memory ran at 1.0 GB/s on an H200 host, into touched memory at 14.5 GB/s, and touching

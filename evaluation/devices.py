@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from pretrain.distributed import auto_device_type
+from pretrain.logs import get_logger
+
+logger = get_logger(__name__)
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -12,18 +17,18 @@ def resolve_device(device: str | None) -> str:
     the CPU with a warning: lm-eval's CLI passes --device cuda:0 by default, which would otherwise make every
     `lm_eval --model linscale` run fail on a CPU-only machine."""
     if device in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return auto_device_type()
     device = str(device)
     kind, _, index = device.partition(":")
     if kind == "cuda":
         if not torch.cuda.is_available():
-            print(f"linscale: device {device!r} requested but CUDA is not available here; using the CPU")
+            logger.warning(f"device {device!r} requested but CUDA is not available here; using the CPU")
             return "cpu"
         if index.isdigit() and int(index) >= torch.cuda.device_count():
             raise ValueError(f"linscale: device {device!r} requested but this machine has "
                              f"{torch.cuda.device_count()} CUDA device(s) (cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
     elif kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        print(f"linscale: device {device!r} requested but MPS is not available here; using the CPU")
+        logger.warning(f"device {device!r} requested but MPS is not available here; using the CPU")
         return "cpu"
     return device
 

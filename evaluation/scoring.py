@@ -23,8 +23,8 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def head_logits(model: LanguageModel, h: Tensor) -> Tensor:
-    """The tied LM head, as LanguageModel.forward applies it (float32 logits)."""
-    return (h @ model.embed.weight.to(h.dtype).t()).float()
+    """The tied LM head (LanguageModel.logits), float32 whatever the model's dtype."""
+    return model.logits(h).float()
 
 
 def target_logprobs(model: LanguageModel, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:

@@ -77,21 +77,21 @@ def bench(args) -> dict:
     mgr.pin_fraction = args.pin_fraction
     params = sum(p.numel() for p in tr.model.parameters())
     one_step(tr)
-    # the first after_step allocates + touches the staging buffers in the writer thread
+    # the first post_step allocates + touches the staging buffers in the writer thread
     t0 = time.perf_counter()
-    mgr.after_step()
+    mgr.post_step()
     reserve_call = time.perf_counter() - t0
     reserve_steps = steps_while_writing(tr)
     reserve_wall = time.perf_counter() - t0
     for _ in range(args.warmup):
         one_step(tr)
     base = statistics.median(one_step(tr) for _ in range(args.steps))
-    # pinning phase: steps with after_step (which page-locks a bounded piece each time) until all is pinned
+    # pinning phase: steps with post_step (which page-locks a bounded piece each time) until all is pinned
     pin_steps, t0 = [], time.perf_counter()
     while not mgr._module_buffers.fully_pinned and time.perf_counter() - t0 < args.pin_max_s:
         t1 = time.perf_counter()
         one_step(tr)
-        mgr.after_step()
+        mgr.post_step()
         pin_steps.append(time.perf_counter() - t1)
     pin_steps_s = [round(x, 4) for x in pin_steps]
     res = {"arch": args.arch, "size": args.size, "params": params, "seq_len": args.seq_len,

@@ -179,6 +179,10 @@ class LanguageModel(nn.Module):
             h = h.reshape(B, T, -1)
         if targets is not None:
             return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.embed.weight, targets.reshape(-1))
+        return self.logits(h)
+
+    def logits(self, h: Tensor) -> Tensor:
+        """The tied LM head on hidden states h [..., d_model]: float32 logits (float64 for a float64 model)."""
         logits = h @ self.embed.weight.to(h.dtype).t()
         return logits if logits.dtype == torch.float64 else logits.float()
 

@@ -1,6 +1,6 @@
-"""The train module on a DeepSpeed engine (ZeRO stage 1/2/3): the same interface as
-`pretrain.train_module.TorchTrainModule` (`train_step`, `eval_loss`, and the checkpoint contract
-`save_state` / `load_state` / `full_state_dict`), so the trainer does not know which one it drives.
+"""The train module on a DeepSpeed engine (ZeRO stage 1/2/3): a `pretrain.train_module.TrainModule`
+like the plain `TorchTrainModule` (`train_step`, `eval_loss`, and the checkpoint contract), so the
+trainer does not know which one it drives.
 
 Skipping a non-finite step under DeepSpeed. `engine.step()` at the accumulation boundary runs the whole
 update (clip, optimizer, zero grads) in one call, so the plain path's "look at the norm, then decide"
@@ -35,7 +35,7 @@ from checkpoints.layout import DEEPSPEED_DIR, DEEPSPEED_META, UNIVERSAL_DIR
 from pretrain.config import RunConfig
 from pretrain.deepspeed_config import build_deepspeed_config
 from pretrain.distributed import DistEnv, all_reduce_mean
-from pretrain.train_module import StepResult, lr_at, param_groups
+from pretrain.train_module import StepResult, TrainModule, build_optimizer, lr_at
 
 VERIFY_GRAD_NORM = "LINSCALE_VERIFY_GRAD_NORM"
 
@@ -71,7 +71,7 @@ def _import_deepspeed():
     return deepspeed
 
 
-class DeepSpeedTrainModule:
+class DeepSpeedTrainModule(TrainModule):
     def __init__(self, model: nn.Module, cfg: RunConfig, env: DistEnv, precision: str, accum: int):
         deepspeed = _import_deepspeed()
         self.cfg, self.env, self.precision = cfg, env, precision
@@ -86,12 +86,8 @@ class DeepSpeedTrainModule:
                          ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", 29500)):
                 os.environ.setdefault(k, str(v))
             deepspeed.init_distributed(dist_backend=_backend(cfg, env), auto_mpi_discovery=False)
-        o = cfg.optim
-        kw = dict(lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
-        if env.device.type == "cuda":
-            kw["fused"] = True
         model = model.to(env.device)
-        self.optimizer = GuardedAdamW(param_groups(model, o.weight_decay), **kw)
+        self.optimizer = build_optimizer(model, cfg.optim, env.device, cls=GuardedAdamW)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=self.ds_config)
         self.model = self.engine.module
         self.wrapped = self.engine
@@ -177,6 +173,9 @@ class DeepSpeedTrainModule:
         (in the checkpoint manager's writer thread) and returns their records."""
         from checkpoints.ds_engine import staged_save_checkpoint
         return staged_save_checkpoint(self.engine, buffers, lambda: self.save_state(directory))
+
+    def engine_config(self) -> dict:
+        return self.ds_config
 
     def load_state(self, directory: Path) -> None:
         """Load what `save_state` wrote. On the same world size the ZeRO shards load directly. On another

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pretrain.logs import get_logger
+
+logger = get_logger(__name__)
+
 
 @dataclass
 class DistEnv:
@@ -33,8 +37,15 @@ def _env_int(*names: str, default: int) -> int:
     return default
 
 
+def auto_device_type() -> str:
+    """What `--device auto` means everywhere (training and evaluation): CUDA where it is visible, else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def resolve_device(requested: str, local_rank: int) -> torch.device:
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+    """This rank's training device: `auto` and `cuda` take GPU local_rank (modulo the visible ones); a
+    missing CUDA under `cuda` is an error (pretrain.trainer.check_device says it first, in user terms)."""
+    if requested == "cpu" or (requested == "auto" and auto_device_type() == "cpu"):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError("--device cuda was asked for but no CUDA device is visible")
@@ -90,7 +101,7 @@ def dist_env(requested_device: str = "auto") -> DistEnv:
 
 def init_process_group(env: DistEnv, backend: str = "auto") -> None:
     """Start torch.distributed when there is more than one process (no-op otherwise or if already up)."""
-    if env.world_size == 1 or (dist.is_available() and dist.is_initialized()):
+    if env.world_size == 1 or is_distributed():
         return
     if backend == "auto":
         backend = "nccl" if env.device.type == "cuda" else "gloo"
@@ -98,20 +109,59 @@ def init_process_group(env: DistEnv, backend: str = "auto") -> None:
     os.environ.setdefault("MASTER_PORT", "29500")
     os.environ.setdefault("RANK", str(env.rank))
     os.environ.setdefault("WORLD_SIZE", str(env.world_size))
-    if env.is_main:  # where a hanging start waits: the first thing to check on a new cluster
-        print(f"[linscale] rendezvous {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}, {env.world_size} ranks, "
-              f"{backend}", flush=True)
+    # where a hanging start waits: the first thing to check on a new cluster (rank 0 says it)
+    logger.info(f"rendezvous {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}, {env.world_size} ranks, {backend}")
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size)
 
 
+def is_distributed() -> bool:
+    """torch.distributed is up (several processes, or DeepSpeed's group of one)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
 def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if get_world_size() > 1:
         x = x.clone()
         dist.all_reduce(x, op=dist.ReduceOp.SUM)
         x /= dist.get_world_size()
     return x
 
 
+def all_reduce_max(values: list[float], device: torch.device) -> list[float]:
+    """The element-wise maximum of a few flags over all ranks (the list itself in one process)."""
+    if get_world_size() == 1:
+        return values
+    t = torch.tensor(values, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
+    if get_world_size() > 1:
         dist.barrier()
+
+
+def broadcast_object(obj):
+    """Rank 0's value of a small picklable object, on every rank."""
+    if get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's value of a small picklable object, in rank order, on every rank."""
+    if get_world_size() == 1:
+        return [obj]
+    out = [None] * get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from checkpoints.layout import METRICS, TENSORBOARD
+from pretrain.logs import get_logger
+
+logger = get_logger(__name__)
 
 # dense bf16 tensor-core peak, for MFU
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "H800": 989e12, "B200": 2250e12}
@@ -83,7 +85,7 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(str(run_dir / TENSORBOARD))
             except Exception as err:  # tensorboard is optional for a run
-                print(f"[linscale] tensorboard disabled: {err}", file=sys.stderr)
+                logger.warning(f"tensorboard disabled: {err}")
 
     def log(self, row: dict) -> None:
         if not self.enabled or self.failed is not None:

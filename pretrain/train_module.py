@@ -1,10 +1,12 @@
-"""The train module: one optimizer step over a list of micro-batches, in plain PyTorch (one process, or
-DDP when there are several and no ZeRO). Parallelism and precision are applied here, from outside the
-model. `pretrain.deepspeed_module` offers the same interface on a DeepSpeed engine."""
+"""The train module: what the trainer and the checkpoint manager drive, as an abstract base
+(`TrainModule`), and its plain PyTorch engine (`TorchTrainModule`: one process, or DDP when there are
+several and no ZeRO). Parallelism and precision are applied here, from outside the model.
+`pretrain.deepspeed_module.DeepSpeedTrainModule` is the other engine."""
 from __future__ import annotations
 
 import contextlib
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -14,7 +16,7 @@ from torch import Tensor, nn
 
 from checkpoints.layout import TORCH_MODEL, TORCH_OPTIMIZER
 from pretrain.config import OptimConfig
-
+from pretrain.distributed import all_reduce_mean, get_rank
 
 
 @dataclass
@@ -43,14 +45,65 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device,
+                    cls: type[torch.optim.AdamW] = torch.optim.AdamW) -> torch.optim.AdamW:
+    """The recipe's AdamW (`cls`: AdamW or a subclass) over `param_groups`; fused on CUDA."""
     kw = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     if device.type == "cuda":
         kw["fused"] = True
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), **kw)
+    return cls(param_groups(model, cfg.weight_decay), **kw)
 
 
-class TorchTrainModule:
+class TrainModule(ABC):
+    """One optimizer step over a list of micro-batches, evaluation, and the model + optimizer state, on
+    one engine. The checkpoint contract (checkpoints/manager.py, docs/checkpoints.md):
+
+      save_state(dir)        model + optimizer; every rank calls it
+      load_state(dir)        the inverse; every rank
+      full_state_dict()      consolidated weights on rank 0 (a collective under ZeRO-3: every rank calls it)
+      stage_state(buffers, dir)  copy model + optimizer to host memory now and return write(), which writes
+                             the files into dir (in a background thread) and returns their records by path;
+                             None (the default): the manager calls save_state instead, synchronously
+      stage_layout()         what stage_state will copy, so host buffers can be prepared early; None: unknown
+    """
+
+    model: nn.Module          # the bare model (no DDP or engine wrapper)
+    device: torch.device
+
+    @abstractmethod
+    def train_step(self, micro_batches: list[dict], step: int, inject_nonfinite: bool = False) -> StepResult:
+        """One optimizer step at learning rate lr_at(step); a non-finite loss or gradient norm skips the
+        update (reported in the result). `inject_nonfinite`: make this step's loss NaN (fault injection)."""
+
+    @abstractmethod
+    def eval_loss(self, batches: list[dict]) -> float:
+        """Mean loss over `batches` without gradients (every rank calls it)."""
+
+    @abstractmethod
+    def compile(self) -> None:
+        """torch.compile the model in place."""
+
+    @abstractmethod
+    def save_state(self, directory: Path) -> None: ...
+
+    @abstractmethod
+    def load_state(self, directory: Path) -> None: ...
+
+    @abstractmethod
+    def full_state_dict(self) -> dict[str, Tensor]: ...
+
+    def stage_state(self, buffers, directory: Path) -> Callable[[], dict] | None:
+        return None
+
+    def stage_layout(self) -> dict | None:
+        return None
+
+    def engine_config(self) -> dict | None:
+        """The engine's own configuration, written to the run directory (DeepSpeed's); None: nothing."""
+        return None
+
+
+class TorchTrainModule(TrainModule):
     def __init__(self, model: nn.Module, optim_cfg: OptimConfig, device: torch.device, precision: str,
                  ddp: bool = False):
         self.device = device
@@ -102,7 +155,6 @@ class TorchTrainModule:
                     loss = loss * float("nan")
                 (loss / n).backward()
             total += loss.detach() / n
-        from pretrain.distributed import all_reduce_mean
         total = all_reduce_mean(total)
         # grad_clip 0 turns clipping off (as DeepSpeed's gradient_clipping 0); the norm is still reported
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip or math.inf)
@@ -127,24 +179,24 @@ class TorchTrainModule:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
-    # -- the checkpoint contract (checkpoints/manager.py, docs/checkpoints.md) ------------------------
+    # -- the checkpoint contract (TrainModule) ----------------------------------------------------------
     # Under DDP every rank holds the same full state: rank 0 writes it, every rank reads it, so a resume
     # on any number of ranks is a plain load.
     def save_state(self, dir: Path) -> None:
-        if _rank() == 0:
+        if get_rank() == 0:
             torch.save(self.model.state_dict(), Path(dir) / TORCH_MODEL)
             torch.save(self.optimizer.state_dict(), Path(dir) / TORCH_OPTIMIZER)
 
     def stage_layout(self) -> dict | None:
         """The state stage_state will copy (live references; only shapes and dtypes are read), so the host
         buffers can be prepared in advance; None on ranks that stage nothing."""
-        return self.state_dict() if _rank() == 0 else None
+        return self.state_dict() if get_rank() == 0 else None
 
     def stage_state(self, buffers, dir: Path) -> Callable[[], dict]:
         """Copy model + optimizer to host buffers now (`checkpoints.staging.StagingBuffers`); the returned
         function writes that copy into `dir` (it may run in a background thread while training goes on),
         hashing the bytes as they are written, and returns the files' records."""
-        if _rank() != 0:
+        if get_rank() != 0:
             return lambda: {}
         from checkpoints.hashio import save_torch
         staged = buffers.stage(self.state_dict())
@@ -163,7 +215,3 @@ class TorchTrainModule:
         """The live weights (the checkpoint manager copies them before training goes on)."""
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
-
-def _rank() -> int:
-    import torch.distributed as dist
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -1,32 +1,34 @@
-"""The training loop: data -> train module -> metrics, with the stopping, skipping and spike rules of the
-recipe. Checkpointing and the DeepSpeed engine plug in through `pretrain.train_module`-style modules and
-the `checkpoints` package; the loop itself knows nothing about ZeRO."""
+"""The training loop: data -> train module -> metrics. The engine is a `pretrain.train_module.TrainModule`
+(plain PyTorch/DDP or DeepSpeed); everything else the loop does runs as callbacks (pretrain/callbacks.py):
+the checkpoint manager (checkpoints/manager.py) and the stability, speed and memory monitors
+(pretrain/monitors.py). The loop itself knows nothing about ZeRO or checkpoint files."""
 from __future__ import annotations
 
 import json
 import math
 import os
 import random
-import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
 
 import ops
 from checkpoints.layout import CHECKPOINTS, DEEPSPEED_CONFIG, RUN_CONFIG, SUMMARY
+from checkpoints.manager import CheckpointManager, check_resume_engine
 from models import LanguageModel, build_from_config, flops_per_step, model_info
 from models.config import VOCAB_SIZE
+from pretrain.callbacks import Callback, TrainProgress
 from pretrain.config import RunConfig, ac_mode, gradient_accumulation, resolve_compile, save_config
-from pretrain.distributed import DistEnv, barrier, dist_env, init_process_group
-from pretrain.errors import EXIT_STOPPED, ConfigError, OutputFailed, UserError, run_cli
+from pretrain.distributed import barrier, dist_env, init_process_group
+from pretrain.errors import ConfigError, OutputFailed, UserError, run_cli
+from pretrain.logs import get_logger
 from pretrain.metrics import MetricsLogger, Progress, peak_flops
-from pretrain.train_module import TorchTrainModule, lr_at
+from pretrain.monitors import MemoryMonitor, SpeedMonitor, StabilityMonitor, TrainingStopped
+from pretrain.train_module import TorchTrainModule, TrainModule, lr_at
 
-
-def log(msg: str, env: DistEnv | None = None) -> None:
-    if env is None or env.is_main:
-        print(f"[linscale] {msg}", flush=True)
+logger = get_logger(__name__)
 
 
 def seed_everything(seed: int) -> None:
@@ -50,28 +52,11 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def memory_stats(device: torch.device) -> dict[str, float]:
-    """Peak accelerator memory of this rank (rank 0 logs), or the process's peak RSS on CPU."""
-    if device.type == "cuda":
-        return {"max_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30,
-                "max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30}
-    try:
-        import resource
-        return {"max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # KiB on Linux
-    except (ImportError, OSError):
-        return {}
-
-
 def decay_table(model: LanguageModel) -> list[list[float]] | None:
     """TNL's fixed per-layer, per-head decays (logged at start, as DESIGN asks)."""
     if model.config.arch != "tnl":
         return None
     return [b.token_mixer.decays for b in model.blocks]
-
-
-class TrainingStopped(UserError, RuntimeError):
-    """The run stopped itself on purpose (e.g. too many non-finite steps); the message says why and what to do."""
-    exit_code = EXIT_STOPPED
 
 
 def check_device(requested: str) -> None:
@@ -81,12 +66,6 @@ def check_device(requested: str) -> None:
         raise UserError(f"--device cuda: no CUDA device is visible here ({build}, "
                         f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
                         f"use --device cpu (or auto), or run on a machine with a GPU")
-
-
-def compiled_graph_count() -> int:
-    """Graphs torch.compile has produced in this process (grows by one with every compile or recompile)."""
-    from torch._dynamo.utils import counters
-    return counters["stats"]["unique_graphs"]
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -161,14 +140,18 @@ def check_vocab(vocab_size: int, data: str | None) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig):
+    """Builds a run from its config and trains it (`fit`). `callbacks`: more callbacks, run after the
+    monitors and before the checkpoint manager (so their state in a checkpoint is that of its step)."""
+
+    def __init__(self, cfg: RunConfig, callbacks: Sequence[Callback] = ()):
         from data_pipeline import build_loader
 
         from checkpoints.run_dir import open_run_directory
 
         self.cfg = cfg
-        self.checkpointer = None
-        self.metrics = None
+        self.extra_callbacks = list(callbacks)
+        self.callbacks: list[Callback] = []
+        self.metrics: MetricsLogger | None = None
         check_device(cfg.train.device)
         self.env = env = dist_env(cfg.train.device)
         ops.set_config(cfg.ops)  # recorded in config.json with the rest of the run config
@@ -205,7 +188,6 @@ class Trainer:
             from data_pipeline.sources import check_inputs
             check_inputs(load_data_config(cfg.data), f"--data {cfg.data}")
         check_vocab(self.model_cfg.vocab_size, cfg.data)
-        from checkpoints.manager import check_resume_engine
         check_resume_engine(self.run_dir, cfg.resume, cfg.dist.zero)
 
         init_process_group(env, cfg.dist.backend)
@@ -218,6 +200,7 @@ class Trainer:
         self.ac, self.ac_fraction = self._checkpointing(env.device)
         self.ac_blocks = model.set_activation_checkpointing(self.ac, self.ac_fraction)
         self.model = model
+        self.module: TrainModule
         if cfg.dist.zero > 0:
             from pretrain.deepspeed_module import DeepSpeedTrainModule
             self.module = DeepSpeedTrainModule(model, cfg, env, self.precision, self.accum)
@@ -226,34 +209,41 @@ class Trainer:
         self.compiled = resolve_compile(cfg, env.device.type)
         if self.compiled:
             self.module.compile()
-        self.compile_time_s = 0.0  # wall time of the steps that compiled (excluded from tokens/s)
 
         self.loader = build_loader(cfg.data, t.seq_len, self.global_batch, t.micro_batch,
                                    rank=self.dp_rank, world_size=self.dp_size, seed=t.seed, doc_starts=t.doc_reset,
                                    **self._sp_segment())
         self.val_batches = self._validation_batches(build_loader) if t.eval_every else []
 
-        self.step = 0
-        self.tokens = 0
-        self.flops = 0.0
-        self.bad_steps_in_row = 0
-        self.bad_steps_total = 0
-        self.loss_ema: float | None = None
+        self.progress = TrainProgress()
         self.inject_nonfinite_steps: set[int] = {int(s) for s in os.environ.get("LINSCALE_INJECT_NONFINITE", "").split(",") if s}
-        self._maybe_attach_checkpointer()  # sets self.checkpointer
+        # the callbacks, in the order their hooks run: the stability monitor's stop comes before the
+        # checkpoint manager's scheduled save, and its fields before the speed monitor's in a row
+        self.stability = StabilityMonitor(t.spike_factor, t.max_bad_steps, self.run_dir / CHECKPOINTS)
+        self.speed = SpeedMonitor(env.device, self.tokens_per_step, self.flops_per_step, env.world_size,
+                                  peak_flops(env.device))
+        self.checkpointer = CheckpointManager(cfg, self.model_cfg, env, self.module, self.progress, self,
+                                              self.tokens_per_step, self.flops_per_step_ne, self.total_steps(),
+                                              metrics_failed=lambda: self.metrics is not None and
+                                              self.metrics.failed is not None)
+        self.callbacks = [self.stability, self.speed, MemoryMonitor(env.device), *self.extra_callbacks,
+                          self.checkpointer]
+        for cb in self.callbacks:
+            cb.post_attach()  # the checkpoint manager resumes here
 
         if env.is_main:
             save_config(cfg, self.run_dir / RUN_CONFIG)
-            if getattr(self.module, "ds_config", None) is not None:
-                (self.run_dir / DEEPSPEED_CONFIG).write_text(json.dumps(self.module.ds_config, indent=2))
+            engine_config = self.module.engine_config()
+            if engine_config is not None:
+                (self.run_dir / DEEPSPEED_CONFIG).write_text(json.dumps(engine_config, indent=2))
         self.metrics = MetricsLogger(self.run_dir, enabled=env.is_main)
-        self.peak = peak_flops(env.device)
 
     def close(self) -> None:
-        """Give back what the trainer holds: the metrics files, the signal handlers, the run directory's lock.
-        fit() calls it on every way out; a Trainer that is never fitted should call it (tests do)."""
-        if self.checkpointer is not None:
-            self.checkpointer.signal.uninstall()
+        """Give back what the trainer holds: the callbacks' resources (the signal handlers), the metrics files,
+        the run directory's lock. fit() calls it on every way out; a Trainer that is never fitted should call
+        it (tests do)."""
+        for cb in self.callbacks:
+            cb.close()
         if self.metrics is not None:
             self.metrics.close()
         if getattr(self, "run_lock", None) is not None:
@@ -275,9 +265,9 @@ class Trainer:
         from pretrain.memory import choose_checkpointing, estimate_peak_gib
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
         mode, frac = choose_checkpointing(self.model_cfg, t.micro_batch * t.seq_len, 0.9 * total)
-        log(f"--activation-checkpointing auto: {mode}" + (f" on {frac:.0%} of the blocks" if mode != "none" else "")
+        logger.info(f"--activation-checkpointing auto: {mode}" + (f" on {frac:.0%} of the blocks" if mode != "none" else "")
             + f" (estimated peak {estimate_peak_gib(self.model_cfg, t.micro_batch * t.seq_len, mode, frac):.0f} "
-            f"of {total:.0f} GiB)", self.env)
+            f"of {total:.0f} GiB)")
         return mode, frac
 
     def _sp_segment(self) -> dict:
@@ -289,30 +279,53 @@ class Trainer:
             val = build_loader(self.cfg.data, t.seq_len, t.micro_batch, t.micro_batch, rank=0, world_size=1,
                                seed=t.seed, split="val", **self._sp_segment())
         except (TypeError, ValueError, FileNotFoundError) as err:
-            log(f"no validation split ({err}); validation loss disabled", self.env)
+            logger.info(f"no validation split ({err}); validation loss disabled")
             return []
         return [val.next_batch() for _ in range(t.eval_batches)]
 
-    def _maybe_attach_checkpointer(self) -> None:
-        try:
-            from checkpoints import attach_to_trainer
-        except ImportError:
-            return
-        attach_to_trainer(self)
-
     # -- state for checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything of the trainer's own that an exact resume needs (the module holds model + optimizer)."""
-        return {"step": self.step, "tokens": self.tokens, "flops": self.flops, "loader": self.loader.state_dict(),
-                "rng": rng_state(), "bad_steps_total": self.bad_steps_total, "loss_ema": self.loss_ema}
+        """Everything of the trainer's own that an exact resume needs (the module holds model + optimizer):
+        progress, data loader, RNG, and the callbacks' state (their keys side by side with these)."""
+        p = self.progress
+        state = {"step": p.step, "tokens": p.tokens, "flops": p.flops, "loader": self.loader.state_dict(),
+                 "rng": rng_state()}
+        for cb in self.callbacks:
+            state.update(cb.state_dict())
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.step, self.tokens, self.flops = state["step"], state["tokens"], state["flops"]
+        self.progress.step, self.progress.tokens, self.progress.flops = state["step"], state["tokens"], state["flops"]
         self.loader.load_state_dict(state["loader"])
         if state.get("rng") is not None:
             set_rng_state(state["rng"])
-        self.bad_steps_total = state.get("bad_steps_total", 0)
-        self.loss_ema = state.get("loss_ema")
+        for cb in self.callbacks:
+            cb.load_state_dict(state)
+
+    # the progress counters, by name (scripts and tests read and advance them)
+    @property
+    def step(self) -> int:
+        return self.progress.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.progress.step = value
+
+    @property
+    def tokens(self) -> int:
+        return self.progress.tokens
+
+    @tokens.setter
+    def tokens(self, value: int) -> None:
+        self.progress.tokens = value
+
+    @property
+    def flops(self) -> float:
+        return self.progress.flops
+
+    @flops.setter
+    def flops(self, value: float) -> None:
+        self.progress.flops = value
 
     # -- the loop -----------------------------------------------------------------------------------
     def done(self) -> bool:
@@ -330,30 +343,31 @@ class Trainer:
     def announce(self) -> None:
         info = model_info(self.model_cfg, self.tokens_per_step // self.cfg.train.seq_len, self.cfg.train.seq_len)
         e = self.env
-        log(f"{self.model_cfg.arch} {self.model_cfg.size}: {info.params_non_embedding / 1e6:.1f}M non-embedding, "
-            f"{info.params_total / 1e6:.1f}M total parameters; {self.flops_per_step / 1e12:.3g} TFLOPs/step", e)
+        logger.info(f"{self.model_cfg.arch} {self.model_cfg.size}: {info.params_non_embedding / 1e6:.1f}M non-embedding, "
+            f"{info.params_total / 1e6:.1f}M total parameters; {self.flops_per_step / 1e12:.3g} TFLOPs/step")
         if self.global_batch != self.cfg.global_batch:
-            log(f"--allow-inexact-batch: training on {self.global_batch} sequences per step instead of the "
-                f"requested {self.cfg.global_batch}", e)
+            logger.info(f"--allow-inexact-batch: training on {self.global_batch} sequences per step instead of the "
+                f"requested {self.cfg.global_batch}")
         engine = f"DeepSpeed ZeRO-{self.cfg.dist.zero}" if self.cfg.dist.zero else \
             ("DDP" if e.world_size > 1 else "PyTorch")
         if self.sp is not None:
             engine += f" x sequence parallel {self.sp.size} ({self.dp_size} data-parallel groups)"
-        log(f"engine: {engine}; batch: {self.global_batch} x {self.cfg.train.seq_len} tokens = {self.dp_size} ranks x micro "
-            f"{self.cfg.train.micro_batch} x accumulation {self.accum}; precision {self.precision}; device {e.device}", e)
-        log(f"data: {self.loader.describe()}", e)
+        logger.info(f"engine: {engine}; batch: {self.global_batch} x {self.cfg.train.seq_len} tokens = {self.dp_size} ranks x "
+                    f"micro {self.cfg.train.micro_batch} x accumulation {self.accum}; precision {self.precision}; "
+                    f"device {e.device}")
+        logger.info(f"data: {self.loader.describe()}")
         t = self.cfg.train
         ac = "off" if not self.ac_blocks else \
             f"{self.ac} on {len(self.ac_blocks)} of {self.model_cfg.n_layers} blocks"
-        log(f"torch.compile: {'on' if self.compiled else 'off'} (--compile {t.compile}); activation checkpointing: {ac}", e)
+        logger.info(f"torch.compile: {'on' if self.compiled else 'off'} (--compile {t.compile}); activation checkpointing: {ac}")
         table = decay_table(self.model)
         if table is not None:
-            log(f"TNL decay schedule '{self.model_cfg.tnl_decay_schedule}' (lambda per layer x head):", e)
+            logger.info(f"TNL decay schedule '{self.model_cfg.tnl_decay_schedule}' (lambda per layer x head):")
             for i, row in enumerate(table):
-                log(f"  layer {i:2d}: " + " ".join(f"{x:.5f}" for x in row), e)
+                logger.info(f"  layer {i:2d}: " + " ".join(f"{x:.5f}" for x in row))
         if self.total_steps() is None:
-            log("no --max-steps/--max-tokens given: training until stopped (checkpoints keep the progress)", e)
-        log(f"run directory: {self.run_dir}", e)
+            logger.info("no --max-steps/--max-tokens given: training until stopped (checkpoints keep the progress)")
+        logger.info(f"run directory: {self.run_dir}")
 
     def fit(self) -> dict:
         """Train until done or stopped; returns the summary. Gives back the run directory on every way out."""
@@ -365,106 +379,69 @@ class Trainer:
     def _fit(self) -> dict:
         self.announce()
         progress = Progress(self.total_steps(), self.env.is_main)
-        t = self.cfg.train
+        p, t = self.progress, self.cfg.train
         steps_this_session = 0
-        last_time = time.time()
-        last_log_step = self.step
-        compile_time_in_interval, compile_steps_in_interval = 0.0, 0
         last = {}
         stop_reason = "finished"
         while not self.done():
-            reason = (self.checkpointer.stop_requested() if self.checkpointer is not None
-                      else "log_failed" if self.metrics.failed else None)
-            if reason is not None:  # 'signal'; 'save_failed' (at_end raises SaveFailed); 'log_failed' (below)
+            reason = next((r for r in (cb.stop_requested() for cb in self.callbacks) if r is not None), None)
+            if reason is not None:  # 'signal'; 'save_failed' (post_train raises SaveFailed); 'log_failed' (below)
                 stop_reason = reason
                 break
             micro = [self.loader.next_batch() for _ in range(self.accum)]
-            inject = self.step in self.inject_nonfinite_steps
-            graphs, step_start = compiled_graph_count(), time.time()
+            inject = p.step in self.inject_nonfinite_steps
+            for cb in self.callbacks:
+                cb.pre_step(p)
             try:
-                res = self.module.train_step(micro, self.step, inject_nonfinite=inject)
+                res = self.module.train_step(micro, p.step, inject_nonfinite=inject)
             except (torch.OutOfMemoryError, RuntimeError) as err:
                 if not is_out_of_memory(err):
                     raise
                 self.metrics.close()
-                raise TrainingStopped(out_of_memory_message(self.cfg, self.env.device, self.step, self.ac,
+                raise TrainingStopped(out_of_memory_message(self.cfg, self.env.device, p.step, self.ac,
                                                             self.ac_fraction)
                                       + f" (original error: {str(err).splitlines()[0]})") from err
-            if compiled_graph_count() != graphs:
-                # this step compiled: report its time as compile time and keep it out of tokens/s
-                spent = time.time() - step_start
-                self.compile_time_s += spent
-                compile_time_in_interval += spent
-                compile_steps_in_interval += 1
-                log(f"step {self.step + 1}: torch.compile built {compiled_graph_count() - graphs} graph(s); the step "
-                    f"took {spent:.1f} s (compile time so far {self.compile_time_s:.1f} s, not counted in tokens/s)",
-                    self.env)
-            lr = lr_at(self.step, self.cfg.optim)
-            self.step += 1
+            lr = lr_at(p.step, self.cfg.optim)
+            p.step += 1
             steps_this_session += 1
-            self.tokens += self.tokens_per_step
-            self.flops += self.flops_per_step
-            if res.skipped:
-                self.bad_steps_in_row += 1
-                self.bad_steps_total += 1
-                log(f"step {self.step}: non-finite loss ({res.loss}) or gradient norm ({res.grad_norm}); update "
-                    f"skipped ({self.bad_steps_in_row} in a row, {self.bad_steps_total} in total)", self.env)
-            else:
-                self.bad_steps_in_row = 0
-            spike = False
-            if not res.skipped:
-                if self.loss_ema is not None and res.loss > t.spike_factor * self.loss_ema:
-                    spike = True
-                    log(f"step {self.step}: loss spike {res.loss:.4f} (running mean {self.loss_ema:.4f})", self.env)
-                self.loss_ema = res.loss if self.loss_ema is None else 0.98 * self.loss_ema + 0.02 * res.loss
-            is_log = self.step % t.log_every == 0 or self.done() or res.skipped or spike
-            is_eval = bool(self.val_batches) and t.eval_every and (self.step % t.eval_every == 0 or self.done())
+            p.tokens += self.tokens_per_step
+            p.flops += self.flops_per_step
+            for cb in self.callbacks:
+                cb.post_train_batch(p, res)
+            is_log = p.step % t.log_every == 0 or self.done() or any(cb.wants_log() for cb in self.callbacks)
+            is_eval = bool(self.val_batches) and t.eval_every and (p.step % t.eval_every == 0 or self.done())
             if is_log or is_eval:
-                if self.env.device.type == "cuda":
-                    torch.cuda.synchronize()
-                now = time.time()
-                timed_steps = self.step - last_log_step - compile_steps_in_interval
-                dt = (now - last_time - compile_time_in_interval) / timed_steps if timed_steps > 0 else None
-                last_time, last_log_step = now, self.step
-                compile_time_in_interval, compile_steps_in_interval = 0.0, 0
-                row = {"step": self.step, "tokens": self.tokens, "loss": res.loss, "lr": lr,
-                       "flops": self.flops, "flops_non_embedding": self.step * self.flops_per_step_ne,
-                       "tokens_per_s": self.tokens_per_step / dt if dt else None, "grad_norm": res.grad_norm,
-                       "step_time_s": dt, "skipped": res.skipped, "bad_steps_total": self.bad_steps_total}
-                if self.compile_time_s:
-                    row["compile_s"] = self.compile_time_s
-                if spike:
-                    row["loss_spike"] = True
-                if self.peak and dt:
-                    row["mfu"] = self.flops_per_step / dt / (self.peak * self.env.world_size)
-                row.update(memory_stats(self.env.device))
+                row = {"step": p.step, "tokens": p.tokens, "loss": res.loss, "lr": lr, "flops": p.flops,
+                       "flops_non_embedding": p.step * self.flops_per_step_ne, "grad_norm": res.grad_norm}
+                for cb in self.callbacks:
+                    cb.pre_log_metrics(p, row)
                 if is_eval:
                     row["val_loss"] = self.module.eval_loss(self.val_batches)
-                    last_time = time.time()  # the evaluation is not training time
+                    for cb in self.callbacks:
+                        cb.post_eval()
                 self.metrics.log(row)
-                progress.line(self.step, row, steps_this_session)
+                progress.line(p.step, row, steps_this_session)
                 last = row
-            if t.max_bad_steps and self.bad_steps_in_row >= t.max_bad_steps:  # after the row is logged
-                if self.checkpointer is not None:
-                    self.checkpointer.save(blocking=True)
-                self.metrics.close()
-                raise TrainingStopped(f"{self.bad_steps_in_row} non-finite steps in a row (limit --max-bad-steps "
-                                      f"{t.max_bad_steps}); stopped at step {self.step} with a checkpoint of it "
-                                      f"(the weights are those of the last good step). Lower --lr, check the data, "
-                                      f"or resume from an earlier checkpoint in {self.run_dir / CHECKPOINTS}")
-            if self.checkpointer is not None:
-                self.checkpointer.after_step()
-        if self.checkpointer is not None:
-            self.checkpointer.at_end(stop_reason)
+            try:
+                for cb in self.callbacks:
+                    cb.post_step(p)
+            except TrainingStopped as stop:
+                if stop.checkpoint:
+                    for cb in self.callbacks:
+                        cb.save_now()
+                raise
+        for cb in self.callbacks:
+            cb.post_train(stop_reason)
         barrier()
         self.metrics.close()
         if stop_reason == "log_failed":
             raise self._log_failure()
-        summary = {"step": self.step, "tokens": self.tokens, "flops": self.flops, "final_loss": last.get("loss"),
-                   "val_loss": last.get("val_loss"), "bad_steps_total": self.bad_steps_total, "stop": stop_reason}
+        summary = {"step": p.step, "tokens": p.tokens, "flops": p.flops, "final_loss": last.get("loss"),
+                   "val_loss": last.get("val_loss"), "bad_steps_total": self.stability.bad_steps_total,
+                   "stop": stop_reason}
         if self.env.is_main:
             (self.run_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
-            log(f"done: {summary}", self.env)
+            logger.info(f"done: {summary}")
         return summary
 
     def _log_failure(self) -> OutputFailed:

@@ -44,6 +44,7 @@ def _worker(rank: int, world: int, saves: int, run: Path, result: Path, fail: tu
         from checkpoints.run_dir import write_run_id
         from pretrain.config import parse_config
         from pretrain.distributed import DistEnv
+        from pretrain.callbacks import TrainProgress
         from pretrain.train_module import TorchTrainModule
 
         rng = random.Random(1000 * rank + 7)
@@ -70,12 +71,12 @@ def _worker(rank: int, world: int, saves: int, run: Path, result: Path, fail: tu
         cfg = parse_config(["--out", str(run), "--save-every", "1", "--keep-last", "3", "--snapshot-every-tokens",
                             "0", "--snapshot-log-points", "0", "--max-steps", str(saves), "--device", "cpu"])
         model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 3))
-        trainer = SimpleNamespace(cfg=cfg, env=DistEnv(rank, world, rank, torch.device("cpu")), run_dir=run,
-                                  module=TorchTrainModule(model, cfg.optim, torch.device("cpu"), "fp32"), model=model,
-                                  model_cfg=cfg.model(), tokens_per_step=64, step=0, tokens=0, flops=0.0,
-                                  flops_per_step_ne=1.0, total_steps=lambda: saves)
-        trainer.state_dict = lambda: {"step": trainer.step, "rank": rank,
-                                      "payload": torch.full((16,), float(trainer.step))}
+        progress = TrainProgress()
+        # the trainer's own state, as the manager sees it (a stand-in for pretrain.trainer.Trainer)
+        trainer = SimpleNamespace(state_dict=lambda: {"step": progress.step, "rank": rank,
+                                                      "payload": torch.full((16,), float(progress.step))},
+                                  load_state_dict=lambda state: None)
+        module = TorchTrainModule(model, cfg.optim, torch.device("cpu"), "fp32")
         if rank == 0:
             run.mkdir(parents=True, exist_ok=True)
             write_run_id(run)
@@ -92,8 +93,9 @@ def _worker(rank: int, world: int, saves: int, run: Path, result: Path, fail: tu
                 return real_write(self, data)
             hashio.HashingFile.write = write
         from checkpoints.errors import SaveFailed
-        mgr = CheckpointManager(trainer)
-        mgr.start()
+        mgr = CheckpointManager(cfg, cfg.model(), DistEnv(rank, world, rank, torch.device("cpu")), module, progress,
+                                trainer, tokens_per_step=64, flops_per_step_ne=1.0, total_steps=saves)
+        mgr.post_attach()
         failure = None
         try:
             reason = None
@@ -101,14 +103,14 @@ def _worker(rank: int, world: int, saves: int, run: Path, result: Path, fail: tu
                 reason = mgr.stop_requested()  # as the training loop: every rank agrees to stop
                 if reason:
                     break
-                trainer.step, trainer.tokens = step, step * 64
+                progress.step, progress.tokens = step, step * 64
                 with torch.no_grad():
                     for p in model.parameters():
                         p.add_(0.01)
-                mgr.after_step()  # stages this step's checkpoint; the previous save is finished first
-            mgr.at_end(reason or "finished")
+                mgr.post_step(progress)  # stages this step's checkpoint; the previous save is finished first
+            mgr.post_train(reason or "finished")
         except SaveFailed as err:
-            failure = {"message": str(err), "quiet": getattr(err, "quiet", False), "at_step": trainer.step}
+            failure = {"message": str(err), "quiet": getattr(err, "quiet", False), "at_step": progress.step}
         mgr.signal.uninstall()
         result.write_text(json.dumps({"rank": rank, "saved": [h["step"] for h in mgr.history], "hits": hits,
                                       "failure": failure}))

@@ -30,7 +30,7 @@ def nested_state(seed: int) -> dict:
 
 
 def flat(obj) -> list[torch.Tensor]:
-    return list(staging._tensors(obj))
+    return list(staging.tensors_in(obj))
 
 
 def test_stage_copies_exactly_shares_nothing_and_reuses_its_buffer():

@@ -68,7 +68,7 @@ def _patch(module):
     state = {"first": True}
 
     def stop_requested(self):
-        step = self.trainer.step
+        step = self.progress.step
         if (state["first"] and "first" in holds) or str(step) in holds:
             holds.discard(str(step))
             holds.discard("first")

@@ -1,0 +1,164 @@
+"""The callbacks that watch training: stability (non-finite steps, loss spikes, the bad-step stop), speed
+(tokens/s, step time, compile time, MFU) and memory (peak accelerator memory or RSS). Each fills its own
+fields of the metrics row (pretrain/callbacks.py for the hooks)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from pretrain.callbacks import Callback, TrainProgress
+from pretrain.errors import EXIT_STOPPED, UserError
+from pretrain.logs import get_logger
+from pretrain.train_module import StepResult
+
+logger = get_logger(__name__)
+
+SPIKE_EMA = 0.98  # weight of the running mean of the loss that a spike is judged against
+
+
+class TrainingStopped(UserError, RuntimeError):
+    """The run stopped itself on purpose (e.g. too many non-finite steps); the message says why and what to do.
+    `checkpoint`: the trainer writes a resume checkpoint of the current step before it stops."""
+    exit_code = EXIT_STOPPED
+
+    def __init__(self, message: str, checkpoint: bool = False) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+class StabilityMonitor(Callback):
+    """Counts skipped (non-finite) steps and stops the run after `max_bad_steps` in a row (0: never), with a
+    resume checkpoint of that step; flags a loss above `spike_factor` x its running mean as a spike (logged,
+    the step is kept)."""
+
+    def __init__(self, spike_factor: float, max_bad_steps: int, checkpoint_dir: Path) -> None:
+        self.spike_factor = spike_factor
+        self.max_bad_steps = max_bad_steps
+        self.checkpoint_dir = checkpoint_dir  # named in the stop message
+        self.bad_steps_in_row = 0
+        self.bad_steps_total = 0
+        self.loss_ema: float | None = None
+        self.skipped = False
+        self.spike = False
+
+    def state_dict(self) -> dict:
+        return {"bad_steps_total": self.bad_steps_total, "loss_ema": self.loss_ema}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.bad_steps_total = state.get("bad_steps_total", 0)
+        self.loss_ema = state.get("loss_ema")
+
+    def post_train_batch(self, progress: TrainProgress, result: StepResult) -> None:
+        self.skipped, self.spike = result.skipped, False
+        if result.skipped:
+            self.bad_steps_in_row += 1
+            self.bad_steps_total += 1
+            logger.info(f"step {progress.step}: non-finite loss ({result.loss}) or gradient norm ({result.grad_norm}); "
+                        f"update skipped ({self.bad_steps_in_row} in a row, {self.bad_steps_total} in total)")
+            return
+        self.bad_steps_in_row = 0
+        if self.loss_ema is not None and result.loss > self.spike_factor * self.loss_ema:
+            self.spike = True
+            logger.info(f"step {progress.step}: loss spike {result.loss:.4f} (running mean {self.loss_ema:.4f})")
+        self.loss_ema = result.loss if self.loss_ema is None else SPIKE_EMA * self.loss_ema + (1 - SPIKE_EMA) * result.loss
+
+    def wants_log(self) -> bool:
+        return self.skipped or self.spike
+
+    def pre_log_metrics(self, progress: TrainProgress, row: dict) -> None:
+        row["skipped"] = self.skipped
+        row["bad_steps_total"] = self.bad_steps_total
+        if self.spike:
+            row["loss_spike"] = True
+
+    def post_step(self, progress: TrainProgress) -> None:
+        """After the step's row is logged: stop when the limit of bad steps in a row is reached (the trainer
+        has every callback's save_now write a checkpoint of this step first)."""
+        if self.max_bad_steps and self.bad_steps_in_row >= self.max_bad_steps:
+            raise TrainingStopped(f"{self.bad_steps_in_row} non-finite steps in a row (limit --max-bad-steps "
+                                  f"{self.max_bad_steps}); stopped at step {progress.step} with a checkpoint of it "
+                                  f"(the weights are those of the last good step). Lower --lr, check the data, "
+                                  f"or resume from an earlier checkpoint in {self.checkpoint_dir}",
+                                  checkpoint=True)
+
+
+def compiled_graph_count() -> int:
+    """Graphs torch.compile has produced in this process (grows by one with every compile or recompile)."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+class SpeedMonitor(Callback):
+    """Tokens/s, seconds per step and MFU over the steps since the last row. A step in which torch.compile
+    built graphs is reported as compile time and kept out of the rate; so is validation."""
+
+    def __init__(self, device: torch.device, tokens_per_step: int, flops_per_step: float, world_size: int,
+                 peak_flops: float | None) -> None:
+        self.device = device
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_step = flops_per_step
+        self.world_size = world_size
+        self.peak = peak_flops
+        self.compile_time_s = 0.0  # wall time of the steps that compiled, in this process
+        self.last_time = time.time()
+        self.last_log_step: int | None = None
+        self.compile_in_interval, self.compile_steps_in_interval = 0.0, 0
+        self._graphs, self._step_start = 0, 0.0
+
+    def pre_step(self, progress: TrainProgress) -> None:
+        if self.last_log_step is None:  # the first step of this process (after a resume: not step 0)
+            self.last_log_step = progress.step
+            self.last_time = time.time()
+        self._graphs, self._step_start = compiled_graph_count(), time.time()
+
+    def post_train_batch(self, progress: TrainProgress, result: StepResult) -> None:
+        built = compiled_graph_count() - self._graphs
+        if built:
+            spent = time.time() - self._step_start
+            self.compile_time_s += spent
+            self.compile_in_interval += spent
+            self.compile_steps_in_interval += 1
+            logger.info(f"step {progress.step}: torch.compile built {built} graph(s); the step took {spent:.1f} s "
+                        f"(compile time so far {self.compile_time_s:.1f} s, not counted in tokens/s)")
+
+    def pre_log_metrics(self, progress: TrainProgress, row: dict) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        now = time.time()
+        timed_steps = progress.step - (self.last_log_step or 0) - self.compile_steps_in_interval
+        dt = (now - self.last_time - self.compile_in_interval) / timed_steps if timed_steps > 0 else None
+        self.last_time, self.last_log_step = now, progress.step
+        self.compile_in_interval, self.compile_steps_in_interval = 0.0, 0
+        row["tokens_per_s"] = self.tokens_per_step / dt if dt else None
+        row["step_time_s"] = dt
+        if self.compile_time_s:
+            row["compile_s"] = self.compile_time_s
+        if self.peak and dt:
+            row["mfu"] = self.flops_per_step / dt / (self.peak * self.world_size)
+
+    def post_eval(self) -> None:
+        self.last_time = time.time()  # the evaluation is not training time
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    """Peak accelerator memory of this rank (rank 0 logs), or the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return {"max_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30,
+                "max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30}
+    try:
+        import resource
+        return {"max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # KiB on Linux
+    except (ImportError, OSError):
+        return {}
+
+
+class MemoryMonitor(Callback):
+    """Peak memory of this rank in every metrics row."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def pre_log_metrics(self, progress: TrainProgress, row: dict) -> None:
+        row.update(memory_stats(self.device))
