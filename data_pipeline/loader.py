@@ -65,9 +65,9 @@ class ShardProvider:
             raise ValueError(f"weights name unknown sources {sorted(unknown)}; {root} has {self.names}")
         self.weights = [float(weights.get(s.name, s.weight)) for s in srcs]
         # stream ids come from the source name, so adding or removing another source leaves its order alone
-        self.stores = [TokenStore(self.root, s, seed, _stable_id(s.name)) for s in srcs]
+        self.stores = [TokenStore(self.root, s, seed, stable_id(s.name)) for s in srcs]
         # the order digest of each source: the same documents in another order is other data
-        self.fingerprint = _digest({"sources": [(s.name, s.tokens, s.documents, s.order) for s in srcs],
+        self.fingerprint = digest({"sources": [(s.name, s.tokens, s.documents, s.order) for s in srcs],
                                     "weights": self.weights, "permutation": PERMUTATION})
         self.label = meta.get("label", str(self.root))
 
@@ -210,9 +210,9 @@ def _check_batching(seq_len: int, global_batch: int, micro_batch: int, rank: int
                          f"{global_batch // world_size if global_batch % world_size == 0 else 'it'}")
 
 
-def _stable_id(name: str) -> int:
+def stable_id(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
 
 
-def _digest(obj) -> str:
+def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]

@@ -20,7 +20,7 @@ import numpy as np
 from .config import DataConfig, SourceConfig, load_data_config, source_weights
 from .dedup import exact_key
 from .filters import check_batch, clean
-from .loader import _digest, _stable_id
+from .loader import digest, stable_id
 from .mixing import normalise_weights
 from .sources import Counts, iter_source
 from .tokenizer import encode_document_array
@@ -55,7 +55,7 @@ class _SourceStream:
             if self.src.type == "hf":
                 raw = iter_source(self.cfg, self.src, self.counts)
             else:
-                perm = np.random.default_rng([self.seed, _stable_id(self.src.name), self.epoch]
+                perm = np.random.default_rng([self.seed, stable_id(self.src.name), self.epoch]
                                              ).permutation(len(self.files))
                 raw = iter_source(self.cfg, self.src, self.counts, [self.files[i] for i in perm])
             threshold = round(self.cfg.val_fraction * 1_000_000)
@@ -171,7 +171,7 @@ class StreamProvider:
         self.weights = [w[s.name] for s in kept]
         self.names = [s.name for s in kept]
         self.languages = [s.language for s in kept]
-        self.fingerprint = _digest({"config": cfg.fingerprint(), "split": split, "weights": self.weights})
+        self.fingerprint = digest({"config": cfg.fingerprint(), "split": split, "weights": self.weights})
         self.label = f"{label} [{split}, streaming]"
 
     @classmethod

@@ -2,6 +2,7 @@
 OLMo-core's trainer callbacks). The loop (`pretrain.trainer.Trainer.fit`) calls, in the order of its list:
 
     post_attach()                  once, when the trainer is built (the checkpointer resumes here)
+    pre_train(progress)            once, when fit() starts the loop
     stop_requested() -> reason     before every step; a collective, so every rank stops at the same step
     pre_step(progress)             right before the train module's step
     post_train_batch(progress, result)   after the step, its counters already advanced
@@ -44,6 +45,9 @@ class Callback:
 
     def post_attach(self) -> None:
         pass
+
+    def pre_train(self, progress: TrainProgress) -> None:
+        del progress
 
     def stop_requested(self) -> str | None:
         return None

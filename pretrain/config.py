@@ -158,7 +158,7 @@ TOP_LEVEL = ("arch", "size", "data", "out", "resume", "overwrite")
 FLAG_NAMES = {"dist.zero": "zero", "checkpoint.save_every": "save-every", "checkpoint.keep_last": "keep-last"}
 
 
-def _flag(path: str) -> str:
+def flag_name(path: str) -> str:
     if path.startswith("ops."):  # --ops-impl, --ops-autotune, ...
         return "--" + path.replace(".", "-").replace("_", "-")
     return "--" + FLAG_NAMES.get(path, path.split(".")[-1]).replace("_", "-")
@@ -216,13 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
             path = f"{section}.{f.name}"
             kind = _field_type(f)
             if path in OPTIONAL_VALUE_FLAGS:
-                g.add_argument(_flag(path), dest=path, nargs="?", const=OPTIONAL_VALUE_FLAGS[path], default=None,
+                g.add_argument(flag_name(path), dest=path, nargs="?", const=OPTIONAL_VALUE_FLAGS[path], default=None,
                                help=_help(path, f) + f"; the bare flag means {OPTIONAL_VALUE_FLAGS[path]}")
             elif kind is _parse_bool:
-                g.add_argument(_flag(path), dest=path, nargs="?", const=True, type=_parse_bool, default=None,
+                g.add_argument(flag_name(path), dest=path, nargs="?", const=True, type=_parse_bool, default=None,
                                help=_help(path, f))
             else:
-                g.add_argument(_flag(path), dest=path, type=kind, default=None, help=_help(path, f))
+                g.add_argument(flag_name(path), dest=path, type=kind, default=None, help=_help(path, f))
     p.add_argument("--no-compile", dest="train.compile", action="store_const", const="false",
                    help="train eagerly (train.compile=false), also on CUDA")
     return p
@@ -337,7 +337,7 @@ def allowed_values(meta) -> str:
     return ""
 
 
-def _kind(f: dataclasses.Field) -> str:
+def field_kind(f: dataclasses.Field) -> str:
     t = str(f.type)
     for k in ("bool", "int", "float", "str"):
         if k in t:
@@ -388,8 +388,8 @@ def check_field(f: dataclasses.Field, value: Any, label: str) -> Any:
     if value is None:
         if optional:
             return None
-        raise ConfigError(f"{label}: a value is required ({allowed_values(f.metadata) or _KIND_WORDS.get(_kind(f), '')})")
-    kind = _kind(f)
+        raise ConfigError(f"{label}: a value is required ({allowed_values(f.metadata) or _KIND_WORDS.get(field_kind(f), '')})")
+    kind = field_kind(f)
     try:
         value = _coerce(kind, value)
     except (ValueError, TypeError, argparse.ArgumentTypeError):
@@ -413,7 +413,7 @@ def check_field(f: dataclasses.Field, value: Any, label: str) -> Any:
 
 
 def _label(path: str, origin: dict[str, str]) -> str:
-    flag = _flag(path) if "." in path else f"--{path}"
+    flag = flag_name(path) if "." in path else f"--{path}"
     return f"{flag} ({path} in {origin[path]})" if path in origin else flag
 
 
@@ -430,7 +430,7 @@ def _check_model_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
         if v is None and optional:
             out[k] = None
             continue
-        kind = _kind(f)
+        kind = field_kind(f)
         try:
             out[k] = _coerce(kind, v)
         except (ValueError, TypeError, argparse.ArgumentTypeError):

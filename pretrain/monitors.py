@@ -103,14 +103,14 @@ class SpeedMonitor(Callback):
         self.peak = peak_flops
         self.compile_time_s = 0.0  # wall time of the steps that compiled, in this process
         self.last_time = time.time()
-        self.last_log_step: int | None = None
+        self.last_log_step = 0
         self.compile_in_interval, self.compile_steps_in_interval = 0.0, 0
         self._graphs, self._step_start = 0, 0.0
 
+    def pre_train(self, progress: TrainProgress) -> None:
+        self.last_time, self.last_log_step = time.time(), progress.step  # after a resume: not step 0
+
     def pre_step(self, progress: TrainProgress) -> None:
-        if self.last_log_step is None:  # the first step of this process (after a resume: not step 0)
-            self.last_log_step = progress.step
-            self.last_time = time.time()
         self._graphs, self._step_start = compiled_graph_count(), time.time()
 
     def post_train_batch(self, progress: TrainProgress, result: StepResult) -> None:
@@ -127,7 +127,7 @@ class SpeedMonitor(Callback):
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         now = time.time()
-        timed_steps = progress.step - (self.last_log_step or 0) - self.compile_steps_in_interval
+        timed_steps = progress.step - self.last_log_step - self.compile_steps_in_interval
         dt = (now - self.last_time - self.compile_in_interval) / timed_steps if timed_steps > 0 else None
         self.last_time, self.last_log_step = now, progress.step
         self.compile_in_interval, self.compile_steps_in_interval = 0.0, 0

@@ -303,29 +303,9 @@ class Trainer:
             cb.load_state_dict(state)
 
     # the progress counters, by name (scripts and tests read and advance them)
-    @property
-    def step(self) -> int:
-        return self.progress.step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.progress.step = value
-
-    @property
-    def tokens(self) -> int:
-        return self.progress.tokens
-
-    @tokens.setter
-    def tokens(self, value: int) -> None:
-        self.progress.tokens = value
-
-    @property
-    def flops(self) -> float:
-        return self.progress.flops
-
-    @flops.setter
-    def flops(self, value: float) -> None:
-        self.progress.flops = value
+    step = property(lambda self: self.progress.step, lambda self, v: setattr(self.progress, "step", v))
+    tokens = property(lambda self: self.progress.tokens, lambda self, v: setattr(self.progress, "tokens", v))
+    flops = property(lambda self: self.progress.flops, lambda self, v: setattr(self.progress, "flops", v))
 
     # -- the loop -----------------------------------------------------------------------------------
     def done(self) -> bool:
@@ -383,6 +363,8 @@ class Trainer:
         steps_this_session = 0
         last = {}
         stop_reason = "finished"
+        for cb in self.callbacks:
+            cb.pre_train(p)
         while not self.done():
             reason = next((r for r in (cb.stop_requested() for cb in self.callbacks) if r is not None), None)
             if reason is not None:  # 'signal'; 'save_failed' (post_train raises SaveFailed); 'log_failed' (below)

@@ -20,7 +20,7 @@ import numpy as np
 from scaling.chinchilla import ChinchillaFit, fit_chinchilla
 from scaling.curves import block_bootstrap, fit_curves, row_weights
 from scaling.envelope import Envelope, build_envelope, c_grid, inside_range, loss_at
-from scaling.fits import (OffsetPowerLawFit, PowerLawFit, _interval, fit_offset_power_law, fit_power_law,
+from scaling.fits import (OffsetPowerLawFit, PowerLawFit, percentile_interval, fit_offset_power_law, fit_power_law,
                           offset_refit, with_replicate_intervals)
 from scaling.optimal import OptimalPoints, SizeCurve, describe, handovers, line_fits, optimal_points, size_curves
 from scaling.runs import Run
@@ -241,8 +241,8 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
             if res.offset_fit is not None and s.n_boot_offset > 0:
                 p = np.array([offset_refit(res.offset_fit, c, np.exp(row)) for row in env_rep[:s.n_boot_offset]])
                 o = res.offset_fit
-                o.eps_ci, o.coef_ci, o.exponent_ci = (_interval(p[:, 0], s.ci), _interval(np.exp(p[:, 1]), s.ci),
-                                                      _interval(p[:, 2], s.ci))
+                o.eps_ci, o.coef_ci, o.exponent_ci = (percentile_interval(p[:, 0], s.ci), percentile_interval(np.exp(p[:, 1]), s.ci),
+                                                      percentile_interval(p[:, 2], s.ci))
                 o.ci_method, o.n_replicates = "runs", len(p)
 
     # N_opt, D_opt: handovers between adjacent sizes

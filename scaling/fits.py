@@ -66,7 +66,7 @@ def _check_xy(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.n
     return x, y
 
 
-def _interval(samples: np.ndarray, ci: float) -> tuple[float, float]:
+def percentile_interval(samples: np.ndarray, ci: float) -> tuple[float, float]:
     s = samples[np.isfinite(samples)]
     if len(s) == 0:
         return (float("nan"), float("nan"))
@@ -99,7 +99,7 @@ def fit_power_law(x: np.ndarray, y: np.ndarray, n_boot: int = 1000, seed: int = 
         rng = np.random.default_rng(seed)
         counts = rng.multinomial(len(x), np.full(len(x), 1.0 / len(x)), size=n_boot).astype(np.float64)
         bs, bi = _weighted_line(lx, ly, counts)
-        exp_ci, coef_ci = _interval(bs, ci), _interval(np.exp(bi), ci)
+        exp_ci, coef_ci = percentile_interval(bs, ci), percentile_interval(np.exp(bi), ci)
     return PowerLawFit(coef=float(np.exp(icpt)), exponent=float(slope), coef_ci=coef_ci, exponent_ci=exp_ci,
                        n_points=len(x), r2=r2, ci_method="points" if n_boot > 0 else "none")
 
@@ -107,8 +107,8 @@ def fit_power_law(x: np.ndarray, y: np.ndarray, n_boot: int = 1000, seed: int = 
 def with_replicate_intervals(fit: PowerLawFit, slopes: np.ndarray, log_coefs: np.ndarray, ci: float) -> PowerLawFit:
     """The fit with percentile intervals from study replicates (one slope / log-coefficient per replicate)."""
     ok = np.isfinite(slopes) & np.isfinite(log_coefs)
-    fit.exponent_ci = _interval(slopes[ok], ci)
-    fit.coef_ci = _interval(np.exp(log_coefs[ok]), ci)
+    fit.exponent_ci = percentile_interval(slopes[ok], ci)
+    fit.coef_ci = percentile_interval(np.exp(log_coefs[ok]), ci)
     fit.ci_method, fit.n_replicates = "runs", int(ok.sum())
     fit.exponent_samples = slopes[ok]
     return fit
@@ -159,7 +159,7 @@ def fit_offset_power_law(x: np.ndarray, y: np.ndarray, n_boot: int = 200, seed: 
                                     float(y[idx].min()))
             samples.append(q)
         s = np.array(samples).reshape(-1, 3)
-        eps_ci, coef_ci, exp_ci = _interval(s[:, 0], ci), _interval(np.exp(s[:, 1]), ci), _interval(s[:, 2], ci)
+        eps_ci, coef_ci, exp_ci = percentile_interval(s[:, 0], ci), percentile_interval(np.exp(s[:, 1]), ci), percentile_interval(s[:, 2], ci)
     return OffsetPowerLawFit(eps=float(p[0]), coef=float(np.exp(p[1])), exponent=float(p[2]), eps_ci=eps_ci,
                              coef_ci=coef_ci, exponent_ci=exp_ci, n_points=len(x), rmse_log=err,
                              ci_method="points" if n_boot > 0 else "none")

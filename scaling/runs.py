@@ -19,9 +19,10 @@ import numpy as np
 
 from models.accounting import exact_params, flops_per_step, paper_non_embedding_params
 from models.config import ARCHS, ModelConfig
+from checkpoints.layout import METRICS, RUN_CONFIG
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = RUN_CONFIG
+METRICS_FILE = METRICS
 
 
 class RunError(ValueError):

@@ -128,11 +128,11 @@ def test_flag_out_of_range():
     """Every numeric flag, present and future: a value outside its declared range is refused at parse time
     with a message naming the flag, the value and the allowed range; every int/float/str field declares
     a range, choices or is a path (so no new flag can skip validation)."""
-    from pretrain.config import _flag, _kind, parse_config
+    from pretrain.config import flag_name, field_kind, parse_config
     from pretrain.errors import ConfigError
     checked = 0
     for path, f in _all_fields():
-        kind = _kind(f)
+        kind = field_kind(f)
         meta = dict(f.metadata)
         if kind in ("int", "float", "str"):
             assert meta.get("choices") or meta.get("path") or {"ge", "gt", "le", "lt"} & set(meta), \
@@ -140,7 +140,7 @@ def test_flag_out_of_range():
         if "choices" in meta or kind not in ("int", "float") or not {"ge", "gt", "le", "lt"} & set(meta):
             continue
         bad = _outside(meta, kind)
-        flag = _flag(path) if "." in path else f"--{path}"
+        flag = flag_name(path) if "." in path else f"--{path}"
         with pytest.raises(ConfigError) as err:
             parse_config([flag, str(bad)])
         msg = str(err.value)
@@ -161,14 +161,14 @@ def test_flag_out_of_range():
 
 def test_flag_not_a_choice():
     """Every enumerated flag: a value outside its choices is refused, listing the choices."""
-    from pretrain.config import _flag, parse_config
+    from pretrain.config import flag_name, parse_config
     from pretrain.errors import ConfigError
     checked = 0
     for path, f in _all_fields():
         choices = f.metadata.get("choices")
         if not choices:
             continue
-        flag = _flag(path) if "." in path else f"--{path}"
+        flag = flag_name(path) if "." in path else f"--{path}"
         bogus = "bogus" if isinstance(choices[0], str) else "7"
         with pytest.raises(ConfigError) as err:
             parse_config([flag, bogus])

@@ -43,11 +43,6 @@ class RunPlan:
         return self.tokens / self.n_params
 
 
-def _flag(path: str) -> str:
-    from pretrain.config import _flag as pretrain_flag
-    return pretrain_flag(path)
-
-
 def _value(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
@@ -86,9 +81,10 @@ def pretrain_argv(study: StudyConfig, arch: str, size: str, run_dir: Path, steps
         model = {**dict(zip(("n_layers", "d_model", "n_heads", "d_glu"), spec.shape)), "size": size, **model}
     if study.data is not None:
         argv += ["--data", study.data]
+    from pretrain.config import flag_name
     for path, v in fields.items():
         if v is not None:
-            argv += [_flag(path), _value(v)]
+            argv += [flag_name(path), _value(v)]
     for k, v in model.items():
         argv += ["--model", f"{k}={_value(v)}"]
     return argv

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from checkpoints.layout import EXPORTS, METRICS, MODEL_CONFIG
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
 from scaling.study.stages import CSR_REQUESTS, csr_tasks, eval_dir
@@ -43,7 +44,7 @@ def run_fit(study: StudyConfig, plans: list[RunPlan], log=print) -> dict | None:
     import importlib.util
     out = report_dir(study)
     (out / "plots").mkdir(parents=True, exist_ok=True)
-    runs = [str(p.run_dir) for p in plans if (p.run_dir / "metrics.jsonl").is_file()]
+    runs = [str(p.run_dir) for p in plans if (p.run_dir / METRICS).is_file()]
     if not runs:
         log("[study] report: no run has logged a step yet; nothing to fit")
         return None
@@ -112,7 +113,7 @@ def _cached_rows(study: StudyConfig, plan: RunPlan) -> dict[str, dict]:
         if not results:
             continue
         meta = {}
-        export_cfg = plan.run_dir / "exports" / snap_dir.name / "config.json"
+        export_cfg = plan.run_dir / EXPORTS / snap_dir.name / MODEL_CONFIG
         if export_cfg.is_file():
             meta = json.loads(export_cfg.read_text())
         rows[snap_dir.name] = {"run": plan.name, "snapshot": snap_dir.name, "arch": plan.arch, "size": plan.size,

@@ -29,6 +29,7 @@ import time
 import traceback
 from pathlib import Path
 
+from checkpoints.layout import SUMMARY
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
 
@@ -87,7 +88,7 @@ def tracked(study: StudyConfig, run: str, stage: str, fn, *args, **kwargs):
 
 def read_summary(run_dir: Path) -> dict | None:
     try:
-        return json.loads((Path(run_dir) / "summary.json").read_text())
+        return json.loads((Path(run_dir) / SUMMARY).read_text())
     except (OSError, json.JSONDecodeError):
         return None
 

@@ -8,6 +8,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from checkpoints.layout import METRICS, MODEL_CONFIG
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
 from scaling.study.stages import (EVALUATE, EXPORT, TRAIN, csr_tasks, eval_dir, read_state, read_summary,
@@ -32,7 +33,7 @@ class RunStatus:
 
 
 def _last_step(run_dir: Path) -> int:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS
     if not path.is_file():
         return 0
     step = 0
@@ -105,7 +106,7 @@ def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = 
         if jobs.get(stage) in ("RUNNING", "PENDING") and not note:
             note = f"{stage}: Slurm {jobs[stage].lower()}"
     snaps = [s for s, _ in step_dirs(plan.run_dir / SNAPSHOTS)]
-    exports = [s for s, p in step_dirs(plan.run_dir / EXPORTS) if (p / "config.json").is_file()]
+    exports = [s for s, p in step_dirs(plan.run_dir / EXPORTS) if (p / MODEL_CONFIG).is_file()]
     # a study copied without its weights (snapshots left behind) still shows what was exported and evaluated
     selected = selected_snapshot_steps(study, plan.run_dir) if snaps else exports
     exported = [s for s in exports if s in selected]
