@@ -38,43 +38,47 @@ class Callback:
     """A no-op for every hook; subclasses override what they use."""
 
     def state_dict(self) -> dict:
+        """State to keep across a resume (merged into the trainer's: keys must be unique)."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        del state
+        """Read back what state_dict returned (`state` is the trainer's whole state)."""
 
     def post_attach(self) -> None:
-        pass
+        """Once, when the trainer is built."""
 
     def pre_train(self, progress: TrainProgress) -> None:
-        del progress
+        """Once, when fit() starts the loop (after a resume `progress` is not at step 0)."""
 
     def stop_requested(self) -> str | None:
+        """A reason to stop before the next step, or None. Every rank calls it at every step, so it may be a
+        collective; all ranks must return the same answer."""
         return None
 
     def pre_step(self, progress: TrainProgress) -> None:
-        del progress
+        """Right before the train module's step number progress.step."""
 
     def post_train_batch(self, progress: TrainProgress, result: StepResult) -> None:
-        del progress, result
+        """After the step, its counters already advanced; `result`: its loss, grad norm, whether skipped."""
 
     def wants_log(self) -> bool:
+        """True to log a metrics row for this step whatever --log-every says."""
         return False
 
     def pre_log_metrics(self, progress: TrainProgress, row: dict) -> None:
-        del progress, row
+        """Add this callback's fields to the row about to be logged (changed in place)."""
 
     def post_eval(self) -> None:
-        pass
+        """After a validation pass."""
 
     def post_step(self, progress: TrainProgress) -> None:
-        del progress
+        """After the step's row is logged. May raise pretrain.monitors.TrainingStopped to end the run."""
 
     def save_now(self) -> None:
-        pass
+        """The run stops itself on purpose: write what must survive (a resume checkpoint) now."""
 
     def post_train(self, stop_reason: str) -> None:
-        del stop_reason
+        """After the loop: 'finished', 'signal', 'save_failed' or 'log_failed'."""
 
     def close(self) -> None:
-        pass
+        """On every way out of the trainer, errors included."""

@@ -77,8 +77,7 @@ class MetricsLogger:
             return
         cut = drop_partial_last_line(self.path)
         if cut:
-            print(f"[linscale] {self.path}: removed a half-written last row ({cut} bytes; its step is replayed)",
-                  file=sys.stderr, flush=True)
+            logger.warning(f"{self.path}: removed a half-written last row ({cut} bytes; its step is replayed)")
         self.file = open(self.path, "a", buffering=1)
         if tensorboard:
             try:
@@ -104,7 +103,7 @@ class MetricsLogger:
                     if k != "step" and isinstance(v, (int, float)) and v is not None and math.isfinite(v):
                         self.tb.add_scalar(f"train/{k}", v, row["step"])
             except OSError as err:  # TensorBoard is a view of metrics.jsonl: training goes on without it
-                print(f"[linscale] tensorboard disabled: {err}", file=sys.stderr, flush=True)
+                logger.warning(f"tensorboard disabled: {err}")
                 self._close_tb()
 
     def _close_tb(self) -> None:
