@@ -472,6 +472,9 @@ def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
             raise ConfigError(f"--sp {cfg.dist.sp} must divide --seq-len {t.seq_len} (each rank takes an equal "
                               f"segment of every sequence); use e.g. --seq-len "
                               f"{max(1, t.seq_len // cfg.dist.sp) * cfg.dist.sp}")
+    if cfg.dist.deepspeed_config and cfg.dist.zero == 0:  # it would be ignored without a word
+        raise ConfigError(f"--deepspeed-config {cfg.dist.deepspeed_config} is read only by DeepSpeed, and this run "
+                          f"is plain PyTorch/DDP (--zero 0): pass --zero 1, 2 or 3 with it, or drop it")
     if cfg.overwrite and cfg.resume == "auto":
         raise ConfigError(f"--overwrite and --resume auto contradict each other: --resume auto continues the "
                           f"run in {cfg.run_dir}, --overwrite starts it afresh; pass one of them")

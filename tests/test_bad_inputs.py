@@ -236,6 +236,14 @@ def test_config_file_yaml_syntax(tmp_path, capsys):
     assert rc == 2 and f"YAML syntax error in {data_cfg}, line 4" in one_error_line(err), err
 
 
+def test_deepspeed_config_without_zero(capsys):
+    """--deepspeed-config with --zero 0 (where nothing reads it) is refused instead of being ignored."""
+    rc, _, err = pretrain(["--deepspeed-config", "ds.json", "--zero", "0", "--max-steps", "1"], capsys)
+    assert rc == 2
+    line = one_error_line(err)
+    assert "--deepspeed-config ds.json is read only by DeepSpeed" in line and "pass --zero 1, 2 or 3" in line
+
+
 def test_model_field_not_a_number(capsys):
     """--model FIELD=VALUE of the wrong type names the field; an unknown field lists the known ones."""
     rc, _, err = pretrain(["--model", "d_model=abc"], capsys)
@@ -719,6 +727,50 @@ def test_second_ctrl_c_exits_at_once(dataset, tmp_path):
                          *map(str, run_flags(run, dataset, 3, "--resume", "auto"))], env=env(), capture_output=True,
                         text=True, cwd=ROOT)
     assert rc.returncode == 0 and "removed" in rc.stdout and ".tmp (a save that never finished)" in rc.stdout
+
+
+SLOW_FIRST_SAVE = """
+import sys, time
+sys.path.insert(0, {root!r})
+import checkpoints.markers as markers
+slow = [True]
+def hook(point, rank):
+    if point == "rank_writing" and slow:
+        slow.clear()
+        time.sleep(3)  # the first periodic save is still being written when the signal arrives
+markers.HOOK = hook
+from pretrain.trainer import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_a_save(dataset, tmp_path, sig):
+    """SIGTERM (Slurm's warning) or one Ctrl-C while a periodic checkpoint is being written in the
+    background: that save completes, training stops at the step boundary with a checkpoint of its own
+    step, exit 0; both checkpoints verify and --resume auto continues from the second."""
+    from checkpoints import verify
+    run = tmp_path / "run"
+    proc = _start(run_flags(run, dataset, 500, "--save-every", "3"), SLOW_FIRST_SAVE.format(root=str(ROOT)))
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoints" / "step_00000003.tmp").exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    stopped = json.loads((run / "summary.json").read_text())
+    assert stopped["stop"] == "signal" and stopped["step"] >= 3
+    ckpts = run / "checkpoints"
+    assert not list(ckpts.glob("*.tmp"))
+    assert verify(ckpts / "step_00000003") is None
+    assert verify(ckpts / f"step_{stopped['step']:08d}") is None
+    assert (ckpts / "latest").read_text().strip() == f"step_{stopped['step']:08d}"
+    assert max(_steps_logged(run)) == stopped["step"]
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "pretrain.py"),
+                           *map(str, run_flags(run, dataset, stopped["step"] + 1, "--resume", "auto"))],
+                          env=env(), capture_output=True, text=True, cwd=ROOT, timeout=240)
+    assert proc.returncode == 0 and f"at step {stopped['step']}," in proc.stdout, proc.stderr[-2000:]
 
 
 def test_ctrl_c_during_startup(dataset, tmp_path, capsys, monkeypatch):
