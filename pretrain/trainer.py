@@ -264,9 +264,10 @@ class Trainer:
             return "none", 1.0
         from pretrain.memory import choose_checkpointing, estimate_peak_gib
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
-        mode, frac = choose_checkpointing(self.model_cfg, t.micro_batch * t.seq_len, 0.9 * total)
+        tokens = t.micro_batch * t.seq_len // self.cfg.dist.sp  # a rank holds its segment of each sequence
+        mode, frac = choose_checkpointing(self.model_cfg, tokens, 0.9 * total)
         logger.info(f"--activation-checkpointing auto: {mode}" + (f" on {frac:.0%} of the blocks" if mode != "none" else "")
-            + f" (estimated peak {estimate_peak_gib(self.model_cfg, t.micro_batch * t.seq_len, mode, frac):.0f} "
+            + f" (estimated peak {estimate_peak_gib(self.model_cfg, tokens, mode, frac):.0f} "
             f"of {total:.0f} GiB)")
         return mode, frac
 
