@@ -400,3 +400,33 @@ def test_sample_order_independent_of_the_number_of_parts(shared_data, tmp_path):
     prepare(config(moved), tmp_path / "moved_ds", workers=1, progress=False)
     with pytest.raises(ValueError, match="order"):
         build_loader(str(tmp_path / "moved_ds"), 64, 16, 16).load_state_dict(states[1])
+
+
+def test_each_filter_is_counted_in_stats(tmp_path):
+    """stats.json's removed_by_filter and chars_removed_by_filter, summed over two parts and two
+    workers, against check() on each cleaned document one at a time."""
+    from collections import Counter
+    from data_pipeline.planted import planted_documents
+    rng = random.Random(8)
+    good = [english_text(rng, rng.randint(60, 400)) for _ in range(40)]
+    junk = [t for _, _, t in planted_documents({"en": good}, 3, seed=4)]
+    junk += ["Too short.", "Lorem ipsum dolor sit amet, " + good[0], "\n".join([good[1][:120]] * 6)]
+    docs = good + junk
+    rng.shuffle(docs)
+    for k in range(3):
+        (tmp_path / f"f{k}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[k::3]))
+    cfg = parse_data_config({"name": "counts", "val_fraction": 0, "dedup": {"near": False}, "sources": [
+        {"name": "s", "language": "en", "type": "jsonl", "paths": [str(tmp_path / "f*.jsonl")]}]})
+    want, want_chars = Counter(), Counter()
+    for t in docs:
+        r = check(clean(t), "en", FilterConfig())
+        if r:
+            want[r] += 1
+            want_chars[r] += len(clean(t))
+    assert len(want) >= 8 and sum(want.values()) >= 30  # many filters take part
+    for p in range(2):
+        prepare(cfg, tmp_path / "ds", workers=2, part=p, num_parts=2, do_merge=p == 1, progress=False)
+    s = json.loads((tmp_path / "ds" / "stats.json").read_text())["sources"][0]
+    assert {k: v for k, v in s["removed_by_filter"].items() if v} == dict(want)
+    assert {k: v for k, v in s["chars_removed_by_filter"].items() if v} == dict(want_chars)
+    assert sum(s["documents_out"].values()) + sum(want.values()) + s["exact_duplicates"] == len(docs)
