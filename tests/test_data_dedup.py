@@ -1,6 +1,6 @@
-"""The staged merge: the same drops as the one-process merge it replaces (kept here as the reference,
-without its bucket cap), no surviving copies of a large cluster, the stages' building blocks against
-plain Python."""
+"""The staged merge: the same drops as a one-process reference merge (no bucket cap), no surviving
+copies of a large cluster, the stages' building blocks against plain Python, the Slurm-style CLI
+steps against one prepare run."""
 import json
 import random
 import sys
@@ -20,9 +20,9 @@ from test_data_pipeline import _output_docs, _planted_corpus  # noqa: E402
 
 
 def reference_near_duplicates(order, bands, sigs, threshold):
-    """The single-process merge the staged one replaces: a union-find over LSH buckets, each document
-    linked to the first earlier member of its bucket whose signature agreement reaches the threshold
-    (its 64-document bucket cap removed). Returns the mask of documents to drop."""
+    """A single-process merge: a union-find over LSH buckets, each document linked to the first earlier
+    member of its bucket whose signature agreement reaches the threshold, buckets of any size. Returns
+    the mask of documents to drop."""
     n = len(order)
     parent = np.arange(n)
 
