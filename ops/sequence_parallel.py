@@ -182,6 +182,11 @@ def _row_layout(cu_seqlens: Tensor, rows: int, seg: int) -> tuple[Tensor, Tensor
     return first_doc, last_start, last_start > 0
 
 
+def _fp32(x: Tensor):
+    """States stay in fp32 under a bf16 autocast (which would run the summing einsum in bf16)."""
+    return torch.autocast(device_type=x.device.type, enabled=False)
+
+
 def _rows_and_seg(sp: SequenceParallel, q: Tensor, cu_seqlens: Tensor | None, op: str) -> tuple[int, int]:
     B, T = q.shape[:2]
     if cu_seqlens is None:
@@ -222,7 +227,8 @@ def lightning_attn_sp(sp: SequenceParallel, fn: Callable, q: Tensor, k: Tensor, 
         D = D * (~inner).to(sd)[:, None]
     kr = k.reshape(rows, seg, H, Dk).to(sd)
     vr = v.reshape(rows, seg, H, Dv).to(sd)
-    S = torch.einsum("bthk,bth,bthv->bhkv", kr, w, vr)
+    with _fp32(q):
+        S = torch.einsum("bthk,bth,bthv->bhkv", kr, w, vr)
     D = D[:, :, None].expand(rows, H, Dk)
     return _finish(sp, fn, q, k, v, decay, S, D[..., None], rows, cu_seqlens, first_doc)
 
@@ -246,7 +252,8 @@ def gated_linear_attn_sp(sp: SequenceParallel, fn: Callable, q: Tensor, k: Tenso
         D = D * (~inner).to(sd)[:, None, None]
     kr = k.reshape(rows, seg, H, Dk).to(sd)
     vr = v.reshape(rows, seg, H, Dv).to(sd)
-    S = torch.einsum("bthk,bthv->bhkv", kr * w, vr)
+    with _fp32(q):
+        S = torch.einsum("bthk,bthv->bhkv", kr * w, vr)
     return _finish(sp, fn, q, k, v, log_f, S, D[..., None], rows, cu_seqlens, first_doc)
 
 
