@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 from torch import Tensor
 
 from ops.reference import state_dtype
@@ -208,53 +209,75 @@ def _finish(sp: SequenceParallel, fn: Callable, q, k, v, x, S, D, rows, cu_seqle
     return fn(q, k, v, x, h0, cu_seqlens)
 
 
-def lightning_attn_sp(sp: SequenceParallel, fn: Callable, q: Tensor, k: Tensor, v: Tensor,
-                      decay: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
-    """`lightning_attn` on this rank's segments; `fn` is the chosen implementation (q, k, v, decay,
-    initial_state, cu_seqlens) -> (o, final_state). Returns what `fn` returns for the local segment (its
-    final state is the sequence's final state on the last rank)."""
-    rows, seg = _rows_and_seg(sp, q, cu_seqlens, "lightning_attn")
-    H, Dk, Dv = q.shape[2], q.shape[3], v.shape[3]
-    sd = state_dtype(q)
-    log_lam = torch.zeros(H, dtype=sd, device=q.device) if decay is None else decay.to(sd).log()
-    t = torch.arange(seg, device=q.device, dtype=sd)
-    w = torch.exp(log_lam[None, :] * (seg - 1 - t)[:, None]).expand(rows, seg, H)   # decay^(seg-1-t)
+def _lightning_summary(k: Tensor, v: Tensor, decay: Tensor | None, keep: Tensor | None, inner: Tensor | None,
+                       rows: int, seg: int) -> tuple[Tensor, Tensor]:
+    """S [rows, H, Dk, Dv] = sum_t decay^(seg-1-t) k_t v_t^T over the kept tokens (from the row's last
+    document start), and the transfer D [rows, H, Dk, 1] = decay^seg (0 where a document starts inside)."""
+    H, Dk, Dv = k.shape[2], k.shape[3], v.shape[3]
+    sd = state_dtype(k)
+    log_lam = torch.zeros(H, dtype=sd, device=k.device) if decay is None else decay.to(sd).log()
+    t = torch.arange(seg, device=k.device, dtype=sd)
+    w = torch.exp(log_lam[None, :] * (seg - 1 - t)[:, None]).expand(rows, seg, H)
     D = torch.exp(log_lam * seg).expand(rows, H)
-    first_doc = None
-    if cu_seqlens is not None:
-        first_doc, last_start, inner = _row_layout(cu_seqlens, rows, seg)
-        w = w * (t[None, :] >= last_start[:, None]).to(sd)[:, :, None]
+    if keep is not None:
+        w = w * keep.to(sd)[:, :, None]
         D = D * (~inner).to(sd)[:, None]
-    kr = k.reshape(rows, seg, H, Dk).to(sd)
-    vr = v.reshape(rows, seg, H, Dv).to(sd)
-    with _fp32(q):
-        S = torch.einsum("bthk,bth,bthv->bhkv", kr, w, vr)
-    D = D[:, :, None].expand(rows, H, Dk)
-    return _finish(sp, fn, q, k, v, decay, S, D[..., None], rows, cu_seqlens, first_doc)
+    with _fp32(k):
+        S = torch.einsum("bthk,bth,bthv->bhkv", k.reshape(rows, seg, H, Dk).to(sd), w,
+                         v.reshape(rows, seg, H, Dv).to(sd))
+    return S, D[:, :, None, None].expand(rows, H, Dk, 1)
 
 
-def gated_linear_attn_sp(sp: SequenceParallel, fn: Callable, q: Tensor, k: Tensor, v: Tensor,
-                         log_f: Tensor, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
-    """`gated_linear_attn` on this rank's segments (as `lightning_attn_sp`)."""
-    rows, seg = _rows_and_seg(sp, q, cu_seqlens, "gated_linear_attn")
-    H, Dk, Dv = q.shape[2], q.shape[3], v.shape[3]
-    sd = state_dtype(q)
+def _gla_summary(k: Tensor, v: Tensor, log_f: Tensor, keep: Tensor | None, inner: Tensor | None,
+                 rows: int, seg: int) -> tuple[Tensor, Tensor]:
+    """S = sum_t exp(sum_{u>t} log_f_u) * k_t v_t^T over the kept tokens, D = exp(sum_t log_f_t)."""
+    H, Dk, Dv = k.shape[2], k.shape[3], v.shape[3]
+    sd = state_dtype(k)
     lf = log_f.reshape(rows, seg, H, Dk).to(sd)
     # sum_{u > t} log_f_u: summed from the end, never as a difference of prefix sums (no cancellation)
     after = torch.cat([lf[:, 1:], torch.zeros_like(lf[:, :1])], dim=1).flip(1).cumsum(1).flip(1)
     w = after.exp()
     D = lf.sum(1).exp()                                                        # [rows, H, Dk]
-    first_doc = None
+    if keep is not None:
+        w = w * keep.to(sd)[:, :, None, None]
+        D = D * (~inner).to(sd)[:, None, None]
+    with _fp32(k):
+        S = torch.einsum("bthk,bthv->bhkv", k.reshape(rows, seg, H, Dk).to(sd) * w,
+                         v.reshape(rows, seg, H, Dv).to(sd))
+    return S, D[..., None]
+
+
+def _summarise(sp: SequenceParallel, summary: Callable, q: Tensor, k: Tensor, v: Tensor, x: Tensor | None,
+               cu_seqlens: Tensor | None, op: str):
+    rows, seg = _rows_and_seg(sp, q, cu_seqlens, op)
+    first_doc = keep = inner = None
     if cu_seqlens is not None:
         first_doc, last_start, inner = _row_layout(cu_seqlens, rows, seg)
-        t = torch.arange(seg, device=q.device)
-        w = w * (t[None, :] >= last_start[:, None]).to(sd)[:, :, None, None]
-        D = D * (~inner).to(sd)[:, None, None]
-    kr = k.reshape(rows, seg, H, Dk).to(sd)
-    vr = v.reshape(rows, seg, H, Dv).to(sd)
-    with _fp32(q):
-        S = torch.einsum("bthk,bthv->bhkv", kr * w, vr)
-    return _finish(sp, fn, q, k, v, log_f, S, D[..., None], rows, cu_seqlens, first_doc)
+        keep = torch.arange(seg, device=q.device)[None, :] >= last_start[:, None]
+    args = (k, v, x, keep, inner, rows, seg)
+    if torch.is_grad_enabled():
+        # recomputed in the backward: the fp32 [tokens, H, Dk] intermediates would otherwise stay alive
+        # for every layer (at 64K tokens a rank, 12 heads of 128: 0.4 GB each)
+        S, D = torch.utils.checkpoint.checkpoint(summary, *args, use_reentrant=False)
+    else:
+        S, D = summary(*args)
+    return S, D, rows, first_doc
+
+
+def lightning_attn_sp(sp: SequenceParallel, fn: Callable, q: Tensor, k: Tensor, v: Tensor,
+                      decay: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
+    """`lightning_attn` on this rank's segments; `fn` is the chosen implementation (q, k, v, decay,
+    initial_state, cu_seqlens) -> (o, final_state). Returns what `fn` returns for the local segment (its
+    final state is the sequence's final state on the last rank)."""
+    S, D, rows, first_doc = _summarise(sp, _lightning_summary, q, k, v, decay, cu_seqlens, "lightning_attn")
+    return _finish(sp, fn, q, k, v, decay, S, D, rows, cu_seqlens, first_doc)
+
+
+def gated_linear_attn_sp(sp: SequenceParallel, fn: Callable, q: Tensor, k: Tensor, v: Tensor,
+                         log_f: Tensor, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
+    """`gated_linear_attn` on this rank's segments (as `lightning_attn_sp`)."""
+    S, D, rows, first_doc = _summarise(sp, _gla_summary, q, k, v, log_f, cu_seqlens, "gated_linear_attn")
+    return _finish(sp, fn, q, k, v, log_f, S, D, rows, cu_seqlens, first_doc)
 
 
 def run(op: str, fn: Callable, q: Tensor, k: Tensor, v: Tensor, x: Tensor | None,
