@@ -35,6 +35,8 @@ class StopSignal:
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:  # noqa: ARG002 - signal handler signature
+        # print, not the logger: a handler that runs while the interrupted code holds logging's lock would
+        # deadlock on it
         name = signal.Signals(signum).name
         if self.received is not None and name == "SIGINT":
             print("\n[linscale] second Ctrl-C: exiting now, without a checkpoint of this step (the newest "

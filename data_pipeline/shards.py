@@ -22,12 +22,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from checkpoints.atomic import atomic_write_text
 
 from .tokenizer import ENCODING_NAME, EOT_ID
 
@@ -126,9 +127,7 @@ def write_meta(root: Path, sources: list[SourceMeta], extra: dict | None = None)
     meta = {"format_version": FORMAT_VERSION, "tokenizer": ENCODING_NAME, "eot_id": EOT_ID,
             "token_dtype": "uint32", "sources": out}
     meta.update(extra or {})
-    tmp = root / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, root / "meta.json")
+    atomic_write_text(root / "meta.json", json.dumps(meta, indent=1))
 
 
 def _index_from_shards(root: Path, s: SourceMeta) -> SourceMeta:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from checkpoints.atomic import atomic_write_text
 from ops.config import get_config
 
 BT = 64  # chunk length of every kernel
@@ -200,7 +199,4 @@ def _save_cache(name: str, cache: dict) -> None:
     """Atomic write (temporary file, then rename), so that concurrent ranks never read half a file."""
     p = cache_path(name)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(cache, f, indent=1, sort_keys=True)
-    os.replace(tmp, p)
+    atomic_write_text(p, json.dumps(cache, indent=1, sort_keys=True))
