@@ -336,17 +336,16 @@ def compute_axis(rows: list[dict]) -> tuple[str, str]:
 
 
 def run_styles(rows: list[dict]) -> dict[str, dict]:
-    """Legend order and look of each run in the sweep plots: runs sorted by architecture (models.config.ARCHS
+    """Legend order and look of each run in the sweep plots: runs sorted by architecture (registry
     order), then size; colour = the architecture's hue, shade light (small) to dark (large) and a marker per
     size; label = architecture, size as people write it (2.8B), run name. {run: {label, color, marker}}."""
-    from models.config import ARCHS
-    from scaling.plots import ARCH_NAMES, SIZE_MARKERS, size_shades
+    from models.registry import arch_order, arch_title
+    from scaling.plots import SIZE_MARKERS, size_shades
     from scaling.runs import size_label
     runs = {}
     for r in rows:
         runs.setdefault(r["run"], (r.get("arch") or "?", r.get("n_params") or 0))
-    arch_rank = {a: i for i, a in enumerate(ARCHS)}
-    order = sorted(runs, key=lambda run: (arch_rank.get(runs[run][0], len(ARCHS)), runs[run][0], runs[run][1], run))
+    order = sorted(runs, key=lambda run: (arch_order(runs[run][0]), runs[run][0], runs[run][1], run))
     style = {}
     for arch in {a for a, _ in runs.values()}:
         sizes = sorted({n for a, n in runs.values() if a == arch})
@@ -356,7 +355,7 @@ def run_styles(rows: list[dict]) -> dict[str, dict]:
     for run in order:
         arch, n = runs[run]
         color, marker = style[(arch, n)]
-        out[run] = {"label": f"{ARCH_NAMES.get(arch, arch)} {size_label(n) if n else '?'} ({run})", "color": color,
+        out[run] = {"label": f"{arch_title(arch)} {size_label(n) if n else '?'} ({run})", "color": color,
                     "marker": marker}
     return out
 

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from evaluation import niah, perplexity  # noqa: E402
 from evaluation.scoring import generate_tokens  # noqa: E402
-from models import build_model  # noqa: E402
+from models import arch_names, build_model  # noqa: E402
 
 
 def timed(fn):
@@ -30,7 +30,7 @@ def timed(fn):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--archs", nargs="+", default=["llama", "tnl", "hgrn2", "cos2"])
+    p.add_argument("--archs", nargs="+", default=list(arch_names()))
     p.add_argument("--size", default="1b")
     p.add_argument("--wikitext", nargs="+", default=["tnl", "llama"], help="archs to time WikiText-2 on")
     p.add_argument("--niah", nargs="+", default=["tnl"], help="archs to time the default NIAH grid on")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ARCHS = ["llama", "tnl", "hgrn2", "cos2"]
+ARCHS = ["llama", "tnl", "hgrn2", "cos2"]  # the measured matrix: the paper's four, LLaMA the baseline
 SIZES = ["410m", "1b"]
 SEQS = [2048, 8192, 32768, 65536]
 AC_MODES = ["none", "mlp", "full"]
@@ -103,7 +103,7 @@ def _profile_step(step_fn) -> dict:
 def run_cell(spec: dict) -> dict:
     import torch
 
-    from models import build_model, flops_per_step, model_config
+    from models import build_model, flops_per_step, get_arch, model_config
     from pretrain.config import OptimConfig
     from pretrain.memory import choose_checkpointing, estimate_peak_gib
     from pretrain.metrics import peak_flops
@@ -145,7 +145,7 @@ def run_cell(spec: dict) -> dict:
         try:
             torch.manual_seed(0)
             with torch.device(dev):
-                overrides = {"max_seq_len": max(seq, 8192)} if arch == "llama" else {}
+                overrides = {"max_seq_len": max(seq, 8192)} if get_arch(arch).context_limited else {}
                 model = build_model(arch, size, **overrides)
             attempt["checkpointed_blocks"] = len(model.set_activation_checkpointing(mode, fraction))
             module = TorchTrainModule(model, OptimConfig(warmup_steps=0), dev, "bf16" if cuda else "fp32")

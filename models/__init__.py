@@ -1,4 +1,5 @@
-"""The four architectures (LLaMA, TNL, HGRN2, cosFormer2), the size registry and the accounting."""
+"""The four architectures (LLaMA, TNL, HGRN2, cosFormer2; `models.registry` lists them), the size registry
+and the accounting."""
 from __future__ import annotations
 
 import json
@@ -7,12 +8,13 @@ from pathlib import Path
 import torch
 
 from models.accounting import exact_params, flops_per_step, model_info, paper_non_embedding_params
-from models.config import ARCHS, ModelConfig, canonical_arch
+from models.config import ModelConfig
 from models.lm import InferenceCache, LanguageModel
+from models.registry import arch_names, canonical_arch, get_arch, register_arch
 from models.sizes import PAPER_SIZES, SIZES, model_config
 
 def build_model(arch: str, size: str, **overrides) -> LanguageModel:
-    """`arch` in llama, tnl, hgrn2, cos2 (alias cosformer2); `size` a registry name; overrides replace
+    """`arch` a registered architecture (llama, tnl, hgrn2, cos2, alias cosformer2); `size` a registry name; overrides replace
     ModelConfig fields (e.g. vocab_size=512 for a test, max_seq_len=16384)."""
     return LanguageModel(model_config(arch, size, **overrides))
 
@@ -93,5 +95,6 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype:
 
 
 __all__ = ["build_model", "build_from_config", "load_pretrained", "save_pretrained", "model_config", "ModelConfig",
-           "LanguageModel", "InferenceCache", "ARCHS", "SIZES", "PAPER_SIZES", "canonical_arch", "exact_params",
-           "paper_non_embedding_params", "flops_per_step", "model_info", "pretrained_meta"]
+           "LanguageModel", "InferenceCache", "SIZES", "PAPER_SIZES", "arch_names", "canonical_arch", "get_arch",
+           "register_arch", "exact_params", "paper_non_embedding_params", "flops_per_step", "model_info",
+           "pretrained_meta"]

@@ -1,4 +1,5 @@
-"""Parameter and FLOPs accounting: the one place the paper's formulas live.
+"""Parameter and FLOPs accounting: the model-wide sums around each architecture's own formulas (its
+`ArchSpec`: paper_params, extra_params, layer_flops, model_flops, written next to its model code).
 
 Notation as the paper: l layers, d width, h heads, e = d/h head width, g GLU width, v vocab, n sequence
 length, b batch (sequences), t gate rank, B = e the block (chunk) size of the linear kernels.
@@ -9,59 +10,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.config import ModelConfig
+from models.registry import get_arch
 
 
 def paper_non_embedding_params(cfg: ModelConfig) -> int:
     """The paper's non-embedding parameter formula (norm gains and other O(d) terms left out)."""
-    l, d, g, t, e = cfg.n_layers, cfg.d_model, cfg.d_glu, cfg.gate_rank, cfg.head_dim
-    if cfg.arch == "llama":
-        return 4 * l * d * d + 3 * l * d * g
-    if cfg.arch == "tnl":
-        return 4 * l * d * d + 2 * l * d * t + 3 * l * d * g
-    if cfg.arch == "hgrn2":
-        return 4 * l * d * d + 3 * l * d * g + l * d
-    return 4 * l * d * d + 2 * l * d * t + 3 * l * d * g + d * e  # cos2
+    return get_arch(cfg.arch).paper_params(cfg)
 
 
 def exact_params(cfg: ModelConfig) -> dict[str, int]:
     """Every parameter the models build, by formula; tests check it against numel. The small terms the
-    paper omits: RMSNorm gains (LLaMA), cos2's learned LRPE angles (h*e = d per layer) and TPE decays (e)."""
-    l, d, e, v = cfg.n_layers, cfg.d_model, cfg.head_dim, cfg.vocab_size
+    paper omits: RMSNorm gains (LLaMA) and each architecture's `extra_params` (cos2's learned LRPE angles,
+    h*e = d per layer, and TPE decays, e)."""
+    l, d, v = cfg.n_layers, cfg.d_model, cfg.vocab_size
     norm_gain = d if cfg.norm_type == "rmsnorm" else 0
-    extra = (2 * l + 1) * norm_gain
-    if cfg.arch == "cos2":
-        extra += l * d + e
+    extra = (2 * l + 1) * norm_gain + get_arch(cfg.arch).extra_params(cfg)
     non_emb = paper_non_embedding_params(cfg) + extra
     return {"non_embedding": non_emb, "embedding": v * d, "total": non_emb + v * d}
-
-
-def _token_mixer_core(cfg: ModelConfig, n: int) -> float:
-    """The paper's C for the linear models (forward FLOPs of one layer's token mixer, per sequence)."""
-    d, h, t = cfg.d_model, cfg.n_heads, cfg.gate_rank
-    Bk = cfg.head_dim
-    if cfg.arch == "tnl":
-        return 8 * n * d * d + 4 * n * d * d / h + n * d * d / (Bk * h) + 4 * n * Bk * d + n * Bk * h + 4 * n * t * d + 2 * n * d
-    if cfg.arch == "hgrn2":
-        return 8 * n * d * d + 4 * n * d * d / h + n * d * d / (Bk * h) + 4 * n * Bk * d + n * Bk * h + 5 * n * d
-    if cfg.arch == "cos2":
-        return 8 * n * d * d + 8 * n * d * d / h + 2 * n * d * d / (Bk * h) + 6 * n * Bk * d + n * Bk * h + 4 * n * t * d + 2 * n * d
-    raise ValueError(f"no linear token-mixer formula for {cfg.arch}")
 
 
 def flops_per_step(cfg: ModelConfig, batch: int, seq_len: int, include_embedding: bool = True) -> float:
     """Training FLOPs of one step of `batch` sequences of `seq_len` tokens, by the paper's formulas.
     `include_embedding=False` drops the 12*b*n*d*v LM-head term, as the paper's PFLOPs table does."""
+    spec = get_arch(cfg.arch)
     b, n = batch, seq_len
-    l, d, h, g, v, e = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_glu, cfg.vocab_size, cfg.head_dim
-    emb = 12 * b * n * d * v if include_embedding else 0
-    if cfg.arch == "llama":
-        return b * l * (24 * n * d * d + 12 * n * n * d + 9 * n * n * h + 18 * n * d * g + 3 * n * g) + emb
-    body = b * l * (3 * _token_mixer_core(cfg, n) + 18 * n * d * g + 3 * n * g) + emb
-    if cfg.arch == "hgrn2":
-        body += 12 * d * l
-    if cfg.arch == "cos2":
-        body += 12 * b * n * d * e
-    return float(body)
+    emb = 12 * b * n * cfg.d_model * cfg.vocab_size if include_embedding else 0
+    return b * cfg.n_layers * spec.layer_flops(cfg, n) + emb + spec.model_flops(cfg, b, n)
 
 
 @dataclass

@@ -1,21 +1,10 @@
-"""The one model config dataclass. Sizes live in `models.sizes`; this holds the shape and the choices."""
+"""The one model config dataclass. Sizes live in `models.sizes`, architectures in `models.registry`; this
+holds the shape and the choices."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-ARCHS = ("llama", "tnl", "hgrn2", "cos2")
-ARCH_ALIASES = {"cosformer2": "cos2", "transnormer": "tnl", "transnormerllm": "tnl"}
 VOCAB_SIZE = 100_280  # cl100k_base has 100,277 ids; padded for tensor-core friendly shapes
-DEFAULT_NORM = {"llama": "rmsnorm", "tnl": "srmsnorm", "hgrn2": "srmsnorm", "cos2": "srmsnorm"}
-
-
-def canonical_arch(arch: str) -> str:
-    a = arch.lower()
-    a = ARCH_ALIASES.get(a, a)
-    if a not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)} "
-                         f"(aliases: {', '.join(f'{k}->{v}' for k, v in ARCH_ALIASES.items())})")
-    return a
 
 
 @dataclass
@@ -29,7 +18,7 @@ class ModelConfig:
     gate_rank: int | None = None          # t of the output gate; None -> head width e
     max_seq_len: int = 8192               # LLaMA's RoPE table; linear models have no limit
     rope_base: float = 10000.0
-    norm_type: str | None = None          # 'rmsnorm' (learned gain) | 'srmsnorm'; None -> arch default
+    norm_type: str | None = None          # 'rmsnorm' (learned gain) | 'srmsnorm'; None -> the arch's default
     norm_eps: float = 1e-6
     init_std: float = 0.02
     tnl_decay_schedule: str = "code"      # 'code' (authors' released code) | 'paper' (TNL paper's formula)
@@ -37,7 +26,9 @@ class ModelConfig:
     size: str | None = field(default=None, compare=False)  # registry name, for logs only
 
     def __post_init__(self) -> None:
-        self.arch = canonical_arch(self.arch)
+        from models.registry import get_arch  # the registry imports the model files, which import this one
+        spec = get_arch(self.arch)
+        self.arch = spec.name
         for name in ("n_layers", "d_model", "n_heads", "d_glu", "vocab_size", "max_seq_len"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"model config: {name} must be a positive integer, got {getattr(self, name)}")
@@ -45,7 +36,7 @@ class ModelConfig:
             raise ValueError(f"model config: head count n_heads={self.n_heads} does not divide the width "
                              f"d_model={self.d_model}; the head width e = d/h must be whole")
         if self.norm_type is None:
-            self.norm_type = DEFAULT_NORM[self.arch]
+            self.norm_type = spec.default_norm
         if self.norm_type not in ("rmsnorm", "srmsnorm"):
             raise ValueError(f"model config: norm_type {self.norm_type!r}; choose rmsnorm or srmsnorm")
         if self.tnl_decay_schedule not in ("code", "paper"):

@@ -14,11 +14,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import ModelConfig
-from models.layers import LowRankGate, Norm, split_heads
+from models.layers import LowRankGate, Norm, sglu, split_heads
+from models.spec import ArchSpec, ModelExtra
 from ops import lightning_attn
 
 
-class Tpe(nn.Module):
+class Tpe(ModelExtra):
     """The TPE recurrence, evaluated in parallel as a causal convolution with the kernel
     K[n, c] = sum_j B[c, j] a_j^n (by FFT in fp32, O(T log T), as Toeplitz mixers usually are; the FFT's
     rounding reaches earlier positions at the 1e-7 level, exact zero in float64); decoding carries
@@ -38,6 +39,9 @@ class Tpe(nn.Module):
         one_minus_a = torch.logspace(math.log10(0.5), -3, n, device=self.decay_logit.device)
         self.decay_logit.copy_(torch.log1p(-one_minus_a) - torch.log(one_minus_a))
         self.in_weight.uniform_(-self.init_bound, self.init_bound)
+
+    def input_delta(self, x: Tensor, state: dict | None, cu_seqlens: Tensor | None) -> Tensor:
+        return self(x, state=state, cu_seqlens=cu_seqlens)
 
     def forward(self, x: Tensor, state: dict | None = None, cu_seqlens: Tensor | None = None) -> Tensor:
         if cu_seqlens is not None:  # packed documents (batch 1): each starts from a zero state
@@ -101,7 +105,7 @@ class Cos2TokenMixer(nn.Module):
         return torch.cat([zf * ang.cos(), zf * ang.sin()], dim=-1).to(z.dtype)
 
     def forward(self, x: Tensor, state: dict | None = None, pos: int | Tensor = 0,
-                cu_seqlens: Tensor | None = None, **_) -> Tensor:
+                cu_seqlens: Tensor | None = None) -> Tensor:
         q = self.lrpe(split_heads(F.silu(self.q_proj(x)), self.n_heads), pos)
         k = self.lrpe(split_heads(F.silu(self.k_proj(x)), self.n_heads), pos)
         v = split_heads(self.v_proj(x), self.n_heads)
@@ -112,3 +116,34 @@ class Cos2TokenMixer(nn.Module):
             state["S"] = S
         o = self.norm(o.reshape(x.shape).to(x.dtype))
         return self.out_proj(o * self.gate(x))
+
+
+def paper_params(cfg: ModelConfig) -> int:
+    l, d, g, t, e = cfg.n_layers, cfg.d_model, cfg.d_glu, cfg.gate_rank, cfg.head_dim
+    return 4 * l * d * d + 2 * l * d * t + 3 * l * d * g + d * e
+
+
+def extra_params(cfg: ModelConfig) -> int:
+    return cfg.n_layers * cfg.d_model + cfg.head_dim  # LRPE angles (h*e = d per layer), TPE decays (e)
+
+
+def layer_flops(cfg: ModelConfig, n: int) -> float:
+    d, h, g, t, B = cfg.d_model, cfg.n_heads, cfg.d_glu, cfg.gate_rank, cfg.head_dim
+    C = 8 * n * d * d + 8 * n * d * d / h + 2 * n * d * d / (B * h) + 6 * n * B * d + n * B * h + 4 * n * t * d + 2 * n * d
+    return 3 * C + 18 * n * d * g + 3 * n * g
+
+
+def model_flops(cfg: ModelConfig, batch: int, seq_len: int) -> int:
+    return 12 * batch * seq_len * cfg.d_model * cfg.head_dim  # the TPE
+
+
+def tpe(cfg: ModelConfig) -> Tpe:
+    return Tpe(cfg.d_model, cfg.head_dim, cfg.tpe_init_bound)
+
+
+SPEC = ArchSpec(
+    name="cos2", title="cosFormer2", token_mixer=Cos2TokenMixer, channel_mixer=sglu, default_norm="srmsnorm",
+    paper_params=paper_params, extra_params=extra_params, layer_flops=layer_flops, model_flops=model_flops,
+    extras={"tpe": tpe}, aliases=("cosformer2",), layer_overrides={"410m": 25}, act_bytes_per_d=62,
+    paper_law={"L": (3.5877, -0.0756), "N_opt": (2.65e8, 0.6516), "D_opt": (4.23e10, 0.4529)},
+    color="#d62728")

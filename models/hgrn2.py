@@ -12,11 +12,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import ModelConfig
-from models.layers import Norm, split_heads
+from models.layers import Norm, sglu, split_heads
+from models.spec import ArchSpec, ModelExtra
 from ops import gated_linear_attn
 
 
-class HgrnLowerBounds(nn.Module):
+class HgrnLowerBounds(ModelExtra):
     """P = softmax(B over layers); C = cumsum(P); beta_layer = C[layer] - C[0] (layer 0 has no bound).
     Kept and computed in fp32 whatever the module's dtype."""
 
@@ -32,6 +33,10 @@ class HgrnLowerBounds(nn.Module):
         c = torch.softmax(self.bounds.float(), dim=0).cumsum(dim=0)
         return c - c[0:1]
 
+    def layer_inputs(self, n_layers: int, device) -> list[dict[str, Tensor]]:
+        betas = self()
+        return [{"lower_bound": betas[i]} for i in range(n_layers)]
+
 
 class Hgrn2TokenMixer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
@@ -44,8 +49,8 @@ class Hgrn2TokenMixer(nn.Module):
         self.norm = Norm(d, cfg.norm_type, cfg.norm_eps)
         self.out_proj = nn.Linear(d, d, bias=False)
 
-    def forward(self, x: Tensor, lower_bound: Tensor, state: dict | None = None,
-                cu_seqlens: Tensor | None = None, **_) -> Tensor:
+    def forward(self, x: Tensor, lower_bound: Tensor, state: dict | None = None, pos: int = 0,
+                cu_seqlens: Tensor | None = None) -> Tensor:
         og = F.silu(self.og_proj(x))
         f = self.fg_proj(x).float()
         i = self.i_proj(x)
@@ -62,3 +67,30 @@ class Hgrn2TokenMixer(nn.Module):
         if state is not None:
             state["S"] = S
         return self.out_proj(self.norm(o.reshape(x.shape).to(x.dtype)))
+
+
+def paper_params(cfg: ModelConfig) -> int:
+    l, d, g = cfg.n_layers, cfg.d_model, cfg.d_glu
+    return 4 * l * d * d + 3 * l * d * g + l * d
+
+
+def layer_flops(cfg: ModelConfig, n: int) -> float:
+    d, h, g, B = cfg.d_model, cfg.n_heads, cfg.d_glu, cfg.head_dim
+    C = 8 * n * d * d + 4 * n * d * d / h + n * d * d / (B * h) + 4 * n * B * d + n * B * h + 5 * n * d
+    return 3 * C + 18 * n * d * g + 3 * n * g
+
+
+def model_flops(cfg: ModelConfig, batch: int, seq_len: int) -> int:
+    return 12 * cfg.d_model * cfg.n_layers  # the lower bounds
+
+
+def lower_bounds(cfg: ModelConfig) -> HgrnLowerBounds:
+    return HgrnLowerBounds(cfg.n_layers, cfg.d_model)
+
+
+SPEC = ArchSpec(
+    name="hgrn2", title="HGRN2", token_mixer=Hgrn2TokenMixer, channel_mixer=sglu, default_norm="srmsnorm",
+    paper_params=paper_params, layer_flops=layer_flops, model_flops=model_flops,
+    extras={"lower_bounds": lower_bounds}, act_bytes_per_d=58,
+    paper_law={"L": (3.4788, -0.0753), "N_opt": (2.66e8, 0.6427), "D_opt": (4.80e10, 0.4500)},
+    color="#2ca02c")

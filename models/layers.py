@@ -49,8 +49,14 @@ class LowRankGate(nn.Module):
         return torch.sigmoid(self.up(self.down(x)))
 
 
-def channel_mixer(cfg: ModelConfig) -> nn.Module:
-    return GatedMLP(cfg.d_model, cfg.d_glu, activation=cfg.arch == "llama")  # SwiGLU | SGLU
+def swiglu(cfg: ModelConfig) -> GatedMLP:
+    """LLaMA's channel mixer: W_down [(X W_u) * silu(X W_v)]."""
+    return GatedMLP(cfg.d_model, cfg.d_glu, activation=True)
+
+
+def sglu(cfg: ModelConfig) -> GatedMLP:
+    """The linear models' channel mixer: W_down [(X W_u) * (X W_v)], no activation."""
+    return GatedMLP(cfg.d_model, cfg.d_glu, activation=False)
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:

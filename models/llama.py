@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import ModelConfig
-from models.layers import split_heads
+from models.layers import split_heads, swiglu
+from models.spec import ArchSpec
 
 
 def rope_table(max_len: int, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
@@ -35,7 +36,10 @@ class LlamaAttention(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, x: Tensor, state: dict | None = None, pos: int = 0, **_) -> Tensor:
+    def forward(self, x: Tensor, state: dict | None = None, pos: int = 0, cu_seqlens: Tensor | None = None) -> Tensor:
+        if cu_seqlens is not None:
+            raise ValueError("cu_seqlens (state reset at document starts) is for the linear models; LLaMA "
+                             "runs documents packed with a plain causal mask")
         B, T, _ = x.shape
         if pos + T > self.max_seq_len:
             raise ValueError(f"llama: position {pos + T} exceeds the RoPE table (max_seq_len={self.max_seq_len}); "
@@ -58,3 +62,20 @@ class LlamaAttention(nn.Module):
             state["k"], state["v"] = k, v
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and T > 1)
         return self.out_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+
+def paper_params(cfg: ModelConfig) -> int:
+    l, d, g = cfg.n_layers, cfg.d_model, cfg.d_glu
+    return 4 * l * d * d + 3 * l * d * g
+
+
+def layer_flops(cfg: ModelConfig, n: int) -> int:
+    d, h, g = cfg.d_model, cfg.n_heads, cfg.d_glu
+    return 24 * n * d * d + 12 * n * n * d + 9 * n * n * h + 18 * n * d * g + 3 * n * g
+
+
+SPEC = ArchSpec(
+    name="llama", title="LLaMA", token_mixer=LlamaAttention, channel_mixer=swiglu, default_norm="rmsnorm",
+    paper_params=paper_params, layer_flops=layer_flops, context_limited=True, act_bytes_per_d=44,
+    paper_law={"L": (3.7087, -0.0798), "N_opt": (1.82e8, 0.7118), "D_opt": (2.56e10, 0.5102)},
+    color="#1f77b4")

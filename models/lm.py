@@ -16,26 +16,23 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from models.config import ModelConfig
-from models.cosformer2 import Cos2TokenMixer, Tpe
-from models.hgrn2 import Hgrn2TokenMixer, HgrnLowerBounds
-from models.layers import Norm, channel_mixer
-from models.llama import LlamaAttention
-from models.tnl import TnlTokenMixer
+from models.layers import Norm
+from models.registry import get_arch
 from ops import linear_cross_entropy
 
-TOKEN_MIXERS = {"llama": LlamaAttention, "tnl": TnlTokenMixer, "hgrn2": Hgrn2TokenMixer, "cos2": Cos2TokenMixer}
 RESIDUAL_PROJECTIONS = ("out_proj", "down_proj")  # scaled by 1/sqrt(2l) at init
 
 
 @dataclass
 class InferenceCache:
-    """Per-layer decoding state plus the number of tokens already consumed."""
+    """Per-layer decoding state, the model extras' states (by extra name), and the number of tokens
+    already consumed."""
     layers: list[dict] = field(default_factory=list)
-    tpe: dict = field(default_factory=dict)
+    extras: dict[str, dict] = field(default_factory=dict)
     pos: int = 0
 
     def nbytes(self) -> int:
-        tensors = [t for d in self.layers + [self.tpe] for t in d.values()]
+        tensors = [t for d in self.layers + list(self.extras.values()) for t in d.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -45,10 +42,11 @@ AC_MODES = ("none", "mlp", "full")  # what an activation-checkpointed block reco
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
+        spec = get_arch(cfg.arch)
         self.mixer_norm = Norm(cfg.d_model, cfg.norm_type, cfg.norm_eps)
-        self.token_mixer = TOKEN_MIXERS[cfg.arch](cfg, layer)
+        self.token_mixer = spec.token_mixer(cfg, layer)
         self.channel_norm = Norm(cfg.d_model, cfg.norm_type, cfg.norm_eps)
-        self.channel_mixer = channel_mixer(cfg)
+        self.channel_mixer = spec.channel_mixer(cfg)
         # activation checkpointing (set by LanguageModel.set_activation_checkpointing): 'full' keeps only
         # the block's input and recomputes the block; 'mlp' recomputes the channel mixer and its norm (the
         # GLU's two [tokens, g] intermediates and their product, the largest activations of a block)
@@ -78,8 +76,11 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.tpe = Tpe(cfg.d_model, cfg.head_dim, cfg.tpe_init_bound) if cfg.arch == "cos2" else None
-        self.lower_bounds = HgrnLowerBounds(cfg.n_layers, cfg.d_model) if cfg.arch == "hgrn2" else None
+        # the architecture's model-level parts (cos2's TPE, HGRN2's lower bounds, TNL's decays), each an
+        # attribute under its own name, so that its parameters keep their state-dict names
+        self.extra_names = tuple(get_arch(cfg.arch).extras)
+        for name, build in get_arch(cfg.arch).extras.items():
+            setattr(self, name, build(cfg))
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.final_norm = Norm(cfg.d_model, cfg.norm_type, cfg.norm_eps)
         self.init_weights()
@@ -136,30 +137,22 @@ class LanguageModel(nn.Module):
                 and (int(input_ids.max()) >= cfg.vocab_size or int(input_ids.min()) < 0)):
             raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got min {int(input_ids.min())}, "
                              f"max {int(input_ids.max())}")
-        if cu_seqlens is not None and cfg.arch == "llama":
-            raise ValueError("cu_seqlens (state reset at document starts) is for the linear models; LLaMA "
-                             "runs documents packed with a plain causal mask")
         pos = 0 if cache is None else cache.pos
         if cache is not None and not cache.layers:
             cache.layers = [{} for _ in self.blocks]
         x = self.embed(input_ids)
-        if self.tpe is not None:
-            x = x + self.tpe(x, state=None if cache is None else cache.tpe, cu_seqlens=cu_seqlens)
-        extra = {}
-        if self.lower_bounds is not None:
-            betas = self.lower_bounds()
-        if cfg.arch == "tnl":
-            # the per-layer decays enter each block as a tensor, not as Python constants baked into its
-            # code, so that all blocks share one compiled graph (TrainModule.compile compiles per block)
-            decays = torch.tensor([b.token_mixer.decays for b in self.blocks], dtype=torch.float32,
-                                  device=x.device)
+        layer_inputs: list[dict] = [{} for _ in self.blocks]
+        for name in self.extra_names:
+            extra = getattr(self, name)
+            state = None if cache is None else cache.extras.setdefault(name, {})
+            delta = extra.input_delta(x, state, cu_seqlens)
+            if delta is not None:
+                x = x + delta
+            for i, kwargs in enumerate(extra.layer_inputs(len(self.blocks), x.device) or []):
+                layer_inputs[i].update(kwargs)
         for i, block in enumerate(self.blocks):
-            if self.lower_bounds is not None:
-                extra["lower_bound"] = betas[i]
-            if cfg.arch == "tnl":
-                extra["decay"] = decays[i]
             state = None if cache is None else cache.layers[i]
-            x = block(x, state=state, pos=pos, cu_seqlens=cu_seqlens, **extra)
+            x = block(x, state=state, pos=pos, cu_seqlens=cu_seqlens, **layer_inputs[i])
         if cache is not None:
             cache.pos += input_ids.shape[1]
         return self.final_norm(x)

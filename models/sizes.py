@@ -1,13 +1,15 @@
 """The size registry: the one copy of the paper's model shapes (its appendix table, head width 128).
 
 1B uses h=12, g=4096: the paper prints h=16, g=5632, but its own parameter and FLOPs counts come out only
-with these (see docs/architectures.md). 410M has 26 layers for LLaMA and HGRN2, 25 for TNL and cos2.
+with these (see docs/architectures.md). 410M has 26 layers for LLaMA and HGRN2, 25 for TNL and cos2
+(each architecture's `layer_overrides`).
 `tiny` and `mini` are ours, for CPU runs, tests and small scaling sweeps. The `l<L>d<D>` sizes are ours too, for
 small scaling studies on one GPU (docs/studies/): the paper's head width (e = d/h = 128) and its smallest
 size's GLU width (g = 3d), with d/l between 64 and 128 (the paper's sizes span 39-128)."""
 from __future__ import annotations
 
-from models.config import ModelConfig, canonical_arch
+from models.config import ModelConfig
+from models.registry import get_arch
 
 # size -> (layers, width, heads, glu width)
 SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -26,19 +28,18 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
     "l4d384": (4, 384, 3, 1152),
 }
 PAPER_SIZES = ("70m", "160m", "410m", "1b", "3b", "7b")
-LAYER_OVERRIDES = {("410m", "tnl"): 25, ("410m", "cos2"): 25}
 
 
 def model_config(arch: str, size: str, /, **overrides) -> ModelConfig:
     """The config of `arch` at registry `size`; keyword overrides replace any ModelConfig field (a custom
     shape overrides n_layers, d_model, n_heads, d_glu and names itself with `size=`)."""
-    arch = canonical_arch(arch)
+    spec = get_arch(arch)
     key = size.lower()
     if key not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
     l, d, h, g = SIZES[key]
-    l = LAYER_OVERRIDES.get((key, arch), l)
-    base = dict(arch=arch, n_layers=l, d_model=d, n_heads=h, d_glu=g, size=key)
+    l = spec.layer_overrides.get(key, l)  # e.g. 410M: 25 layers for TNL and cos2
+    base = dict(arch=spec.name, n_layers=l, d_model=d, n_heads=h, d_glu=g, size=key)
     bad = set(overrides) - set(ModelConfig.__dataclass_fields__)
     if bad:
         raise ValueError(f"unknown model config field(s) {sorted(bad)}; "

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import ModelConfig
-from models.layers import LowRankGate, Norm, split_heads
+from models.layers import LowRankGate, Norm, sglu, split_heads
+from models.spec import ArchSpec, ModelExtra
 from ops import lightning_attn
 
 
@@ -50,8 +51,8 @@ class TnlTokenMixer(nn.Module):
         # a Python constant, not a buffer: a bf16 cast of the module must not round 0.99998 to 1.0
         self.decays = tnl_decays(cfg.n_heads, layer, cfg.n_layers, cfg.tnl_decay_schedule)
 
-    def forward(self, x: Tensor, state: dict | None = None, cu_seqlens: Tensor | None = None,
-                decay: Tensor | None = None, **_) -> Tensor:
+    def forward(self, x: Tensor, state: dict | None = None, pos: int = 0, cu_seqlens: Tensor | None = None,
+                decay: Tensor | None = None) -> Tensor:
         """`decay`: this layer's lambdas as an fp32 tensor [h] (the language model passes them in, so that
         every block runs the same compiled graph); built from `self.decays` when not given."""
         q = split_heads(F.silu(self.q_proj(x)), self.n_heads)
@@ -66,3 +67,44 @@ class TnlTokenMixer(nn.Module):
             state["S"] = S
         o = self.norm(o.reshape(x.shape).to(x.dtype))
         return self.out_proj(o * self.gate(x))
+
+
+class TnlDecays(ModelExtra):
+    """Hands each layer its decays as an fp32 tensor [h]: as an input, not as Python constants baked into
+    the block's code, so that all blocks share one compiled graph (TrainModule.compile compiles per
+    block). No parameters: a Python table, which a bf16 cast of the model cannot round."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.table = [tnl_decays(cfg.n_heads, i, cfg.n_layers, cfg.tnl_decay_schedule) for i in range(cfg.n_layers)]
+
+    def layer_inputs(self, n_layers: int, device) -> list[dict[str, Tensor]]:
+        decays = torch.tensor(self.table, dtype=torch.float32, device=device)
+        return [{"decay": decays[i]} for i in range(n_layers)]
+
+
+def paper_params(cfg: ModelConfig) -> int:
+    l, d, g, t = cfg.n_layers, cfg.d_model, cfg.d_glu, cfg.gate_rank
+    return 4 * l * d * d + 2 * l * d * t + 3 * l * d * g
+
+
+def layer_flops(cfg: ModelConfig, n: int) -> float:
+    d, h, g, t, B = cfg.d_model, cfg.n_heads, cfg.d_glu, cfg.gate_rank, cfg.head_dim
+    C = 8 * n * d * d + 4 * n * d * d / h + n * d * d / (B * h) + 4 * n * B * d + n * B * h + 4 * n * t * d + 2 * n * d
+    return 3 * C + 18 * n * d * g + 3 * n * g
+
+
+def describe(model: nn.Module) -> list[str]:
+    """The decay table, logged at the start of training."""
+    lines = [f"TNL decay schedule '{model.config.tnl_decay_schedule}' (lambda per layer x head):"]
+    for i, block in enumerate(model.blocks):
+        lines.append(f"  layer {i:2d}: " + " ".join(f"{x:.5f}" for x in block.token_mixer.decays))
+    return lines
+
+
+SPEC = ArchSpec(
+    name="tnl", title="TNL", token_mixer=TnlTokenMixer, channel_mixer=sglu, default_norm="srmsnorm",
+    paper_params=paper_params, layer_flops=layer_flops, extras={"decays": TnlDecays},
+    aliases=("transnormer", "transnormerllm"), layer_overrides={"410m": 25}, act_bytes_per_d=58,
+    paper_law={"L": (3.5391, -0.0768), "N_opt": (2.74e8, 0.6470), "D_opt": (4.43e10, 0.4684)},
+    color="#ff7f0e", describe=describe)

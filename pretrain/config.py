@@ -16,7 +16,7 @@ from typing import Any, Callable
 import yaml
 
 from models import ModelConfig, model_config
-from models.config import ARCH_ALIASES, ARCHS, canonical_arch
+from models.registry import ACCEPTED_ARCH_NAMES, arch_names, canonical_arch, get_arch
 from models.sizes import SIZES
 from ops.config import OpsConfig
 from pretrain.errors import ConfigError
@@ -111,7 +111,7 @@ class CheckpointConfig:
 
 @dataclass
 class RunConfig:
-    arch: str = param("tnl", choices=ARCHS + tuple(ARCH_ALIASES), casefold=True)
+    arch: str = param("tnl", choices=ACCEPTED_ARCH_NAMES, casefold=True)  # models.registry
     size: str = param("tiny", choices=tuple(SIZES), casefold=True)
     data: str | None = param(None, path=True)  # None: the embedded default corpus; a data YAML; a prepared dataset dir
     out: str | None = param(None, path=True)   # run directory; default runs/<arch>-<size>
@@ -131,7 +131,7 @@ class RunConfig:
 
     def model(self) -> ModelConfig:
         overrides = dict(self.model_overrides)
-        if self.arch == "llama" or self.model_overrides.get("arch") == "llama":
+        if get_arch(self.model_overrides.get("arch", self.arch)).context_limited:  # a RoPE table to size
             overrides.setdefault("max_seq_len", max(self.train.seq_len, 8192))
         return model_config(self.arch, self.size, **overrides)
 
@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     # each field's help carries its real default and allowed values (the parser's own defaults are None)
     p = argparse.ArgumentParser(description="Pretrain a linear-complexity LM (or the LLaMA baseline).")
     p.add_argument("--config", help="YAML file of config fields (nested as the dataclasses); flags override it")
-    p.add_argument("--arch", default=None, help="llama | tnl | hgrn2 | cos2 (alias cosformer2)")
+    p.add_argument("--arch", default=None, help=" | ".join(arch_names()) + " (or an alias: models.registry)")
     p.add_argument("--size", default=None, help=" | ".join(SIZES))
     p.add_argument("--data", default=None, help="data YAML or prepared dataset dir (default: embedded corpus)")
     p.add_argument("--out", default=None, help="run directory (default runs/<arch>-<size>)")

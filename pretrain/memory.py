@@ -1,24 +1,23 @@
 """Peak memory of a training step on one GPU, estimated, and the activation checkpointing that fits.
 
 The estimate: fp32 weights, gradients and AdamW state (16 bytes a parameter), the fused loss's buffers,
-and the activations each block keeps per token (`ACT_BYTES_PER_D` x d bytes without checkpointing,
+and the activations each block keeps per token (the architecture's `act_bytes_per_d` x d bytes without checkpointing,
 measured compiled on an H100 at 1B, seq 8192; 4 d bytes -- its fp32 input -- for a fully checkpointed
 block, plus one block's activations while it is recomputed). It errs on the high side (a half-checkpointed
 TNL 1B at 32K: 66 GiB estimated, 61.4 GiB measured); docs/training.md, Long context, has the numbers.
 """
 from __future__ import annotations
 
-from models import ModelConfig, exact_params
+from models import ModelConfig, exact_params, get_arch
 
-# activation bytes a block keeps per token, in units of d (compiled, bf16 autocast, fp32 residual stream)
-ACT_BYTES_PER_D = {"llama": 44, "tnl": 58, "hgrn2": 58, "cos2": 62}
 FRACTIONS = [k / 8 for k in range(1, 9)]  # the shares of checkpointed blocks `auto` considers
 
 
 def estimate_peak_gib(cfg: ModelConfig, micro_tokens: int, mode: str = "none", fraction: float = 1.0) -> float:
     """Estimated peak GiB of one training step with `micro_tokens` tokens per micro-batch."""
     d, g, l, v = cfg.d_model, cfg.d_glu, cfg.n_layers, cfg.vocab_size
-    per_block = ACT_BYTES_PER_D[cfg.arch] * d
+    # activation bytes a block keeps per token, in units of d (compiled, bf16 autocast, fp32 residual stream)
+    per_block = get_arch(cfg.arch).act_bytes_per_d * d
     kept = {"none": per_block, "mlp": per_block - 6 * g, "full": 4 * d}[mode]
     n_ckpt = 0 if mode == "none" else round(l * fraction)
     act = micro_tokens * ((l - n_ckpt) * per_block + n_ckpt * kept + (per_block if n_ckpt else 0))

@@ -17,7 +17,7 @@ import torch
 import ops
 from checkpoints.layout import CHECKPOINTS, DEEPSPEED_CONFIG, RUN_CONFIG, SUMMARY
 from checkpoints.manager import CheckpointManager, check_resume_engine
-from models import LanguageModel, build_from_config, flops_per_step, model_info
+from models import LanguageModel, build_from_config, flops_per_step, get_arch, model_info
 from models.config import VOCAB_SIZE
 from pretrain.callbacks import Callback, TrainProgress
 from pretrain.config import RunConfig, ac_mode, gradient_accumulation, resolve_compile, save_config
@@ -52,11 +52,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def decay_table(model: LanguageModel) -> list[list[float]] | None:
-    """TNL's fixed per-layer, per-head decays (logged at start, as DESIGN asks)."""
-    if model.config.arch != "tnl":
-        return None
-    return [b.token_mixer.decays for b in model.blocks]
 
 
 def check_device(requested: str) -> None:
@@ -341,11 +336,8 @@ class Trainer:
         ac = "off" if not self.ac_blocks else \
             f"{self.ac} on {len(self.ac_blocks)} of {self.model_cfg.n_layers} blocks"
         logger.info(f"torch.compile: {'on' if self.compiled else 'off'} (--compile {t.compile}); activation checkpointing: {ac}")
-        table = decay_table(self.model)
-        if table is not None:
-            logger.info(f"TNL decay schedule '{self.model_cfg.tnl_decay_schedule}' (lambda per layer x head):")
-            for i, row in enumerate(table):
-                logger.info(f"  layer {i:2d}: " + " ".join(f"{x:.5f}" for x in row))
+        for line in get_arch(self.model_cfg.arch).describe(self.model):  # e.g. TNL's decay table
+            logger.info(line)
         if self.total_steps() is None:
             logger.info("no --max-steps/--max-tokens given: training until stopped (checkpoints keep the progress)")
         logger.info(f"run directory: {self.run_dir}")

@@ -7,10 +7,13 @@ Each law is coef · C^exponent:
 
     L(C) = 3.7087 C^-0.0798 (LLaMA) ...     N_opt(C) = 1.82e8 C^0.7118 ...     D_opt(C) = 2.56e10 C^0.5102 ...
 
-All twelve laws are printed in the paper's Table 3 and are recorded here as printed (coefficients of N_opt and
-D_opt to three significant figures, as the paper gives them).
+All twelve laws are printed in the paper's Table 3; each architecture's spec (`ArchSpec.paper_law`, models/)
+records its three as printed (coefficients of N_opt and D_opt to three significant figures, as the paper
+gives them), and this module gathers them.
 """
 from __future__ import annotations
+
+from models.registry import arch_names, get_arch
 
 PAPER = "arXiv 2406.16690 (Shen et al., Scaling Laws for Linear Complexity Language Models), Table 3"
 PAPER_UNIT = ("C in PFLOP-days (1 PFLOP-day = 8.64e19 FLOPs) of training FLOPs without the embedding term "
@@ -19,11 +22,7 @@ PAPER_INCLUDES_EMBEDDING = False
 
 # arch -> law -> (coef, exponent), C in PFLOP-days
 PAPER_TABLE3: dict[str, dict[str, tuple[float, float]]] = {
-    "llama": {"L": (3.7087, -0.0798), "N_opt": (1.82e8, 0.7118), "D_opt": (2.56e10, 0.5102)},
-    "tnl": {"L": (3.5391, -0.0768), "N_opt": (2.74e8, 0.6470), "D_opt": (4.43e10, 0.4684)},
-    "hgrn2": {"L": (3.4788, -0.0753), "N_opt": (2.66e8, 0.6427), "D_opt": (4.80e10, 0.4500)},
-    "cos2": {"L": (3.5877, -0.0756), "N_opt": (2.65e8, 0.6516), "D_opt": (4.23e10, 0.4529)},
-}
+    a: dict(get_arch(a).paper_law) for a in arch_names() if get_arch(a).paper_law}
 LAWS = ("L", "N_opt", "D_opt")
 # L(C) = beta · C^alpha per architecture, in the keys the loss fits use (derived from PAPER_TABLE3)
 PAPER_LOSS_FIT: dict[str, dict[str, float]] = {a: {"beta": t["L"][0], "alpha": t["L"][1]} for a, t in PAPER_TABLE3.items()}

@@ -3,7 +3,7 @@ and the L(C) fits; N_opt and D_opt against C with the envelope's winners (interi
 handover points the fits use, and the fits with their 95% bands. One more figure compares architectures.
 
 Conventions on every figure: C in PFLOP-days on the x axis, named for what it counts; colour = architecture
-(one hue per architecture, as in `ARCH_COLORS`), shade = model size (light = small, dark = large, legend sorted
+(one hue per architecture, its spec's `color`), shade = model size (light = small, dark = large, legend sorted
 by size); sizes written as people write them (2.8B); loss on a log axis with plain tick labels (2.2, 2.4, ...).
 """
 from __future__ import annotations
@@ -18,18 +18,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 
+from models.registry import arch_title, get_arch  # noqa: E402
 from scaling.analysis import ArchResult  # noqa: E402
 from scaling.report import compute_name  # noqa: E402
 from scaling.runs import size_label  # noqa: E402
 from scaling.units import flops_to_pflop_days  # noqa: E402
 
-ARCH_COLORS = {"llama": "#1f77b4", "tnl": "#ff7f0e", "hgrn2": "#2ca02c", "cos2": "#d62728"}
-ARCH_NAMES = {"llama": "LLaMA", "tnl": "TNL", "hgrn2": "HGRN2", "cos2": "cosFormer2"}
 SIZE_MARKERS = "ovs^Dp*hX<>"
 
 
 def arch_color(arch: str) -> str:
-    return ARCH_COLORS.get(arch, "#7f7f7f")
+    """The architecture's hue (grey for one without a colour, or not registered)."""
+    try:
+        return get_arch(arch).color or "#7f7f7f"
+    except ValueError:
+        return "#7f7f7f"
 
 
 def size_shades(arch: str, k: int) -> list[tuple[float, float, float]]:
@@ -132,7 +135,7 @@ def plot_arch(r: ArchResult, out: Path, include_embedding: bool) -> Path:
     axes[0].set_yscale("log")
     loss_axis(axes[0], lo * 0.98, hi * 1.02)
     return _finish(fig, axes, ("training loss (nats/token)", "N (non-embedding parameters)", "D (tokens)"), 8,
-                   f"{ARCH_NAMES.get(r.arch, r.arch)}: loss, optimal model size and data size against compute",
+                   f"{arch_title(r.arch)}: loss, optimal model size and data size against compute",
                    out / f"scaling_{r.arch}.png", include_embedding, log_y=(False, True, True))
 
 
@@ -152,7 +155,7 @@ def plot_compare(results: list[ArchResult], out: Path, include_embedding: bool) 
         for ax, fit, span in zip(axes, (r.loss_fit, r.n_fit, r.d_fit), (c[m], hc, hc)):
             if fit is not None:
                 span = np.array([span.min(), span.max()]) * ([1, 1] if ax is axes[0] else [1 / 3, 3])
-                _fit_line(ax, span, fit, color, f"{ARCH_NAMES.get(r.arch, r.arch)}: {fit.coef:.4g}·C^{fit.exponent:.4f}",
+                _fit_line(ax, span, fit, color, f"{arch_title(r.arch)}: {fit.coef:.4g}·C^{fit.exponent:.4f}",
                           band=ax is not axes[0])
     axes[0].set_yscale("log")
     if np.isfinite(lo):

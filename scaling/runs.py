@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from models.accounting import exact_params, flops_per_step, paper_non_embedding_params
-from models.config import ARCHS, ModelConfig
+from models.config import ModelConfig
+from models.registry import arch_order
 from checkpoints.layout import METRICS, RUN_CONFIG
 
 CONFIG_FILE = RUN_CONFIG
@@ -246,9 +247,9 @@ def load_runs(paths: list[str | Path], include_embedding: bool = False, loss_key
 
 
 def group_by_arch(runs: list[Run]) -> dict[str, list[Run]]:
-    """Runs per architecture, architectures in the paper's order, runs by size."""
+    """Runs per architecture, architectures in registry order (the paper's), runs by size."""
     out: dict[str, list[Run]] = {}
-    for r in sorted(runs, key=lambda r: (ARCHS.index(r.arch), r.n_params, r.name)):
+    for r in sorted(runs, key=lambda r: (arch_order(r.arch), r.arch, r.n_params, r.name)):
         out.setdefault(r.arch, []).append(r)
     return out
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from models.accounting import paper_non_embedding_params
 from models.config import ModelConfig
+from models.registry import arch_names
 from models.sizes import model_config
 from scaling.runs import compute_per_token
 
@@ -163,7 +164,7 @@ def write_sweep(out_root: str | Path, arch: str, sizes: list[str | ModelConfig],
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", help="directory to write run directories into (one per arch and size)")
-    p.add_argument("--arch", nargs="+", default=["llama", "tnl", "hgrn2", "cos2"])
+    p.add_argument("--arch", nargs="+", default=list(arch_names()))
     p.add_argument("--sizes", nargs="+", default=["tiny", "mini", "70m", "160m", "410m", "1b", "3b", "7b"])
     p.add_argument("--noise", type=float, default=0.01, help="std of the multiplicative log-normal loss noise")
     p.add_argument("--rows", type=int, default=300, help="about this many logged rows per run")

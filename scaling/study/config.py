@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from models.config import ARCHS, ModelConfig, canonical_arch
+from models.config import ModelConfig
+from models.registry import arch_names, canonical_arch
 from models.sizes import SIZES
 
 SHAPE_KEYS = ("n_layers", "d_model", "n_heads", "d_glu")
@@ -283,9 +284,9 @@ def parse_study(raw: dict, path: Path | None = None, base: Path | None = None) -
     data = raw.get("data")
     if data is not None:
         data = str(data if Path(data).is_absolute() else base / data)
-    archs_raw = raw.get("archs", list(ARCHS))
+    archs_raw = raw.get("archs", list(arch_names()))
     if not isinstance(archs_raw, list) or not archs_raw:
-        raise _err(f"archs must be a non-empty list from {', '.join(ARCHS)}")
+        raise _err(f"archs must be a non-empty list from {', '.join(arch_names())}")
     try:
         archs = list(dict.fromkeys(canonical_arch(a) for a in archs_raw))
     except ValueError as err:

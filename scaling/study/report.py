@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from checkpoints.layout import EXPORTS, METRICS, MODEL_CONFIG
+from models.registry import arch_title
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
 from scaling.study.stages import CSR_REQUESTS, csr_tasks, eval_dir
 
-ARCH_NAMES = {"llama": "LLaMA", "tnl": "TNL", "hgrn2": "HGRN2", "cos2": "cosFormer2"}
 MARKERS = "osD^vP*Xh"
 # headline metrics of the compute plot: (column of results.csv, axis label, log scale)
 HEADLINE = (("valid_loss/loss", "validation loss (nats/token)", False),
@@ -164,7 +164,7 @@ def plot_metrics_vs_compute(study: StudyConfig, rows: list[dict], path: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from scaling.plots import ARCH_COLORS
+    from scaling.plots import arch_color
     from scaling.units import flops_to_pflop_days
     flats = [flat_metrics(r) for r in rows]
     panels = [h for h in HEADLINE if any(h[0] in f for f in flats)]
@@ -179,7 +179,7 @@ def plot_metrics_vs_compute(study: StudyConfig, rows: list[dict], path: Path) ->
                              if r.get("arch") == arch and r.get("size") == size and key in f
                              and r.get("flops_non_embedding") and math.isfinite(f[key]))
                 if pts:
-                    ax.plot(*zip(*pts), marker=MARKERS[k % len(MARKERS)], ms=4, lw=1, color=ARCH_COLORS.get(arch),
+                    ax.plot(*zip(*pts), marker=MARKERS[k % len(MARKERS)], ms=4, lw=1, color=arch_color(arch),
                             alpha=0.85)
         ax.set_xscale("log")
         if logy:
@@ -188,7 +188,7 @@ def plot_metrics_vs_compute(study: StudyConfig, rows: list[dict], path: Path) ->
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
     from matplotlib.lines import Line2D
-    handles = [Line2D([], [], color=ARCH_COLORS.get(a), lw=2, label=ARCH_NAMES.get(a, a)) for a in study.archs]
+    handles = [Line2D([], [], color=arch_color(a), lw=2, label=arch_title(a)) for a in study.archs]
     handles += [Line2D([], [], color="gray", marker=MARKERS[k % len(MARKERS)], lw=0, label=s)
                 for k, s in enumerate(sizes)]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
@@ -253,7 +253,7 @@ def final_snapshot_table(study: StudyConfig, rows: list[dict]) -> list[str]:
             if r is None:
                 continue
             f = flat_metrics(r)
-            lines.append(f"| {s.name} | {ARCH_NAMES.get(a, a)} | {r['step']} | "
+            lines.append(f"| {s.name} | {arch_title(a)} | {r['step']} | "
                          + " | ".join(_fmt(f.get(h[0])) for h in keys) + " |")
     return lines
 
@@ -271,7 +271,7 @@ def csr_ordering(study: StudyConfig, rows: list[dict]) -> list[str]:
                     best[r["arch"]] = (r["step"], f["csr/avg"])
         if len(best) >= 2:
             order = sorted(best, key=lambda a: -best[a][1])
-            lines.append(f"- {s.name}: " + " > ".join(f"{ARCH_NAMES.get(a, a)} {best[a][1]:.4f}" for a in order))
+            lines.append(f"- {s.name}: " + " > ".join(f"{arch_title(a)} {best[a][1]:.4f}" for a in order))
     return lines
 
 
@@ -281,7 +281,7 @@ def write_markdown(study: StudyConfig, plans: list[RunPlan], fits: dict | None, 
     from scaling.units import flops_to_pflop_days
     out = report_dir(study)
     lines = [f"# Scaling study `{study.name}`", "",
-             f"{len(plans)} runs: {', '.join(ARCH_NAMES.get(a, a) for a in study.archs)} at sizes "
+             f"{len(plans)} runs: {', '.join(arch_title(a) for a in study.archs)} at sizes "
              f"{', '.join(s.name for s in study.sizes)}; sequence length {study.seq_len}, "
              f"{study.global_batch_tokens:,} tokens per step; total planned compute "
              f"{flops_to_pflop_days(sum(p.flops_non_embedding for p in plans)):.3g} PFLOP-days non-embedding "
@@ -294,21 +294,21 @@ def write_markdown(study: StudyConfig, plans: list[RunPlan], fits: dict | None, 
         if grid:
             lines += ["## Lowest loss at equal compute", "",
                       "Envelope loss at C inside every architecture's fitted range (C in PFLOP-days as in the fit):", "",
-                      "| C | " + " | ".join(ARCH_NAMES.get(a, a) for a in ranking) + " | lowest |",
+                      "| C | " + " | ".join(arch_title(a) for a in ranking) + " | lowest |",
                       "|---|" + "---|" * (len(ranking) + 1)]
             for i, c in enumerate(grid):
                 best = min(ranking, key=lambda a: ranking[a][i])
                 lines.append(f"| {c:.3g} | " + " | ".join(f"{ranking[a][i]:.4f}" for a in ranking)
-                             + f" | {ARCH_NAMES.get(best, best)} |")
+                             + f" | {arch_title(best)} |")
             paper_c = (1.0, 100.0)
             lines += ["", "The paper's fits order the architectures at C = "
                       + " and ".join(f"{c:g}" for c in paper_c) + " PFLOP-days as: "
-                      + "; ".join(" < ".join(ARCH_NAMES.get(a, a) for a in paper_ranking(c)) for c in paper_c)
+                      + "; ".join(" < ".join(arch_title(a) for a in paper_ranking(c)) for c in paper_c)
                       + " (lowest loss first).", ""]
         lines += ["## Exponents against the paper", "",
                   "| arch | α ours | α paper | a (N_opt) ours | b (D_opt) ours |", "|---|---|---|---|---|"]
         for a, r in fits.get("archs", {}).items():
-            lines.append(f"| {ARCH_NAMES.get(a, a)} | {_fmt(r.get('alpha'))} | "
+            lines.append(f"| {arch_title(a)} | {_fmt(r.get('alpha'))} | "
                          f"{_fmt(PAPER_LOSS_FIT.get(a, {}).get('alpha'))} | {_fmt(r.get('a'))} | {_fmt(r.get('b'))} |")
         notes = [f"- {a}: {n}" for a, r in fits.get("archs", {}).items() for n in r.get("notes", [])]
         if notes:
