@@ -1,15 +1,12 @@
-"""Run-time options of the ops: one object, set programmatically (`set_config`), recorded by the trainer in
-the run's config.json (its `ops` section).
+"""Run-time options of the ops: one object, set programmatically (`set_config`) or by the run config's
+`ops` section (flags `--ops-<field>`, YAML), which the trainer records in the run's config.json.
 
-Only one environment variable is read, once, at import: LINSCALE_OPS, a JSON object of fields for tools
-that cannot call `set_config` (e.g. `LINSCALE_OPS='{"impl": "chunked"}' python script.py`).
+No environment variable selects kernels: a process that sets nothing runs the defaults.
 Launch configurations are not options: `ops.tuning` chooses them per shape and GPU.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from dataclasses import dataclass, field
 
 IMPLS = ("auto", "triton", "chunked", "recurrent")
@@ -42,21 +39,7 @@ class OpsConfig:
         return dataclasses.asdict(self)
 
 
-def _from_env() -> OpsConfig:
-    raw = os.environ.get("LINSCALE_OPS", "").strip()
-    if not raw:
-        return OpsConfig()
-    try:
-        fields = json.loads(raw)
-        cfg = OpsConfig(**fields)
-    except (json.JSONDecodeError, TypeError) as e:
-        known = ", ".join(f.name for f in dataclasses.fields(OpsConfig))
-        raise ValueError(f"LINSCALE_OPS must be a JSON object of ops config fields ({known}); got {raw!r}: {e}") from e
-    cfg.validate()
-    return cfg
-
-
-_CONFIG = _from_env()
+_CONFIG = OpsConfig()
 
 
 def get_config() -> OpsConfig:

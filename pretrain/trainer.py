@@ -23,6 +23,7 @@ from pretrain.callbacks import Callback, TrainProgress
 from pretrain.config import RunConfig, ac_mode, gradient_accumulation, resolve_compile, save_config
 from pretrain.distributed import barrier, dist_env, init_process_group
 from pretrain.errors import ConfigError, OutputFailed, UserError, run_cli
+from pretrain.faults import injected_nonfinite_steps
 from pretrain.logs import get_logger
 from pretrain.metrics import MetricsLogger, Progress, peak_flops
 from pretrain.monitors import MemoryMonitor, SpeedMonitor, StabilityMonitor, TrainingStopped
@@ -211,7 +212,7 @@ class Trainer:
         self.val_batches = self._validation_batches(build_loader) if t.eval_every else []
 
         self.progress = TrainProgress()
-        self.inject_nonfinite_steps: set[int] = {int(s) for s in os.environ.get("LINSCALE_INJECT_NONFINITE", "").split(",") if s}
+        self.inject_nonfinite_steps = injected_nonfinite_steps()  # test-only seam (pretrain.faults)
         # the callbacks, in the order their hooks run: the stability monitor's stop comes before the
         # checkpoint manager's scheduled save, and its fields before the speed monitor's in a row
         self.stability = StabilityMonitor(t.spike_factor, t.max_bad_steps, self.run_dir / CHECKPOINTS)
