@@ -19,6 +19,8 @@ from pathlib import Path
 
 from checkpoints.layout import EXPORTS, MODEL_CONFIG, MODEL_WEIGHTS
 from evaluation.context import scoring_window, training_context
+from pretrain.argtypes import positive_int, ranged
+from pretrain.cli import option
 
 CSR_TASKS = ("boolq", "piqa", "siqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
 # the metric the paper reports for each commonsense task
@@ -36,28 +38,40 @@ SUITES = {
 }
 
 
+TASKS = tuple(sorted(set(SUITES["paper"]) | {"valid_loss"}))  # what --tasks accepts: the paper suite, held-out loss
+
+
 @dataclass
 class SweepConfig:
-    runs: list[str]
-    suite: str = "quick"
-    tasks: list[str] | None = None          # overrides the suite's task list
-    out: str | None = None                  # default: <first run>/eval
-    device: str = "auto"
-    dtype: str = "auto"
-    batch_size: int = 8
-    limit: int | None = None                # examples (documents for WikiText-2) per task, for smoke runs
-    max_length: int | None = None           # scoring window; default each model's training context
-    niah_lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 6144, 8192, 10240, 12288, 14336, 16384])
-    niah_depths: list[float] = field(default_factory=lambda: [float(d) for d in range(0, 101, 10)])
-    niah_trials: int = 1
-    niah_scoring: str = "exact"              # "exact" (success = the exact value) | "partial" (evaluation.niah)
-    niah_threshold: float = 5.5              # a cell succeeds when its mean score >= this
-    niah_haystack: list[str] = field(default_factory=list)
-    valid_shards: list[str] = field(default_factory=list)   # flat uint32 token files -> task valid_loss
-    valid_seq_len: int = 2048
-    valid_windows: int = 256
-    force: bool = False
-    plots: bool = True                      # metric plots; off where tables of many sweeps are merged later
+    """The sweep's settings; launch/evaluate.py derives its command line from these fields (pretrain.cli)."""
+    runs: list[str] = option(positional=True, help="run directories (with exports/*/) or export directories")
+    suite: str = option("quick", choices=sorted(SUITES))
+    tasks: list[str] | None = option(None, choices=TASKS, metavar="TASK",
+                                     help=f"instead of the suite, any of: {' '.join(TASKS)}")
+    out: str | None = option(None, help="results folder (default: <first run>/eval)")
+    device: str = option("auto")
+    dtype: str = option("auto", choices=["auto", "float32", "bfloat16"])
+    batch_size: int = option(8, type=positive_int)
+    limit: int | None = option(None, type=positive_int,
+                               help="examples per task (smoke runs; documents for WikiText-2)")
+    max_length: int | None = option(None, type=ranged(int, ge=2),
+                                    help="scoring window (default: each snapshot's training context)")
+    niah_lengths: list[int] = option(factory=lambda: [1024, 2048, 4096, 6144, 8192, 10240, 12288, 14336, 16384],
+                                     type=positive_int)
+    niah_depths: list[float] = option(factory=lambda: [float(d) for d in range(0, 101, 10)],
+                                      type=ranged(float, ge=0, le=100), help="needle depths in percent of the haystack")
+    niah_trials: int = option(1, type=positive_int)
+    niah_scoring: str = option("exact", choices=["exact", "partial"],
+                               help="exact: a reply scores 10 only with the exact value, else 1; partial: credit "
+                                    "per correct leading digit (docs/evaluation.md)")
+    niah_threshold: float = option(5.5, type=ranged(float, ge=1, le=10), help="a cell succeeds when its mean score >= this (for the NIAH score's penalty)")
+    niah_haystack: list[str] = option(factory=list, help="text files (default: Gutenberg books)")
+    valid_shards: list[str] = option(factory=list, help="uint32 token files (globs): the task valid_loss")
+    valid_seq_len: int = option(2048, type=positive_int)
+    valid_windows: int = option(256, type=positive_int)
+    force: bool = option(False, help="ignore cached results")
+    # metric plots; off where tables of many sweeps are merged later (set by code, no flag)
+    plots: bool = option(True, cli=False)
 
 
 # -- discovery --------------------------------------------------------------------------------------------

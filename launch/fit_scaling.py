@@ -5,60 +5,31 @@
 C is in PFLOP-days (1 PFLOP-day = 8.64e19 FLOPs), recomputed from each run's config with the paper's formulas;
 by default it is the paper's C, training FLOPs without the embedding term (--embedding-flops adds it).
 """
-import argparse
+from __future__ import annotations
+
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scaling.analysis import FitSettings, analyze_arch  # noqa: E402
+from scaling.analysis import analyze_arch  # noqa: E402
+from scaling.fit_config import FitScalingConfig  # noqa: E402
 from scaling.report import console_summary, to_json  # noqa: E402
 from scaling.runs import RunError, group_by_arch, load_runs, select_seq_len  # noqa: E402
 from scaling.units import PFLOP_DAY  # noqa: E402
-from pretrain.argtypes import non_negative_float, non_negative_int, positive_float, positive_int  # noqa: E402
+from pretrain.cli import parse_config_args  # noqa: E402
 from pretrain.errors import run_cli  # noqa: E402
 
 # no study reaches 1e9 PFLOP-days (8.6e28 FLOPs); a bound that large was given in FLOPs
 MAX_PLAUSIBLE_PFLOP_DAYS = 1e9
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    d = FitSettings()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", help="run directories (config.json + metrics.jsonl), or folders of them")
-    p.add_argument("--json", type=Path, help="write every fit, the envelopes and the settings here")
-    p.add_argument("--markdown", type=Path, help="write the tables (ours, and Table 3 beside the paper's) here")
-    p.add_argument("--plots", type=Path, help="write Figure-1-style PNGs into this directory")
-    p.add_argument("--embedding-flops", action="store_true",
-                   help="count the 12*b*n*d*v embedding (LM-head) FLOPs in C; the default leaves them out, as the "
-                        "paper's C does")
-    p.add_argument("--no-embedding-flops", action="store_true", help=argparse.SUPPRESS)  # the default now
-    p.add_argument("--chinchilla", action="store_true", help="also fit L(N,D) = E + A/N^alpha + B/D^beta (approach 3)")
-    p.add_argument("--loss-key", default="loss", help="metrics.jsonl key to fit (e.g. val_loss)")
-    p.add_argument("--skip-tokens", type=non_negative_float, default=0.0, help="ignore rows before this many tokens")
-    p.add_argument("--skip-warmup", action="store_true",
-                   help="ignore the rows of each run's lr warm-up (steps <= optim.warmup_steps of its own config)")
-    p.add_argument("--seq-len", type=positive_int, help="fit only runs trained at this context length")
-    p.add_argument("--points-per-decade", type=positive_int, default=d.points_per_decade, help="C grid density")
-    p.add_argument("--envelope", choices=["fitted", "logged"], default=d.envelope,
-                   help="envelope of each size's fitted learning curve L(D) = e + b*D^-beta (default), or of the "
-                        "logged losses (noisier: the minimum over runs favours lucky rows)")
-    p.add_argument("--smooth", type=non_negative_float, default=d.smooth_decades,
-                   help="with --envelope logged: half-width in decades of tokens of a box filter on each run's loss "
-                        "(0 = off; ~0.02 for noisy logs)")
-    p.add_argument("--min-runs", type=positive_int, default=d.min_runs, help="fit L(C) only at C where this many runs are present")
-    p.add_argument("--c-min", type=positive_float, help="fit only C >= this, in PFLOP-days (the unit of the tables)")
-    p.add_argument("--c-max", type=positive_float, help="fit only C <= this, in PFLOP-days (the unit of the tables)")
-    p.add_argument("--n-boot", type=non_negative_int, default=d.n_boot, help="replicate studies for the intervals (0 = none)")
-    p.add_argument("--block", type=positive_int, default=d.block,
-                   help="residual block length in rows for the replicates (default: rows^(1/3) per run)")
-    p.add_argument("--seed", type=non_negative_int, default=d.seed)
-    p.add_argument("--skip-bad", action="store_true", help="leave out unreadable run directories instead of failing")
-    return p.parse_args(argv)
+def parse_args(argv: list[str] | None = None) -> FitScalingConfig:
+    return parse_config_args(FitScalingConfig, argv, __doc__)
 
 
-def check_c_bounds(args: argparse.Namespace) -> str | None:
+def check_c_bounds(args: FitScalingConfig) -> str | None:
     """An error message when --c-min/--c-max cannot be PFLOP-days (most likely FLOPs), else None."""
     for flag, v in (("--c-min", args.c_min), ("--c-max", args.c_max)):
         if v is None:
@@ -99,10 +70,7 @@ def _main(argv=None) -> int:
     except RunError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    settings = FitSettings(points_per_decade=args.points_per_decade, smooth_decades=args.smooth, envelope=args.envelope,
-                           min_runs=args.min_runs, c_min=args.c_min, c_max=args.c_max, n_boot=args.n_boot,
-                           n_boot_offset=min(args.n_boot, FitSettings.n_boot_offset), block=args.block,
-                           seed=args.seed, chinchilla=args.chinchilla)
+    settings = args.settings()
     warnings = warmup_warnings(runs, args.skip_tokens, args.skip_warmup)
     results = []
     for arch, rs in group_by_arch(runs).items():
