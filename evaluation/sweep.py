@@ -64,7 +64,8 @@ class SweepConfig:
     niah_scoring: str = option("exact", choices=["exact", "partial"],
                                help="exact: a reply scores 10 only with the exact value, else 1; partial: credit "
                                     "per correct leading digit (docs/evaluation.md)")
-    niah_threshold: float = option(5.5, type=ranged(float, ge=1, le=10), help="a cell succeeds when its mean score >= this (for the NIAH score's penalty)")
+    niah_threshold: float = option(5.5, type=ranged(float, ge=1, le=10),
+                                   help="a cell succeeds when its mean score >= this (for the NIAH score's penalty)")
     niah_haystack: list[str] = option(factory=list, help="text files (default: Gutenberg books)")
     valid_shards: list[str] = option(factory=list, help="uint32 token files (globs): the task valid_loss")
     valid_seq_len: int = option(2048, type=positive_int)

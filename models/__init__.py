@@ -14,8 +14,8 @@ from models.registry import arch_names, canonical_arch, get_arch, register_arch
 from models.sizes import PAPER_SIZES, SIZES, model_config
 
 def build_model(arch: str, size: str, **overrides) -> LanguageModel:
-    """`arch` a registered architecture (llama, tnl, hgrn2, cos2, alias cosformer2); `size` a registry name; overrides replace
-    ModelConfig fields (e.g. vocab_size=512 for a test, max_seq_len=16384)."""
+    """`arch` a registered architecture (llama, tnl, hgrn2, cos2, alias cosformer2); `size` a registry name;
+    overrides replace ModelConfig fields (e.g. vocab_size=512 for a test, max_seq_len=16384)."""
     return LanguageModel(model_config(arch, size, **overrides))
 
 

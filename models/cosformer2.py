@@ -144,6 +144,7 @@ def tpe(cfg: ModelConfig) -> Tpe:
 SPEC = ArchSpec(
     name="cos2", title="cosFormer2", token_mixer=Cos2TokenMixer, channel_mixer=sglu, default_norm="srmsnorm",
     paper_params=paper_params, extra_params=extra_params, layer_flops=layer_flops, model_flops=model_flops,
-    extras={"tpe": tpe}, aliases=("cosformer2",), layer_overrides={"410m": 25}, act_bytes_per_d=62,
+    extras={"tpe": tpe}, aliases=("cosformer2",), layer_overrides={"410m": 25}, sequence_parallel=True,
+    act_bytes_per_d=62,
     paper_law={"L": (3.5877, -0.0756), "N_opt": (2.65e8, 0.6516), "D_opt": (4.23e10, 0.4529)},
     color="#d62728")

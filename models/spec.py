@@ -74,6 +74,8 @@ class ArchSpec:
     layer_overrides: registry size -> layer count where this architecture departs from the size table.
     context_limited: positions come from a table of max_seq_len entries (RoPE), so a run's sequence
         length must fit it (the run config sizes the table).
+    sequence_parallel: its layers pass only a fixed-size state along the sequence, so the sequence-parallel
+        plan (pretrain/sequence_parallel.py, `--sp`) can split a sequence over ranks.
     act_bytes_per_d: activation bytes a block keeps per token, in units of d, for the memory estimate
         (`pretrain.memory`; measured for the four paper architectures, a high guess otherwise).
     color: the plots' hue (None: grey).
@@ -93,6 +95,7 @@ class ArchSpec:
     paper_law: dict[str, tuple[float, float]] | None = None
     layer_overrides: dict[str, int] = field(default_factory=dict)
     context_limited: bool = False
+    sequence_parallel: bool = False
     act_bytes_per_d: int = 64
     color: str | None = None
     describe: Callable[[nn.Module], list[str]] = _no_lines

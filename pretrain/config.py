@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     # each field's help carries its real default and allowed values (the parser's own defaults are None)
     p = argparse.ArgumentParser(description="Pretrain a linear-complexity LM (or the LLaMA baseline).")
     p.add_argument("--config", help="YAML file of config fields (nested as the dataclasses); flags override it")
-    p.add_argument("--arch", default=None, help=" | ".join(arch_names()) + " (or an alias: models.registry)")
+    p.add_argument("--arch", default=None, help=" | ".join(arch_names()) + " (aliases: "
+                   + ", ".join(a for a in ACCEPTED_ARCH_NAMES if a not in arch_names()) + ")")
     p.add_argument("--size", default=None, help=" | ".join(SIZES))
     p.add_argument("--data", default=None, help="data YAML or prepared dataset dir (default: embedded corpus)")
     p.add_argument("--out", default=None, help="run directory (default runs/<arch>-<size>)")

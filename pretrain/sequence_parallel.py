@@ -22,9 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.registry import arch_names, get_arch
 from ops.sequence_parallel import Segments, SequenceParallel, enter, leave, segment_prefix
-
-SP_ARCHS = ("tnl", "hgrn2", "cos2")
 
 
 def build_groups(sp_size: int) -> tuple[SequenceParallel, int, int]:
@@ -69,8 +68,9 @@ class SequenceParallelPlan:
 
     def __init__(self, model: nn.Module, sp: SequenceParallel):
         arch = model.config.arch
-        if arch not in SP_ARCHS:
-            raise ValueError(f"--sp (sequence parallelism) is for the linear models ({', '.join(SP_ARCHS)}), whose "
+        if not get_arch(arch).sequence_parallel:
+            able = ", ".join(a for a in arch_names() if get_arch(a).sequence_parallel)
+            raise ValueError(f"--sp (sequence parallelism) is for the linear models ({able}), whose "
                              f"layers pass only a fixed-size state between ranks; --arch {arch} has softmax "
                              f"attention over the whole sequence: train it with --sp 1")
         self.model, self.sp = model, sp

@@ -190,7 +190,7 @@ def test_plot_styles_colour_by_architecture_shade_by_size():
     every snapshot records it, and the axis says which."""
     import colorsys
 
-    from scaling.plots import ARCH_COLORS
+    from scaling.plots import arch_color
     rows = [{"run": r, "arch": a, "n_params": n} for r, a, n in
             (("t3", "tnl", 2.8e9), ("l70", "llama", 2.1e7), ("t70", "tnl", 2.1e7), ("l1b", "llama", 9.2e8),
              ("t410", "tnl", 3.3e8))]
@@ -204,7 +204,7 @@ def test_plot_styles_colour_by_architecture_shade_by_size():
         return h, l
 
     for arch, runs in (("llama", ["l70", "l1b"]), ("tnl", ["t70", "t410", "t3"])):
-        base = hue_lum(tuple(int(ARCH_COLORS[arch][i:i + 2], 16) / 255 for i in (1, 3, 5)))[0]
+        base = hue_lum(tuple(int(arch_color(arch)[i:i + 2], 16) / 255 for i in (1, 3, 5)))[0]
         hl = [hue_lum(st[r]["color"]) for r in runs]
         assert all(abs(h - base) < 0.02 for h, _ in hl)                      # the architecture's hue
         assert all(a[1] > b[1] for a, b in zip(hl, hl[1:]))                   # larger = darker
