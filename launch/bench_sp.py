@@ -168,10 +168,11 @@ def report(out: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from models.registry import arch_names, get_arch
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="mode", required=True)
     t = sub.add_parser("train", help="training-step throughput of a model")
-    t.add_argument("--arch", default="tnl", choices=["tnl", "hgrn2", "cos2"])
+    t.add_argument("--arch", default="tnl", choices=[a for a in arch_names() if get_arch(a).sequence_parallel])
     t.add_argument("--size", default="1b")
     t.add_argument("--vocab", type=int, default=None, help="vocabulary override (small CPU runs)")
     t.add_argument("--seq", type=int, default=32768)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import yaml
 
 from models import ModelConfig, model_config
-from models.registry import ACCEPTED_ARCH_NAMES, arch_names, canonical_arch, get_arch
+from models.registry import ACCEPTED_ARCH_NAMES, arch_names, get_arch
 from models.sizes import SIZES
 from ops.config import OpsConfig
 from pretrain.errors import ConfigError
@@ -465,9 +465,11 @@ def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
                           f"--seq-len {t.seq_len}; use a multiple, e.g. "
                           f"{max(1, t.global_batch_tokens // t.seq_len) * t.seq_len}")
     if cfg.dist.sp > 1:
-        if canonical_arch(cfg.arch) == "llama":
-            raise ConfigError(f"--sp {cfg.dist.sp}: sequence parallelism is for the linear models (tnl, hgrn2, cos2), "
-                              f"whose layers pass only a fixed-size state between ranks; LLaMA's softmax attention "
+        spec = get_arch(cfg.arch)
+        if not spec.sequence_parallel:
+            able = ", ".join(a for a in arch_names() if get_arch(a).sequence_parallel)
+            raise ConfigError(f"--sp {cfg.dist.sp}: sequence parallelism is for the linear models ({able}), "
+                              f"whose layers pass only a fixed-size state between ranks; {spec.title}'s token mixer "
                               f"needs every earlier token: use --sp 1")
         if t.seq_len % cfg.dist.sp:
             raise ConfigError(f"--sp {cfg.dist.sp} must divide --seq-len {t.seq_len} (each rank takes an equal "
