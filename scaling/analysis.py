@@ -150,19 +150,24 @@ def _loss_table(runs: list[Run], curves: list[SizeCurve], c: np.ndarray, s: FitS
     return np.stack(rows, axis=1)
 
 
-def _warn_ended_while_winning(res: ArchResult, env: Envelope, s: FitSettings) -> None:
+def _overtaken_at_end(runs: list[Run], curves: list[SizeCurve], s: FitSettings) -> np.ndarray:
+    """Per run: a larger size present at the run's own last row is at or below it there (the envelope's grid can
+    put its last point inside a run just before a crossing that still lies inside the run)."""
+    out = np.zeros(len(runs), dtype=bool)
+    for i, run in enumerate(runs):
+        at_end = _loss_table(runs, curves, np.array([float(run.compute[-1])]), s, None)[0][:, 0]
+        out[i] = any(np.isfinite(at_end[k]) and r.n_params > run.n_params and at_end[k] <= at_end[i]
+                     for k, r in enumerate(runs))
+    return out
+
+
+def _warn_ended_while_winning(res: ArchResult, env: Envelope) -> None:
+    overtaken = env.overtaken_runs()
     for i, nxt, c in env.ended_while_winning():
         run, other = env.runs[i], env.runs[nxt]
-        if run.n_params >= other.n_params:
-            continue   # the largest present run ending hands over to a smaller one (the end of the data), or
-                       # another run of the same size goes on: that size has not stopped
-        # the grid's last point inside the run can fall just before a crossing that still lies inside the run:
-        # judged at the run's own last row, a larger size already at or below it has overtaken it
-        end = np.array([float(run.compute[-1])])
-        at_end = _loss_table(env.runs, res.curves, end, s, None)[0][:, 0]
-        if any(np.isfinite(at_end[k]) and r.n_params > run.n_params and at_end[k] <= at_end[i]
-               for k, r in enumerate(env.runs)):
-            continue
+        if run.n_params >= other.n_params or overtaken[i]:
+            continue   # the largest present run ending hands over to a smaller one (the end of the data), another
+                       # run of the same size goes on (that size has not stopped), or it was overtaken by its end
         res.warnings.append(
             f"run {run.name} ({run.label}) stops at C = {flops_to_pflop_days(c):.3g} PFLOP-days while still "
             f"winning the envelope; {other.name} ({other.label}) wins after it only because it stopped. Train "
@@ -216,10 +221,11 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
     # the envelope, of the fitted learning curves or of the logged losses
     grid = c_grid(runs, s.points_per_decade)
     env = build_envelope(runs, c=grid, table=_loss_table(runs, res.curves, grid, s, None)[0])
+    env.overtaken = _overtaken_at_end(runs, res.curves, s)
     res.envelope = env
     mask = env.mask(s.min_runs, c_min, c_max)
     res.fit_mask = mask
-    _warn_ended_while_winning(res, env, s)
+    _warn_ended_while_winning(res, env)
 
     # L(C): the envelope's points where >= min_runs runs are present
     if mask.sum() < 2:

@@ -6,10 +6,12 @@ A run's loss at C is linear interpolation of log-loss in log-C between its two n
 a run takes part only inside its own logged C range (no extrapolation). The winner at C is the run with
 the lowest interpolated loss there.
 
-A point's winner is reported with its context (`Envelope.status`): "interior" when a smaller and a larger
-size are present at that C (the winner beat both neighbours), "edge_low" / "edge_high" when no smaller /
-larger size is present (it may win only because nothing smaller / larger exists there), "alone" when it is
-the only run present.
+A point's winner is reported with its context (`Envelope.status`): "interior" when it has beaten a smaller and
+a larger size (a smaller size is present at that C, or one stopped earlier after the winner had overtaken it
+— learning curves of two sizes cross once, so that size would still lose — and a larger size is present),
+"edge_low" / "edge_high" when no smaller / larger size competes there (it may win only because nothing smaller
+/ larger exists there, or because a smaller run stopped while still winning), "alone" when it is the only run
+present.
 """
 from __future__ import annotations
 
@@ -71,6 +73,8 @@ class Envelope:
     loss: np.ndarray         # minimum loss over runs at each C
     winner: np.ndarray       # index into runs of the run with that minimum
     coverage: np.ndarray     # how many runs are present at each C
+    overtaken: np.ndarray | None = None   # per run: a larger size was at or below it at its last row (None:
+                                          # judged on the grid, by the winner at its last grid point)
 
     @property
     def n_opt(self) -> np.ndarray:
@@ -88,7 +92,9 @@ class Envelope:
         n = np.array([r.n_params for r in self.runs], dtype=np.float64)
         present = self.present
         nw = n[self.winner]
-        smaller = (present & (n[:, None] < nw[None, :])).any(axis=0)
+        hi = np.array([r.compute[-1] for r in self.runs])[:, None] * (1 + 1e-9)
+        beaten_before = (self.c[None, :] > hi) & self.overtaken_runs()[:, None]
+        smaller = ((present | beaten_before) & (n[:, None] < nw[None, :])).any(axis=0)
         larger = (present & (n[:, None] > nw[None, :])).any(axis=0)
         return np.where(smaller & larger, "interior", np.where(~smaller & ~larger, "alone",
                                                                np.where(smaller, "edge_high", "edge_low")))
@@ -99,6 +105,18 @@ class Envelope:
         lo = np.array([r.compute[0] for r in self.runs])[:, None] * (1 - 1e-9)
         hi = np.array([r.compute[-1] for r in self.runs])[:, None] * (1 + 1e-9)
         return (self.c[None, :] >= lo) & (self.c[None, :] <= hi)
+
+    def overtaken_runs(self) -> np.ndarray:
+        """Per run: whether a larger size had overtaken it by the end of its range (`overtaken` when set, else
+        the winner at the run's last grid point is larger)."""
+        if self.overtaken is not None:
+            return np.asarray(self.overtaken, dtype=bool)
+        n = np.array([r.n_params for r in self.runs], dtype=np.float64)
+        out = np.zeros(len(self.runs), dtype=bool)
+        for i, row in enumerate(self.present):
+            where = np.nonzero(row)[0]
+            out[i] = len(where) > 0 and n[self.winner[where[-1]]] > n[i]
+        return out
 
     def ended_while_winning(self) -> list[tuple[int, int, float]]:
         """(run, next winner, C) for each run that wins the envelope at its last logged point while another run

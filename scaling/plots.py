@@ -119,7 +119,7 @@ def plot_arch(r: ArchResult, out: Path, include_embedding: bool) -> Path:
         for ax2, y, fit, name in ((axes[1], env.n_opt, r.n_fit, "N_opt"), (axes[2], env.d_opt, r.d_fit, "D_opt")):
             ax2.scatter(c[interior], y[interior], s=9, color=color, alpha=0.5, label="envelope winner (interior)")
             ax2.scatter(c[~interior], y[~interior], s=9, facecolors="none", edgecolors="gray", alpha=0.6,
-                        label="edge-won (no smaller / larger size present): not fitted")
+                        label="edge-won (no smaller / larger size competing): not fitted")
             pts = r.optimal
             if pts is not None and pts.used:
                 hc = flops_to_pflop_days(np.exp(pts.log_c[0]))

@@ -162,8 +162,9 @@ def markdown_tables(results: list[ArchResult], include_embedding: bool) -> str:
     edges = [r for r in results if r.edge_summary()]
     if edges:
         lines += ["", "Envelope points in the L(C) fit range by winner (edge-won points — no smaller / larger size "
-                      "present to compete — are not evidence of N_opt; the N_opt/D_opt fits use the handovers):", "",
-                  "| arch | interior | edge-won, smallest present | edge-won, largest present | one run |",
+                      "competing there: none present, and no smaller one overtaken earlier — are not evidence of "
+                      "N_opt; the N_opt/D_opt fits use the handovers):", "",
+                  "| arch | interior | edge-won, no smaller competing | edge-won, no larger competing | one run |",
                   "|---|---|---|---|---|"]
         for r in edges:
             e = r.edge_summary()
@@ -222,8 +223,8 @@ def console_summary(results: list[ArchResult], problems: list[str], include_embe
         e = r.edge_summary()
         if e:
             out.append(f"  envelope points in the fit range: {e['interior']['points']} interior, "
-                       f"{e['edge_low']['points']} edge-won by the smallest size present, {e['edge_high']['points']} "
-                       f"by the largest, {e['alone']['points']} with one run (edge-won points are not used for N_opt)")
+                       f"{e['edge_low']['points']} edge-won with no smaller size competing, "
+                       f"{e['edge_high']['points']} with no larger, {e['alone']['points']} with one run (edge-won points are not used for N_opt)")
         for w in r.warnings:
             out.append(f"  WARNING {w}")
         for note in r.notes:

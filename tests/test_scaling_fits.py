@@ -139,11 +139,17 @@ def test_envelope_picks_the_lowest_run_at_each_c(tmp_path):
     for i, r in enumerate(runs):
         won = env.c[env.winner == i]
         assert won.min() >= r.compute[0] * (1 - 1e-9) and won.max() <= r.compute[-1] * (1 + 1e-9)
-    # each point's status, from the runs' ranges by hand
+    # each point's status, from the runs' ranges and the law by hand: a smaller size competes where it is
+    # present, or where it stopped after a larger size had overtaken it (at its last row, by the law)
     n = [r.n_params for r in runs]
+    overtaken = [any(r2.n_params > r.n_params and r2.compute[0] <= r.compute[-1] <= r2.compute[-1]
+                     and law(r2.n_params, r.compute[-1] / r2.flops_per_token) <= law(r.n_params, r.tokens[-1])
+                     for r2 in runs) for r in runs]
+    assert env.overtaken_runs().tolist() == overtaken and 0 < sum(overtaken) < len(runs)
     for j, (w, st) in enumerate(zip(env.winner, env.status)):
         present = [i for i in range(len(runs)) if np.isfinite(table[i, j])]
-        smaller = any(n[i] < n[w] for i in present)
+        beaten = [i for i in range(len(runs)) if overtaken[i] and env.c[j] > runs[i].compute[-1]]
+        smaller = any(n[i] < n[w] for i in present + beaten)
         larger = any(n[i] > n[w] for i in present)
         assert st == {(True, True): "interior", (False, True): "edge_low", (True, False): "edge_high",
                       (False, False): "alone"}[(smaller, larger)]
