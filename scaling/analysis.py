@@ -8,7 +8,8 @@ read (scaling.runs) and named in every output.
 
 Intervals: each run's logged log-losses are regenerated as its size's fitted learning curve (scaling.curves)
 plus the run's own residuals resampled in blocks of consecutive rows; every fit is redone on every replicate
-and the percentile interval of each coefficient is reported. Replicates are whole studies, so the correlation
+and each coefficient's interval is the spread of its replicates, symmetric about the estimate
+(scaling.fits.symmetric_interval; the eps + power law's: percentiles). Replicates are whole studies, so the correlation
 between neighbouring envelope points (they share runs) is kept, unlike a bootstrap over envelope points.
 """
 from __future__ import annotations

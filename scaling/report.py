@@ -29,8 +29,10 @@ def units(include_embedding: bool) -> dict:
         "D": "training tokens",
         "L": "training loss as logged (nats/token)",
         "laws": "L = beta * C^alpha;  L = eps + beta * C^alpha;  N_opt = n_coef * C^a;  D_opt = d_coef * C^b",
-        "intervals": "percentile intervals over replicate studies (each run's residuals resampled in blocks around "
-                     "its fitted learning curve; every fit redone): ci_method 'runs'",
+        "intervals": "over replicate studies (each run's residuals resampled in blocks around its fitted learning "
+                     "curve; every fit redone), ci_method 'runs': L(C), N_opt, D_opt symmetric about the estimate "
+                     "(the longer arm of the replicates' percentile interval; coefficients in log space); "
+                     "eps + power law: percentiles",
     }
 
 

@@ -68,6 +68,22 @@ def test_power_law_through_two_points_is_exact_and_one_point_is_refused():
         fit_power_law([1.0, 1.0], [2.0, 3.0])
 
 
+def test_replicate_intervals_are_symmetric_about_the_estimate():
+    """The interval is the estimate ± the longer of its distances to the replicates' 2.5th and 97.5th
+    percentiles (by hand on 0..100, where those are 2.5 and 97.5); the coefficient's is taken in log space."""
+    from scaling.fits import PowerLawFit, symmetric_interval, with_replicate_intervals
+    samples = np.arange(101.0)
+    assert symmetric_interval(10.0, samples, 0.95) == pytest.approx((10 - 87.5, 10 + 87.5))
+    assert symmetric_interval(95.0, samples, 0.95) == pytest.approx((95 - 92.5, 95 + 92.5))
+    assert symmetric_interval(50.0, samples, 0.90) == pytest.approx((50 - 45, 50 + 45))
+    assert np.isnan(symmetric_interval(1.0, np.array([np.nan]), 0.95)).all()
+    fit = PowerLawFit(coef=np.e, exponent=0.5, coef_ci=(0, 0), exponent_ci=(0, 0), n_points=5, r2=1.0)
+    with_replicate_intervals(fit, 0.5 + (samples - 50) / 1000, 1.0 + (samples - 40) / 100, 0.95)
+    assert fit.exponent_ci == pytest.approx((0.5 - 0.0475, 0.5 + 0.0475))
+    assert fit.coef_ci == pytest.approx((np.exp(1 - 0.575), np.exp(1 + 0.575)))   # log 97.5th: 1 + 0.575
+    assert fit.ci_method == "runs" and fit.n_replicates == 101
+
+
 def test_offset_power_law_recovers_eps_and_exponent():
     rng = np.random.default_rng(1)
     x = np.logspace(-4, 3, 150)
