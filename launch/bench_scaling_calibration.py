@@ -20,6 +20,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import numpy as np  # noqa: E402
 
 from scaling.analysis import FitSettings, analyze_arch  # noqa: E402
+from scaling.fits import _interval  # noqa: E402
 from scaling.runs import load_runs  # noqa: E402
 from scaling.synthetic import LossLaw, frontier_exponents, size_ladder, write_sweep  # noqa: E402
 
@@ -31,6 +32,10 @@ STUDIES = {
     # sizes from 3.4M to 6.5B, noisier logs
     "chinchilla_llama_7_sizes_2pct": dict(arch="llama", law=LossLaw(),
                                           sizes=["mini", "70m", "160m", "410m", "1b", "3b", "7b"], noise=0.02),
+    # a trainer logging every step: 5000 rows per run, no extra early rows, noisier losses
+    "a618_paper_sizes_dense_2pct": dict(arch="tnl", law=LossLaw(E=1.8, A=40.0, B=845.0, alpha=0.2, beta=0.3236),
+                                        sizes=["70m", "160m", "410m", "1b", "3b", "7b"], noise=0.02, rows=5000,
+                                        early_rows=0),
     # many sizes (where a line through the envelope's winners is worst): sixteen uneven steps from 3.7M to 7.7B
     "a618_16_sizes_1pct": dict(arch="tnl", law=LossLaw(E=1.8, A=40.0, B=845.0, alpha=0.2, beta=0.3236),
                                sizes=size_ladder("tnl", 16), noise=0.01),
@@ -39,7 +44,8 @@ STUDIES = {
 
 def one(study: dict, seed: int, n_boot: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        write_sweep(d, study["arch"], study["sizes"], study["law"], noise=study["noise"], seed=seed, early_rows=40)
+        write_sweep(d, study["arch"], study["sizes"], study["law"], noise=study["noise"], seed=seed,
+                    n_rows=study.get("rows", 300), early_rows=study.get("early_rows", 40))
         runs, _ = load_runs([d])
     res = analyze_arch(study["arch"], runs, FitSettings(n_boot=n_boot, n_boot_offset=0, seed=seed))
     if res.n_fit is None:
@@ -47,9 +53,11 @@ def one(study: dict, seed: int, n_boot: int) -> dict:
     c = np.exp(res.optimal.log_c[0])
     a, b = frontier_exponents(study["law"], sorted({(float(r.n_params), r.flops_per_token) for r in runs}),
                               float(c.min()), float(c.max()))
+    # the tool's interval, and for comparison the plain percentile interval of the same replicates
+    pct = {k: list(_interval(f.exponent_samples, 0.95)) for k, f in (("a", res.n_fit), ("b", res.d_fit))}
     return {"seed": seed, "fitted": True, "a_true": a, "b_true": b, "a": res.n_fit.exponent,
             "a_ci": list(res.n_fit.exponent_ci), "b": res.d_fit.exponent, "b_ci": list(res.d_fit.exponent_ci),
-            "handovers": len(res.optimal.used)}
+            "a_ci_percentile": pct["a"], "b_ci_percentile": pct["b"], "handovers": len(res.optimal.used)}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -60,7 +68,11 @@ def summary(rows: list[dict]) -> dict:
         tru = np.array([r[f"{k}_true"] for r in ok])
         lo = np.array([r[f"{k}_ci"][0] for r in ok])
         hi = np.array([r[f"{k}_ci"][1] for r in ok])
+        plo = np.array([r[f"{k}_ci_percentile"][0] for r in ok])
+        phi = np.array([r[f"{k}_ci_percentile"][1] for r in ok])
         out[k] = {"coverage": float(np.mean((lo <= tru) & (tru <= hi))), "mean_width": float(np.mean(hi - lo)),
+                  "coverage_percentile": float(np.mean((plo <= tru) & (tru <= phi))),
+                  "mean_width_percentile": float(np.mean(phi - plo)),
                   "bias": float(np.mean(est - tru)), "sd": float(np.std(est)), "truth": float(np.mean(tru))}
     return out
 
