@@ -20,7 +20,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import numpy as np  # noqa: E402
 
 from scaling.analysis import FitSettings, analyze_arch  # noqa: E402
-from scaling.fits import _interval  # noqa: E402
+from scaling.fits import percentile_interval  # noqa: E402
 from scaling.runs import load_runs  # noqa: E402
 from scaling.synthetic import LossLaw, frontier_exponents, size_ladder, write_sweep  # noqa: E402
 
@@ -54,7 +54,7 @@ def one(study: dict, seed: int, n_boot: int) -> dict:
     a, b = frontier_exponents(study["law"], sorted({(float(r.n_params), r.flops_per_token) for r in runs}),
                               float(c.min()), float(c.max()))
     # the tool's interval, and for comparison the plain percentile interval of the same replicates
-    pct = {k: list(_interval(f.exponent_samples, 0.95)) for k, f in (("a", res.n_fit), ("b", res.d_fit))}
+    pct = {k: list(percentile_interval(f.exponent_samples, 0.95)) for k, f in (("a", res.n_fit), ("b", res.d_fit))}
     return {"seed": seed, "fitted": True, "a_true": a, "b_true": b, "a": res.n_fit.exponent,
             "a_ci": list(res.n_fit.exponent_ci), "b": res.d_fit.exponent, "b_ci": list(res.d_fit.exponent_ci),
             "a_ci_percentile": pct["a"], "b_ci_percentile": pct["b"], "handovers": len(res.optimal.used)}
