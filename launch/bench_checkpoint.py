@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from pretrain.config import parse_config  # noqa: E402
 from pretrain.trainer import Trainer  # noqa: E402
+from pretrain.argtypes import non_negative_int, positive_float, positive_int, ranged  # noqa: E402
 
 
 def sync() -> None:
@@ -238,16 +239,16 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="llama")
     p.add_argument("--size", default="70m")
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--saves", type=int, default=2, help="background checkpoint saves to time")
-    p.add_argument("--pin-fraction", type=float, default=0.1,
+    p.add_argument("--seq-len", type=positive_int, default=2048)
+    p.add_argument("--micro-batch", type=positive_int, default=1)
+    p.add_argument("--warmup", type=non_negative_int, default=5)
+    p.add_argument("--steps", type=positive_int, default=10)
+    p.add_argument("--saves", type=positive_int, default=2, help="background checkpoint saves to time")
+    p.add_argument("--pin-fraction", type=ranged(float, ge=0, le=1), default=0.1,
                    help="share of a step spent page-locking staging buffers while they are not all pinned")
     p.add_argument("--only-pinning", action="store_true", help="stop after the pinning phase")
-    p.add_argument("--pin-max-s", type=float, default=60.0, help="stop the pinning phase after this long")
-    p.add_argument("--pin-bench", type=float, default=None, metavar="GB",
+    p.add_argument("--pin-max-s", type=positive_float, default=60.0, help="stop the pinning phase after this long")
+    p.add_argument("--pin-bench", type=positive_float, default=None, metavar="GB",
                    help="compare ways of page-locking GB of host memory next to a GPU loop, then exit")
     p.add_argument("--run-dir", default=None, help="where the checkpoints go (default: a temporary directory)")
     p.add_argument("--json", default=None, help="append the result as one JSON line to this file")
@@ -262,4 +263,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pretrain.errors import run_cli
+    sys.exit(run_cli(lambda argv: main()))

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_pipeline.bench import (bench_langid, bench_loader, bench_loader_index, bench_merge,  # noqa: E402
                                  bench_prepare, bench_quality, bench_tokenizer)
+from pretrain.argtypes import non_negative_int, positive_int  # noqa: E402
 
 DEFAULT = Path(__file__).resolve().parent / "configs" / "data" / "shared_2to1.yaml"
 
@@ -23,12 +24,12 @@ DEFAULT = Path(__file__).resolve().parent / "configs" / "data" / "shared_2to1.ya
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(DEFAULT))
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--workers", type=non_negative_int, default=0)
+    p.add_argument("--seq-len", type=positive_int, default=2048)
     p.add_argument("--quality", action="store_true", help="filter measurements on real and planted text")
     p.add_argument("--langid", action="store_true", help="compare the installed language-ID packages")
-    p.add_argument("--merge-scale", type=int, default=0, help="documents of a synthetic staged-merge run")
-    p.add_argument("--loader-index", type=int, default=0, help="documents of a synthetic loader index")
+    p.add_argument("--merge-scale", type=non_negative_int, default=0, help="documents of a synthetic staged-merge run")
+    p.add_argument("--loader-index", type=non_negative_int, default=0, help="documents of a synthetic loader index")
     p.add_argument("--keep", action="store_true", help="keep the synthetic data (for --reuse)")
     p.add_argument("--reuse", action="store_true", help="--merge-scale on the parts kept by an earlier run")
     p.add_argument("--scratch", default=tempfile.gettempdir(), help="folder for the synthetic data")
@@ -52,4 +53,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pretrain.errors import run_cli
+    sys.exit(run_cli(main))

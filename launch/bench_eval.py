@@ -64,4 +64,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pretrain.errors import run_cli
+    sys.exit(run_cli(lambda argv: main()))

@@ -828,4 +828,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pretrain.errors import run_cli
+    sys.exit(run_cli(main))

@@ -23,6 +23,7 @@ from scaling.analysis import FitSettings, analyze_arch  # noqa: E402
 from scaling.fits import percentile_interval  # noqa: E402
 from scaling.runs import load_runs  # noqa: E402
 from scaling.synthetic import LossLaw, frontier_exponents, size_ladder, write_sweep  # noqa: E402
+from pretrain.argtypes import positive_int  # noqa: E402
 
 STUDIES = {
     # a = 0.618, D_opt ~ 20 N near 1B; the paper's six sizes
@@ -80,8 +81,8 @@ def summary(rows: list[dict]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--studies", nargs="+", default=list(STUDIES), choices=list(STUDIES))
-    p.add_argument("--repeats", type=int, default=60)
-    p.add_argument("--n-boot", type=int, default=200, help="replicates per fit (the CLI's default)")
+    p.add_argument("--repeats", type=positive_int, default=60)
+    p.add_argument("--n-boot", type=positive_int, default=200, help="replicates per fit (the CLI's default)")
     p.add_argument("--out", type=Path, help="write every repeat and the summary as JSON")
     a = p.parse_args()
     report = {"date": time.strftime("%Y-%m-%d"), "machine": f"CPU ({platform.processor() or platform.machine()})",
@@ -108,4 +109,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pretrain.errors import run_cli
+    sys.exit(run_cli(lambda argv: main()))

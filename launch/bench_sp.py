@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from pretrain.argtypes import non_negative_int, positive_int  # noqa: E402
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -174,21 +176,21 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("train", help="training-step throughput of a model")
     t.add_argument("--arch", default="tnl", choices=[a for a in arch_names() if get_arch(a).sequence_parallel])
     t.add_argument("--size", default="1b")
-    t.add_argument("--vocab", type=int, default=None, help="vocabulary override (small CPU runs)")
-    t.add_argument("--seq", type=int, default=32768)
-    t.add_argument("--sp", type=int, default=None, help="sequence-parallel degree (default: all ranks)")
-    t.add_argument("--micro-batch", type=int, default=1)
+    t.add_argument("--vocab", type=positive_int, default=None, help="vocabulary override (small CPU runs)")
+    t.add_argument("--seq", type=positive_int, default=32768)
+    t.add_argument("--sp", type=positive_int, default=None, help="sequence-parallel degree (default: all ranks)")
+    t.add_argument("--micro-batch", type=positive_int, default=1)
     t.add_argument("--ac", default="full", choices=["none", "mlp", "full"], help="activation checkpointing")
     t.add_argument("--compile", action="store_true", help="regional torch.compile of the blocks")
     o = sub.add_parser("op", help="one linear-attention layer with and without the state exchange")
     o.add_argument("--op", default="lightning", choices=["lightning", "gla"])
-    o.add_argument("--seq", type=int, default=8192)
-    o.add_argument("--batch", type=int, default=1)
-    o.add_argument("--heads", type=int, default=16)
-    o.add_argument("--dim", type=int, default=128)
+    o.add_argument("--seq", type=positive_int, default=8192)
+    o.add_argument("--batch", type=positive_int, default=1)
+    o.add_argument("--heads", type=positive_int, default=16)
+    o.add_argument("--dim", type=positive_int, default=128)
     for s in (t, o):
-        s.add_argument("--warmup", type=int, default=2)
-        s.add_argument("--steps", type=int, default=5)
+        s.add_argument("--warmup", type=non_negative_int, default=2)
+        s.add_argument("--steps", type=positive_int, default=5)
         s.add_argument("--out", default="bench_results/sp")
     r = sub.add_parser("report", help="print the tables of the results in a folder")
     r.add_argument("dir")
@@ -203,4 +205,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pretrain.errors import run_cli
+    sys.exit(run_cli(main))

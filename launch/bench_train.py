@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pretrain.argtypes import non_negative_float, non_negative_int, positive_float, positive_int, ranged  # noqa: E402
 
 ARCHS = ["llama", "tnl", "hgrn2", "cos2"]  # the measured matrix: the paper's four, LLaMA the baseline
 SIZES = ["410m", "1b"]
@@ -352,13 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--archs", default=",".join(ARCHS), type=lambda s: s.split(","))
     p.add_argument("--sizes", default=",".join(SIZES), type=lambda s: s.split(","))
     p.add_argument("--seqs", default=",".join(map(str, SEQS)), type=lambda s: [int(x) for x in s.split(",")])
-    p.add_argument("--tokens-per-step", type=int, default=65536)
-    p.add_argument("--micro-tokens", type=int, default=None, help="tokens per micro-batch (default max(seq, 8192))")
+    p.add_argument("--tokens-per-step", type=positive_int, default=65536)
+    p.add_argument("--micro-tokens", type=positive_int, default=None, help="tokens per micro-batch (default max(seq, 8192))")
     p.add_argument("--ac", default="auto", choices=["auto"] + AC_MODES,
                    help="activation checkpointing (auto: the cheapest setting pretrain.memory says fits)")
-    p.add_argument("--ac-fraction", type=float, default=1.0, help="share of blocks checkpointed (not with auto)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps (the first compiles)")
-    p.add_argument("--steps", type=int, default=4, help="timed steps (median)")
+    p.add_argument("--ac-fraction", type=ranged(float, gt=0, le=1), default=1.0, help="share of blocks checkpointed (not with auto)")
+    p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps (the first compiles)")
+    p.add_argument("--steps", type=positive_int, default=4, help="timed steps (median)")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--profile", action="store_true", help="also profile one step (kernel classes)")
     p.add_argument("--order", default="size-seq", choices=["size-seq", "given"],
@@ -366,9 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench_results/train")
     p.add_argument("--force", action="store_true", help="re-measure cells already in --out")
     p.add_argument("--keep-failures", action="store_true", help="record failed cells as measured")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds; start no cell after it is spent")
-    p.add_argument("--min-cell-s", type=float, default=60, help="do not start a cell with less time left")
-    p.add_argument("--cell-timeout", type=float, default=900)
+    p.add_argument("--time-budget", type=positive_float, default=None, help="seconds; start no cell after it is spent")
+    p.add_argument("--min-cell-s", type=non_negative_float, default=60, help="do not start a cell with less time left")
+    p.add_argument("--cell-timeout", type=positive_float, default=900)
     p.add_argument("--report", metavar="DIR", help="print the tables of the results in DIR and exit")
     p.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # smoke test of the machinery
     p.add_argument("--cell", help=argparse.SUPPRESS)
@@ -390,4 +391,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pretrain.errors import run_cli
+    sys.exit(run_cli(main))

@@ -129,4 +129,5 @@ def report(study, plans) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pretrain.errors import run_cli
+    sys.exit(run_cli(main))

@@ -1126,6 +1126,27 @@ def test_evaluate_bad_input(dataset, tmp_path, capsys):
     assert "argument --tasks: invalid choice: 'bogus' (choose from" in proc.stderr and "'wikitext2'" in proc.stderr
 
 
+def test_every_command_has_the_handler(tmp_path):
+    """Every command in launch/ (benchmarks and the study driver too) runs under the one user-error
+    handler, so a bad flag or file ends in one `error:` line and exit 2, never a traceback; numeric
+    benchmark flags are range-checked (a step count of 0 or less used to hang or end in a
+    StatisticsError)."""
+    for script in sorted((ROOT / "launch").glob("*.py")):
+        text = script.read_text()
+        assert "run_cli(" in text or "from pretrain.trainer import main" in text, \
+            f"{script.name} does not run its main under pretrain.errors.run_cli"
+    procs = clis(("bench_checkpoint.py", "--steps", "-1"),
+                 ("bench_data.py", "--config", tmp_path / "missing.yaml"),
+                 ("bench_scaling_calibration.py", "--repeats", "0"),
+                 ("study.py", "plan", "--config", tmp_path / "missing.yaml"))
+    expect = ["argument --steps: -1: out of range; allowed: >= 1",
+              f"error: data config {tmp_path / 'missing.yaml'} not found",
+              "argument --repeats: 0: out of range; allowed: >= 1",
+              f"error: study config: {tmp_path / 'missing.yaml'}: no such file"]
+    for proc, want in zip(procs, expect):
+        assert proc.returncode == 2 and want in one_error_line(proc.stderr), (proc.args, proc.stderr[-2000:])
+
+
 def test_model_info_bad_sizes(capsys):
     """model_info with a zero or negative --seq-len / --batch (ZeroDivisionError / nonsense before), or an
     unknown --size: usage error or one line, exit 2."""
