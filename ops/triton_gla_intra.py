@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ops.triton_scan import _and, _dot32, _program, _segment, _seq_bounds
+from ops.triton_scan import dot32, mask_and, segment_chunks, seq_bounds, walk_program
 
 
 @triton.jit
@@ -58,7 +58,7 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
     start (fp32) is written for the sub-chunk kernels below, which handle that chunk instead."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
     rows = i_c * BT + tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
     m = (rows < eos - bos)[:, None] & (offs_k < K)[None, :]
@@ -107,7 +107,7 @@ def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_S = tl.program_id(1)
     i_h = tl.program_id(2)
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
     if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: gla_A_tame_kernel
         L = eos - bos
         t0 = i_c * BT
@@ -128,7 +128,7 @@ def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
             b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
             r = _row_of(b_S, 0, BC)
             k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
-            acc += _dot32(q_S * _exp0(b_S - r), tl.trans(k_w), PREC)  # fp32 operands: tf32
+            acc += dot32(q_S * _exp0(b_S - r), tl.trans(k_w), PREC)  # fp32 operands: tf32
             d = b_S[:, None, :] - b_S[None, :, :]
             w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.)
             acc_d += tl.sum(q_S[:, None, :] * k_S[None, :, :] * w, axis=2)
@@ -163,7 +163,7 @@ def gla_A_tame_kernel(q, k, g, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constex
     their walks (fp32 operands: tf32 for bf16 inputs, as everywhere on the gated path)."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
     if _is_tame(tame, bos, i_c * BT, i_h, H):
         L = eos - bos
         rows = i_c * BT + tl.arange(0, BT)
@@ -172,7 +172,7 @@ def gla_A_tame_kernel(q, k, g, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constex
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
             b_q, b_k, e_b, e_over = _tame_factors(q, k, g, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
-            acc += _dot32(b_q * e_b, tl.trans(b_k * e_over), PREC)
+            acc += dot32(b_q * e_b, tl.trans(b_k * e_over), PREC)
         causal = tl.arange(0, BT)[:, None] >= tl.arange(0, BT)[None, :]
         p = A + ((bos + rows) * H + i_h)[:, None] * BT + tl.arange(0, BT)[None, :]
         tl.store(p, tl.where(causal, acc, 0.), mask=(rows < L)[:, None])
@@ -191,7 +191,7 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
     last row): one tensor-core product each, then the diagonal block element-wise."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
     if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: gla_dqk_tame_kernel
         for i_S in range(0, BT // BC):
             for kb in range(0, tl.cdiv(K, BK)):
@@ -221,12 +221,12 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
                 r = _row_of(b_S, 0, BC)
                 dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
                 k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
-                acc_q = _dot32(dA_row, k_w, PREC) * _exp0(b_S - r)  # fp32 operands: tf32
+                acc_q = dot32(dA_row, k_w, PREC) * _exp0(b_S - r)  # fp32 operands: tf32
                 # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
                 r2 = _row_of(b_S, BC - 1, BC)
                 dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
                 q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
-                acc_k = _dot32(tl.trans(dA_col), q_w, PREC) * _exp0(r2 - b_S)
+                acc_k = dot32(tl.trans(dA_col), q_w, PREC) * _exp0(r2 - b_S)
                 # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
                 # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
                 causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]
@@ -254,7 +254,7 @@ def gla_dqk_tame_kernel(q, k, v, g, do, dq, dk, tame, cu, chunks, T, NT, TAME_SP
     off the scans' walks, which are latency-bound."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
     if _is_tame(tame, bos, i_c * BT, i_h, H):
         L = eos - bos
         rows = i_c * BT + tl.arange(0, BT)
@@ -268,8 +268,8 @@ def gla_dqk_tame_kernel(q, k, v, g, do, dq, dk, tame, cu, chunks, T, NT, TAME_SP
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
             b_q, b_k, e_b, e_over = _tame_factors(q, k, g, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
-            b_dq = _dot32(dA, b_k * e_over, PREC) * e_b  # fp32 operands: tf32
-            b_dk = _dot32(tl.trans(dA), b_q * e_b, PREC) * e_over
+            b_dq = dot32(dA, b_k * e_over, PREC) * e_b  # fp32 operands: tf32
+            b_dk = dot32(tl.trans(dA), b_q * e_b, PREC) * e_over
             p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
             m = (rows < L)[:, None] & kmask[None, :]
             tl.store(dq + p, b_dq, mask=m)
@@ -296,9 +296,9 @@ def gla_dg_tot_kernel(q, k, dq, dk, tot, cu, T, SC, SM1,
     q dq - k dk over segment j+1 (0 past the sequence end)."""
     i_nh = tl.program_id(1)
     j = tl.program_id(2)
-    i_h, bos, L, offs_k, _, kmask, _, _, _, _ = _program(
+    i_h, bos, L, offs_k, _, kmask, _, _, _, _ = walk_program(
         tl.program_id(0), 0, i_nh, None, cu, T, H, K, V, BK, 16, True, True, VARLEN)
-    c0, c1, _, _ = _segment(j + 1, L, SC, BT)
+    c0, c1, _, _ = segment_chunks(j + 1, L, SC, BT)
     acc = tl.zeros([BK], dtype=tl.float32)
     for c in range(c0, c1):
         x = _dg_x(q, k, dq, dk, bos, c * BT + tl.arange(0, BT), L, i_h, H, K, offs_k, kmask)[0]
@@ -318,9 +318,9 @@ def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, tot, cu, T,
     (dkx) added here after the cumsum."""
     i_nh = tl.program_id(1)
     i_s = tl.program_id(2)
-    i_h, bos, L, offs_k, offs_v, kmask, vmask, _, _, _ = _program(
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, _, _, _ = walk_program(
         tl.program_id(0), 0, i_nh, None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
-    c0, c1, n_seg, _ = _segment(i_s, L, SC, BT)
+    c0, c1, n_seg, _ = segment_chunks(i_s, L, SC, BT)
     carry = tl.zeros([BK], dtype=tl.float32)
     for j in range(i_s, n_seg - 1):
         carry += tl.load(tot + (i_nh.to(tl.int64) * SM1 + j) * K + offs_k, mask=kmask, other=0.)
@@ -359,7 +359,7 @@ def gla_state_grad_kernel(k, v, g, dht, h0, dgx, dkx, dh0, cu, T,
     The direct form: every term is a product of factors <= 1 and O(1) sums, so it keeps its relative
     precision for gates near 0, where the equivalent 'sum of all minus a suffix' form cancels.
     Pass 1 walks forward (z; writes f_s z_{s-1} into dgx and u into dkx), pass 2 backward (W)."""
-    i_h, bos, L, offs_k, offs_v, kmask, vmask, _, hp, hmask = _program(
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, _, hp, hmask = walk_program(
         tl.program_id(0), 0, tl.program_id(1), None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
     offs_t = tl.arange(0, BT)
     dS = tl.load(dht + hp, mask=hmask, other=0.).to(tl.float32)

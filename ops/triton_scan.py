@@ -40,7 +40,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _seq_bounds(cu, i_n, T, VARLEN: tl.constexpr):
+def seq_bounds(cu, i_n, T, VARLEN: tl.constexpr):
     if VARLEN:
         bos = tl.load(cu + i_n).to(tl.int64)
         eos = tl.load(cu + i_n + 1).to(tl.int64)
@@ -51,7 +51,7 @@ def _seq_bounds(cu, i_n, T, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _program(i_k, i_v, i_nh, log_lam, cu, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def walk_program(i_k, i_v, i_nh, log_lam, cu, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
              BK: tl.constexpr, BV: tl.constexpr, GATED: tl.constexpr, HAS_DECAY: tl.constexpr,
              VARLEN: tl.constexpr):
     """What every walk program starts from: its head, sequence start and length, its key / value columns
@@ -59,7 +59,7 @@ def _program(i_k, i_v, i_nh, log_lam, cu, T, H: tl.constexpr, K: tl.constexpr, V
     and the offsets / mask of its [BK, BV] block of a [N, H, K, V] state tensor."""
     i_n = i_nh // H
     i_h = i_nh % H
-    bos, eos = _seq_bounds(cu, i_n, T, VARLEN)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
     offs_k = i_k * BK + tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
     kmask = offs_k < K
@@ -72,13 +72,13 @@ def _program(i_k, i_v, i_nh, log_lam, cu, T, H: tl.constexpr, K: tl.constexpr, V
 
 
 @triton.jit
-def _and(mask, cond):
+def mask_and(mask, cond):
     """mask & a scalar condition, in a form the CPU interpreter accepts too."""
     return mask & ((mask.to(tl.int32) * 0 + cond.to(tl.int32)) != 0)
 
 
 @triton.jit
-def _segment(i_s, L, SC, BT: tl.constexpr):
+def segment_chunks(i_s, L, SC, BT: tl.constexpr):
     """Chunks [c0, c1) of segment i_s (SC chunks each) of a sequence of L tokens, the number of segments of
     that sequence, and whether i_s is its last (a segment past the end has c0 >= c1: an empty walk)."""
     NC = tl.cdiv(L, BT)
@@ -111,7 +111,7 @@ def _step(s, a, x, w, b_last, F32: tl.constexpr, DECAY: tl.constexpr, PREC: tl.c
 
 
 @triton.jit
-def _tf32(x):
+def tf32_round(x):
     """x (fp32) rounded to the nearest tf32 value (10-bit mantissa, ties to even). Tensor cores read only
     the top 19 bits of an fp32 operand, i.e. truncate it; truncation errors all point towards zero, and
     d log_f, a reverse cumulative sum over the whole sequence of a cancelling difference, piles such a
@@ -122,11 +122,11 @@ def _tf32(x):
 
 
 @triton.jit
-def _dot32(a, b, PREC: tl.constexpr):
+def dot32(a, b, PREC: tl.constexpr):
     """a @ b for fp32 operands: tf32 tensor cores with round-to-nearest operands (PREC 'tf32', bf16
     inputs), or exact fp32 ('ieee', fp32 inputs)."""
     if PREC == "tf32":
-        return tl.dot(_tf32(a), _tf32(b), input_precision="tf32")
+        return tl.dot(tf32_round(a), tf32_round(b), input_precision="tf32")
     return tl.dot(a, b, input_precision=PREC)
 
 
@@ -134,7 +134,7 @@ def _dot32(a, b, PREC: tl.constexpr):
 def _outer(a, x, w, F32: tl.constexpr, PREC: tl.constexpr):
     """(a * w)^T x on fp32 operands when F32, else on a's dtype."""
     if F32:
-        return _dot32(tl.trans(a.to(tl.float32) * w), x.to(tl.float32), PREC)
+        return dot32(tl.trans(a.to(tl.float32) * w), x.to(tl.float32), PREC)
     return tl.dot(tl.trans((a * w).to(a.dtype)), x, input_precision=PREC)
 
 
@@ -219,9 +219,9 @@ def seg_local_kernel(a, x, g, log_lam, slot, dec, cu, T, SC, SM1,
     i_v = tl.program_id(0) % NV
     i_nh = tl.program_id(1)
     j = tl.program_id(2)
-    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, _, hmask = _program(
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, _, hmask = walk_program(
         i_k, i_v, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
-    c0, c1, _, _ = _segment(j + REVERSE, L, SC, BT)
+    c0, c1, _, _ = segment_chunks(j + REVERSE, L, SC, BT)
     offs_t = tl.arange(0, BT)
     acc = tl.zeros([BK, BV], dtype=tl.float32)
     if GATED:
@@ -267,9 +267,9 @@ def seg_combine_kernel(slot, dec, init, cu, T, SC, SM1,
     i_k = tl.program_id(0) // NV
     i_v = tl.program_id(0) % NV
     i_nh = tl.program_id(1)
-    _, bos, L, offs_k, offs_v, kmask, vmask, _, hp, hmask = _program(
+    _, bos, L, offs_k, offs_v, kmask, vmask, _, hp, hmask = walk_program(
         i_k, i_v, i_nh, None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
-    _, _, n_seg, _ = _segment(0, L, SC, BT)
+    _, _, n_seg, _ = segment_chunks(0, L, SC, BT)
     carry = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_INIT:
         carry += tl.load(init + hp, mask=hmask, other=0.).to(tl.float32)
@@ -299,15 +299,15 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_s = tl.program_id(2)
-    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = walk_program(
         0, i_v, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
-    c0, c1, _, last = _segment(i_s, L, SC, BT)
+    c0, c1, _, last = segment_chunks(i_s, L, SC, BT)
     offs_t = tl.arange(0, BT)
     dt = q.dtype.element_ty
     h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
-        h += tl.load(h0 + hp, mask=_and(hmask, i_s == 0), other=0.).to(tl.float32)
-    h += tl.load(_slot(Hs, i_nh, i_s - 1, SM1, K, V, offs_k, offs_v), mask=_and(hmask, i_s > 0), other=0.)
+        h += tl.load(h0 + hp, mask=mask_and(hmask, i_s == 0), other=0.).to(tl.float32)
+    h += tl.load(_slot(Hs, i_nh, i_s - 1, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, i_s > 0), other=0.)
     for c in range(c0, c1):
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
@@ -316,8 +316,8 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # A precomputed for every chunk (ops.triton_gla_intra)
-            b_o = _dot32(_load_A(A, bos, rows, rmask, i_h, H, BT, False), b_v.to(tl.float32), PREC)
-            b_o += _dot32(b_q.to(tl.float32) * tl.exp(b), h, PREC)
+            b_o = dot32(_load_A(A, bos, rows, rmask, i_h, H, BT, False), b_v.to(tl.float32), PREC)
+            b_o += dot32(b_q.to(tl.float32) * tl.exp(b), h, PREC)
         else:
             b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
             b_o = tl.dot(b_A.to(dt), b_v, input_precision=PREC)
@@ -327,7 +327,7 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
                 b_o += tl.dot(b_q, h.to(dt), input_precision=PREC)
         h = _step(h, b_k, b_v, tl.exp(tl.minimum(b_last - b, 0.)), b_last, False, GATED or HAS_DECAY, PREC)
         _store_rows(o, b_o, bos, rows, rmask, i_h, H, V, offs_v, vmask)
-    tl.store(ht + hp, h, mask=_and(hmask, last))
+    tl.store(ht + hp, h, mask=mask_and(hmask, last))
 
 
 @triton.jit
@@ -341,15 +341,15 @@ def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, cu, T, SC, SM1,
     i_k = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_s = tl.program_id(2)
-    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = walk_program(
         i_k, 0, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
-    c0, c1, _, _ = _segment(i_s, L, SC, BT)
+    c0, c1, _, _ = segment_chunks(i_s, L, SC, BT)
     offs_t = tl.arange(0, BT)
     dt = k.dtype.element_ty
     h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
-        h += tl.load(h0 + hp, mask=_and(hmask, i_s == 0), other=0.).to(tl.float32)
-    h += tl.load(_slot(Hs, i_nh, i_s - 1, SM1, K, V, offs_k, offs_v), mask=_and(hmask, i_s > 0), other=0.)
+        h += tl.load(h0 + hp, mask=mask_and(hmask, i_s == 0), other=0.).to(tl.float32)
+    h += tl.load(_slot(Hs, i_nh, i_s - 1, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, i_s > 0), other=0.)
     for c in range(c0, c1):
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
@@ -358,7 +358,7 @@ def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, cu, T, SC, SM1,
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # GLA: fp32 operands (tf32 for bf16 inputs): d log_f is a cancelling sum of q dq - k dk
-            b_dq = _dot32(b_do.to(tl.float32), tl.trans(h), PREC)
+            b_dq = dot32(b_do.to(tl.float32), tl.trans(h), PREC)
         else:
             b_dq = tl.dot(b_do, tl.trans(h.to(dt)), input_precision=PREC)
         if GATED or HAS_DECAY:
@@ -385,15 +385,15 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, cu, T, SC, SM1,
     i_k = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_s = tl.program_id(2)
-    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = walk_program(
         i_k, 0, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
-    c0, c1, _, last = _segment(i_s, L, SC, BT)
+    c0, c1, _, last = segment_chunks(i_s, L, SC, BT)
     offs_t = tl.arange(0, BT)
     dt = q.dtype.element_ty
     dh = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
-        dh += tl.load(dht + hp, mask=_and(hmask, last), other=0.).to(tl.float32)
-    dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=_and(hmask, (c1 > c0) & (last == 0)), other=0.)
+        dh += tl.load(dht + hp, mask=mask_and(hmask, last), other=0.).to(tl.float32)
+    dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, (c1 > c0) & (last == 0)), other=0.)
     for cc in range(0, tl.maximum(c1 - c0, 0)):
         c = c1 - 1 - cc
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
@@ -403,7 +403,7 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, cu, T, SC, SM1,
         b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # see the dq walk
-            b_dk = _dot32(b_v.to(tl.float32), tl.trans(dh), PREC)
+            b_dk = dot32(b_v.to(tl.float32), tl.trans(dh), PREC)
         else:
             b_dk = tl.dot(b_v, tl.trans(dh.to(dt)), input_precision=PREC)
         if GATED or HAS_DECAY:
@@ -417,7 +417,7 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, cu, T, SC, SM1,
             b_dk += tl.dot(b_dAt.to(dt), b_q, input_precision=PREC)
         _store_rows(dk, b_dk, bos, rows, rmask, i_h, H, K, offs_k, kmask)
     if STORE_DH0:
-        tl.store(dh0 + hp, dh, mask=_and(hmask, i_s == 0))
+        tl.store(dh0 + hp, dh, mask=mask_and(hmask, i_s == 0))
 
 
 @triton.jit
@@ -431,15 +431,15 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_s = tl.program_id(2)
-    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = _program(
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = walk_program(
         0, i_v, i_nh, log_lam, cu, T, H, K, V, BK, BV, GATED, HAS_DECAY, VARLEN)
-    c0, c1, _, last = _segment(i_s, L, SC, BT)
+    c0, c1, _, last = segment_chunks(i_s, L, SC, BT)
     offs_t = tl.arange(0, BT)
     dt = q.dtype.element_ty
     dh = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
-        dh += tl.load(dht + hp, mask=_and(hmask, last), other=0.).to(tl.float32)
-    dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=_and(hmask, (c1 > c0) & (last == 0)), other=0.)
+        dh += tl.load(dht + hp, mask=mask_and(hmask, last), other=0.).to(tl.float32)
+    dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, (c1 > c0) & (last == 0)), other=0.)
     for cc in range(0, tl.maximum(c1 - c0, 0)):
         c = c1 - 1 - cc
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
@@ -450,8 +450,8 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # the forward's A; fp32 operands (tf32 for bf16 inputs), as in the other gated walks
             b_At = _load_A(A, bos, rows, rmask, i_h, H, BT, True)
-            b_dv = _dot32(b_At, b_do.to(tl.float32), PREC)
-            b_dv += _dot32(b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.)), dh, PREC)
+            b_dv = dot32(b_At, b_do.to(tl.float32), PREC)
+            b_dv += dot32(b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.)), dh, PREC)
         else:
             b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
             b_dv = tl.dot(b_At.to(dt), b_do, input_precision=PREC)

@@ -14,7 +14,7 @@ import ops  # noqa: E402
 from ops import gated_linear_attn, lightning_attn  # noqa: E402
 from ops import reference as R  # noqa: E402
 from ops.testing import SCAN, force_plan  # noqa: E402
-from ops.triton_scan import _dot32, _tf32  # noqa: E402
+from ops.triton_scan import dot32, tf32_round  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -235,11 +235,11 @@ def test_auto_on_cuda_follows_the_ops_config():
 @triton.jit
 def _round_kernel(x, y, a, b, c, N: tl.constexpr, M: tl.constexpr):
     offs = tl.arange(0, N)
-    tl.store(y + offs, _tf32(tl.load(x + offs)))
+    tl.store(y + offs, tf32_round(tl.load(x + offs)))
     r = tl.arange(0, M)
     ta = tl.load(a + r[:, None] * M + r[None, :])
     tb = tl.load(b + r[:, None] * M + r[None, :])
-    tl.store(c + r[:, None] * M + r[None, :], _dot32(ta, tb, "tf32"))
+    tl.store(c + r[:, None] * M + r[None, :], dot32(ta, tb, "tf32"))
 
 
 def test_tf32_operands_round_to_nearest():
