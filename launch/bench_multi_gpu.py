@@ -613,8 +613,10 @@ def resume(s: Session) -> list[dict]:
                                                                      p.resume_steps, p.global_seqs, "--save-every", "0",
                                                                      "--resume", str(ckpt), *common))
             print(f"[resume] {name} resumed on {b}: {shell_line(cmd_res)}", flush=True)
+            # stopped after its last step: its end-of-run checkpoint is not needed
             rc2, lines2, mem2, wall2 = run_logged(cmd_res, s.env, s.out / "logs" / f"resume-{name}-resumed.log",
-                                                  s.args.cell_timeout, b)
+                                                  s.args.cell_timeout, b,
+                                                  stop_on=rf"^step {p.resume_steps}/{p.resume_steps}\b")
             cell["resumed"] = {"command": shell_line(cmd_res), "exit_code": rc2, "wall_s": round(wall2, 1), **mem2,
                                **parse_log(lines2)}
             if rc2 == 0:
@@ -797,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan.device == "cuda":
         import torch
         have = torch.cuda.device_count()
-        want = max([*(plan.counts if "scaling" in args.only else []), *(plan.big_gpus for _ in ["7b"] if "7b" in args.only),
+        want = max([*(plan.counts if "scaling" in args.only else []), *([plan.big_gpus] if "7b" in args.only else []),
                     *(max(p) for p in plan.resume_pairs if "resume" in args.only)], default=0)
         if have < want and not args.print_commands:
             raise SystemExit(f"error: the plan needs {want} GPUs and {have} are visible; pass --counts/--pairs/--gpus "
