@@ -52,6 +52,8 @@ def test_scaling_efficiency_against_the_fewest_gpus_of_the_same_arch_and_stage()
 
 def test_parse_log_reads_the_trainers_lines():
     lines = [(3.0, "[linscale] rendezvous 127.0.0.1:29686, 8 ranks, nccl"),
+             (10.0, "[2026-11-24 01:28:51,012] [WARNING] [engine.py:2304:_do_optimizer_sanity_check] **** You are "
+                    "using ZeRO with an untested optimizer, proceed with caution *****"),
              (20.0, "[linscale] /r/checkpoints/step_00000004: ZeRO checkpoint of 8 ranks, this run has 4; "
                     "converting it to a DeepSpeed universal checkpoint"),
              (95.5, "[linscale] resumed from /r/checkpoints/step_00000004 at step 4, 1048576 tokens "
@@ -71,6 +73,9 @@ def test_parse_log_reads_the_trainers_lines():
     # the load time of a same-world resume: its (rendezvous -> resumed) minus a fresh run's engine build
     fresh = {"rendezvous_s": 2.0, "engine_ready_s": 32.0}
     assert bench.resume_load_s(fresh, p) == pytest.approx((95.5 - 3.0) - 30.0)
+    # measured from DeepSpeed's initialize when both runs logged it
+    fresh["optimizer_check_s"] = 28.0
+    assert bench.resume_load_s(fresh, p) == pytest.approx((95.5 - 10.0) - 4.0)
 
 
 def test_compare_losses_passes_a_continuation_and_catches_a_shifted_stream():
