@@ -423,6 +423,16 @@ class Session:
         self.env = launch_env(plan)
         self.skipped_for_time: list[str] = []
 
+    def done_cell(self, scenario: str, name: str) -> dict | None:
+        """A cell already measured: in --out, or in a --done folder (results of earlier commands)."""
+        for d in [self.out, *map(Path, self.args.done or [])]:
+            f = d / scenario / f"{name}.json"
+            if f.is_file():
+                cell = json.loads(f.read_text())
+                if cell.get("exit_code", 0) == 0 and (scenario != "resume" or cell.get("ok") is not None):
+                    return cell
+        return None
+
     def next_port(self) -> int:
         self.port += 1
         return self.port
@@ -453,8 +463,9 @@ def scaling(s: Session) -> list[dict]:
             for n in p.counts:
                 name = f"{arch}-{p.size}-z{zero}-g{n}"
                 path = s.out / "scaling" / f"{name}.json"
-                if path.is_file():
-                    done.append(json.loads(path.read_text()))
+                prior = s.done_cell("scaling", name)
+                if prior is not None:
+                    done.append(prior)
                     continue
                 if not s.time_left(s.args.cell_estimate):
                     s.skipped_for_time.append(name)
@@ -588,8 +599,9 @@ def resume(s: Session) -> list[dict]:
     for a, b in p.resume_pairs:
         name = f"{p.resume_arch}-{p.resume_size}-z3-g{a}to{b}"
         path = s.out / "resume" / f"{name}.json"
-        if path.is_file():
-            results.append(json.loads(path.read_text()))
+        prior = s.done_cell("resume", name)
+        if prior is not None:
+            results.append(prior)
             continue
         if not s.time_left(2 * s.args.cell_estimate):
             s.skipped_for_time.append(name)
@@ -783,7 +795,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cell-estimate", type=float, default=120, help="seconds a cell is assumed to take")
     ap.add_argument("--cell-timeout", type=float, default=580, help="seconds before a command is killed")
     ap.add_argument("--keep-runs", action="store_true")
-    ap.add_argument("--print-commands", action="store_true", help="print the pretrain commands and exit")
+    ap.add_argument("--done", nargs="+", metavar="DIR", help="results of earlier commands: their cells are skipped")
+    ap.add_argument("--print-plan", action="store_true", help="print the settings of every scenario and exit")
     args = ap.parse_args(argv)
     if args.report:
         print(report([Path(d) for d in args.report]))
@@ -806,10 +819,10 @@ def main(argv: list[str] | None = None) -> int:
         have = torch.cuda.device_count()
         want = max([*(plan.counts if "scaling" in args.only else []), *([plan.big_gpus] if "7b" in args.only else []),
                     *(max(p) for p in plan.resume_pairs if "resume" in args.only)], default=0)
-        if have < want and not args.print_commands:
+        if have < want and not args.print_plan:
             raise SystemExit(f"error: the plan needs {want} GPUs and {have} are visible; pass --counts/--pairs/--gpus "
                              f"for fewer, or --rehearse for the CPU rehearsal")
-        if plan.data is None and not args.print_commands:  # built once here, not by 8 ranks at once
+        if plan.data is None and not args.print_plan:  # built once here, not by 8 ranks at once
             from data_pipeline.default_corpus import default_corpus_dir
             print(f"default corpus: {default_corpus_dir()}", flush=True)
     elif plan.data is None:
@@ -820,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{plan.micro_batch}; the scaling scenario keeps the global batch fixed")
     signal.signal(signal.SIGTERM, _raise_interrupt)
     s = Session(args, plan)
-    if args.print_commands:
+    if args.print_plan:
         print(json.dumps(plan.__dict__, indent=1))
         return 0
     print(f"linscale multi-GPU bench: {', '.join(args.only)} -> {s.out}", flush=True)

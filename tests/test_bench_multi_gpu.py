@@ -151,3 +151,20 @@ def test_rehearsal_zero3_resume_on_fewer_ranks(tmp_path):
     assert cell["ok"] is True
     assert "| 2 → 1 | 3 | True | True, True |" in (out / "tables.md").read_text()
     assert not (tmp_path / "work" / "tnl-tiny-z3-g2to1-ref").exists()  # run directories are removed
+
+
+def test_cells_of_earlier_commands_are_skipped(tmp_path):
+    """A scaling cell found in a --done folder is reused (nothing launched); the efficiency is computed
+    over the reused and the new cells together."""
+    from argparse import Namespace
+    plan = bench.rehearsal_plan()
+    plan.archs, plan.stages, plan.counts = ["tnl"], [2], [1, 2]
+    for gpus, per_gpu in ((1, 100.0), (2, 80.0)):
+        bench.write_json(tmp_path / "earlier" / "scaling" / f"tnl-tiny-z2-g{gpus}.json",
+                         {"arch": "tnl", "size": "tiny", "zero": 2, "gpus": gpus, "exit_code": 0,
+                          "tokens_per_s_per_gpu": per_gpu})
+    args = Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"), time_budget=0, cell_estimate=1,
+                     cell_timeout=1, keep_runs=False, done=[str(tmp_path / "earlier")])
+    cells = bench.scaling(bench.Session(args, plan))
+    assert [c["gpus"] for c in cells] == [1, 2] and cells[1]["efficiency"] == pytest.approx(0.8)
+    assert not (tmp_path / "out" / "logs").exists()  # nothing was launched
