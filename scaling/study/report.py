@@ -171,7 +171,7 @@ def plot_metrics_vs_compute(study: StudyConfig, rows: list[dict], path: Path) ->
     if not panels:
         return None
     sizes = [s.name for s in study.sizes]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.0), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(4.6 * len(panels), 9.0), 4.4), squeeze=False)
     for ax, (key, label, logy) in zip(axes[0], panels):
         for arch in study.archs:
             for k, size in enumerate(sizes):
@@ -191,9 +191,10 @@ def plot_metrics_vs_compute(study: StudyConfig, rows: list[dict], path: Path) ->
     handles = [Line2D([], [], color=arch_color(a), lw=2, label=arch_title(a)) for a in study.archs]
     handles += [Line2D([], [], color="gray", marker=MARKERS[k % len(MARKERS)], lw=0, label=s)
                 for k, s in enumerate(sizes)]
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.suptitle(f"{study.name}: evaluation of every snapshot against compute")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=max(len(study.archs), len(sizes)), fontsize=8,
+               frameon=False)
+    fig.suptitle(f"{study.name}: evaluated snapshots against compute (colour: architecture, marker: size)")
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
