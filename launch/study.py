@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", required=True, type=Path, help="the study YAML")
+    common.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="replace a key of the config, dotted for nested keys, VALUE as YAML (repeatable): "
+                             "--set tokens=4096 --set sizes=[l1d128] --set recipe.train.device=cpu")
     common.add_argument("--runs", nargs="+", metavar="RUN", help="only these runs (names as in the plan, arch-size)")
     pl = sub.add_parser("plan", parents=[common], help="print the plan and its total compute")
     pl.add_argument("--prepare", action="store_true",
@@ -61,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        study = load_study(args.config)
+        study = load_study(args.config, overrides=args.overrides)
         plans = plan_study(study)
     except (StudyConfigError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,6 +131,37 @@ def test_bad_configs_are_clear_errors(tmp_path, dataset, change, message):
     path = study_yaml(tmp_path, dataset, **change)
     with pytest.raises(StudyConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_study(path)
+
+
+def test_overrides_replace_keys_of_the_file_and_are_checked_like_them(tmp_path, dataset):
+    """`--set KEY=VALUE` (a dry run of the real config at a small scale): dotted keys into nested mappings, values
+    read as YAML, later ones win, the file itself untouched; a bad key or value is the file's own error."""
+    from scaling.study import StudyConfigError, load_study, plan_study
+    path = study_yaml(tmp_path, dataset, tokens={"a": 1000, "b": 2000})
+    text = path.read_text()
+    cfg = load_study(path, overrides=["sizes=[{name: a, n_layers: 1, d_model: 32, n_heads: 2, d_glu: 64}]", "tokens=4e3", "recipe.train.micro_batch=3",
+                                        "evaluation.limit=5", "per_run.hgrn2.optim.lr=2.0e-3", "out=elsewhere",
+                                        "tokens=500"])
+    assert [s.name for s in cfg.sizes] == ["a"] and cfg.tokens == {"a": 500}
+    assert cfg.recipe["train.micro_batch"] == 3 and cfg.recipe["optim.lr"] == 3e-3
+    assert cfg.per_run["hgrn2"] == {"optim.lr": 2e-3} and cfg.evaluation.limit == 5
+    assert cfg.out == Path.cwd() / "elsewhere" and path.read_text() == text
+    plans = {p.name: p for p in plan_study(cfg)}
+    assert list(plans) == ["llama-a", "hgrn2-a"] and plans["llama-a"].steps == math.ceil(500 / 96)
+    for bad, message in [("colour=1", "unknown key"), ("tokens", "write KEY=VALUE"), ("=3", "write KEY=VALUE"),
+                         ("seq_len.x=1", "is 16, not a mapping"), ("sizes=[huge]", "not a registry size"),
+                         ("tokens=[1", "not valid YAML")]:
+        with pytest.raises(StudyConfigError, match=re.escape(message)):
+            load_study(path, overrides=[bad])
+    # Slurm jobs load the config again: they get the same overrides
+    from scaling.study.slurm import report_script, stage_script
+    cfg = load_study(path, overrides=["tokens=500", "evaluation.limit=5"])
+    for script in (stage_script(cfg, plan_study(cfg), "evaluate", ("export", "evaluate")), report_script(cfg)):
+        assert "--set tokens=500 --set evaluation.limit=5" in script
+    res = study("plan", "--config", path, "--set", "sizes=[tiny]", "--set", "archs=[hgrn2]", "--set", "tokens=960")
+    assert "hgrn2-tiny" in res.stdout and "llama" not in res.stdout and "hgrn2-a" not in res.stdout
+    res = study("plan", "--config", path, "--set", "recipe.train.bogus=1", check=False)
+    assert res.returncode == 2 and "recipe.train.bogus is not a field" in res.stderr
 
 
 # -- a whole study, locally -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ Relative paths (`out`, `data`) are taken from the directory `launch/study.py` is
 file works from a laptop and from a Slurm job (which starts in the submit directory). See docs/study.md."""
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,7 @@ class StudyConfig:
     evaluation: EvalSpec = field(default_factory=EvalSpec)
     fit_args: list[str] = field(default_factory=list)
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    overrides: list[str] = field(default_factory=list)        # KEY=VALUE applied over the file (load_study)
 
     def size(self, name: str) -> SizeSpec:
         return next(s for s in self.sizes if s.name == name)
@@ -325,7 +327,40 @@ def parse_study(raw: dict, path: Path | None = None, base: Path | None = None) -
                        slurm=_slurm(raw.get("slurm")))
 
 
-def load_study(path: str | Path, base: Path | None = None) -> StudyConfig:
+def apply_overrides(raw: Any, overrides: list[str]) -> Any:
+    """`raw` with each "dotted.key=VALUE" set (VALUE read as YAML: 4e6, [l1d128], {device: cpu}, cpu), in order.
+    Mappings on the way are created; a key is checked afterwards like any key of the file."""
+    if not overrides:
+        return raw
+    if not isinstance(raw, dict):
+        raise _err("the file must hold a mapping (name, data, archs, sizes, tokens, ...)")
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        key, eq, text = str(item).partition("=")
+        parts = key.strip().split(".")
+        if not eq or not all(p.strip() for p in parts):
+            raise _err(f"override {item!r}: write KEY=VALUE with a dotted key, e.g. tokens=4e6, "
+                       f"recipe.train.device=cpu, sizes=[l1d128]")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as err:
+            raise _err(f"override {item!r}: the value is not valid YAML: {err}") from None
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            part = part.strip()
+            if node.get(part) is None:
+                node[part] = {}
+            if not isinstance(node[part], dict):
+                raise _err(f"override {item!r}: {'.'.join(parts[:i + 1])} is {node[part]!r}, not a mapping to set "
+                           f"{parts[i + 1].strip()!r} in")
+            node = node[part]
+        node[parts[-1].strip()] = value
+    return raw
+
+
+def load_study(path: str | Path, base: Path | None = None, overrides: list[str] | None = None) -> StudyConfig:
+    """The study of a YAML file; `overrides` ("dotted.key=VALUE") replace keys of the file before it is checked,
+    e.g. a small dry run of the real config: tokens=2048 sizes=[l1d128] recipe.train.device=cpu."""
     path = Path(path)
     if not path.is_file():
         raise _err(f"{path}: no such file (give the study YAML with --config; see docs/study.md)")
@@ -334,4 +369,6 @@ def load_study(path: str | Path, base: Path | None = None) -> StudyConfig:
     except yaml.YAMLError as err:
         from pretrain.errors import describe
         raise _err(describe(err).replace("<unicode string>", str(path))) from None
-    return parse_study(raw, path.resolve(), base)
+    study = parse_study(apply_overrides(raw, list(overrides or [])), path.resolve(), base)
+    study.overrides = list(overrides or [])
+    return study

@@ -84,11 +84,16 @@ def train_script(study: StudyConfig, plans: list[RunPlan]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _sets(study: StudyConfig) -> str:
+    """The --set overrides of this study, so that a job loads the config the submitter planned."""
+    return "".join(f" --set {_q(o)}" for o in study.overrides)
+
+
 def stage_script(study: StudyConfig, plans: list[RunPlan], name: str, stages: tuple[str, ...]) -> str:
     lines = _header(study, name, len(plans), study.slurm.evaluate, [])
     lines += ["set -euo pipefail", f"cd {_q(ROOT)}"]
     lines += _cases([[f"RUN={_q(p.name)}"] for p in plans])
-    lines.append(f"exec {_q(sys.executable)} launch/study.py stage --config {_q(study.path)} --run \"$RUN\" "
+    lines.append(f"exec {_q(sys.executable)} launch/study.py stage --config {_q(study.path)}{_sets(study)} --run \"$RUN\" "
                  f"--stages {','.join(stages)}")
     return "\n".join(lines) + "\n"
 
@@ -96,7 +101,7 @@ def stage_script(study: StudyConfig, plans: list[RunPlan], name: str, stages: tu
 def report_script(study: StudyConfig) -> str:
     lines = _header(study, REPORT, None, study.slurm.fit, [])
     lines += ["set -euo pipefail", f"cd {_q(ROOT)}",
-              f"exec {_q(sys.executable)} launch/study.py report --config {_q(study.path)}"]
+              f"exec {_q(sys.executable)} launch/study.py report --config {_q(study.path)}{_sets(study)}"]
     return "\n".join(lines) + "\n"
 
 
