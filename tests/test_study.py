@@ -164,6 +164,24 @@ def test_overrides_replace_keys_of_the_file_and_are_checked_like_them(tmp_path, 
     assert res.returncode == 2 and "recipe.train.bogus is not a field" in res.stderr
 
 
+def test_report_without_a_fit_still_reports(tmp_path, dataset):
+    """A fit that fails (here fit.args that launch/fit_scaling.py rejects; in a dry run, runs too short to fit)
+    leaves the rest of the report: the status, the evaluation, and the fit's own error in report.md."""
+    from scaling.study import load_study, plan_study
+    from scaling.study.report import report_dir, write_report
+    cfg = load_study(study_yaml(tmp_path, dataset, fit={"args": ["--bogus-flag"]}))
+    plans = plan_study(cfg)
+    plans[0].run_dir.mkdir(parents=True)
+    (plans[0].run_dir / "metrics.jsonl").write_text("")
+    (report_dir(cfg)).mkdir(parents=True)
+    (report_dir(cfg) / "fits.json").write_text("{}")          # from an earlier report: must not be shown as current
+    path = write_report(cfg, plans, "STATUS TABLE", log=lambda m: None)
+    text = path.read_text()
+    assert "STATUS TABLE" in text and "The fit failed" in text and "--bogus-flag" in text
+    assert not (report_dir(cfg) / "fits.json").exists()
+    assert "unrecognized arguments: --bogus-flag" in (report_dir(cfg) / "fit_console.txt").read_text()
+
+
 # -- a whole study, locally -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

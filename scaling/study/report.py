@@ -277,7 +277,7 @@ def csr_ordering(study: StudyConfig, rows: list[dict]) -> list[str]:
 
 
 def write_markdown(study: StudyConfig, plans: list[RunPlan], fits: dict | None, rows: list[dict],
-                   figures: list[Path], status_table: str) -> Path:
+                   figures: list[Path], status_table: str, fit_error: str | None = None) -> Path:
     from scaling.paper import PAPER_LOSS_FIT
     from scaling.units import flops_to_pflop_days
     out = report_dir(study)
@@ -288,6 +288,11 @@ def write_markdown(study: StudyConfig, plans: list[RunPlan], fits: dict | None, 
              f"{flops_to_pflop_days(sum(p.flops_non_embedding for p in plans)):.3g} PFLOP-days non-embedding "
              f"({flops_to_pflop_days(sum(p.flops for p in plans)):.3g} with the embedding term).", "",
              "## Runs", "", "```", status_table, "```", ""]
+    if fit_error:
+        console = out / "fit_console.txt"
+        last = console.read_text().strip().splitlines()[-1:] if console.is_file() else []
+        lines += ["## Scaling laws (Table 3 style)", "",
+                  f"The fit failed: `{last[0] if last else fit_error}` (the whole output: fit_console.txt).", ""]
     if fits:
         table = (out / "table3.md").read_text() if (out / "table3.md").is_file() else ""
         lines += ["## Scaling laws (Table 3 style)", "", table.strip(), ""]
@@ -330,7 +335,14 @@ def write_markdown(study: StudyConfig, plans: list[RunPlan], fits: dict | None, 
 def write_report(study: StudyConfig, plans: list[RunPlan], status_table: str, log=print) -> Path:
     out = report_dir(study)
     out.mkdir(parents=True, exist_ok=True)
-    fits = run_fit(study, plans, log)
+    fit_error = None
+    try:
+        fits = run_fit(study, plans, log)
+    except RuntimeError as err:  # e.g. too few logged steps to fit: the rest of the report still holds
+        fits, fit_error = None, str(err)
+        for stale in ("fits.json", "table3.md"):
+            (out / stale).unlink(missing_ok=True)
+        log(f"[study] report: {err}; the report goes on without the fits")
     rows = evaluation_rows(study, plans, log)
     write_evaluation(study, rows)
     figures = sorted((out / "plots").glob("scaling_*.png")) if (out / "plots").is_dir() else []
@@ -338,6 +350,6 @@ def write_report(study: StudyConfig, plans: list[RunPlan], status_table: str, lo
         p = plot_metrics_vs_compute(study, rows, out / "metrics_vs_compute.png")
         if p is not None:
             figures.append(p)
-    path = write_markdown(study, plans, fits, rows, figures, status_table)
+    path = write_markdown(study, plans, fits, rows, figures, status_table, fit_error)
     log(f"[study] report: {path}")
     return path
