@@ -263,6 +263,33 @@ def shingles_batch(texts: list[str], language: str, n: int = 5, kb: KeyedBatch |
     return out
 
 
+def shingle_hashes(kb: KeyedBatch, n: int = 5, docs: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The shingles of the documents `docs` (default all) of a keyed batch as (hashes, index of the
+    document in `docs`), with one pass of numpy calls for all and NOT deduplicated: each document's
+    distinct hashes are its shingles(), which is all MinHash needs (a repeat never changes a minimum)."""
+    d = len(kb.starts)
+    docs = np.arange(d) if docs is None else np.asarray(docs, np.int64)
+    where = np.full(d + 1, -1, np.int64)  # document -> its index in docs (-1: not wanted)
+    where[docs] = np.arange(len(docs))
+    bounds = kb.unit_bounds()
+    m = np.diff(bounds)
+    h = [np.zeros(0, np.uint64)]
+    hd = [np.zeros(0, np.int64)]
+    if len(kb.u) >= n:
+        g = gram_hashes(kb.u, n)
+        udoc = kb.udoc
+        at = np.flatnonzero((udoc[n - 1:] == udoc[:len(g)]) & (where[udoc[:len(g)]] >= 0))
+        h.append(g[at])
+        hd.append(where[udoc[at]])
+    short = np.flatnonzero((m > 0) & (m < n) & (where[:d] >= 0))  # fewer units than n: one shingle
+    if len(short):
+        with np.errstate(over="ignore"):
+            h.append(np.concatenate([gram_hashes(kb.u[bounds[i]:bounds[i + 1]], int(m[i])) for i in short]))
+        hd.append(where[short])
+    return np.concatenate(h), np.concatenate(hd)
+
+
 def _sorted_unique(x: np.ndarray) -> np.ndarray:
     # np.unique is ~100x slower than sort+mask on uint64 in numpy 2.x
     x = np.sort(x)
@@ -270,10 +297,23 @@ def _sorted_unique(x: np.ndarray) -> np.ndarray:
 
 
 def _is_word(cp: np.ndarray) -> np.ndarray:
-    # ASCII letters and digits, and every non-ASCII letter-range code point (accents, Greek, CJK...)
+    # ASCII letters and digits, and every non-ASCII letter-range code point (accents, Greek, CJK...):
+    # one gather from a table (every code point from its last entry on is a word character)
+    t = _word_table()
+    return t[np.minimum(cp, len(t) - 1)]
+
+
+def _is_word_ranges(cp: np.ndarray) -> np.ndarray:
+    """The definition _word_table() tabulates."""
     return (((cp >= 48) & (cp <= 57)) | ((cp >= 97) & (cp <= 122)) | ((cp >= 65) & (cp <= 90))
             | ((cp >= 0xC0) & ~((cp >= 0x2000) & (cp <= 0x2BFF)) & ~((cp >= 0x3000) & (cp <= 0x303F))
                & ~((cp >= 0xFF00) & (cp <= 0xFF0F))))
+
+
+def _word_table() -> np.ndarray:
+    if "word" not in _TABLES:
+        _TABLES["word"] = _is_word_ranges(np.arange(0x10000, dtype=np.uint32))
+    return _TABLES["word"]
 
 
 class MinHasher:
@@ -297,19 +337,26 @@ class MinHasher:
 
     def signatures(self, shingle_sets: list[np.ndarray]) -> np.ndarray:
         """uint32 [documents, num_perm]: signature() of several documents with one pass of numpy calls."""
-        k = self.num_perm
         d = len(shingle_sets)
         lengths = np.fromiter(map(len, shingle_sets), np.int64, d)
+        flat = np.concatenate(shingle_sets) if d else np.zeros(0, np.uint64)
+        return self.signatures_flat(flat, np.repeat(np.arange(d), lengths), d)
+
+    def signatures_flat(self, hashes: np.ndarray, doc: np.ndarray, d: int) -> np.ndarray:
+        """uint32 [d, num_perm]: the signatures of d documents from all their shingle hashes and the
+        document index of each (any order; repeats allowed, as shingle_hashes() gives them)."""
+        k = self.num_perm
+        lengths = np.bincount(doc, minlength=d) if len(doc) else np.zeros(d, np.int64)
         sig = np.full(d * k, 0xFFFFFFFF, np.uint32)
-        if lengths.sum():
+        if len(hashes):
             with np.errstate(over="ignore"):
-                h = _mix(np.concatenate(shingle_sets).astype(np.uint64) ^ self.seed)
+                h = _mix(hashes.astype(np.uint64) ^ self.seed)
                 bins = ((h >> np.uint64(32)) * np.uint64(k)) >> np.uint64(32)  # uniform in [0, k)
-                flat = np.repeat(np.arange(d, dtype=np.uint64) * np.uint64(k), lengths) + bins
+                flat = doc.astype(np.uint64) * np.uint64(k) + bins
                 np.minimum.at(sig, flat.astype(np.int64), (h & np.uint64(0xFFFFFFFF)).astype(np.uint32))
         sig = sig.reshape(d, k)
         filled = np.zeros((d, k), bool)
-        if lengths.sum():
+        if len(hashes):
             filled.reshape(-1)[flat.astype(np.int64)] = True
         empty = ~filled & (lengths[:, None] > 0)
         if empty.any():

@@ -76,14 +76,69 @@ def clean(text: str) -> str:
     with ftfy, HTML character references unescaped (&amp; -> &), line ends and Unicode line separators
     to \\n, control characters, BOM, zero-width space and soft hyphens removed, NFC, outer whitespace
     stripped. ftfy (about 1 M characters/s) runs only on the lines that show a mojibake pattern."""
-    if _MOJIBAKE_GATE.search(text) and _MOJIBAKE.search(text):
+    return _clean(text, bool(_MOJIBAKE_GATE.search(text)), True)
+
+
+def clean_batch(texts: list[str]) -> list[str]:
+    """clean() of several documents. One numpy pass over all their code points finds the documents
+    with a mojibake pair or a character to remove; the others skip those two regex scans (each about
+    as costly as the rest of clean)."""
+    if not texts:
+        return []
+    mojibake, control = _clean_gates(texts)
+    return [_clean(t, m, c) for t, m, c in zip(texts, mojibake.tolist(), control.tolist())]
+
+
+def _clean(text: str, mojibake: bool, control: bool) -> str:
+    """clean(); `mojibake`: the text may hold a mojibake pair (_MOJIBAKE_GATE); `control`: it may hold
+    a character that _CONTROL removes."""
+    repaired = False
+    if mojibake and _MOJIBAKE.search(text):
         text = "".join(_ftfy(line) if _MOJIBAKE.search(line) else line for line in text.splitlines(True))
+        repaired = True
     if "&" in text and _ENTITY.search(text):
-        text = html.unescape(text)
+        text = html.unescape(text)  # can produce control characters (&#12;, &shy;): scanned below
+        repaired = True
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = _CONTROL.sub(_control, text)
+    if control or repaired:
+        text = _CONTROL.sub(_control, text)
     return unicodedata.normalize("NFC", text).strip()
+
+
+def _clean_gates(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per document: holds a _MOJIBAKE_GATE pair; holds a _CONTROL character (bool arrays)."""
+    t = _gate_tables()
+    # joined by a space, which is neither a lead, a continuation nor a control character
+    cp = np.frombuffer(" ".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    k = t[np.minimum(cp, len(t) - 1)]
+    ends = np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)) + 1) - 1  # separator positions
+    n = len(texts)
+    control = np.zeros(n, bool)
+    at = np.flatnonzero(k & 4)
+    control[np.searchsorted(ends, at)] = True
+    mojibake = np.zeros(n, bool)
+    at = np.flatnonzero((k[:-1] & 1).astype(bool) & (k[1:] & 2).astype(bool))
+    mojibake[np.searchsorted(ends, at)] = True
+    return mojibake, control
+
+
+def _gate_tables() -> np.ndarray:
+    """uint8 per BMP code point (one more entry, 0, for everything above): 1 a mojibake lead
+    character, 2 a continuation character, 4 a character _CONTROL matches."""
+    t = _TABLES.get("gates")
+    if t is None:
+        t = np.zeros(0x10001, np.uint8)
+        for c in range(0x10000):
+            ch = chr(c)
+            if _MOJIBAKE_GATE.fullmatch(ch + "\u0080"):
+                t[c] |= 1
+            if _MOJIBAKE_GATE.fullmatch("\u00c2" + ch):
+                t[c] |= 2
+            if _CONTROL.fullmatch(ch):
+                t[c] |= 4
+        _TABLES["gates"] = t
+    return t
 
 
 def _control(m: re.Match) -> str:
@@ -185,11 +240,24 @@ def _stop_word_hashes() -> np.ndarray:
     return _TABLES["stop"]
 
 
-def _dup_fraction(parts: list[str]) -> float:
+def _in_sorted(x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """np.isin(x, table) for a small sorted uint64 table: a 16-bit prefilter on the low bits, then an
+    exact look-up for the few values that pass it."""
+    low = np.zeros(1 << 16, bool)
+    low[(table & np.uint64(0xFFFF)).astype(np.int64)] = True
+    out = low[(x & np.uint64(0xFFFF)).astype(np.int64)]
+    cand = np.flatnonzero(out)
+    if len(cand) and len(table):
+        i = np.minimum(np.searchsorted(table, x[cand]), len(table) - 1)
+        out[cand] = table[i] == x[cand]
+    return out
+
+
+def _dup_fraction(parts: list[str], distinct: set[str] | None = None) -> float:
     """Characters in parts that repeat an earlier part, over all characters: every part but the first
-    of each distinct text is a repeat."""
+    of each distinct text is a repeat (`distinct`: set(parts), when already made)."""
     total = sum(map(len, parts))
-    return (total - sum(map(len, set(parts)))) / total if total else 0.0
+    return (total - sum(map(len, distinct if distinct is not None else set(parts)))) / total if total else 0.0
 
 
 def features(texts: list[str], language: str, kb: KeyedBatch | None = None) -> dict[str, np.ndarray]:
@@ -214,7 +282,7 @@ def features(texts: list[str], language: str, kb: KeyedBatch | None = None) -> d
         f["kana_share"] = counts[:, _KANA] / np.maximum(counts[:, _HAN] + counts[:, _KANA], 1)
         f["hangul_share"] = counts[:, _HANGUL] / np.maximum(letters, 1)
     f["symbol_ratio"] = counts[:, _SYMBOL] / nonspace
-    f["sentence_ends"] = np.bincount(doc, weights=_END_TABLE[np.minimum(cp, _TABLE_LIMIT - 1)], minlength=n)
+    f["sentence_ends"] = np.bincount(doc[_END_TABLE[np.minimum(cp, _TABLE_LIMIT - 1)]], minlength=n).astype(float)
     f["alpha_share"] = letters / nonspace
     # ASCII tokens of over 40 characters (maximal runs of non-space characters within a document)
     space = cls == _SPACE
@@ -249,7 +317,7 @@ def features(texts: list[str], language: str, kb: KeyedBatch | None = None) -> d
         f["word_pair_share"] = _word_pair_share(cp, cls, doc, n)
     else:
         words = np.bincount(udoc, minlength=n)
-        hits = np.isin(u, _stop_word_hashes())
+        hits = _in_sorted(u, _stop_word_hashes())
         stop = np.bincount(udoc, weights=hits, minlength=n)
         f["stop_share"] = np.where(words > 0, stop / np.maximum(words, 1), 0.0)
     f["units"] = np.bincount(udoc, minlength=n)
@@ -409,10 +477,15 @@ def _repeated_coverage(u, ulen, udoc, n_docs, n) -> np.ndarray:
     if not len(g):
         return np.zeros(n_docs)
     key = _doc_keys(g, udoc[pos])
-    order = np.argsort(key, kind="stable")  # equal n-grams in text order: all but the first repeat
+    # equal n-grams together (a quicksort: twice as fast as a stable sort); of each run all but the
+    # first in text order (the smallest index) repeat
+    order = np.argsort(key)
     k = key[order]
-    repeat = np.zeros(len(order), bool)
-    repeat[1:] = k[1:] == k[:-1]
+    run = np.ones(len(k), bool)
+    run[1:] = k[1:] != k[:-1]
+    run_start = np.flatnonzero(run)
+    first = np.minimum.reduceat(order, run_start)
+    repeat = order != np.repeat(first, np.diff(np.append(run_start, len(k))))
     return _coverage(pos[order[repeat]], n, ulen, udoc, n_docs)
 
 
@@ -450,6 +523,7 @@ def prepare_tables() -> None:
     """Builds the per-process lookup tables now (about half a second), e.g. before forking workers."""
     from .dedup import key_codepoints
     _class_table()
+    _gate_tables()
     key_codepoints(["x"])
     _stop_word_hashes()
     _pair_tables()
@@ -495,10 +569,19 @@ def _decide(text: str, language: str, cfg: FilterConfig, f: dict) -> str | None:
         return "non_alpha"
     if not _is_language(text, language, cfg, f):
         return "language"
-    if _dup_fraction(list(filter(None, map(str.strip, text.split("\n"))))) > cfg.max_dup_line_fraction:
+    lines = list(filter(None, map(str.strip, text.split("\n"))))
+    distinct = set(lines)
+    repeats = len(distinct) < len(lines)
+    if (_dup_fraction(lines, distinct) if repeats else 0.0) > cfg.max_dup_line_fraction:
         return "dup_lines"
-    paras = list(filter(None, map(str.strip, _PARA.split(text))))
-    if len(paras) > 1 and _dup_fraction(paras) > cfg.max_dup_paragraph_fraction:
+    # a repeated paragraph repeats its first line (stripped): with no repeated line the paragraphs'
+    # fraction is 0 and only their number (more than one: a blank line inside) is needed
+    if repeats:
+        paras = list(filter(None, map(str.strip, _PARA.split(text))))
+        para_frac, several = _dup_fraction(paras), len(paras) > 1
+    else:
+        para_frac, several = 0.0, cfg.max_dup_paragraph_fraction < 0 and _several_paragraphs(text)
+    if several and para_frac > cfg.max_dup_paragraph_fraction:
         return "dup_paragraphs"
     if f["dup_ngram_share"] > cfg.max_dup_ngram_share:
         return "dup_ngrams"
@@ -516,6 +599,10 @@ def _decide(text: str, language: str, cfg: FilterConfig, f: dict) -> str | None:
     if zh and f["word_pair_share"] < cfg.min_word_pair_share_zh:
         return "word_pairs"
     return None
+
+
+def _several_paragraphs(text: str) -> bool:
+    return len(list(filter(None, map(str.strip, _PARA.split(text))))) > 1
 
 
 def _is_language(text: str, language: str, cfg: FilterConfig, f: dict) -> bool:

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from .config import DataConfig, SourceConfig
-from .dedup import MinHasher, exact_keys, keyed_batch, shingles_batch
-from .filters import check_batch, clean, prepare_tables
+from .dedup import MinHasher, exact_keys, keyed_batch, shingle_hashes
+from .filters import check_batch, clean_batch, prepare_tables
 from .merge import run_all, write_part_records
 from .shards import ShardWriter
 from .sources import Counts, iter_file, iter_source
@@ -80,7 +80,7 @@ def _process(batch: _Batch) -> _Done:
     mh: MinHasher = _WORKER["minhash"]
     out = _Done(batch.source)
     out.chars_in = sum(map(len, batch.texts))
-    texts = [clean(t) for t in batch.texts]
+    texts = clean_batch(batch.texts)
     kb = keyed_batch(texts, batch.language)  # dedup keys and units, shared by the filters and dedup
     kept: list[int] = []
     for i, (text, key, reason) in enumerate(zip(texts, batch.keys, check_batch(texts, batch.language,
@@ -94,8 +94,8 @@ def _process(batch: _Batch) -> _Done:
     hashes = exact_keys(texts, kb)
     out.hashes = [hashes[i] for i in kept]
     if cfg.dedup.near:
-        sh = shingles_batch(texts, batch.language, cfg.dedup.ngram, kb)
-        out.sigs = mh.signatures([sh[i] for i in kept])
+        h, doc = shingle_hashes(kb, cfg.dedup.ngram, np.asarray(kept, np.int64))
+        out.sigs = mh.signatures_flat(h, doc, len(kept))
         out.bands = mh.band_keys(out.sigs).reshape(-1, cfg.dedup.bands)
     kept = [texts[i] for i in kept]
     out.tokens = [encode_document_array(text) for text in kept]

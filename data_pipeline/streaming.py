@@ -19,7 +19,7 @@ import numpy as np
 
 from .config import DataConfig, SourceConfig, load_data_config, source_weights
 from .dedup import exact_key
-from .filters import check_batch, clean
+from .filters import check_batch, clean_batch
 from .loader import digest, stable_id
 from .mixing import normalise_weights
 from .sources import Counts, iter_source
@@ -60,7 +60,7 @@ class _SourceStream:
                 raw = iter_source(self.cfg, self.src, self.counts, [self.files[i] for i in perm])
             threshold = round(self.cfg.val_fraction * 1_000_000)
             for group in _groups(raw):
-                texts = [clean(t) for t in group]
+                texts = clean_batch(group)
                 for text, reason in zip(texts, check_batch(texts, self.src.language, self.cfg.filters)):
                     if reason:
                         self.removed[reason] += 1

@@ -255,3 +255,78 @@ def test_encode_document_array_matches_encode_document():
     for text in ["", "plain text", "special <|endoftext|> and <|fim_prefix|> stay text", "中文 😀 " * 40,
                  "lone \ud800 surrogate"]:
         assert encode_document_array(text).tolist() == encode_document(text)
+
+
+def test_clean_batch_matches_clean():
+    """clean_batch (numpy gates for mojibake and removable characters) against clean() one document at
+    a time, on documents with and without mojibake, entities that decode to removable characters,
+    carriage returns, non-BMP characters and lone surrogates."""
+    from data_pipeline.filters import clean_batch
+    rng = random.Random(5)
+    pieces = ["a", "é", " ", "\n", "\r", "\r\n", "Ã", "©", "â", "\u0080", "€", "™", "&amp;", "&#12;",
+              "&shy;", "&ZeroWidthSpace;", "&", "\x01", "\x85", "\u00ad", "\u200b", "\u2028", "\ufeff",
+              "中", "文", "\U0001F600", "\ud800", "cafÃ© ", "â€” "]
+    docs = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 25))) for _ in range(3000)]
+    docs += ["", "plain ascii", _prose(rng, 50), "Ã", "x\u00c2"]
+    assert clean_batch(docs) == [clean(d) for d in docs]
+    assert clean_batch([]) == []
+
+
+def _ref_dup(parts):
+    seen, rep = set(), 0
+    for p in parts:
+        rep += len(p) if p in seen else 0
+        seen.add(p)
+    total = sum(map(len, parts))
+    return rep / total if total else 0.0
+
+
+def test_dup_lines_and_paragraphs_against_plain_python():
+    """The repeated-line and repeated-paragraph filters against loops over the stripped lines and
+    blank-line paragraphs, for thresholds that do and do not let a fraction of 0 through."""
+    rng = random.Random(6)
+    pool = [_prose(rng, rng.randint(3, 12)) for _ in range(12)]
+    docs = []
+    for _ in range(300):
+        lines = [rng.choice(["", "  ", " " + rng.choice(pool), rng.choice(pool) + " ", _prose(rng, 8)])
+                 for _ in range(rng.randint(1, 25))]
+        docs.append("\n".join(lines).strip())
+    for t_line, t_para in ((0.3, 0.3), (1.0, 0.0), (1.0, -1.0), (-1.0, 1.0)):
+        cfg = FilterConfig(min_chars=0, min_alpha_share=0.0, min_language_score=0.0, min_stop_share=0.0,
+                           min_word_variety=0.0,
+                           max_list_variety=0.0, max_dup_ngram_share=1.0, max_top_ngram_share=1.0,
+                           max_dup_line_fraction=t_line, max_dup_paragraph_fraction=t_para)
+        for d in docs:
+            lines = [x.strip() for x in d.split("\n") if x.strip()]
+            paras = [x.strip() for x in re.split(r"\n\s*\n", d) if x.strip()]
+            want = ("dup_lines" if _ref_dup(lines) > t_line else
+                    "dup_paragraphs" if len(paras) > 1 and _ref_dup(paras) > t_para else None)
+            got = check(d, "en", cfg)
+            assert (got if got in ("dup_lines", "dup_paragraphs") else None) == want, (d, t_line, t_para)
+
+
+def test_batched_shingle_hashes_give_the_signatures_of_the_shingles():
+    """MinHash signatures from shingle_hashes (all n-grams of the batch at once, repeats kept, a subset
+    of documents) equal those from each document's distinct shingles, short and empty documents
+    included; the table-driven word test and the stop-word look-up against their definitions."""
+    from data_pipeline.dedup import _is_word, _is_word_ranges, keyed_batch, shingle_hashes, shingles_batch
+    from data_pipeline.filters import _in_sorted
+    rng = random.Random(7)
+    mh = MinHasher(128, 16, 1)
+    for lang in ("en", "zh"):
+        for _ in range(60):
+            pieces = ["a", "b", "cc", "中", "文", "x1", "--", " ", "\n"]
+            texts = ["".join(rng.choice(pieces) + (" " if lang == "en" else "")
+                             for _ in range(rng.randint(0, 40))) for _ in range(rng.randint(1, 10))]
+            kb = keyed_batch(texts, lang)
+            kept = sorted(rng.sample(range(len(texts)), rng.randint(0, len(texts))))
+            for n in (1, 3, 5):
+                sh = shingles_batch(texts, lang, n, kb)
+                h, doc = shingle_hashes(kb, n, np.asarray(kept, np.int64))
+                assert np.array_equal(mh.signatures_flat(h, doc, len(kept)), mh.signatures([sh[i] for i in kept]))
+    cp = np.arange(0x110000, dtype=np.uint32)
+    assert np.array_equal(_is_word(cp), _is_word_ranges(cp))
+    r = np.random.default_rng(0)
+    table = np.sort(r.integers(0, 2**64, 150, dtype=np.uint64))
+    x = np.concatenate([r.integers(0, 2**64, 5000, dtype=np.uint64), table, table ^ np.uint64(1 << 40)])
+    assert np.array_equal(_in_sorted(x, table), np.isin(x, table))
