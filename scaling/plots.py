@@ -174,7 +174,13 @@ def _finish(fig, axes, ylabels, legend_size: int, title: str, path: Path, includ
         a.set_xlabel(c_label(include_embedding), fontsize=8)
         a.set_ylabel(ylabel)
         a.grid(True, which="major", alpha=0.3)
-        if a.get_legend_handles_labels()[0]:
+        handles = a.get_legend_handles_labels()[0]
+        if len(handles) > 10:
+            # a legend of many sizes goes under its panel, where it cannot hide the curves
+            ncol = 3
+            a.legend(fontsize=legend_size, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol)
+            fig.set_figheight(max(fig.get_figheight(), 5 + 0.2 * -(-len(handles) // ncol)))
+        elif handles:
             a.legend(fontsize=legend_size)
     fig.suptitle(title)
     fig.tight_layout()
