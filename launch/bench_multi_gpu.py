@@ -88,7 +88,7 @@ class Plan:
 def gpu_plan() -> Plan:
     return Plan(device="cuda", archs=["tnl", "llama"], size="1b", seq_len=8192, global_seqs=32, micro_batch=1,
                 steps=12, warm=4, counts=[1, 2, 4, 8], stages=[1, 2, 3],
-                big_archs=["tnl", "hgrn2"], big_size="7b", big_gpus=8, big_global_seqs=64, big_steps=6,
+                big_archs=["tnl", "hgrn2"], big_size="7b", big_gpus=8, big_global_seqs=64, big_steps=8,
                 big_resume_steps=2, resume_arch="tnl", resume_size="1b", resume_pairs=[(8, 4), (4, 8)],
                 resume_steps=8, loss_rtol=5e-3)
 
