@@ -1,5 +1,5 @@
 """The embedded default corpus: real text that ships with the installation, so a fresh machine can
-train with no download and no ../shared.
+train with no download and no local data folder.
 
 - English: the Python standard library's own documentation — the pydoc topics (`pydoc_data.topics`,
   the language reference text behind `help()`) and, per stdlib module, its module, class and function

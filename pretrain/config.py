@@ -1,4 +1,4 @@
-"""Run configuration: one dataclass per component, defaults that reproduce the paper (DESIGN §5).
+"""Run configuration: one dataclass per component, defaults that reproduce the paper's recipe.
 
 Every CLI flag maps to exactly one field (`--micro-batch` -> train.micro_batch); a YAML file given with
 `--config` sets fields first and flags override it. The resolved config is written to the run directory.

@@ -10,12 +10,14 @@ JSON that disagrees is refused naming the flag to use instead, so the data loade
 DeepSpeed can never disagree about the batch.
 
 Precision: `--precision bf16` becomes DeepSpeed's `torch_autocast` (bf16 compute on fp32 parameters, as
-the plain path does and DESIGN §3 asks: RoPE tables, HGRN2 lower bounds and LRPE angles stay fp32; Linear
+the plain path does: RoPE tables, HGRN2 lower bounds and LRPE angles stay fp32; Linear
 gradients are reduced in bf16). A user JSON that enables `"bf16": {"enabled": true}` switches to
 DeepSpeed's bf16 weights with fp32 master copies in the optimizer (less memory under ZeRO-1/2).
 
 Print the config a run would use without starting one:
-    python -m pretrain.deepspeed_config --world-size 64 --arch tnl --size 7b --zero 3 --micro-batch 1
+    python -m pretrain.deepspeed_config --world-size 64 --arch tnl --size 7b --zero 3 --micro-batch 1 \
+        --global-batch-tokens 4194304
+(the paper's 480-sequence batch does not split evenly over 64 ranks; the command says so and names batches that do)
 """
 from __future__ import annotations
 
