@@ -15,7 +15,7 @@ Scenarios:
   present), MFU (the trainer's, by the paper's FLOPs), peak memory per GPU (nvidia-smi, sampled every
   second, the largest GPU; and rank 0's torch peak).
 - 7b: `--size 7b --zero 3` on `--gpus` GPUs, per arch, in phases (`--phases`, so that the 10-minute
-  commands of a device session can take them one at a time; the run directory stays in --work):
+  commands can take them one at a time; the run directory stays in --work):
   train (tokens/s, MFU, memory, the checkpoint's save time and the snapshot's), export (the snapshot to
   bf16 safetensors), eval (WikiText-2 word perplexity of the export on one GPU), resume (load time and the
   next steps' losses). The run directory is deleted after the resume phase (--keep-runs keeps it).

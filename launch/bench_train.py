@@ -7,7 +7,7 @@
 Each cell (arch, size, seq) runs the training step of `pretrain.train_module.TorchTrainModule` (the one
 `launch/pretrain.py` runs on the plain PyTorch path: bf16 autocast, fused AdamW, clipping, regional
 torch.compile) on random tokens, in a process of its own, and writes `<out>/<cell>.json`. Cells already in
-`<out>` are skipped, so a matrix can be filled over several device sessions (`--time-budget` stops
+`<out>` are skipped, so a matrix can be filled over several commands (`--time-budget` stops
 starting new cells in time). Per cell: the first step's wall time (compilation), then the median of the
 timed steps: tokens/s, MFU by the paper's FLOPs (`models.flops_per_step`), peak memory, graph breaks.
 Micro-batches hold max(seq, 8192) tokens by default (one sequence from 8K on; accumulation makes up
