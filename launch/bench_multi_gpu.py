@@ -58,7 +58,7 @@ BYTES_PER_PARAM_ZERO = 12  # a DeepSpeed checkpoint with fp32 weights: weights +
 
 @dataclass
 class Plan:
-    """What each scenario runs; `gpu_plan` is the issue's matrix, `rehearsal_plan` the same at toy scale."""
+    """What each scenario runs; `gpu_plan` is the GPU matrix, `rehearsal_plan` the same at toy scale."""
     device: str                                   # cuda | cpu
     archs: list[str]
     size: str

@@ -154,7 +154,7 @@ class RunConfig:
 SECTIONS = {"optim": OptimConfig, "train": TrainConfig, "dist": DistConfig, "checkpoint": CheckpointConfig,
             "ops": OpsConfig}
 TOP_LEVEL = ("arch", "size", "data", "out", "resume", "overwrite")
-# short flag names where the issue fixes them; everything else is --<field-name>
+# short flag names for the commonest fields (as README and the Slurm script use them); everything else is --<field-name>
 FLAG_NAMES = {"dist.zero": "zero", "checkpoint.save_every": "save-every", "checkpoint.keep_last": "keep-last"}
 
 
