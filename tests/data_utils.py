@@ -1,5 +1,5 @@
 """Synthetic English prose for data tests that need documents the quality filters keep (a varied
-vocabulary, function words, sentences) without reading ../shared/data."""
+vocabulary, function words, sentences) without reading the local data folder."""
 import random
 
 FUNCTION = ("the of and to in a is that for it as was with be by on not he this are or his from at which "

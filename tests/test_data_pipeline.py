@@ -1,4 +1,4 @@
-"""prepare + loader on real text (small subsets of ../shared/data): mix, dedup, malformed input, formats,
+"""prepare + loader on real text (small subsets of the local data folder): mix, dedup, malformed input, formats,
 streaming resume."""
 import gzip
 import json

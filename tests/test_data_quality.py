@@ -1,5 +1,5 @@
 """The filters on real text and on planted junk (data_pipeline/planted.py): each junk class is caught,
-clean book and encyclopaedia text is kept. A small slice of ../shared/data; the benchmark
+clean book and encyclopaedia text is kept. A small slice of the local data folder; the benchmark
 (launch/bench_data.py --quality) runs the same measurement on all of it."""
 import gzip
 from collections import Counter

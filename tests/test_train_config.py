@@ -38,7 +38,7 @@ def test_7b_on_64_gpus_with_a_reachable_global_batch(micro):
     assert ds["zero_optimization"]["stage"] == 3
     assert ds["gradient_clipping"] == 1.0
     assert ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
-    assert "bf16" not in ds  # fp32 parameters, bf16 compute (DESIGN §3)
+    assert "bf16" not in ds  # fp32 parameters, bf16 compute (as the plain path)
 
 
 def test_7b_on_64_gpus_inexact_allowed_uses_the_nearest_batch():
