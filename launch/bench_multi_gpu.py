@@ -437,6 +437,18 @@ class Session:
         self.port += 1
         return self.port
 
+    def settled(self, scenario: str, name: str, results: list[dict], need: float) -> bool:
+        """True when the cell needs no run now: measured before (its result joins `results`) or no time left
+        for it (`need` seconds; it is listed as skipped)."""
+        prior = self.done_cell(scenario, name)
+        if prior is not None:
+            results.append(prior)
+            return True
+        if not self.time_left(need):
+            self.skipped_for_time.append(name)
+            return True
+        return False
+
     def time_left(self, need: float) -> bool:
         if self.args.time_budget and time.time() - self.t0 + need > self.args.time_budget:
             return False
@@ -463,12 +475,7 @@ def scaling(s: Session) -> list[dict]:
             for n in p.counts:
                 name = f"{arch}-{p.size}-z{zero}-g{n}"
                 path = s.out / "scaling" / f"{name}.json"
-                prior = s.done_cell("scaling", name)
-                if prior is not None:
-                    done.append(prior)
-                    continue
-                if not s.time_left(s.args.cell_estimate):
-                    s.skipped_for_time.append(name)
+                if s.settled("scaling", name, done, s.args.cell_estimate):
                     continue
                 run = s.work / name
                 shutil.rmtree(run, ignore_errors=True)
@@ -599,12 +606,7 @@ def resume(s: Session) -> list[dict]:
     for a, b in p.resume_pairs:
         name = f"{p.resume_arch}-{p.resume_size}-z3-g{a}to{b}"
         path = s.out / "resume" / f"{name}.json"
-        prior = s.done_cell("resume", name)
-        if prior is not None:
-            results.append(prior)
-            continue
-        if not s.time_left(2 * s.args.cell_estimate):
-            s.skipped_for_time.append(name)
+        if s.settled("resume", name, results, 2 * s.args.cell_estimate):
             continue
         ref, res_dir = s.work / f"{name}-ref", s.work / f"{name}-resumed"
         for d in (ref, res_dir):
