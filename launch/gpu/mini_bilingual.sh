@@ -14,7 +14,7 @@
 #   files of the tasks scored there) and the lm-eval wheel (its WikiText detokenizer; the harness is not run there).
 # device: installs the carried wheels into /tmp/site, unpacks the bundle (once), trains the part's runs, then exports
 #   and evaluates them, each under a deadline, and writes logs, `status` and results_partN.tgz (run configs,
-#   metrics.jsonl, summaries, evaluation results, stage records: no weights) to $OUT. The study directory is
+#   metrics.jsonl, summaries, evaluation results and the request file they score, stage records: no weights) to $OUT. The study directory is
 #   studies/mini_bilingual under the repository root, outside any carried path, so a second call on the same
 #   machine continues it (finished runs and cached evaluations are skipped).
 # collect: unpacks results_part*.tgz found under the given folders into the study directory, writes the report
@@ -157,6 +157,7 @@ device)
   set -e
   # what the report needs, without weights (metrics, configs, summaries, exports' configs, evaluation, stage records)
   (cd "$STUDY" && tar czf "$OUT/results_part$PART.tgz" --exclude='*.bin' --exclude='*.safetensors' --exclude='*.pt' \
+    $(for f in eval/csr_requests.json; do [ -e "$f" ] && echo "$f"; done) \
     $(for r in $RUNS; do for f in runs/$r/config.json runs/$r/metrics.jsonl runs/$r/summary.json runs/$r/exports/*/config.json eval/$r state/$r; do
         [ -e "$f" ] && echo "$f"; done; done))
   # resume checkpoints of finished runs are the largest files and no longer needed (snapshots/exports stay)
@@ -182,7 +183,8 @@ collect)
     done
   done
   [ "$n" -gt 0 ] || die "no results_part*.tgz under $*"
-  $PY launch/study.py report --config "$CFG" "${SET_ARGS[@]}" 2>&1 | grep -v "it/s\]\|examples/s\]"
+  $PY launch/study.py report --config "$CFG" "${SET_ARGS[@]}" 2>&1 | { grep -v "it/s\]\|examples/s\]" || true; }
+  [ "${PIPESTATUS[0]}" = 0 ] || die "the report failed (above); nothing copied into $DOCS"
   # the study's small files next to its config: runs' metrics and configs, evaluation results, the report
   for r in "$STUDY"/runs/*/; do
     r=$(basename "$r"); mkdir -p "$DOCS/runs/$r"
