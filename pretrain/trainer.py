@@ -317,6 +317,21 @@ class Trainer:
             candidates.append(math.ceil(t.max_tokens / self.tokens_per_step))
         return min(candidates) if candidates else None
 
+    def _nothing_to_train(self) -> str:
+        """The one line for a start whose progress already meets the limits (e.g. a resume of a finished
+        run): which limit, where the run is, and how to train further."""
+        t, p = self.cfg.train, self.progress
+        reached = []  # (flag, its value, where the run is in its unit)
+        if t.max_steps is not None and p.step >= t.max_steps:
+            reached.append(("--max-steps", t.max_steps, p.step))
+        if t.max_tokens is not None and p.tokens >= t.max_tokens:
+            reached.append(("--max-tokens", t.max_tokens, p.tokens))
+        where = "the checkpoint is" if p.step > 0 else "the run is"
+        limits = " and ".join(f"{flag} is {value}" for flag, value, _ in reached)
+        raise_ = " and ".join(f"{flag} above {now}" for flag, _, now in reached)
+        return (f"nothing trained: {where} at step {p.step} ({p.tokens} tokens) and {limits}; to train further, "
+                f"raise {raise_}" + (" and run again with --resume auto" if p.step > 0 else ""))
+
     def announce(self) -> None:
         info = model_info(self.model_cfg, self.tokens_per_step // self.cfg.train.seq_len, self.cfg.train.seq_len)
         e = self.env
@@ -359,6 +374,8 @@ class Trainer:
         stop_reason = "finished"
         for cb in self.callbacks:
             cb.pre_train(p)
+        if self.done() and self.env.is_main:
+            logger.info(self._nothing_to_train())
         while not self.done():
             reason = next((r for r in (cb.stop_requested() for cb in self.callbacks) if r is not None), None)
             if reason is not None:  # 'signal'; 'save_failed' (post_train raises SaveFailed); 'log_failed' (below)

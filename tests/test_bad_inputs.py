@@ -435,6 +435,28 @@ def _corrupt(path: Path) -> None:
     target.write_bytes(bytes(data))
 
 
+def test_resume_past_the_limits(dataset, tmp_path, capsys):
+    """A resume whose checkpoint already meets --max-steps (or --max-tokens): exit 0, one line saying that
+    nothing was trained, where the checkpoint is, the limit, and what to raise; the run is unchanged."""
+    run = tmp_path / "run"
+    assert pretrain(run_flags(run, dataset, 4, "--save-every", "2"), capsys)[0] == 0
+    before = (run / "metrics.jsonl").read_text()
+    rc, out, _ = pretrain(run_flags(run, dataset, 3, "--resume", "auto"), capsys)
+    assert rc == 0
+    lines = [ln for ln in out.splitlines() if "nothing trained" in ln]
+    assert lines == ["[linscale] nothing trained: the checkpoint is at step 4 (384 tokens) and --max-steps is 3; "
+                     "to train further, raise --max-steps above 4 and run again with --resume auto"], out
+    rc, out, _ = pretrain(run_flags(run, dataset, 4, "--resume", "auto"), capsys)  # exactly at the limit
+    assert rc == 0 and "nothing trained: the checkpoint is at step 4 (384 tokens) and --max-steps is 4;" in out
+    rc, out, _ = pretrain([*run_flags(run, dataset, 9, "--resume", "auto"), "--max-tokens", "300"], capsys)
+    assert rc == 0 and "nothing trained: the checkpoint is at step 4 (384 tokens) and --max-tokens is 300; " \
+                       "to train further, raise --max-tokens above 384 and run again with --resume auto" in out
+    assert (run / "metrics.jsonl").read_text() == before
+    assert sorted(x.name for x in (run / "checkpoints").glob("step_*")) == ["step_00000002", "step_00000004"]
+    rc, out, _ = pretrain(run_flags(run, dataset, 6, "--resume", "auto"), capsys)  # below the limit: trains
+    assert rc == 0 and "nothing trained" not in out and max(losses(run)) == 6
+
+
 def test_every_checkpoint_corrupt(dataset, tmp_path, capsys):
     """--resume auto with nothing but corrupt checkpoints refuses (exit 2, each one listed with its
     problem, nothing changed); --overwrite then starts from step 0 with them moved aside."""
