@@ -43,7 +43,8 @@ class LlamaAttention(nn.Module):
         B, T, _ = x.shape
         if pos + T > self.max_seq_len:
             raise ValueError(f"llama: position {pos + T} exceeds the RoPE table (max_seq_len={self.max_seq_len}); "
-                             f"build the model with max_seq_len >= {pos + T}")
+                             f"training: pass --model max_seq_len={pos + T} (or model_overrides: {{max_seq_len: "
+                             f"{pos + T}}} in --config); a loaded model: load_pretrained(path, max_seq_len={pos + T})")
         cos, sin = self.rope_cos[pos:pos + T].float(), self.rope_sin[pos:pos + T].float()
         q = apply_rope(split_heads(self.q_proj(x), self.n_heads), cos, sin)
         k = apply_rope(split_heads(self.k_proj(x), self.n_heads), cos, sin)

@@ -454,12 +454,18 @@ def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
             setattr(obj, f.name, check_field(f, getattr(obj, f.name), _label(path, origin)))
     cfg.model_overrides = _check_model_overrides(cfg.model_overrides)
     try:
-        cfg.model()
+        model = cfg.model()
     except ValueError as err:
         raise ConfigError(f"--arch {cfg.arch} --size {cfg.size}"
                           + "".join(f" --model {k}={v}" for k, v in cfg.model_overrides.items())
                           + f": {err}") from None
     t = cfg.train
+    if get_arch(model.arch).context_limited and model.max_seq_len < t.seq_len:
+        # caught here, not at the first forward: positions past the RoPE table have no encoding
+        raise ConfigError(f"--model max_seq_len={model.max_seq_len}: {get_arch(model.arch).title}'s RoPE table is "
+                          f"shorter than --seq-len {t.seq_len}; pass --model max_seq_len={t.seq_len} or larger "
+                          f"(model_overrides: {{max_seq_len: {t.seq_len}}} in --config), or leave it out (the "
+                          f"default fits --seq-len)")
     if t.global_batch_tokens % t.seq_len:
         raise ConfigError(f"--global-batch-tokens {t.global_batch_tokens} is not a whole number of sequences of "
                           f"--seq-len {t.seq_len}; use a multiple, e.g. "

@@ -254,6 +254,38 @@ def test_model_field_not_a_number(capsys):
     assert rc == 2 and "n_heads=3 does not divide the width d_model=128" in one_error_line(err)
 
 
+def test_rope_table_shorter_than_seq_len(tmp_path, capsys):
+    """LLaMA with --model max_seq_len below --seq-len (on the command line or in --config): refused at parse
+    time, before anything is written, naming the user's fix; the default table always fits --seq-len. A
+    model used directly past its table names the same fix and load_pretrained's."""
+    import torch
+
+    from models import LanguageModel, model_config
+    run = tmp_path / "run"
+    flags = ["--arch", "llama", "--size", "tiny", "--seq-len", "64", "--global-batch-tokens", "128", "--out", run]
+    rc, _, err = pretrain([*flags, "--model", "max_seq_len=32"], capsys)
+    assert rc == 2 and one_error_line(err) == (
+        "error: --model max_seq_len=32: LLaMA's RoPE table is shorter than --seq-len 64; pass --model "
+        "max_seq_len=64 or larger (model_overrides: {max_seq_len: 64} in --config), or leave it out (the default "
+        "fits --seq-len)")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model_overrides:\n  max_seq_len: 48\n")
+    rc, _, err = pretrain([*flags, "--config", cfg], capsys)
+    assert rc == 2 and "--model max_seq_len=48: LLaMA's RoPE table is shorter than --seq-len 64" in one_error_line(err)
+    assert not run.exists()
+    from pretrain.config import parse_config
+    assert parse_config([*map(str, flags), "--model", "max_seq_len=64"]).model().max_seq_len == 64  # exactly fits
+    assert parse_config(["--arch", "llama", "--seq-len", "16384", "--global-batch-tokens", "16384"]).model().max_seq_len \
+        == 16384  # the default grows with --seq-len
+    assert parse_config(["--arch", "tnl", "--seq-len", "64", "--global-batch-tokens", "128", "--model",
+                         "max_seq_len=32"]).train.seq_len == 64  # linear models have no table to outgrow
+    model = LanguageModel(model_config("llama", "tiny", vocab_size=64, max_seq_len=8))
+    with pytest.raises(ValueError, match=re.escape("position 10 exceeds the RoPE table (max_seq_len=8); training: "
+                                                   "pass --model max_seq_len=10")) as exc:
+        model(torch.zeros(1, 10, dtype=torch.long))
+    assert "load_pretrained(path, max_seq_len=10)" in str(exc.value)
+
+
 def test_device_without_cuda(capsys, tmp_path):
     """--device cuda without a GPU: one line saying so (not a traceback)."""
     import torch
