@@ -749,6 +749,41 @@ def test_ctrl_c_stops_with_a_checkpoint(dataset, tmp_path):
     assert max(_steps_logged(run)) == stopped
 
 
+def test_ctrl_c_under_torchrun(dataset, tmp_path):
+    """Ctrl-C in the terminal of a 2-rank torchrun job (gloo on CPU): the terminal signals torchrun's process
+    group, torchrun forwards SIGINT to each rank (they run in sessions of their own, so each gets it once);
+    every rank finishes the step, the ranks write one checkpoint of it together and exit without a
+    traceback; torchrun returns within its 30 s grace (no hang). torchrun itself then reports the signal
+    in its own way (a SignalException, exit 1), which is torchrun's, not a rank's."""
+    from checkpoints import verify
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--tee", "3",
+           "--master_port", str(29900 + os.getpid() % 90), str(ROOT / "launch" / "pretrain.py"),
+           *map(str, run_flags(run, dataset, 500, "--save-every", "100", "--backend", "gloo"))]
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)  # a process group of its own, as a terminal's job
+    try:
+        _wait_for_step(proc, run, 2)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = out + err
+    for rank in (0, 1):
+        mine = "\n".join(ln for ln in text.splitlines() if ln.startswith(f"[default{rank}]:"))
+        assert mine.count("received Ctrl-C: stopping after this step and writing a checkpoint") == 1, text[-4000:]
+        assert "Traceback" not in mine and "second Ctrl-C" not in mine and "Error" not in mine, mine[-3000:]
+    assert "Unable to shutdown process" not in text  # no rank had to be killed after the grace period
+    summary = json.loads((run / "summary.json").read_text())
+    stopped = summary["step"]
+    assert summary["stop"] == "signal" and stopped >= 2
+    ckpts = run / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == f"step_{stopped:08d}"
+    assert verify(ckpts / f"step_{stopped:08d}") is None and not list(ckpts.glob("*.tmp"))
+    assert max(_steps_logged(run)) == stopped
+
+
 SLOW_SAVE = """
 import sys, time
 sys.path.insert(0, {root!r})
