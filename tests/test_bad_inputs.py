@@ -708,17 +708,21 @@ def _start(flags: list, script: str | None = None) -> subprocess.Popen:
                             text=True, cwd=ROOT)
 
 
-def _wait_for_sigint_handler(proc: subprocess.Popen) -> None:
-    """Until the child's Python has installed its SIGINT handler (a signal before that kills the interpreter
-    outright, which is not what a user's Ctrl-C during start-up meets), then a little into its imports."""
-    status = Path(f"/proc/{proc.pid}/status")
-    deadline = time.monotonic() + 60
-    while status.exists() and time.monotonic() < deadline and proc.poll() is None:
-        caught = next((ln.split()[1] for ln in status.read_text().splitlines() if ln.startswith("SigCgt:")), "0")
-        if int(caught, 16) & (1 << (signal.SIGINT - 1)):
-            break
+def _wait_for_torch_import(proc: subprocess.Popen) -> None:
+    """Until the child is importing torch: inside launch/pretrain.py's own code, past interpreter start-up
+    and site's .pth files (a Ctrl-C there is Python's, not ours, and a loaded machine can spend seconds
+    there)."""
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 120
+    while maps.exists() and time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if "libtorch" in maps.read_text():
+                return
+        except OSError:
+            pass
         time.sleep(0.01)
-    time.sleep(0.2)
+    if not maps.exists():
+        time.sleep(0.5)
 
 
 def _wait_for_step(proc: subprocess.Popen, run: Path, step: int) -> None:
@@ -866,7 +870,7 @@ def test_ctrl_c_during_startup(dataset, tmp_path, capsys, monkeypatch):
     """Ctrl-C before training starts (importing, building the model): 'interrupted', exit 130, no
     traceback, and the run directory is not left locked."""
     proc = _start(["--out", tmp_path / "run", "--max-steps", "5"])
-    _wait_for_sigint_handler(proc)
+    _wait_for_torch_import(proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
