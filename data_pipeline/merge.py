@@ -160,7 +160,11 @@ def run_all(cfg: DataConfig, out: Path) -> dict:
     parts = Parts(cfg, out)
     for stage, n in plan(cfg).items():
         t0 = time.time()
-        for task in range(n):
+        if stage == "pairs" and n:
+            mdir = Path(out) / "merge"
+            mdir.mkdir(parents=True, exist_ok=True)
+            _run_pairs_batched(cfg, parts, mdir)
+        for task in range(n if stage != "pairs" else 0):
             run_task(cfg, out, stage, task, parts)
         log.info("merge stage %s: %d tasks, %.1f s", stage, n, time.time() - t0)
     return json.loads((Path(out) / "stats.json").read_text())
@@ -204,15 +208,21 @@ def verified_pairs(rec: np.ndarray, parts: Parts, threshold: float, chunk: int =
     agreement reaches threshold (see the module docstring). Every member is first compared with its
     bucket's first document, all buckets at once; the buckets where some member does not match it
     (several clusters in one bucket) go through _link_to_centers one by one."""
+    return _verified_pairs(rec, parts, threshold, chunk)[0]
+
+
+def _verified_pairs(rec: np.ndarray, parts: Parts, threshold: float, chunk: int = 1 << 17
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """verified_pairs() and the band key of each pair's bucket."""
     if len(rec) < 2:
-        return np.zeros((0, 2), np.int64)
+        return np.zeros((0, 2), np.int64), np.zeros(0, np.uint64)
     rec = rec[np.lexsort((rec[:, 1].view(np.int64), rec[:, 0]))]
     start = np.flatnonzero(np.concatenate([[True], rec[1:, 0] != rec[:-1, 0]]))
     size = np.diff(np.append(start, len(rec)))
     multi = np.flatnonzero(size > 1)
     need = int(np.ceil(threshold * parts.cfg.dedup.num_perm - 1e-9))  # agreeing positions needed
     sig_maps: dict = {}
-    out = []
+    out, band = [], []
     i = 0
     while i < len(multi):  # buckets in chunks of about `chunk` members: bounded memory
         j = i + max(1, int(np.searchsorted(np.cumsum(size[multi[i:]]), chunk)))
@@ -221,21 +231,51 @@ def verified_pairs(rec: np.ndarray, parts: Parts, threshold: float, chunk: int =
         members = first + np.arange(len(first)) - np.repeat(np.cumsum(size[bs]) - size[bs], size[bs])
         sigs = _signatures(rec[members, 2], parts, sig_maps)
         first_sig = sigs[np.repeat(np.cumsum(size[bs]) - size[bs], size[bs])]
-        ok = (sigs == first_sig).sum(axis=1) >= need
+        ok = np.count_nonzero(sigs == first_sig, axis=1) >= need
         others = members != first
         bucket_of = np.repeat(np.arange(len(bs)), size[bs])
         clean = np.ones(len(bs), bool)
         clean[bucket_of[others & ~ok]] = False
         sel = others & ok & clean[bucket_of]
         out.append(np.stack([rec[members[sel], 1].view(np.int64), rec[first[sel], 1].view(np.int64)], 1))
+        band.append(rec[first[sel], 0])
         pos = np.cumsum(size[bs]) - size[bs]
         for k in np.flatnonzero(~clean):  # several clusters share the bucket
             a = pos[k]
             keys = rec[members[a:a + size[bs[k]]], 1].view(np.int64)
-            linked = _link_to_centers(keys, sigs[a:a + size[bs[k]]], need)
-            out.append(np.asarray(linked, np.int64).reshape(-1, 2))
+            out.append(_link_to_centers(keys, sigs[a:a + size[bs[k]]], need))
+            band.append(np.full(len(out[-1]), rec[start[bs[k]], 0], np.uint64))
         i = j
-    return np.concatenate(out) if out else np.zeros((0, 2), np.int64)
+    if not out:
+        return np.zeros((0, 2), np.int64), np.zeros(0, np.uint64)
+    return np.concatenate(out), np.concatenate(band)
+
+
+PAIRS_RECORDS = 1 << 20  # band records per verified_pairs call of the one-machine merge (24 MB)
+
+
+def _run_pairs_batched(cfg: DataConfig, parts: Parts, mdir: Path) -> None:
+    """Every pairs task of a band, with consecutive shards of it taken together up to PAIRS_RECORDS
+    records per call: a shard's buckets never span shards and the pairs of each are split back by the
+    shard of their band key, so each pairs file holds what its own task writes (the same rows; the
+    same order wherever a shard's buckets fit in one verified_pairs chunk), at a fraction of the
+    fixed cost of one call per shard on a small corpus, with memory still bounded."""
+    shards = cfg.dedup.shards
+    for b in range(cfg.dedup.bands):
+        name = f"band-{b:03d}"
+        s = 0
+        while s < shards:
+            group = [parts.records(name, s)]
+            while s + len(group) < shards and sum(map(len, group)) < PAIRS_RECORDS:
+                nxt = parts.records(name, s + len(group))
+                if sum(map(len, group)) + len(nxt) > PAIRS_RECORDS:
+                    break  # read again as the next group's first shard
+                group.append(nxt)
+            pairs, keys = _verified_pairs(np.concatenate(group), parts, cfg.dedup.threshold)
+            of = shard_of(keys, shards)
+            for g in range(len(group)):
+                _save(mdir / f"pairs-{b:03d}-{s + g:04d}.npy", pairs[of == s + g])
+            s += len(group)
 
 
 def _signatures(loc: np.ndarray, parts: Parts, maps: dict) -> np.ndarray:
@@ -250,21 +290,21 @@ def _signatures(loc: np.ndarray, parts: Parts, maps: dict) -> np.ndarray:
     return out
 
 
-def _link_to_centers(keys: np.ndarray, sigs: np.ndarray, need: int) -> list[tuple[int, int]]:
+def _link_to_centers(keys: np.ndarray, sigs: np.ndarray, need: int) -> np.ndarray:
     """keys in increasing order; each member linked to every earlier center it matches (at least `need`
     agreeing signature positions); a member that matches none is a center. One vector comparison per
-    center."""
+    center. Returns the (member, center) key pairs, centers in order, members in order within each."""
     matched_any = np.zeros(len(keys), bool)
-    pairs = []
+    members, centers = [], []
     c = 0
     while c is not None:
-        agree = (sigs[c + 1:] == sigs[c]).sum(axis=1) >= need
-        hit = np.flatnonzero(agree) + c + 1
-        pairs.extend((int(keys[m]), int(keys[c])) for m in hit)
+        hit = np.flatnonzero(np.count_nonzero(sigs[c + 1:] == sigs[c], axis=1) >= need) + c + 1
+        members.append(hit)
+        centers.append(np.full(len(hit), c))
         matched_any[hit] = True
         later = np.flatnonzero(~matched_any[c + 1:])
         c = int(later[0]) + c + 1 if len(later) else None
-    return pairs
+    return np.stack([keys[np.concatenate(members)], keys[np.concatenate(centers)]], 1).astype(np.int64)
 
 
 PAIRS_BATCH = 1 << 22  # pairs joined per union step of the components task (64 MB of pairs)
