@@ -207,7 +207,7 @@ def verified_pairs(rec: np.ndarray, parts: Parts, threshold: float, chunk: int =
     """(member, center) key pairs of the buckets in (band key, key, location) records whose signature
     agreement reaches threshold (see the module docstring). Every member is first compared with its
     bucket's first document, all buckets at once; the buckets where some member does not match it
-    (several clusters in one bucket) go through _link_to_centers one by one."""
+    (several clusters in one bucket) go through _link_to_centers_all, all of them at once."""
     return _verified_pairs(rec, parts, threshold, chunk)[0]
 
 
@@ -240,11 +240,11 @@ def _verified_pairs(rec: np.ndarray, parts: Parts, threshold: float, chunk: int 
         out.append(np.stack([rec[members[sel], 1].view(np.int64), rec[first[sel], 1].view(np.int64)], 1))
         band.append(rec[first[sel], 0])
         pos = np.cumsum(size[bs]) - size[bs]
-        for k in np.flatnonzero(~clean):  # several clusters share the bucket
-            a = pos[k]
-            keys = rec[members[a:a + size[bs[k]]], 1].view(np.int64)
-            out.append(_link_to_centers(keys, sigs[a:a + size[bs[k]]], need))
-            band.append(np.full(len(out[-1]), rec[start[bs[k]], 0], np.uint64))
+        mixed = np.flatnonzero(~clean)  # several clusters share the bucket
+        if len(mixed):
+            m, c, k = _link_to_centers_all(sigs, pos[mixed], size[bs[mixed]], need)
+            out.append(np.stack([rec[members[m], 1].view(np.int64), rec[members[c], 1].view(np.int64)], 1))
+            band.append(rec[start[bs[mixed[k]]], 0])
         i = j
     if not out:
         return np.zeros((0, 2), np.int64), np.zeros(0, np.uint64)
@@ -290,21 +290,38 @@ def _signatures(loc: np.ndarray, parts: Parts, maps: dict) -> np.ndarray:
     return out
 
 
-def _link_to_centers(keys: np.ndarray, sigs: np.ndarray, need: int) -> np.ndarray:
-    """keys in increasing order; each member linked to every earlier center it matches (at least `need`
-    agreeing signature positions); a member that matches none is a center. One vector comparison per
-    center. Returns the (member, center) key pairs, centers in order, members in order within each."""
-    matched_any = np.zeros(len(keys), bool)
-    members, centers = [], []
-    c = 0
-    while c is not None:
-        hit = np.flatnonzero(np.count_nonzero(sigs[c + 1:] == sigs[c], axis=1) >= need) + c + 1
-        members.append(hit)
-        centers.append(np.full(len(hit), c))
-        matched_any[hit] = True
-        later = np.flatnonzero(~matched_any[c + 1:])
-        c = int(later[0]) + c + 1 if len(later) else None
-    return np.stack([keys[np.concatenate(members)], keys[np.concatenate(centers)]], 1).astype(np.int64)
+def _link_to_centers_all(sigs: np.ndarray, pos: np.ndarray, size: np.ndarray, need: int
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The links of every bucket k (rows pos[k]..pos[k]+size[k]-1 of sigs, keys increasing): each row
+    linked to every earlier center it matches (at least `need` agreeing signature positions); a row that
+    matches none is a center. All buckets at once, one round per center rank, each round comparing
+    every bucket's current center with the rows after it. Returns (member row, center row, bucket) of
+    each link, sorted by bucket, then center, then member."""
+    rb = np.repeat(np.arange(len(pos)), size)
+    rows = np.repeat(pos - np.cumsum(size) + size, size) + np.arange(len(rb))
+    cur = pos.copy()
+    matched = np.zeros(len(sigs), bool)
+    found = []
+    r = 0
+    while len(rows):
+        after = rows > cur[rb]
+        rows, rb = rows[after], rb[after]
+        hit = np.count_nonzero(sigs[rows] == sigs[cur[rb]], axis=1) >= need
+        found.append((rows[hit], cur[rb[hit]], rb[hit], np.full(int(hit.sum()), r)))
+        matched[rows[hit]] = True
+        # a later center is compared with every row after it, matched or not; a bucket's next center is
+        # its first unmatched row after this one, and a bucket without one is done
+        free = np.flatnonzero(~matched[rows])
+        fb = rb[free]
+        nxt = free[np.concatenate([[True], fb[1:] != fb[:-1]])] if len(free) else free
+        live = np.zeros(len(pos), bool)
+        live[rb[nxt]] = True
+        cur[rb[nxt]] = rows[nxt]
+        rows, rb = rows[live[rb]], rb[live[rb]]
+        r += 1
+    m, c, k, rnd = (np.concatenate(x) for x in zip(*found)) if found else (np.zeros(0, np.int64),) * 4
+    order = np.lexsort((m, rnd, k))
+    return m[order], c[order], k[order]
 
 
 PAIRS_BATCH = 1 << 22  # pairs joined per union step of the components task (64 MB of pairs)

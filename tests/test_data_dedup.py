@@ -102,6 +102,37 @@ def test_staged_merge_drops_what_the_single_process_merge_drops(shared_data, tmp
     assert sum(s["near_duplicates"] for s in stats["sources"]) == near.sum()
 
 
+@pytest.mark.parametrize("budget,calls", [(1, 5), (150, None), (1 << 20, 1)])
+def test_grouped_pairs_tasks_write_what_each_task_writes(shared_data, tmp_path, monkeypatch, budget, calls):
+    """The one-machine merge runs a band's pairs tasks in groups of shards (up to PAIRS_RECORDS band
+    records): every pairs file is byte for byte the one its own task writes, for groups of one shard,
+    of some and of all."""
+    from data_pipeline import merge
+    _planted_corpus(shared_data, tmp_path, random.Random(5))
+    cfg = parse_data_config({"name": "m", "val_fraction": 0, "dedup": {"shards": 5}, "sources": [
+        {"name": lang, "language": lang, "type": "jsonl", "paths": [str(tmp_path / f"?_{lang}.jsonl")]}
+        for lang in ("en", "zh")]})
+    out = tmp_path / "ds"
+    prepare(cfg, out, workers=1, do_merge=False, progress=False)
+    for task in range(plan(cfg)["pairs"]):
+        run_task(cfg, out, "pairs", task)
+    monkeypatch.setattr(merge, "PAIRS_RECORDS", budget)
+    grouped = tmp_path / "grouped"
+    grouped.mkdir()
+    seen = []
+    inner = merge._verified_pairs
+    monkeypatch.setattr(merge, "_verified_pairs", lambda rec, *a: seen.append(len(rec)) or inner(rec, *a))
+    merge._run_pairs_batched(cfg, Parts(cfg, out), grouped)
+    per_band = len(seen) / cfg.dedup.bands  # verified_pairs calls per band: 5 shards in groups
+    assert per_band == calls if calls else 1 < per_band < 5
+    names = sorted(f.name for f in (out / "merge").glob("pairs-*.npy"))
+    assert names == sorted(f.name for f in grouped.glob("pairs-*.npy"))
+    assert len(names) == cfg.dedup.bands * 5
+    assert sum(len(np.load(out / "merge" / n)) for n in names) > 20  # pairs to compare
+    for n in names:
+        assert (out / "merge" / n).read_bytes() == (grouped / n).read_bytes(), n
+
+
 def test_a_large_near_duplicate_cluster_leaves_one(tmp_path):
     """400 copies of a templated page, each with a few words changed (Jaccard ~0.9-0.97 to each other),
     among distinct pages: one copy survives, the first, and every distinct page stays."""
@@ -125,6 +156,30 @@ def test_a_large_near_duplicate_cluster_leaves_one(tmp_path):
     assert sum(k in set(copies) for k in kept) == 1 and copies[0] in kept
     assert all(d in kept for d in distinct)
     assert stats["sources"][0]["near_duplicates"] + stats["sources"][0]["exact_duplicates"] == 399
+
+
+def test_links_to_centers_against_plain_python():
+    """Buckets of several clusters (members near two prototypes at once included): each member is linked
+    to every earlier center it matches, and one that matches none becomes a center."""
+    from data_pipeline.merge import _link_to_centers_all
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        size = rng.integers(1, 30, rng.integers(1, 12))
+        protos = rng.integers(0, 4, (5, 16))
+        sigs = np.concatenate([protos[rng.integers(0, 5, s)] for s in size])
+        sigs = np.where(rng.random(sigs.shape) < 0.2, rng.integers(0, 4, sigs.shape), sigs)
+        pos = np.cumsum(size) - size
+        need = int(rng.integers(8, 14))
+        want = []
+        for k, (a, n) in enumerate(zip(pos.tolist(), size.tolist())):
+            centers = []
+            for m in range(a, a + n):
+                hits = [c for c in centers if sum(int(x == y) for x, y in zip(sigs[m], sigs[c])) >= need]
+                want += [(k, c, m) for c in hits]
+                if not hits:
+                    centers.append(m)
+        m, c, k = _link_to_centers_all(sigs, pos, size, need)
+        assert list(zip(k.tolist(), c.tolist(), m.tolist())) == sorted(want)
 
 
 def test_component_drops_and_exact_drops_against_plain_python():
