@@ -19,6 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from checkpoints.layout import EXPORTS, MODEL_CONFIG, RUN_CONFIG, SNAPSHOTS
+from pretrain.logs import get_logger
+
+logger = get_logger(__name__)
 
 
 def _positive_int(v) -> int | None:
@@ -61,7 +64,7 @@ def training_context(export_dir: str | Path) -> int | None:
 
 
 def scoring_window(export_dir: str | Path | None, max_seq_len: int, override: int | None = None,
-                   warn: Callable[[str], None] | None = print) -> int:
+                   warn: Callable[[str], None] | None = logger.warning) -> int:
     """The window to score in: `override` if given, else the training context, else `max_seq_len` (with a
     warning that says why, so a wrong window is never silent)."""
     if override:
@@ -71,7 +74,7 @@ def scoring_window(export_dir: str | Path | None, max_seq_len: int, override: in
         return ctx
     if warn is not None:
         where = f"{export_dir}" if export_dir is not None else "an in-memory model"
-        warn(f"warning: the training context of {where} is not recorded (no train_seq_len in its config.json, "
+        warn(f"the training context of {where} is not recorded (no train_seq_len in its config.json, "
              f"no run config.json beside it); scoring in windows of max_seq_len = {max_seq_len}. Pass "
              f"--max-length / max_length= the training sequence length to score as trained.")
     return int(max_seq_len)

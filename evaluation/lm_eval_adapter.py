@@ -24,6 +24,10 @@ from evaluation.context import scoring_window
 from evaluation.devices import DTYPES, resolve_device, resolve_dtype  # noqa: F401  (also imported from here)
 from evaluation.scoring import generate_tokens, rolling_loglikelihood, score_continuations
 from models import LanguageModel, load_pretrained
+from pretrain.logs import get_logger
+
+logger = get_logger(__name__)
+
 
 @register_model("linscale")
 class LinscaleLM(TemplateLM):
@@ -51,7 +55,7 @@ class LinscaleLM(TemplateLM):
         self.batch_size_per_gpu = int(batch_size) if str(batch_size).isdigit() else 8
         # the training context (from the export or its run), not max_seq_len: see evaluation.context
         self._max_length = scoring_window(pretrained, model.config.max_seq_len, max_length,
-                                          warn=None if pretrained is None else print)
+                                          warn=None if pretrained is None else logger.warning)
         self.max_gen_toks = int(max_gen_toks)
         self.tokenizer_obj = get_tokenizer()
 

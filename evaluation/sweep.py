@@ -21,6 +21,9 @@ from checkpoints.layout import EXPORTS, MODEL_CONFIG, MODEL_WEIGHTS
 from evaluation.context import scoring_window, training_context
 from pretrain.argtypes import positive_int, ranged
 from pretrain.cli import option
+from pretrain.logs import get_logger
+
+logger = get_logger(__name__)
 
 CSR_TASKS = ("boolq", "piqa", "siqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
 # the metric the paper reports for each commonsense task
@@ -164,7 +167,7 @@ def run_tasks(tasks: list[str], model, snap: dict, cfg: SweepConfig, out: Path) 
                                    depths=tuple(cfg.niah_depths), trials=cfg.niah_trials,
                                    haystack=tuple(cfg.niah_haystack), batch_size=cfg.batch_size,
                                    scoring=cfg.niah_scoring, threshold=cfg.niah_threshold)
-            res = niah.run_niah(model, ncfg, progress=lambda msg: print(f"    {msg}", flush=True))
+            res = niah.run_niah(model, ncfg, progress=lambda msg: logger.info(f"    {msg}"))
             png = niah.plot_heatmap(res, out / "niah" / snap["run"] / f"{snap['snapshot']}_{t}.png",
                                     title=f"{snap['run']} {snap['snapshot']} {t}")
             m = res["metrics"]
@@ -260,12 +263,12 @@ def sweep(cfg: SweepConfig) -> list[dict]:
     snaps = find_snapshots(cfg.runs)
     out = Path(cfg.out) if cfg.out else (Path(snaps[0]["path"]).parent.parent / "eval" if snaps else Path("eval"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"evaluating {len(snaps)} snapshot(s) x {len(tasks)} task(s) -> {out}", flush=True)
+    logger.info(f"evaluating {len(snaps)} snapshot(s) x {len(tasks)} task(s) -> {out}")
     rows = []
     for n, snap in enumerate(snaps, 1):
         cache_dir = out / "cache" / snap["run"] / snap["snapshot"]
         fp = fingerprint(snap["path"])
-        window = scoring_window_of(snap, cfg, warn=lambda msg: print(f"    {msg}", flush=True))
+        window = scoring_window_of(snap, cfg, warn=logger.warning)
         cached, todo = {}, []
         for t in tasks:
             f = cache_dir / f"{t}.json"
@@ -277,7 +280,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
                     continue
             todo.append(t)
         label = f"[{n}/{len(snaps)}] {snap['run']}/{snap['snapshot']} (step {snap['step']})"
-        print(f"{label}: {len(cached)} cached, {len(todo)} to run {todo if todo else ''}", flush=True)
+        logger.info(f"{label}: {len(cached)} cached, {len(todo)} to run {todo if todo else ''}")
         if todo:
             check_vocab(snap, todo)
             t0 = time.time()
@@ -292,10 +295,10 @@ def sweep(cfg: SweepConfig) -> list[dict]:
                     tmp = cache_dir / f".{t}.json.tmp"
                     tmp.write_text(json.dumps({"key": key, "metrics": res, "seconds": secs}, indent=1))
                     tmp.rename(cache_dir / f"{t}.json")
-                print(f"    {t}: {short(res)} ({secs:.1f}s)", flush=True)
+                logger.info(f"    {t}: {short(res)} ({secs:.1f}s)")
                 cached[t] = res
             del model
-            print(f"    done in {time.time() - t0:.1f}s", flush=True)
+            logger.info(f"    done in {time.time() - t0:.1f}s")
         rows.append({**snap, "results": cached})
     write_tables(rows, tasks, out)
     if cfg.plots:
