@@ -83,12 +83,8 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype:
         model = LanguageModel(ModelConfig.from_dict(cfg_dict))
     state = load_file(str(path / MODEL_WEIGHTS), device=str(device))
     model.load_state_dict(state, strict=True, assign=True)
-    # buffers that are not saved (RoPE tables) are rebuilt on the target device
-    for m in model.modules():
-        if hasattr(m, "rope_cos"):
-            from models.llama import rope_table
-            cos, sin = rope_table(model.config.max_seq_len, model.config.head_dim, model.config.rope_base)
-            m.rope_cos, m.rope_sin = cos.to(device), sin.to(device)
+    # buffers that are not saved (LLaMA's RoPE tables) are rebuilt on the target device
+    get_arch(model.config.arch).rebuild_buffers(model, device)
     if dtype is not None:
         model.to(dtype)
     return model.eval()

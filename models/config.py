@@ -7,6 +7,11 @@ from dataclasses import asdict, dataclass, field, fields
 VOCAB_SIZE = 100_280  # cl100k_base has 100,277 ids; padded for tensor-core friendly shapes
 
 
+def _positive(name: str, value: int) -> None:
+    if int(value) <= 0:
+        raise ValueError(f"model config: {name} must be a positive integer, got {value}")
+
+
 @dataclass
 class ModelConfig:
     arch: str
@@ -29,12 +34,9 @@ class ModelConfig:
         from models.registry import get_arch  # the registry imports the model files, which import this one
         spec = get_arch(self.arch)
         self.arch = spec.name
-        for name in ("n_layers", "d_model", "n_heads", "d_glu", "vocab_size", "max_seq_len"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"model config: {name} must be a positive integer, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"model config: head count n_heads={self.n_heads} does not divide the width "
-                             f"d_model={self.d_model}; the head width e = d/h must be whole")
+        self.check_shape(self.n_layers, self.d_model, self.n_heads, self.d_glu)
+        for name in ("vocab_size", "max_seq_len"):
+            _positive(name, getattr(self, name))
         if self.norm_type is None:
             self.norm_type = spec.default_norm
         if self.norm_type not in ("rmsnorm", "srmsnorm"):
@@ -43,6 +45,15 @@ class ModelConfig:
             raise ValueError(f"model config: tnl_decay_schedule {self.tnl_decay_schedule!r}; choose code or paper")
         if self.gate_rank is None:
             self.gate_rank = self.head_dim
+
+    @staticmethod
+    def check_shape(n_layers: int, d_model: int, n_heads: int, d_glu: int) -> None:
+        """Raise ValueError (what is wrong) unless the shape is one every architecture can build."""
+        for name, value in (("n_layers", n_layers), ("d_model", d_model), ("n_heads", n_heads), ("d_glu", d_glu)):
+            _positive(name, value)
+        if d_model % n_heads:
+            raise ValueError(f"model config: head count n_heads={n_heads} does not divide the width "
+                             f"d_model={d_model}; the head width e = d/h must be whole")
 
     @property
     def head_dim(self) -> int:

@@ -141,10 +141,18 @@ def tpe(cfg: ModelConfig) -> Tpe:
     return Tpe(cfg.d_model, cfg.head_dim, cfg.tpe_init_bound)
 
 
+def tpe_sp_carry(tpe: Tpe, x: Tensor, cu_seqlens: Tensor | None, sp) -> Tensor:
+    """The TPE state carried in from the ranks before a sequence-parallel segment (see
+    pretrain.sequence_parallel.tpe_carry, which holds the rank exchange)."""
+    from pretrain.sequence_parallel import tpe_carry  # the parallelism sits outside the model file
+    return tpe_carry(tpe, x, cu_seqlens, sp)
+
+
 SPEC = ArchSpec(
     name="cos2", title="cosFormer2", token_mixer=Cos2TokenMixer, channel_mixer=sglu, default_norm="srmsnorm",
     paper_params=paper_params, extra_params=extra_params, layer_flops=layer_flops, model_flops=model_flops,
     extras={"tpe": tpe}, aliases=("cosformer2",), layer_overrides={"410m": 25}, sequence_parallel=True,
+    sp_positions=True, sp_carries={"tpe": tpe_sp_carry},
     act_bytes_per_d=62,
     paper_law={"L": (3.5877, -0.0756), "N_opt": (2.65e8, 0.6516), "D_opt": (4.23e10, 0.4529)},
     color="#d62728")

@@ -65,6 +65,15 @@ class LlamaAttention(nn.Module):
         return self.out_proj(o.transpose(1, 2).reshape(B, T, -1))
 
 
+def rebuild_rope(model: nn.Module, device) -> None:
+    """The RoPE tables are not saved (recomputable, and sized by max_seq_len, which a load may override)."""
+    cfg = model.config
+    cos, sin = rope_table(cfg.max_seq_len, cfg.head_dim, cfg.rope_base)
+    cos, sin = cos.to(device), sin.to(device)
+    for block in model.blocks:
+        block.token_mixer.rope_cos, block.token_mixer.rope_sin = cos, sin
+
+
 def paper_params(cfg: ModelConfig) -> int:
     l, d, g = cfg.n_layers, cfg.d_model, cfg.d_glu
     return 4 * l * d * d + 3 * l * d * g
@@ -78,5 +87,6 @@ def layer_flops(cfg: ModelConfig, n: int) -> int:
 SPEC = ArchSpec(
     name="llama", title="LLaMA", token_mixer=LlamaAttention, channel_mixer=swiglu, default_norm="rmsnorm",
     paper_params=paper_params, layer_flops=layer_flops, context_limited=True, act_bytes_per_d=44,
+    rebuild_buffers=rebuild_rope,
     paper_law={"L": (3.7087, -0.0798), "N_opt": (1.82e8, 0.7118), "D_opt": (2.56e10, 0.5102)},
     color="#1f77b4")

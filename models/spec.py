@@ -18,7 +18,7 @@ TypeError, not silently ignored.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from torch import Tensor, nn
 
@@ -53,6 +53,10 @@ def _no_lines(model: nn.Module) -> list[str]:
     return []
 
 
+def _no_buffers(model: nn.Module, device) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     """Everything architecture-specific. Notation of the formulas as the paper: l layers, d width, h heads,
@@ -76,10 +80,16 @@ class ArchSpec:
         length must fit it (the run config sizes the table).
     sequence_parallel: its layers pass only a fixed-size state along the sequence, so the sequence-parallel
         plan (pretrain/sequence_parallel.py, `--sp`) can split a sequence over ranks.
+    sp_positions: its token mixers take `pos` as the absolute positions of their tokens (a tensor; cos2's
+        LRPE), so the sequence-parallel plan hands each rank's mixers the global positions of its segment.
+    sp_carries: extra name -> (extra, x, cu_seqlens, sp) -> what the state carried in from the ranks before
+        adds to that extra's output (cos2's TPE recurrence); the sequence-parallel plan adds it.
     act_bytes_per_d: activation bytes a block keeps per token, in units of d, for the memory estimate
         (`pretrain.memory`; measured for the four paper architectures, a high guess otherwise).
     color: the plots' hue (None: grey).
     describe: model -> lines the trainer logs at start (e.g. TNL's decay table).
+    rebuild_buffers: (model, device) -> recompute the buffers a checkpoint does not hold (LLaMA's RoPE
+        tables), after `load_pretrained` built the model on the meta device.
     """
     name: str
     title: str
@@ -96,6 +106,9 @@ class ArchSpec:
     layer_overrides: dict[str, int] = field(default_factory=dict)
     context_limited: bool = False
     sequence_parallel: bool = False
+    sp_positions: bool = False
+    sp_carries: dict[str, Callable[..., Any]] = field(default_factory=dict)
     act_bytes_per_d: int = 64
     color: str | None = None
     describe: Callable[[nn.Module], list[str]] = _no_lines
+    rebuild_buffers: Callable[[nn.Module, Any], None] = _no_buffers

@@ -17,6 +17,8 @@ group k (neighbours share a node, where the exchange is cheapest); group k is da
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -68,23 +70,29 @@ class SequenceParallelPlan:
 
     def __init__(self, model: nn.Module, sp: SequenceParallel):
         arch = model.config.arch
-        if not get_arch(arch).sequence_parallel:
+        spec = get_arch(arch)
+        if not spec.sequence_parallel:
             able = ", ".join(a for a in arch_names() if get_arch(a).sequence_parallel)
             raise ValueError(f"--sp (sequence parallelism) is for the linear models ({able}), whose "
                              f"layers pass only a fixed-size state between ranks; --arch {arch} has softmax "
                              f"attention over the whole sequence: train it with --sp 1")
         self.model, self.sp = model, sp
-        self.positions: Tensor | None = None  # LRPE positions of the local tokens (as the model flattens them)
+        self.positions: Tensor | None = None  # global positions of the local tokens (as the model flattens them)
+        self.mixers_take_positions = spec.sp_positions
         self.handles = [model.register_forward_pre_hook(self._localise, with_kwargs=True),
                         model.register_forward_hook(self._loss, with_kwargs=True)]
         for block in model.blocks:
             mixer = block.token_mixer
             self.handles += [mixer.register_forward_pre_hook(self._enter, with_kwargs=True),
                              mixer.register_forward_hook(self._leave, always_call=True)]
-        if getattr(model, "tpe", None) is not None:
-            self._tpe_depth = 0  # the TPE runs packed documents by calling itself on each: carry once, outside
-            self.handles += [model.tpe.register_forward_pre_hook(self._tpe_enter),
-                             model.tpe.register_forward_hook(self._tpe, with_kwargs=True, always_call=True)]
+        # an extra may run packed documents by calling itself on each (cos2's TPE): carry once, outside
+        self._depth: dict[int, int] = {}
+        for name, carry in spec.sp_carries.items():
+            extra = model.get_submodule(name)
+            self._depth[id(extra)] = 0
+            self.handles += [extra.register_forward_pre_hook(self._extra_enter),
+                             extra.register_forward_hook(partial(self._extra_leave, carry), with_kwargs=True,
+                                                         always_call=True)]
 
     def remove(self) -> None:
         for h in self.handles:
@@ -118,7 +126,7 @@ class SequenceParallelPlan:
     # -- around each token mixer ------------------------------------------------------------------------
     def _enter(self, module, args, kwargs):
         enter(self.sp)
-        if hasattr(module, "lrpe"):  # cosFormer2: relative positions through absolute angles
+        if self.mixers_take_positions:  # cos2's LRPE: relative positions through absolute angles
             kwargs = dict(kwargs, pos=self.positions)
         return args, kwargs
 
@@ -126,17 +134,17 @@ class SequenceParallelPlan:
         leave()
         return output
 
-    # -- cosFormer2's TPE: the same exchange for its per-channel recurrence -------------------------------
-    def _tpe_enter(self, module, args):
-        self._tpe_depth += 1
+    # -- extras with a recurrence along the sequence (cos2's TPE): the same exchange, the spec's carry ---
+    def _extra_enter(self, module, args):
+        self._depth[id(module)] += 1
 
-    def _tpe(self, module, args, kwargs, y):
-        self._tpe_depth -= 1
-        if self._tpe_depth or y is None:
+    def _extra_leave(self, carry, module, args, kwargs, y):
+        self._depth[id(module)] -= 1
+        if self._depth[id(module)] or y is None:
             return y
         x = args[0] if args else kwargs["x"]
         with torch.autocast(device_type=x.device.type, enabled=False):
-            return y + tpe_carry(module, x, kwargs.get("cu_seqlens"), self.sp).to(y.dtype)
+            return y + carry(module, x, kwargs.get("cu_seqlens"), self.sp).to(y.dtype)
 
     # -- the loss: the group's mean, with each rank's gradient its own share ----------------------------
     def _loss(self, module, args, kwargs, out):

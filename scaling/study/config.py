@@ -143,7 +143,7 @@ def _sizes(raw: Any) -> list[SizeSpec]:
                 raise _err(f"sizes[{i}]: name {name!r} is a registry size with another shape {SIZES[name]}; "
                            f"choose another name or leave the shape out")
             try:
-                ModelConfig("llama", *shape)
+                ModelConfig.check_shape(*shape)
             except ValueError as err:
                 raise _err(f"sizes[{i}] ({name}): {err}") from None
             out.append(SizeSpec(name, None if SIZES.get(name) == shape else shape))  # type: ignore[arg-type]
