@@ -702,10 +702,16 @@ def test_disk_full_outside_a_save(dataset, tmp_path, capsys, monkeypatch):
 # Ctrl-C
 # ---------------------------------------------------------------------------------------------------
 
+def _terminal_sigint() -> None:
+    """In the child before exec: SIGINT at its default, as in a terminal's foreground job. A test run in the
+    background (`cmd &`, nohup) inherits SIGINT ignored, and Python then installs no Ctrl-C handler at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(flags: list, script: str | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-c", script] if script else [sys.executable, str(ROOT / "launch" / "pretrain.py")]
     return subprocess.Popen([*cmd, *map(str, flags)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+                            text=True, cwd=ROOT, preexec_fn=_terminal_sigint)
 
 
 def _wait_for_torch_import(proc: subprocess.Popen) -> None:
@@ -765,7 +771,7 @@ def test_ctrl_c_under_torchrun(dataset, tmp_path):
            "--master_port", str(29900 + os.getpid() % 90), str(ROOT / "launch" / "pretrain.py"),
            *map(str, run_flags(run, dataset, 500, "--save-every", "100", "--backend", "gloo"))]
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True)  # a process group of its own, as a terminal's job
+                            start_new_session=True, preexec_fn=_terminal_sigint)  # a terminal's job
     try:
         _wait_for_step(proc, run, 2)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
