@@ -246,7 +246,10 @@ class Trainer:
             self.run_lock.release()
         if getattr(self, "env", None) is not None and self.env.world_size > 1 and torch.distributed.is_initialized():
             # an orderly end for gloo/NCCL's threads: left to interpreter exit they can abort the process
-            # ("terminate called without an active exception") after a finished run
+            # ("terminate called without an active exception") after a finished run. After a finished run
+            # every rank meets here first, so no rank tears the group down while another still talks in it.
+            if getattr(self, "_ended_together", False):
+                torch.distributed.barrier()
             torch.distributed.destroy_process_group()
 
     # -- setup helpers ------------------------------------------------------------------------------
@@ -361,7 +364,9 @@ class Trainer:
     def fit(self) -> dict:
         """Train until done or stopped; returns the summary. Gives back the run directory on every way out."""
         try:
-            return self._fit()
+            summary = self._fit()
+            self._ended_together = True  # every rank returns from _fit together (stops are agreed collectively)
+            return summary
         finally:
             self.close()
 
