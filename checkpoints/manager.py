@@ -7,7 +7,7 @@ rank 0 waits for all markers, checksums every file into the manifest (written la
 directory to `step_N`, and only then rewrites the `latest` pointer and applies retention. A kill at any
 instant leaves either no `step_N` (the `.tmp` is ignored and removed at the next start) or a complete
 one; the previous checkpoint is untouched until a newer one is complete. Coordination goes through the
-file system, not collectives, so the background threads never issue a collective alongside the training
+file system, not collectives, so the background threads never start a collective alongside the training
 thread's.
 
 A save that fails (disk full, I/O error) on any rank stops training on every rank at the next step

@@ -1,5 +1,5 @@
 """How the ranks hand a save over to rank 0, through the file system (no collectives: the writer threads
-must never issue one next to the training thread's).
+must never start one next to the training thread's).
 
 Inside `step_N.tmp/parts/`, each rank R, once every file it writes for this save is written, fsynced and
 its directories fsynced, publishes `rank_R.done` (the records of its files: size and checksum):

@@ -414,7 +414,7 @@ def write_json(path: Path, obj: dict) -> None:
     tmp.replace(path)
 
 
-class Session:
+class BenchRun:
     def __init__(self, args, plan: Plan):
         self.args, self.plan = args, plan
         self.out, self.work = Path(args.out), Path(args.work)
@@ -467,7 +467,7 @@ class Session:
 # scenarios
 # ------------------------------------------------------------------------------------------------------
 
-def scaling(s: Session) -> list[dict]:
+def scaling(s: BenchRun) -> list[dict]:
     p = s.plan
     done = []
     for arch in p.archs:
@@ -505,7 +505,7 @@ def scaling(s: Session) -> list[dict]:
     return cells
 
 
-def big(s: Session) -> list[dict]:
+def big(s: BenchRun) -> list[dict]:
     p = s.plan
     results = []
     phases = [ph for ph in PHASES if ph in s.args.phases]
@@ -599,7 +599,7 @@ def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) if Path(path).exists() else 0
 
 
-def resume(s: Session) -> list[dict]:
+def resume(s: BenchRun) -> list[dict]:
     p = s.plan
     half = p.resume_steps // 2
     results = []
@@ -834,7 +834,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: --global-seqs {plan.global_seqs} does not divide over {n} GPUs x micro batch "
                              f"{plan.micro_batch}; the scaling scenario keeps the global batch fixed")
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    s = Session(args, plan)
+    s = BenchRun(args, plan)
     if args.print_plan:
         print(json.dumps(plan.__dict__, indent=1))
         return 0

@@ -65,3 +65,25 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data not found at {SHARED_DATA} (set LINSCALE_SHARED_DATA)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """The local Slurm cluster (launch/slurm/local_cluster.sh): used if already up (CI starts it in .ci/run),
+    else started here and stopped after; skipped only where Slurm cannot be installed and CI does not require it."""
+    import shutil
+    import subprocess
+    script = ROOT / "launch" / "slurm" / "local_cluster.sh"
+    if shutil.which("bash") is None or not script.is_file():
+        pytest.skip("bash and launch/slurm/local_cluster.sh are needed for the local Slurm cluster")
+    status = subprocess.run(["bash", str(script), "status"], capture_output=True, text=True)
+    started = False
+    if status.returncode != 0:
+        up = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, timeout=600)
+        if up.returncode == 3 and not os.environ.get("LINSCALE_REQUIRE_SLURM"):
+            pytest.skip(f"Slurm cannot be installed or started here: {up.stderr.strip()[-500:]}")
+        assert up.returncode == 0, f"local_cluster.sh up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}"
+        started = True
+    yield
+    if started:
+        subprocess.run(["bash", str(script), "down"], capture_output=True, text=True, timeout=300)

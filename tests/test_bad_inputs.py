@@ -761,7 +761,7 @@ def test_ctrl_c_stops_with_a_checkpoint(dataset, tmp_path):
 
 def test_ctrl_c_under_torchrun(dataset, tmp_path):
     """Ctrl-C in the terminal of a 2-rank torchrun job (gloo on CPU): the terminal signals torchrun's process
-    group, torchrun forwards SIGINT to each rank (they run in sessions of their own, so each gets it once);
+    group, torchrun forwards SIGINT to each rank (each rank leads a process group of its own, so each gets it once);
     every rank finishes the step, the ranks write one checkpoint of it together and exit without a
     traceback; torchrun returns within its 30 s grace (no hang). torchrun itself then reports the signal
     in its own way (a SignalException, exit 1), which is torchrun's, not a rank's."""

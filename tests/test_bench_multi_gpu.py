@@ -165,6 +165,6 @@ def test_cells_of_earlier_commands_are_skipped(tmp_path):
                           "tokens_per_s_per_gpu": per_gpu})
     args = Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"), time_budget=0, cell_estimate=1,
                      cell_timeout=1, keep_runs=False, done=[str(tmp_path / "earlier")])
-    cells = bench.scaling(bench.Session(args, plan))
+    cells = bench.scaling(bench.BenchRun(args, plan))
     assert [c["gpus"] for c in cells] == [1, 2] and cells[1]["efficiency"] == pytest.approx(0.8)
     assert not (tmp_path / "out" / "logs").exists()  # nothing was launched

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -33,7 +32,6 @@ from checkpoint_utils import ROOT, VOCAB, make_dataset
 pytest.importorskip("deepspeed")
 
 SBATCH = ROOT / "launch" / "slurm" / "pretrain.sbatch"
-LOCAL_CLUSTER = ROOT / "launch" / "slurm" / "local_cluster.sh"
 STEPS = 16                      # every 2-rank scenario trains the same 16 steps as the reference
 SEQ, BATCH, MICRO = 16, 8, 2    # 8 x 16 tokens per step: 2 ranks x micro 2 x accumulation 2
 HOLD = 4                        # scenarios stop the first attempt after this step
@@ -369,25 +367,7 @@ SCENARIOS = [reference, usr1_batch, usr1_full_two_nodes, requeue_and_cap, usr1_a
 # -- fixtures --------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def cluster_up():
-    """The local cluster: used if already up (CI starts it in .ci/run), else started here and stopped after."""
-    if shutil.which("bash") is None:
-        pytest.skip("bash is needed for launch/slurm/local_cluster.sh")
-    status = subprocess.run(["bash", str(LOCAL_CLUSTER), "status"], capture_output=True, text=True)
-    started = False
-    if status.returncode != 0:
-        up = subprocess.run(["bash", str(LOCAL_CLUSTER), "up"], capture_output=True, text=True, timeout=600)
-        if up.returncode == 3 and not os.environ.get("LINSCALE_REQUIRE_SLURM"):
-            pytest.skip(f"Slurm cannot be installed or started here: {up.stderr.strip()[-500:]}")
-        assert up.returncode == 0, f"local_cluster.sh up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}"
-        started = True
-    yield
-    if started:
-        subprocess.run(["bash", str(LOCAL_CLUSTER), "down"], capture_output=True, text=True, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def outcomes(cluster_up, tmp_path_factory) -> dict[str, Outcome | BaseException]:
+def outcomes(slurm_cluster, tmp_path_factory) -> dict[str, Outcome | BaseException]:
     tmp = tmp_path_factory.mktemp("slurm")
     c = Cluster(tmp, make_dataset(tmp / "data", docs=120))
 

@@ -408,27 +408,6 @@ def test_study_sizes_keep_the_paper_proportions():
 
 # -- Slurm: a real local cluster (launch/slurm/local_cluster.sh) ----------------------------------------------
 
-LOCAL_CLUSTER = ROOT / "launch" / "slurm" / "local_cluster.sh"
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    """The local cluster: used if already up (CI starts it), else started here and stopped after."""
-    if not LOCAL_CLUSTER.is_file():
-        pytest.skip("launch/slurm/local_cluster.sh is not in this checkout")
-    status = subprocess.run(["bash", str(LOCAL_CLUSTER), "status"], capture_output=True, text=True)
-    started = False
-    if status.returncode != 0:
-        up = subprocess.run(["bash", str(LOCAL_CLUSTER), "up"], capture_output=True, text=True, timeout=600)
-        if up.returncode == 3 and not os.environ.get("LINSCALE_REQUIRE_SLURM"):
-            pytest.skip(f"Slurm cannot be installed or started here: {up.stderr.strip()[-500:]}")
-        assert up.returncode == 0, f"local_cluster.sh up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}"
-        started = True
-    yield
-    if started:
-        subprocess.run(["bash", str(LOCAL_CLUSTER), "down"], capture_output=True, text=True, timeout=300)
-
-
 def test_study_on_a_real_slurm_cluster(slurm_cluster, finished_study, dataset):
     """`run --slurm` on the local cluster: the training array (through launch/slurm/pretrain.sbatch), the
     evaluation array after it, the report job last; every run's per-step losses equal the local study's."""
