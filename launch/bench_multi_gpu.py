@@ -665,6 +665,13 @@ def _f(x, fmt="{:,.0f}", none="—"):
     return none if x is None else fmt.format(x)
 
 
+def _head(*columns: str) -> list[str]:
+    """A markdown table's header and rule; a column named with a trailing '>' is right-aligned."""
+    names = [c.rstrip(">") for c in columns]
+    rule = ["---:" if c.endswith(">") else "---" for c in columns]
+    return ["| " + " | ".join(names) + " |", "|" + "|".join(rule) + "|"]
+
+
 def _load(dirs: list[Path], scenario: str) -> list[dict]:
     """The cells of one scenario from several result folders (one per device command); a cell measured
     twice counts once, the newest file."""
@@ -686,9 +693,8 @@ def report(dirs: list[Path] | Path) -> str:
         parts.append(f"Scaling: {c0['device']}, {c0['date']}, seq {c0['seq_len']}, global batch "
                      f"{c0['global_batch_seqs']} sequences, micro batch {c0['micro_batch']}, median of steps "
                      f"{c0['warm'] + 1}-{c0['steps']}.\n")
-        parts.append("| arch | size | ZeRO | GPUs | accum | tokens/s per GPU | efficiency | MFU | peak GiB per GPU "
-                     "(nvidia-smi, largest) | rank-0 torch peak GiB |")
-        parts.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        parts += _head("arch", "size", "ZeRO>", "GPUs>", "accum>", "tokens/s per GPU>", "efficiency>", "MFU>",
+                       "peak GiB per GPU (nvidia-smi, largest)>", "rank-0 torch peak GiB>")
         for c in cells:
             mem0 = c.get("rank0_max_memory_gb", c.get("rank0_max_rss_gb"))
             eff = c.get("efficiency")
@@ -699,9 +705,9 @@ def report(dirs: list[Path] | Path) -> str:
                          f"{_f(mem0, '{:.1f}')} |" + ("" if c["exit_code"] == 0 else f" exit {c['exit_code']}"))
     bigs = _load(dirs, "7b")
     if bigs:
-        parts.append("\n| arch | size | GPUs | tokens/s per GPU | MFU | peak GiB per GPU | checkpoint GiB | save s "
-                     "(stall / write) | snapshot write s | resume load s | export s | WikiText-2 word ppl |")
-        parts.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        parts += [""] + _head("arch", "size", "GPUs>", "tokens/s per GPU>", "MFU>", "peak GiB per GPU>",
+                              "checkpoint GiB>", "save s (stall / write)>", "snapshot write s>", "resume load s>",
+                              "export s>", "WikiText-2 word ppl>")
         for c in bigs:
             ph = c["phases"]
             tr, ex, ev, rs = (ph.get(k, {}) for k in PHASES)
@@ -717,9 +723,9 @@ def report(dirs: list[Path] | Path) -> str:
                          f"{_f(ppl, '{:.2f}')} |")
     res = _load(dirs, "resume")
     if res:
-        parts.append("\n| arch | size | GPUs | checkpoint step | data stream identical | steps once, tokens "
-                     "continue | max rel loss diff | median rel step change | convert + load s | ok |")
-        parts.append("|---|---|---|---:|---|---|---:|---:|---:|---|")
+        parts += [""] + _head("arch", "size", "GPUs", "checkpoint step>", "data stream identical",
+                              "steps once, tokens continue", "max rel loss diff>", "median rel step change>",
+                              "convert + load s>", "ok")
         for c in res:
             lo = c.get("losses", {})
             r = (c.get("resumed") or {}).get("resume", {})
