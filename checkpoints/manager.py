@@ -687,7 +687,7 @@ class CheckpointManager(Callback):
             self._last_bytes["snapshot"] = rec.size
             took = time.perf_counter() - t1
             self.history.append({"step": step, "kind": "snapshot", "stall_s": stall, "write_s": took})
-            logger.info(f"snapshot {final.name} saved ({p.tokens} tokens, written in {took:.2f} s)")
+            logger.info(f"snapshot {final.name} saved ({meta['tokens']} tokens, written in {took:.2f} s)")
         return write
 
 

@@ -142,12 +142,14 @@ def plot_arch(r: ArchResult, out: Path, include_embedding: bool) -> Path:
 def plot_compare(results: list[ArchResult], out: Path, include_embedding: bool) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     lo, hi = np.inf, 0.0
+    c_lo, c_hi = np.inf, 0.0
     for r in results:
         if r.envelope is None or not r.fit_mask.any():
             continue
         color = arch_color(r.arch)
         c = flops_to_pflop_days(r.envelope.c)
         m = r.fit_mask
+        c_lo, c_hi = min(c_lo, c[m].min()), max(c_hi, c[m].max())
         axes[0].plot(c[m], r.envelope.loss[m], color=color, alpha=0.35, lw=2.5)
         lo, hi = min(lo, r.envelope.loss[m].min()), max(hi, r.envelope.loss[m].max())
         used = r.optimal.used if r.optimal is not None else []
@@ -160,6 +162,15 @@ def plot_compare(results: list[ArchResult], out: Path, include_embedding: bool) 
     axes[0].set_yscale("log")
     if np.isfinite(lo):
         loss_axis(axes[0], lo * 0.98, hi * 1.02)
+    for ax, law, attr in ((axes[1], "N_opt", "n_fit"), (axes[2], "D_opt", "d_fit")):
+        if all(getattr(r, attr) is None for r in results):
+            # an empty panel would read as a plotting failure: say why it is empty, on the loss panel's C range
+            if np.isfinite(c_lo):
+                ax.set_xscale("log")
+                ax.set_xlim(c_lo, c_hi)
+            ax.text(0.5, 0.5, f"no {law}(C) fitted for any architecture:\nit needs >= 2 handovers between adjacent "
+                    "sizes\n(see the fit notes)", transform=ax.transAxes, ha="center", va="center", fontsize=10,
+                    color="0.35")
     return _finish(fig, axes, ("loss (envelope and fit, nats/token)", "N_opt (non-embedding parameters)",
                                "D_opt (tokens)"), 8, "scaling laws by architecture", out / "scaling_compare.png",
                    include_embedding, log_y=(False, True, True))

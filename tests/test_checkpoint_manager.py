@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -198,8 +200,15 @@ def test_background_save_never_exposes_a_half_written_checkpoint(dataset, tmp_pa
     assert (ckpt_dir / "latest").read_text().strip() == "step_00000006"
 
 
-def test_retention_keeps_the_last_k_and_never_deletes_snapshots(dataset, tmp_path):
+def test_retention_keeps_the_last_k_and_never_deletes_snapshots(dataset, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
+    real_save = manager_mod.save_safetensors
+
+    def slow_save(*args, **kwargs):  # a slow disk: the loop moves on while a snapshot is being written
+        time.sleep(0.2)
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(manager_mod, "save_safetensors", slow_save)
     trainer = train_in_process(run_flags(run, dataset, 12, "--save-every", "2", "--keep-last", "2",
                                          "--snapshot-every-tokens", str(3 * TPS), "--snapshot-log-points", "2"))
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir())
@@ -215,6 +224,10 @@ def test_retention_keeps_the_last_k_and_never_deletes_snapshots(dataset, tmp_pat
         meta = json.loads((d / "meta.json").read_text())
         assert meta["step"] == step and meta["tokens"] == step * TPS
         assert meta["flops"] == pytest.approx(step * trainer.flops_per_step)
+    # the log names each snapshot's own tokens, though the background writer finishes steps later
+    out = capsys.readouterr().out
+    logged = {int(m[1]): int(m[2]) for m in re.finditer(r"snapshot step_(\d+) saved \((\d+) tokens", out)}
+    assert logged == {step: step * TPS for step in snaps}
     # retention run again with k=1 still leaves every snapshot alone
     from checkpoints import apply_retention
     apply_retention(run / "checkpoints", 1)

@@ -324,6 +324,24 @@ def test_single_size_is_explained_not_fitted(tmp_path):
     assert any(">= 2 sizes" in n for n in res.notes)
 
 
+def test_no_handover_fits_the_loss_and_still_draws_every_panel(tmp_path, capsys):
+    """Every size stops while it still wins (the smaller size is ahead wherever the pair overlaps): L(C) is fitted,
+    N_opt and D_opt are not, and the plots are written all the same, the comparison's empty panels included."""
+    for size in ("70m", "160m", "410m"):
+        write_run(tmp_path / "runs" / f"tnl-{size}", model_config("tnl", size), LossLaw(), 3e8, n_rows=60,
+                  early_rows=30)
+    runs, _ = load_runs([tmp_path / "runs"])
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0))
+    assert [h.status for h in res.optimal.handovers] == ["smaller_ahead", "smaller_ahead"]
+    assert res.loss_fit is not None and res.n_fit is None and res.d_fit is None
+    out = tmp_path / "fits.json"
+    assert _cli()([str(tmp_path / "runs"), "--json", str(out), "--plots", str(tmp_path / "plots"), "--n-boot", "0"]) == 0
+    tnl = json.loads(out.read_text())["archs"]["tnl"]
+    assert tnl["alpha"] < 0 and tnl.get("a") is None
+    assert (tmp_path / "plots" / "scaling_compare.png").stat().st_size > 10_000
+    assert (tmp_path / "plots" / "scaling_tnl.png").stat().st_size > 10_000
+
+
 def test_paper_table3_values():
     """The paper's Table 3, all twelve laws, against the L(C) values the design records and the ranges of a
     and b its text states."""
