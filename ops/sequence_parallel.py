@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fcol
 import torch.utils.checkpoint
 from torch import Tensor
 
@@ -58,7 +59,8 @@ class SequenceParallel:
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None):
-        self.group = group
+        # the functional collective needs the group itself, not None for the default one
+        self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.segments = Segments()
@@ -106,36 +108,21 @@ def active() -> SequenceParallel | None:
 # the collective and the scan
 # ----------------------------------------------------------------------------------------------------
 
-# torch 2.13 renames the single-tensor collectives; the GPU image's torch has only the old names
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# The all-gather is a functional collective (a traceable op with its own autograd formula, the same one
+# DTensor and FSDP2 use under torch.compile): Dynamo keeps it inside the compiled block graph, so the
+# token mixer compiles without a graph break and Inductor schedules it like any other op. Its backward is
+# a reduce-scatter: each rank receives the sum over ranks of the gradient of the slice it contributed.
+# torch 2.13 renames it; the GPU image's torch has only the old name.
+_all_gather_autograd = (getattr(fcol, "all_gather_single_autograd", None)
+                        or getattr(fcol, "all_gather_tensor_autograd"))
 
 
-class _AllGather(torch.autograd.Function):
-    """[n] -> [size, n]; the backward gives each rank the sum over ranks of the gradient of its slice."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, sp: SequenceParallel) -> Tensor:
-        ctx.sp = sp
-        x = x.contiguous()
-        out = x.new_empty(sp.size * x.shape[0], *x.shape[1:])  # ranks' tensors one after another in dim 0
-        _all_gather_single(out, x, group=sp.group)
-        return out.view(sp.size, *x.shape)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        sp = ctx.sp
-        grad = grad.contiguous()
-        if dist.get_backend(sp.group) == "nccl":
-            mine = grad.new_empty(grad.shape[1:])
-            _reduce_scatter_single(mine, grad.view(-1, *grad.shape[2:]), group=sp.group)
-        else:  # gloo has no reduce-scatter: the same sum, through an all-reduce
-            dist.all_reduce(grad, group=sp.group)
-            mine = grad[sp.rank]
-        return mine, None
+def _all_gather(x: Tensor, sp: SequenceParallel) -> Tensor:
+    """[n, ...] -> [size, n, ...], rank r's tensor at index r; differentiable (see above)."""
+    every = _all_gather_autograd(x.contiguous(), 0, sp.group)   # ranks' tensors one after another in dim 0
+    return every.view(sp.size, *x.shape)
 
 
-@torch.compiler.disable
 def segment_prefix(sp: SequenceParallel, state: Tensor, transfer: Tensor, continues: Tensor) -> Tensor:
     """The state that enters this rank's segment of each row (steps 2 and 3 of the module docstring).
 
@@ -154,7 +141,7 @@ def segment_prefix(sp: SequenceParallel, state: Tensor, transfer: Tensor, contin
     n_s, n_f = state[0].numel(), transfer[0].numel()
     packed = torch.cat([state.reshape(rows, n_s), transfer.to(state.dtype).reshape(rows, n_f),
                         continues.to(state.dtype).reshape(rows, 1)], dim=1)
-    every = _AllGather.apply(packed, sp)                                   # [size, rows, n]
+    every = _all_gather(packed, sp)                                        # [size, rows, n]
     # zeros that depend on the gathered tensor: the first rank uses nothing of it, yet must join the
     # collective of its backward, which autograd only runs for tensors that reach the output
     carry = every[0, :, :n_s].reshape(rows, *s_shape) * 0

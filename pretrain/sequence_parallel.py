@@ -3,8 +3,9 @@ its parallelisms: the model code is the one-device code; this plan attaches hook
 
 * turn the micro-batch's document layout (`cu_seqlens` over the full sequences) into the local one, and
   record where the local segment sits (`ops.sequence_parallel.Segments`);
-* run each token mixer inside `ops.sequence_parallel.sequence_parallel`, so that `lightning_attn` and
-  `gated_linear_attn` exchange states with the other ranks of the group (LASP-2);
+* run each token mixer inside `ops.sequence_parallel.sequence_parallel` (through a subclass of its class,
+  see `SequenceParallelPlan`), so that `lightning_attn` and `gated_linear_attn` exchange states with the
+  other ranks of the group (LASP-2);
 * give cosFormer2's LRPE the tokens' global positions and carry its TPE recurrence across ranks with the
   same exchange;
 * make the loss the mean over all tokens of the group's sequences (the value every rank reports) while
@@ -81,10 +82,20 @@ class SequenceParallelPlan:
         self.mixers_take_positions = spec.sp_positions
         self.handles = [model.register_forward_pre_hook(self._localise, with_kwargs=True),
                         model.register_forward_hook(self._loss, with_kwargs=True)]
+        # each token mixer runs under the exchange through a subclass of its class (one per plan and class,
+        # the way FSDP2's fully_shard swaps classes), not through hooks of its own: torch.compile guards on a
+        # module's hook ids, so per-mixer hooks would give every compiled block its own graph (and past
+        # Dynamo's recompile limit, eager blocks); a shared class keeps one graph for all blocks
+        self._classes: list[tuple[nn.Module, type]] = []
+        subclasses: dict[type, type] = {}
         for block in model.blocks:
             mixer = block.token_mixer
-            self.handles += [mixer.register_forward_pre_hook(self._enter, with_kwargs=True),
-                             mixer.register_forward_hook(self._leave, always_call=True)]
+            cls = type(mixer)
+            if cls not in subclasses:
+                subclasses[cls] = type(f"SequenceParallel{cls.__name__}", (_SequenceParallelMixer, cls),
+                                       {"_sp_plan": self})
+            self._classes.append((mixer, cls))
+            mixer.__class__ = subclasses[cls]
         # an extra may run packed documents by calling itself on each (cos2's TPE): carry once, outside
         self._depth: dict[int, int] = {}
         for name, carry in spec.sp_carries.items():
@@ -97,6 +108,8 @@ class SequenceParallelPlan:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+        for mixer, cls in self._classes:
+            mixer.__class__ = cls
 
     # -- per micro-batch: the segment layout ------------------------------------------------------------
     def _localise(self, module, args, kwargs):
@@ -122,17 +135,6 @@ class SequenceParallelPlan:
             rows_at = torch.arange(rows, device=input_ids.device)[:, None] * T
             self.positions = (rows_at + offset + t[None, :]).reshape(-1)
         return args, kwargs
-
-    # -- around each token mixer ------------------------------------------------------------------------
-    def _enter(self, module, args, kwargs):
-        enter(self.sp)
-        if self.mixers_take_positions:  # cos2's LRPE: relative positions through absolute angles
-            kwargs = dict(kwargs, pos=self.positions)
-        return args, kwargs
-
-    def _leave(self, module, args, output):
-        leave()
-        return output
 
     # -- extras with a recurrence along the sequence (cos2's TPE): the same exchange, the spec's carry ---
     def _extra_enter(self, module, args):
@@ -160,6 +162,22 @@ class SequenceParallelPlan:
         # ranks (dp x size of them) gives the dp-average of the group mean's gradient; value: the mean
         scaled = mine * self.sp.size / totals[1]
         return scaled + (mean - scaled).detach()
+
+
+class _SequenceParallelMixer:
+    """Mixed in before a token mixer's class by the plan (which sets `_sp_plan` on the subclass): the
+    mixer's forward runs inside the plan's sequence-parallel exchange."""
+    _sp_plan: SequenceParallelPlan
+
+    def forward(self, *args, **kwargs):
+        plan = self._sp_plan
+        if plan.mixers_take_positions:  # cos2's LRPE: relative positions through absolute angles
+            kwargs["pos"] = plan.positions
+        enter(plan.sp)
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            leave()
 
 
 def tpe_carry(tpe: nn.Module, x: Tensor, cu_seqlens: Tensor | None, sp: SequenceParallel) -> Tensor:
