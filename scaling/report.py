@@ -159,7 +159,7 @@ def markdown_tables(results: list[ArchResult], include_embedding: bool) -> str:
                   "| arch | ε | β | α | rmse of log L |", "|---|---|---|---|---|"]
         for r in offs:
             o = r.offset_fit
-            lines.append(f"| {r.arch} | {o.eps:.4f}{_ci(o.eps_ci)} | {o.coef:.4f}{_ci(o.coef_ci)} | "
+            lines.append(f"| {r.arch} | {o.eps:.4f}{_ci(o.eps_ci)} | {o.coef:.4g}{_ci(o.coef_ci)} | "
                          f"{o.exponent:.4f}{_ci(o.exponent_ci)} | {o.rmse_log:.2e} |")
     edges = [r for r in results if r.edge_summary()]
     if edges:
