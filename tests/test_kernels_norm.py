@@ -28,3 +28,93 @@ def test_rms_norm_fwd_bwd(D, with_weight):
 def test_rms_norm_reference_on_cpu_by_default():
     x = torch.randn(4, 32)
     assert torch.equal(rms_norm(x), rms_norm_reference(x))
+
+
+# ----------------------------------------------------------------------------------------------------
+# which implementation runs: the Triton kernel eagerly, the PyTorch twin under torch.compile
+# ----------------------------------------------------------------------------------------------------
+
+def _graph_ops(fn, *args) -> list[str]:
+    """The call targets of the graph torch.compile captures for fn(*args) (no code generation)."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm
+    torch._dynamo.reset()
+    torch.compile(fn, backend=keep, fullgraph=True)(*args)
+    torch._dynamo.reset()
+    return [t for g in graphs for t in g]
+
+
+def test_auto_runs_triton_eagerly_and_the_fusable_twin_under_compile(monkeypatch):
+    """impl 'auto' on a Triton device: the Triton op eagerly; inside torch.compile the plain-PyTorch
+    twin (no custom-op node: Inductor can fuse it with the residual add and the casts around it);
+    impl 'triton' keeps the op under compile too. The device test is patched so that CPU stands in
+    for CUDA (the Triton interpreter runs the kernel)."""
+    import ops.norm as N
+    monkeypatch.setattr(N, "_on_triton_device", lambda x: True)
+    x, w = torch.randn(5, 32), torch.rand(32) + 0.5
+    assert N.norm_impl(x) == "triton"
+    called = []
+    monkeypatch.setattr(N, "rms_norm_triton", lambda *a: called.append(1) or rms_norm_reference(*a))
+    rms_norm(x, w)
+    assert called == [1]
+    monkeypatch.undo()
+    monkeypatch.setattr(N, "_on_triton_device", lambda x: True)
+    auto_ops = _graph_ops(lambda x, w: N.rms_norm(x, w), x, w)
+    assert not any("rms_norm_fwd" in t for t in auto_ops) and any("rsqrt" in t for t in auto_ops), auto_ops
+    forced = _graph_ops(lambda x, w: N.rms_norm(x, w, impl="triton"), x, w)
+    assert any("rms_norm_fwd" in t for t in forced), forced
+    # a CPU tensor without the patch: the twin, eagerly as compiled
+    monkeypatch.undo()
+    assert N.norm_impl(x) == "reference"
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_compiled_norm_matches_float64_and_the_triton_kernel(dtype, tol):
+    """What a compiled block computes around a norm -- residual add, norm with gain, a matmul's input --
+    compiled by Inductor (the twin, fused), and eagerly through the Triton kernel (interpreter): both
+    within `tol` (relative, the input dtype's rounding) of the float64 result, forward and every
+    gradient, and both return the input's dtype. D = 96 is not a power of two; 37 rows are not a
+    multiple of the kernel's row block."""
+    g = torch.Generator().manual_seed(1)
+    D = 96
+    x = (torch.randn(37, D, generator=g) * 2).to(dtype)
+    r = torch.randn(37, D, generator=g).to(dtype)
+    w = (torch.rand(D, generator=g) + 0.5).to(dtype)
+    proj = (torch.randn(D, 24, generator=g) / D ** 0.5).to(dtype)
+    dy = torch.randn(37, 24, generator=g)
+
+    def block(x, r, w, proj, impl):
+        h = x + r
+        return rms_norm(h, w, 1e-6, impl=impl) @ proj, h
+
+    def run(fn, impl, cast):
+        ins = [t.detach().to(cast).requires_grad_(True) for t in (x, r, w, proj)]
+        y, h = fn(*ins, impl)
+        grads = torch.autograd.grad((y * dy.to(cast)).sum(), ins)
+        return y, h, grads
+
+    y64, _, g64 = run(block, None, torch.float64)
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="inductor", fullgraph=True)
+    try:
+        yc, hc, gc = run(compiled, "auto", dtype)
+    finally:
+        torch._dynamo.reset()
+    yt, ht, gt = run(block, "triton", dtype)
+    rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()  # noqa: E731
+    for y, h, grads in ((yc, hc, gc), (yt, ht, gt)):
+        assert y.dtype == dtype and h.dtype == dtype
+        assert rel(y, y64) < tol
+        for a, b in zip(grads, g64):
+            assert a.dtype == dtype and rel(a, b) < tol
+
+
+def test_reference_is_float64_for_float64_input():
+    """The twin computes a float64 input in float64 (it is the tests' reference)."""
+    x = torch.randn(3, 40, dtype=torch.float64) * 1e3 + 7
+    y = rms_norm_reference(x)
+    exact = x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+    assert y.dtype == torch.float64 and (y - exact).abs().max().item() < 1e-13
