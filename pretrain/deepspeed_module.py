@@ -35,7 +35,7 @@ from checkpoints.layout import DEEPSPEED_DIR, DEEPSPEED_META, UNIVERSAL_DIR
 from pretrain.config import RunConfig
 from pretrain.deepspeed_config import build_deepspeed_config
 from pretrain.distributed import DistEnv, all_reduce_mean
-from pretrain.train_module import StepResult, TrainModule, build_optimizer, lr_at
+from pretrain.train_module import StepResult, TrainModule, allow_data_dependent_outputs, build_optimizer, lr_at
 
 VERIFY_GRAD_NORM = "LINSCALE_VERIFY_GRAD_NORM"
 
@@ -95,6 +95,7 @@ class DeepSpeedTrainModule(TrainModule):
 
     def compile(self) -> None:
         """torch.compile through DeepSpeed (it compiles the module inside the engine's hooks)."""
+        allow_data_dependent_outputs()
         self.engine.compile()
 
     # -- one optimizer step ---------------------------------------------------------------------------

@@ -103,6 +103,15 @@ class TrainModule(ABC):
         return None
 
 
+def allow_data_dependent_outputs() -> None:
+    """Let torch.compile keep ops whose outputs have a data-dependent length inside the graph. The Triton
+    linear-attention ops hand their backward the per-segment states of the layout they chose at run
+    time (a custom-op output of unknown length); without this switch Dynamo breaks the graph at each such
+    call unless it compiles with fullgraph=True: every linear-model block would become several graphs,
+    and the work around each op would no longer be fused."""
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
+
+
 class TorchTrainModule(TrainModule):
     def __init__(self, model: nn.Module, optim_cfg: OptimConfig, device: torch.device, precision: str,
                  ddp: bool = False):
@@ -121,6 +130,7 @@ class TorchTrainModule(TrainModule):
         blocks are alike and take their per-layer constants as inputs, so they share one compiled graph:
         compile time is that of one block, not of the whole depth. The embedding, the final norm and the
         fused loss (one custom op each) and the optimizer step stay eager; DDP wraps the model unchanged."""
+        allow_data_dependent_outputs()
         blocks = getattr(self.model, "blocks", None)
         if blocks is None:  # not a LanguageModel: compile it whole
             self.wrapped = torch.compile(self.wrapped, backend=backend)
