@@ -51,8 +51,7 @@ _SPACE_CPS = np.array([9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 0x85, 0xA0, 0x1680
 
 
 def _is_space(cp: np.ndarray) -> np.ndarray:
-    table = _space_table()  # U+3000 is the last space
-    return table[np.minimum(cp, len(table) - 1)] & (cp < len(table))
+    return _space_table().take(cp, mode="clip")
 
 
 _TABLES: dict = {}
@@ -60,7 +59,7 @@ _TABLES: dict = {}
 
 def _space_table() -> np.ndarray:
     if "space" not in _TABLES:
-        t = np.zeros(0x3001, bool)
+        t = np.zeros(int(_SPACE_CPS.max()) + 2, bool)  # the last entry (False) stands for all above
         t[_SPACE_CPS] = True
         _TABLES["space"] = t
     return _TABLES["space"]
@@ -78,6 +77,12 @@ _CJK_PUNCT = {"。": ".", "、": ",", "「": '"', "」": '"', "『": '"', "』":
 _KEY_LIMIT = 0x30000  # tables cover the BMP and the planes with compatibility characters
 
 
+def code_string(cps: np.ndarray) -> str:
+    """The code points as one string (lone surrogates allowed): a decode, where "".join(map(chr, ...))
+    makes one object per character."""
+    return np.asarray(cps, np.uint32).tobytes().decode("utf-32-le", "surrogatepass")
+
+
 def _key_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(single, is_single, start, length, data): code point c of a dedup key becomes single[c] where
     is_single[c], else data[start[c]:start[c]+length[c]] — its NFKC form, lower-cased (empty for the
@@ -86,24 +91,28 @@ def _key_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.nda
     if "key" in _TABLES:
         return _TABLES["key"]
     import unicodedata
-    cps = [c for c in range(_KEY_LIMIT) if not 0xD800 <= c < 0xE000 and c != 0]
-    forms = unicodedata.normalize("NFKC", "\0".join(map(chr, cps))).split("\0")
+    cps = np.r_[1:0xD800, 0xE000:_KEY_LIMIT]
+    joined = np.zeros(2 * len(cps) - 1, np.uint32)
+    joined[::2] = cps
+    # lower() of the joined forms is lower() of each: NUL is neither cased nor case-ignorable, so the
+    # one context rule (final sigma) never looks across it
+    forms = unicodedata.normalize("NFKC", code_string(joined)).lower().split("\0")
     assert len(forms) == len(cps)
+    lens = np.fromiter(map(len, forms), np.int64, len(forms))
+    chars = np.frombuffer("".join(forms).encode("utf-32-le", "surrogatepass"), np.uint32)
+    one = lens == 1
     single = np.arange(_KEY_LIMIT, dtype=np.uint32)
+    mapped = chars[(np.cumsum(lens) - lens)[one]]
+    for k, v in _CJK_PUNCT.items():  # single characters, unchanged by lower()
+        mapped[mapped == ord(k)] = ord(v)
+    single[cps[one]] = mapped
     start = np.arange(_KEY_LIMIT, dtype=np.int64)
     length = np.ones(_KEY_LIMIT, np.int64)
-    extra = []
-    for c, f in zip(cps, forms):
-        f = _CJK_PUNCT.get(f, f).lower()
-        if len(f) == 1:
-            single[c] = ord(f)
-        else:
-            start[c] = _KEY_LIMIT + len(extra)
-            length[c] = len(f)
-            extra.extend(map(ord, f))
-    for c in _INVISIBLE:
-        length[c] = 0
-    data = np.concatenate([single, np.asarray(extra, np.uint32)])
+    many = ~one
+    start[cps[many]] = _KEY_LIMIT + np.cumsum(lens[many]) - lens[many]
+    length[cps[many]] = lens[many]
+    length[_INVISIBLE] = 0
+    data = np.concatenate([single, chars[np.repeat(many, lens)]])
     _TABLES["key"] = (single, length == 1, start, length, data)
     return _TABLES["key"]
 
@@ -123,12 +132,12 @@ def key_codepoints(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         np.cumsum(doc_len[:-1] + 1, out=in_starts[1:])
     if int(raw.max(initial=0)) >= _KEY_LIMIT:  # beyond the tables' planes: kept as they are
         c = np.minimum(raw, _KEY_LIMIT - 1)
-        cp = np.where(raw >= _KEY_LIMIT, raw, single[c])
-        bad = np.flatnonzero(~is_single[c] & (raw < _KEY_LIMIT))
-    else:
+        cp = np.where(raw >= _KEY_LIMIT, raw, single.take(c))
+        bad = np.flatnonzero(~is_single.take(c) & (raw < _KEY_LIMIT))
+    else:  # take(): a gather without fancy indexing's overhead
         c = raw
-        cp = single[c]
-        bad = np.flatnonzero(~is_single[c])
+        cp = single.take(c)
+        bad = np.flatnonzero(~is_single.take(c))
     if not len(bad):
         return cp, in_starts
     # expansions (ligatures, fractions) and dropped (invisible) characters: rare, handled at their
@@ -299,8 +308,7 @@ def _sorted_unique(x: np.ndarray) -> np.ndarray:
 def _is_word(cp: np.ndarray) -> np.ndarray:
     # ASCII letters and digits, and every non-ASCII letter-range code point (accents, Greek, CJK...):
     # one gather from a table (every code point from its last entry on is a word character)
-    t = _word_table()
-    return t[np.minimum(cp, len(t) - 1)]
+    return _word_table().take(cp, mode="clip")
 
 
 def _is_word_ranges(cp: np.ndarray) -> np.ndarray:

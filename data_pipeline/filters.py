@@ -48,7 +48,7 @@ import unicodedata
 import numpy as np
 
 from .config import FilterConfig
-from .dedup import KeyedBatch, gram_hashes, keyed_batch, units_batch
+from .dedup import KeyedBatch, code_string, gram_hashes, keyed_batch, units_batch
 
 # C0/C1 controls except tab and newline, plus BOM, zero-width space, soft hyphen: characters that carry
 # no text (zero-width joiners stay: emoji sequences and Persian or Indic script need them). Unicode line
@@ -61,7 +61,8 @@ _PARA = re.compile(r"\n\s*\n")
 _CONT = ("\u0080-\u00bf\u20ac\u201a\u0192\u201e\u2026\u2020\u2021\u02c6\u2030\u0160\u2039\u0152"
          "\u017d\u2018\u2019\u201c\u201d\u2022\u2013\u2014\u02dc\u2122\u0161\u203a\u0153\u017e\u0178")
 _MOJIBAKE = re.compile(f"[\u00c2-\u00df][{_CONT}]|[\u00e0-\u00ef][{_CONT}]{{2}}")
-_MOJIBAKE_GATE = re.compile(f"[\u00c2-\u00ef][{_CONT}]")  # one class pair: 3x faster to scan for
+_LEAD = "\u00c2-\u00ef"  # lead characters of 2- and 3-byte sequences
+_MOJIBAKE_GATE = re.compile(f"[{_LEAD}][{_CONT}]")  # one class pair: 3x faster to scan for
 _ENTITY = re.compile(r"&(?:[a-zA-Z]{2,8}|#[0-9]{2,7}|#[xX][0-9a-fA-F]{2,6});")
 
 FILTER_NAMES = ("too_short", "too_long", "lorem_ipsum", "markup", "urls", "long_tokens", "symbols",
@@ -111,7 +112,7 @@ def _clean_gates(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     t = _gate_tables()
     # joined by a space, which is neither a lead, a continuation nor a control character
     cp = np.frombuffer(" ".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    k = t[np.minimum(cp, len(t) - 1)]
+    k = t.take(cp, mode="clip")
     ends = np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)) + 1) - 1  # separator positions
     n = len(texts)
     control = np.zeros(n, bool)
@@ -129,14 +130,9 @@ def _gate_tables() -> np.ndarray:
     t = _TABLES.get("gates")
     if t is None:
         t = np.zeros(0x10001, np.uint8)
-        for c in range(0x10000):
-            ch = chr(c)
-            if _MOJIBAKE_GATE.fullmatch(ch + "\u0080"):
-                t[c] |= 1
-            if _MOJIBAKE_GATE.fullmatch("\u00c2" + ch):
-                t[c] |= 2
-            if _CONTROL.fullmatch(ch):
-                t[c] |= 4
+        bmp = code_string(np.arange(0x10000))
+        for bit, chars in ((1, f"[{_LEAD}]"), (2, f"[{_CONT}]"), (4, _CONTROL.pattern)):
+            t[[m.start() for m in re.finditer(chars, bmp)]] |= bit
         _TABLES["gates"] = t
     return t
 
@@ -173,31 +169,25 @@ def _class_table() -> np.ndarray:
     t = _TABLES.get("class")
     if t is not None:
         return t
+    # str predicates and the category over all code points at once (a loop over them costs ~0.1 s):
+    # isalpha is the L* categories, isdecimal Nd
+    c = np.arange(_TABLE_LIMIT)
+    chars = code_string(c)  # surrogates: no predicate holds, they stay _REST
+    def test(pred):
+        return np.fromiter(map(pred, chars), bool, _TABLE_LIMIT)
+    space, digit, letter = test(str.isspace), test(str.isdecimal), test(str.isalpha)
+    other = np.flatnonzero(~(space | digit | letter))
     t = np.full(_TABLE_LIMIT, _REST, np.uint8)
-    for c in range(_TABLE_LIMIT):
-        if 0xD800 <= c < 0xE000:
-            continue
-        ch = chr(c)
-        cat = unicodedata.category(ch)
-        if ch in _SYMBOLS:
-            t[c] = _SYMBOL
-        elif ch.isspace():
-            t[c] = _SPACE
-        elif cat == "Nd":
-            t[c] = _DIGIT
-        elif cat[0] == "L":
-            if 0x3040 <= c <= 0x30FF or 0x31F0 <= c <= 0x31FF or 0xFF66 <= c <= 0xFF9D:
-                t[c] = _KANA
-            elif 0x1100 <= c <= 0x11FF or 0x3130 <= c <= 0x318F or 0xAC00 <= c <= 0xD7AF:
-                t[c] = _HANGUL
-            elif (0x3400 <= c <= 0x9FFF or 0xF900 <= c <= 0xFAFF or 0x20000 <= c <= 0x2FA1F or c == 0x3007):
-                t[c] = _HAN
-            elif c < 0x250 or 0x1E00 <= c <= 0x1EFF or 0xFF21 <= c <= 0xFF5A:
-                t[c] = _LATIN
-            else:
-                t[c] = _OTHER_LETTER
-        elif cat[0] == "P":
-            t[c] = _PUNCT
+    t[other[[unicodedata.category(chars[i])[0] == "P" for i in other.tolist()]]] = _PUNCT
+    kana = ((0x3040 <= c) & (c <= 0x30FF)) | ((0x31F0 <= c) & (c <= 0x31FF)) | ((0xFF66 <= c) & (c <= 0xFF9D))
+    hangul = ((0x1100 <= c) & (c <= 0x11FF)) | ((0x3130 <= c) & (c <= 0x318F)) | ((0xAC00 <= c) & (c <= 0xD7AF))
+    han = (((0x3400 <= c) & (c <= 0x9FFF)) | ((0xF900 <= c) & (c <= 0xFAFF)) | ((0x20000 <= c) & (c <= 0x2FA1F))
+           | (c == 0x3007))
+    latin = (c < 0x250) | ((0x1E00 <= c) & (c <= 0x1EFF)) | ((0xFF21 <= c) & (c <= 0xFF5A))
+    t[letter] = np.select([kana, hangul, han, latin], [_KANA, _HANGUL, _HAN, _LATIN], _OTHER_LETTER)[letter]
+    t[digit] = _DIGIT
+    t[space] = _SPACE
+    t[[ord(ch) for ch in _SYMBOLS]] = _SYMBOL
     _TABLES["class"] = t
     return t
 
@@ -272,7 +262,7 @@ def features(texts: list[str], language: str, kb: KeyedBatch | None = None) -> d
     lengths = np.fromiter(map(len, heads), np.int64, n)
     cp = np.frombuffer("".join(heads).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     doc = np.repeat(np.arange(n), lengths)
-    cls = _class_table()[np.minimum(cp, _TABLE_LIMIT - 1)]
+    cls = _class_table().take(cp, mode="clip")  # code points past the table: its last entry
     counts = np.bincount(doc * _N_CLASSES + cls, minlength=n * _N_CLASSES).reshape(n, _N_CLASSES)
     letters = counts[:, [_LATIN, _HAN, _KANA, _HANGUL, _OTHER_LETTER]].sum(1)
     nonspace = np.maximum(lengths - counts[:, _SPACE], 1)
@@ -282,7 +272,7 @@ def features(texts: list[str], language: str, kb: KeyedBatch | None = None) -> d
         f["kana_share"] = counts[:, _KANA] / np.maximum(counts[:, _HAN] + counts[:, _KANA], 1)
         f["hangul_share"] = counts[:, _HANGUL] / np.maximum(letters, 1)
     f["symbol_ratio"] = counts[:, _SYMBOL] / nonspace
-    f["sentence_ends"] = np.bincount(doc[_END_TABLE[np.minimum(cp, _TABLE_LIMIT - 1)]], minlength=n).astype(float)
+    f["sentence_ends"] = np.bincount(doc[_END_TABLE.take(cp, mode="clip")], minlength=n).astype(float)
     f["alpha_share"] = letters / nonspace
     # ASCII tokens of over 40 characters (maximal runs of non-space characters within a document)
     space = cls == _SPACE
@@ -365,7 +355,7 @@ def _word_pair_share(cp: np.ndarray, cls: np.ndarray, doc: np.ndarray, n_docs: i
     at = np.flatnonzero(han[:-1] & han[1:] & (doc[:-1] == doc[1:]))
     if not len(at):
         return out
-    s = simp[np.minimum(cp, _TABLE_LIMIT - 1)]
+    s = simp.take(cp, mode="clip")
     h = _pair_hash(s[at], s[at + 1])
     hit = (bitmap[h >> np.uint64(3)] >> (h & np.uint64(7)).astype(np.uint8)) & 1
     pairs = np.bincount(doc[at], minlength=n_docs)
@@ -402,16 +392,14 @@ def _pair_tables() -> tuple[np.ndarray, np.ndarray] | None:
                 for k, v in ast.literal_eval(node.value).items():
                     if len(k) == 1 and len(v) == 1 and ord(k) < _TABLE_LIMIT and ord(v) < _TABLE_LIMIT:
                         simp[ord(k)] = ord(v)
-    a, b = [], []
-    with open(os.path.join(root, "pinyin.txt"), encoding="utf-8") as fh:
-        for line in fh:
-            w = line.split(" ", 1)[0].strip()
-            for x, y in zip(w, w[1:]):
-                if ord(x) < _TABLE_LIMIT and ord(y) < _TABLE_LIMIT:
-                    a.append(ord(x))
-                    b.append(ord(y))
+    with open(os.path.join(root, "pinyin.txt"), encoding="utf-8") as fh:  # a word, a space, its pinyin
+        words = "\n".join(line.split(" ", 1)[0].strip() for line in fh)
+    cp = np.frombuffer(words.encode("utf-32-le"), np.uint32).astype(np.int64)
+    x, y = cp[:-1], cp[1:]
+    inside = (x != 10) & (y != 10) & (x < _TABLE_LIMIT) & (y < _TABLE_LIMIT)  # pairs within one word
+    a, b = x[inside], y[inside]
     bits = np.zeros(1 << _PAIR_BITS, bool)
-    bits[_pair_hash(simp[np.array(a, np.int64)], simp[np.array(b, np.int64)])] = True
+    bits[_pair_hash(simp[a], simp[b])] = True
     bitmap = np.packbits(bits, bitorder="little")
     _TABLES["pairs"] = (simp, bitmap)
     return _TABLES["pairs"]
