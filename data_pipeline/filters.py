@@ -92,7 +92,7 @@ def clean_batch(texts: list[str]) -> list[str]:
 
 def _clean(text: str, mojibake: bool, control: bool) -> str:
     """clean(); `mojibake`: the text may hold a mojibake pair (_MOJIBAKE_GATE); `control`: it may hold
-    a character that _CONTROL removes."""
+    a character other than \r that _CONTROL removes (\r becomes \n before that scan)."""
     repaired = False
     if mojibake and _MOJIBAKE.search(text):
         text = "".join(_ftfy(line) if _MOJIBAKE.search(line) else line for line in text.splitlines(True))
@@ -108,7 +108,8 @@ def _clean(text: str, mojibake: bool, control: bool) -> str:
 
 
 def _clean_gates(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Per document: holds a _MOJIBAKE_GATE pair; holds a _CONTROL character (bool arrays)."""
+    """Per document: holds a _MOJIBAKE_GATE pair; holds a _CONTROL character other than \r (bool
+    arrays)."""
     t = _gate_tables()
     # joined by a space, which is neither a lead, a continuation nor a control character
     cp = np.frombuffer(" ".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
@@ -126,13 +127,15 @@ def _clean_gates(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 def _gate_tables() -> np.ndarray:
     """uint8 per BMP code point (one more entry, 0, for everything above): 1 a mojibake lead
-    character, 2 a continuation character, 4 a character _CONTROL matches."""
+    character, 2 a continuation character, 4 a character _CONTROL matches, \r aside: _clean replaces
+    it before the control scan, so CRLF text alone needs no such scan."""
     t = _TABLES.get("gates")
     if t is None:
         t = np.zeros(0x10001, np.uint8)
         bmp = code_string(np.arange(0x10000))
         for bit, chars in ((1, f"[{_LEAD}]"), (2, f"[{_CONT}]"), (4, _CONTROL.pattern)):
             t[[m.start() for m in re.finditer(chars, bmp)]] |= bit
+        t[ord("\r")] &= ~np.uint8(4)
         _TABLES["gates"] = t
     return t
 
@@ -220,7 +223,10 @@ _TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9:-]*(?:\s[^<>]{0,500})?/?>|<!--.{0,2000
                   re.S)
 MIN_TAGS = 5
 _BR = re.compile(r"<br\s*/?>", re.I)
-_URL = re.compile(r"(?:https?|ftp)://\S+|\bwww\.[A-Za-z0-9-]+\.\S+")
+# URLs: (https?|ftp)://\S+, or \bwww\.[A-Za-z0-9-]+\.\S+, written so that every branch starts with a
+# literal character (the boundary as a look-behind after the first w): the regex engine then skips
+# ahead to the characters that can start a match, ~3x faster than with a leading \b or group
+_URL = re.compile(r"https?://\S+|ftp://\S+|w(?<!\ww)ww\.[A-Za-z0-9-]+\.\S+")
 
 
 def _stop_word_hashes() -> np.ndarray:
