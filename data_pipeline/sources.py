@@ -277,7 +277,7 @@ def _wikiextractor_docs(lines: Iterator[tuple[int, str]], where: str, counts: Co
     buf: list[str] | None = None
     start = 0
     for n, line in lines:
-        if _DOC_OPEN.match(line):
+        if line.startswith("<doc") and _DOC_OPEN.match(line):  # the cheap test first
             if buf is not None:
                 counts.skip("unclosed_doc_tags", f"{where}:{start}")
                 yield "\n".join(buf), f"{where}:{start}"
