@@ -330,3 +330,61 @@ def test_batched_shingle_hashes_give_the_signatures_of_the_shingles():
     table = np.sort(r.integers(0, 2**64, 150, dtype=np.uint64))
     x = np.concatenate([r.integers(0, 2**64, 5000, dtype=np.uint64), table, table ^ np.uint64(1 << 40)])
     assert np.array_equal(_in_sorted(x, table), np.isin(x, table))
+
+
+def test_lookup_tables_against_per_character_definitions():
+    """The character tables, built with whole-array operations, against a plain loop over every code
+    point: classes (symbol, space, digit, letter by script, punctuation), the cleaning gates, and the
+    dedup-key map (NFKC, lower case, CJK punctuation to ASCII, invisible characters dropped)."""
+    from data_pipeline import dedup, filters as F
+    cls = F._class_table()
+    for c in range(F._TABLE_LIMIT):
+        ch = chr(c)
+        cat = unicodedata.category(ch)
+        if ch in F._SYMBOLS:
+            want = F._SYMBOL
+        elif ch.isspace():
+            want = F._SPACE
+        elif cat == "Nd":
+            want = F._DIGIT
+        elif cat[0] == "L":
+            if 0x3040 <= c <= 0x30FF or 0x31F0 <= c <= 0x31FF or 0xFF66 <= c <= 0xFF9D:
+                want = F._KANA
+            elif 0x1100 <= c <= 0x11FF or 0x3130 <= c <= 0x318F or 0xAC00 <= c <= 0xD7AF:
+                want = F._HANGUL
+            elif 0x3400 <= c <= 0x9FFF or 0xF900 <= c <= 0xFAFF or 0x20000 <= c <= 0x2FA1F or c == 0x3007:
+                want = F._HAN
+            elif c < 0x250 or 0x1E00 <= c <= 0x1EFF or 0xFF21 <= c <= 0xFF5A:
+                want = F._LATIN
+            else:
+                want = F._OTHER_LETTER
+        elif cat[0] == "P":
+            want = F._PUNCT
+        else:
+            want = F._REST
+        assert cls[c] == want, hex(c)
+    gates = F._gate_tables()
+    for c in range(0x10000):
+        ch = chr(c)
+        want = (bool(F._MOJIBAKE_GATE.fullmatch(ch + "\u0080")) | 2 * bool(F._MOJIBAKE_GATE.fullmatch("\u00c2" + ch))
+                | 4 * (bool(F._CONTROL.fullmatch(ch)) and ch != "\r"))
+        assert gates[c] == want, hex(c)
+    single, is_single, start, length, data = dedup._key_table()
+    invisible = set(dedup._INVISIBLE)
+    for c in [*range(1, 0xD800), *range(0xE000, dedup._KEY_LIMIT)]:
+        f = unicodedata.normalize("NFKC", chr(c))
+        f = "" if c in invisible else dedup._CJK_PUNCT.get(f, f).lower()
+        got = chr(single[c]) if is_single[c] else "".join(map(chr, data[start[c]:start[c] + length[c]]))
+        assert got == f, hex(c)
+
+
+def test_url_pattern_matches_its_plain_form():
+    """_URL (written for speed) finds the same spans as the plain pattern it stands for."""
+    from data_pipeline.filters import _URL
+    plain = re.compile(r"(?:https?|ftp)://\S+|\bwww\.[A-Za-z0-9-]+\.\S+")
+    rng = random.Random(6)
+    pieces = list("wwhtpsf:/.-_é中 \n\u3000a1") + ["www.", "http://", "https://", "ftp://", "://", "www.a.b"]
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 30))) for _ in range(20_000)]
+    texts += ["see www.example.com and https://x.y/z", "awww.x.y", "-www.x.y", "éwww.x.y", "www.x"]
+    for t in texts:
+        assert [m.span() for m in _URL.finditer(t)] == [m.span() for m in plain.finditer(t)], t
