@@ -280,23 +280,25 @@ def features(texts: list[str], language: str, kb: KeyedBatch | None = None) -> d
     f["symbol_ratio"] = counts[:, _SYMBOL] / nonspace
     f["sentence_ends"] = np.bincount(doc[_END_TABLE.take(cp, mode="clip")], minlength=n).astype(float)
     f["alpha_share"] = letters / nonspace
-    # ASCII tokens of over 40 characters (maximal runs of non-space characters within a document)
+    # ASCII tokens of over 40 characters (maximal runs of non-space characters within a document): the
+    # runs' first and last characters from boolean shifts, then only the long runs are looked into
     space = cls == _SPACE
-    prev_space = np.ones(len(cp), bool)
-    prev_space[1:] = space[:-1]
-    prev_space[(np.cumsum(lengths) - lengths)[lengths > 0]] = True
-    tok_start = ~space & prev_space
-    tok_id = np.cumsum(tok_start) - 1
-    nonspace_idx = np.flatnonzero(~space)
+    edge = np.zeros(len(cp) + 1, bool)  # a document starts here (and the text ends)
+    edge[(np.cumsum(lengths) - lengths)[lengths > 0]] = True
+    edge[-1] = True
+    first = ~space
+    first[1:] &= space[:-1] | edge[1:-1]
+    last = ~space
+    last[:-1] &= space[1:] | edge[1:-1]
+    starts, ends = np.flatnonzero(first), np.flatnonzero(last) + 1
+    tok_len = ends - starts
+    long = np.flatnonzero(tok_len > 40)
     long_chars = np.zeros(n)
-    if len(nonspace_idx):
-        ids = tok_id[nonspace_idx]
-        tok_len = np.bincount(ids)
-        tok_nonascii = np.bincount(ids, weights=cp[nonspace_idx] > 127)
-        tok_doc = np.zeros(len(tok_len), np.int64)
-        tok_doc[ids] = doc[nonspace_idx]
-        long_ascii = (tok_len > 40) & (tok_nonascii == 0)
-        long_chars = np.bincount(tok_doc[long_ascii], weights=tok_len[long_ascii], minlength=n)
+    if len(long):
+        bounds = np.stack([starts[long], ends[long]], 1).reshape(-1)
+        widest = np.maximum.reduceat(cp[:bounds[-1]], bounds[:-1])[::2]  # per long run, its largest code point
+        ascii_ = long[widest <= 127]
+        long_chars = np.bincount(doc[starts[ascii_]], weights=tok_len[ascii_], minlength=n)
     f["long_token_share"] = long_chars / nonspace
     # units of the dedup key: words (zh: letters and digits), the first HEAD_UNITS of each document
     kb = kb if kb is not None else keyed_batch(texts, language)
