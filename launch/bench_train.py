@@ -285,6 +285,13 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _breaks(r: dict) -> str:
+    """The cell's graph-break count ('?' where its JSON does not record one): a cell with breaks measured
+    a model torch.compile split into several graphs per block, slower than one graph."""
+    n = r.get("graph_breaks")
+    return "?" if n is None else str(n)
+
+
 def report(out: Path) -> str:
     """The tables of the results in `out`, one set per device."""
     rows = load_results(out)
@@ -301,15 +308,17 @@ def _report_device(rows: list[dict]) -> str:
     commits = sorted({str(r.get("commit")) for r in rows})
     lines = [f"Device: {', '.join(devices)}; dates: {', '.join(dates)}; code: {', '.join(commits)}; "
              f"tokens per step: {', '.join(sorted({str(r['tokens_per_step']) for r in rows}))}", "",
-             "| arch | size | seq | micro x accum | act. ckpt | tokens/s | MFU | peak GiB | vs LLaMA | first step s |",
-             "|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
+             "| arch | size | seq | micro x accum | act. ckpt | tokens/s | MFU | peak GiB | vs LLaMA | first step s "
+             "| graph breaks | date |",
+             "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
     order = {a: i for i, a in enumerate(ARCHS)}
     for r in sorted(rows, key=lambda r: (SIZES.index(r["size"]) if r["size"] in SIZES else 9, r["seq"],
                                          order.get(r["arch"], 9))):
         if r.get("status") != "ok":
             tried = ", ".join(f"{a['ac']}: {a.get('status')}" for a in r.get("attempts", []))
             lines.append(f"| {r['arch']} | {r['size']} | {r['seq']} | {r.get('micro_batch', '?')} x "
-                         f"{r.get('accumulation', '?')} | {tried or '-'} | {r.get('status')} | | | | |")
+                         f"{r.get('accumulation', '?')} | {tried or '-'} | {r.get('status')} | | | | | | | "
+                         f"{r.get('date', '?')} |")
             continue
         ref = llama.get((r["size"], r["seq"]))
         ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}x" if ref else "-"
@@ -319,7 +328,7 @@ def _report_device(rows: list[dict]) -> str:
             ac += " (" + ", ".join(a["ac"] for a in r["attempts"] if a.get("status") == "oom") + ": OOM)"
         lines.append(f"| {r['arch']} | {r['size']} | {r['seq']} | {r['micro_batch']} x {r['accumulation']} | {ac} | "
                      f"{r['tokens_per_s'] / 1e3:,.1f}k | {_pct(r.get('mfu'))} | {r['peak_gib']:.1f} | {ratio} | "
-                     f"{first:.0f} |")
+                     f"{first:.0f} | {_breaks(r)} | {r.get('date', '?')} |")
     # flatness: each model's fastest setting at each length against its fastest at the shortest length
     flat, seqs = [], sorted({r["seq"] for r in rows if r.get("status") == "ok"})
     for arch in ARCHS:
