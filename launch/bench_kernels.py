@@ -361,11 +361,11 @@ def resources(a) -> None:
         ]
         if gated:
             rows += [
-                ("A", G.gla_A_tame_kernel, "q k g A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
+                ("A", G.gla_A_tame_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
                  dict(TAME_SPAN=60.0, H=16, K=K, BT=64, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
                 ("A_sub", G.gla_A_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
                  dict(H=16, K=K, BT=64, BC=16, BK=L["A_sub"]["block"], VARLEN=False, PREC="tf32")),
-                ("dqk", G.gla_dqk_tame_kernel, "q k v g do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
+                ("dqk", G.gla_dqk_tame_kernel, "q k v bc do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
                  dict(base, TAME_SPAN=60.0, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
                 ("dqk_sub", G.gla_dqk_intra_kernel, "q k v bc do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
                  dict(base, BC=16, BK=L["dqk_sub"]["block"], BV=Vp, PREC="tf32")),

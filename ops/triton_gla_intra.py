@@ -51,11 +51,12 @@ TAME_SPAN = 60.0
 @triton.jit
 def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                       BK: tl.constexpr, TAME_SPAN: tl.constexpr, SET_FLAGS: tl.constexpr, VARLEN: tl.constexpr):
-    """grid (chunks, H): classifies each (chunk, head) and writes the flag at the chunk's first token
-    (tame[token, head]). A chunk is *tame* when no key channel decays by more than exp(-TAME_SPAN) across
-    it: then the scans form its intra-chunk products directly as (q exp(b)) (k exp(-b))^T (every factor
-    within exp(+-TAME_SPAN), far from overflow). Otherwise bc = the cumulative log-decay from the chunk's
-    start (fp32) is written for the sub-chunk kernels below, which handle that chunk instead."""
+    """grid (chunks, H): bc = the cumulative log-decay from each chunk's start (fp32), for every chunk:
+    every later kernel (the intra-chunk products, the walks of `ops.triton_scan`, the two-level scan)
+    reads it instead of summing log f itself. Also classifies each (chunk, head) and writes the flag at
+    the chunk's first token (tame[token, head]). A chunk is *tame* when no key channel decays by more than
+    exp(-TAME_SPAN) across it: then its intra-chunk products are formed directly as (q exp(b)) (k exp(-b))^T
+    (every factor within exp(+-TAME_SPAN), far from overflow); the sub-chunk kernels handle the others."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
@@ -68,10 +69,7 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
         span = -tl.min(tl.sum(gt, axis=0), axis=0)  # the largest decay (in log) of any channel
         flag = (span <= TAME_SPAN).to(tl.int32)
         tl.store(tame + (bos + i_c * BT) * H + i_h, flag)
-    else:
-        flag = tl.load(tame + (bos + i_c * BT) * H + i_h)
-    wild = (tl.zeros([BT, BK], dtype=tl.int32) + flag) == 0
-    tl.store(bc + p, tl.cumsum(gt, axis=0), mask=m & wild)
+    tl.store(bc + p, tl.cumsum(gt, axis=0), mask=m)
 
 
 @triton.jit
@@ -142,18 +140,18 @@ def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
 
 
 @triton.jit
-def _tame_factors(q, k, g, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
+def _tame_factors(q, k, bc, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
                   TAME_SPAN: tl.constexpr):
-    """A tame chunk's q, k (fp32) and decay factors exp(b), exp(-b) for key columns offs_k, b the
+    """A tame chunk's q, k (fp32) and decay factors exp(b), exp(-b) for key columns offs_k, b = bc the
     cumulative log-decay from the chunk's start (-b <= TAME_SPAN on real rows; clamped for safety)."""
-    b = tl.cumsum(_tile(g, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32), axis=0)
+    b = _tile(bc, bos, rows, L, i_h, H, K, offs_k, kmask)
     b_q = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
     b_k = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
     return b_q, b_k, tl.exp(b), tl.exp(tl.minimum(-b, TAME_SPAN))
 
 
 @triton.jit
-def gla_A_tame_kernel(q, k, g, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
+def gla_A_tame_kernel(q, k, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                       VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, H); only for tame chunks (the others return at once: `gla_A_kernel` does them):
@@ -171,7 +169,7 @@ def gla_A_tame_kernel(q, k, g, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constex
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b_q, b_k, e_b, e_over = _tame_factors(q, k, g, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
+            b_q, b_k, e_b, e_over = _tame_factors(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
             acc += dot32(b_q * e_b, tl.trans(b_k * e_over), PREC)
         causal = tl.arange(0, BT)[:, None] >= tl.arange(0, BT)[None, :]
         p = A + ((bos + rows) * H + i_h)[:, None] * BT + tl.arange(0, BT)[None, :]
@@ -183,66 +181,67 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                          BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                          VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, H); only for chunks that are not tame (the others return at once:
-    `gla_dqk_tame_kernel` does them), looping over sub-chunks S and key blocks kb. Writes the intra-chunk
-    dq, dk (fp32) of sub-chunk S's rows and key block kb, to which the dq / dk scans then add the
-    inter-chunk parts. dA = do v^T. dq_S takes the keys of earlier
-    sub-chunks (reference: b at S's first row), dk_S the queries of later ones (reference: b at S's
-    last row): one tensor-core product each, then the diagonal block element-wise."""
+    """grid (chunks, BT // BC, H); only for chunks that are not tame (the others return at once:
+    `gla_dqk_tame_kernel` does them). Writes the intra-chunk dq, dk (fp32) of sub-chunk S's rows, every
+    key block, to which the dq / dk scans then add the inter-chunk parts. dA = do v^T (its rows of S, its
+    columns of S and the diagonal block formed once, then shared by the key blocks). dq_S takes the keys
+    of earlier sub-chunks (reference: b at S's first row), dk_S the queries of later ones (reference: b at
+    S's last row): one tensor-core product each, then the diagonal block element-wise."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_h = tl.program_id(1)
+    i_S = tl.program_id(1)
+    i_h = tl.program_id(2)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
     if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: gla_dqk_tame_kernel
-        for i_S in range(0, BT // BC):
-            for kb in range(0, tl.cdiv(K, BK)):
-                L = eos - bos
-                t0 = i_c * BT
-                offs_k = kb * BK + tl.arange(0, BK)
-                kmask = offs_k < K
-                offs_v = tl.arange(0, BV)
-                vmask = offs_v < V
-                dt = do.dtype.element_ty
-                rows_S = t0 + i_S * BC + tl.arange(0, BC)
-                rows_c = t0 + tl.arange(0, BT)
-                idx_c = tl.arange(0, BT)
-                before = (idx_c < i_S * BC)[:, None]
-                after = (idx_c >= (i_S + 1) * BC)[:, None]
-                b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
-                q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                do_S = _tile(do, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
-                v_S = _tile(v, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
-                b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
-                q_c = _tile(q, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                do_c = _tile(do, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
-                v_c = _tile(v, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
-                # dq_S += exp(b_S - r) * (dA[S, :S] @ (k * exp(r - b))[:S])
-                r = _row_of(b_S, 0, BC)
-                dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
-                k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
-                acc_q = dot32(dA_row, k_w, PREC) * _exp0(b_S - r)  # fp32 operands: tf32
-                # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
-                r2 = _row_of(b_S, BC - 1, BC)
-                dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
-                q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
-                acc_k = dot32(tl.trans(dA_col), q_w, PREC) * _exp0(r2 - b_S)
-                # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
-                # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
-                causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]
-                dA = tl.where(causal, tl.dot(do_S, tl.trans(v_S), input_precision=PREC), 0.)
-                d = b_S[:, None, :] - b_S[None, :, :]
-                w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
-                acc_q += tl.sum(w * k_S[None, :, :], axis=1)
-                acc_k += tl.sum(w * q_S[:, None, :], axis=0)
-                p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
-                m = (rows_S < L)[:, None] & kmask[None, :]
-                tl.store(dq + p, acc_q, mask=m)
-                tl.store(dk + p, acc_k, mask=m)
+        L = eos - bos
+        t0 = i_c * BT
+        offs_v = tl.arange(0, BV)
+        vmask = offs_v < V
+        dt = do.dtype.element_ty
+        rows_S = t0 + i_S * BC + tl.arange(0, BC)
+        rows_c = t0 + tl.arange(0, BT)
+        idx_c = tl.arange(0, BT)
+        before = (idx_c < i_S * BC)[:, None]
+        after = (idx_c >= (i_S + 1) * BC)[:, None]
+        do_S = _tile(do, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
+        v_S = _tile(v, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
+        do_c = _tile(do, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
+        v_c = _tile(v, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
+        dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
+        dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
+        # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
+        # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
+        causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]
+        dA = tl.where(causal, tl.dot(do_S, tl.trans(v_S), input_precision=PREC), 0.)
+        m_S = (rows_S < L)[:, None]
+        for kb in range(0, tl.cdiv(K, BK)):
+            offs_k = kb * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+            q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
+            q_c = _tile(q, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+            # dq_S += exp(b_S - r) * (dA[S, :S] @ (k * exp(r - b))[:S])
+            r = _row_of(b_S, 0, BC)
+            k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
+            acc_q = dot32(dA_row, k_w, PREC) * _exp0(b_S - r)  # fp32 operands: tf32
+            # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
+            r2 = _row_of(b_S, BC - 1, BC)
+            q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
+            acc_k = dot32(tl.trans(dA_col), q_w, PREC) * _exp0(r2 - b_S)
+            d = b_S[:, None, :] - b_S[None, :, :]
+            w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
+            acc_q += tl.sum(w * k_S[None, :, :], axis=1)
+            acc_k += tl.sum(w * q_S[:, None, :], axis=0)
+            p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
+            m = m_S & kmask[None, :]
+            tl.store(dq + p, acc_q, mask=m)
+            tl.store(dk + p, acc_k, mask=m)
 
 
 @triton.jit
-def gla_dqk_tame_kernel(q, k, v, g, do, dq, dk, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
+def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, H); only for tame chunks (the others return at once: `gla_dqk_intra_kernel`).
@@ -267,7 +266,7 @@ def gla_dqk_tame_kernel(q, k, v, g, do, dq, dk, tame, cu, chunks, T, NT, TAME_SP
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b_q, b_k, e_b, e_over = _tame_factors(q, k, g, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
+            b_q, b_k, e_b, e_over = _tame_factors(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
             b_dq = dot32(dA, b_k * e_over, PREC) * e_b  # fp32 operands: tf32
             b_dk = dot32(tl.trans(dA), b_q * e_b, PREC) * e_over
             p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]

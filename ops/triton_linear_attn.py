@@ -330,9 +330,9 @@ def _tame_span() -> float:
 
 
 def _gla_cumsum(g, cu, T, chunks, tame=None):
-    """(bc, tame): per (chunk, head) the tame flag at the chunk's first token (computed, or the given
-    flags of the forward pass), and for the other chunks the chunk-local cumulative log-decay (fp32)
-    that the sub-chunk kernels read."""
+    """(bc, tame): the chunk-local cumulative log-decay of every chunk (fp32; the intra-chunk kernels and
+    the walks read it), and per (chunk, head) the tame flag at the chunk's first token (computed, or the
+    given flags of the forward pass)."""
     H, K = g.shape[2], g.shape[3]
     n_chunks, table = chunks
     bc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
@@ -354,12 +354,12 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
     ca, cs = plan.launch["A"], plan.launch["A_sub"]
     tab, NT, vl = table if table is not None else cu, triton.cdiv(T, BT), table is not None
     gla_A_tame_kernel[(n_chunks, H)](
-        q, k, g, A, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)),
+        q, k, bc, A, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)),
         VARLEN=vl, PREC=_prec(q), **_kw(ca))
     gla_A_kernel[(n_chunks, BT // BC, H)](
         q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BC=BC, BK=min(cs["block"], _np2(K)), VARLEN=vl,
         PREC=_prec(q), **_kw(cs))
-    o, ht, Hs = _fwd(q, k, v, g, None, A, h0, cu, N, T, True, plan)
+    o, ht, Hs = _fwd(q, k, v, bc, None, A, h0, cu, N, T, True, plan)  # the walks read b, not log f
     return o, ht, A, tame, Hs
 
 
@@ -373,14 +373,14 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
     ct, cs = plan.launch["dqk"], plan.launch["dqk_sub"]
     tab, NT, vl = table if table is not None else cu, triton.cdiv(T, BT), table is not None
-    gla_dqk_tame_kernel[(n_chunks, H)](
-        q, k, v, g, do, dq, dk, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
-        BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
     bc, _ = _gla_cumsum(g, cu, T, chunks, tame)
-    gla_dqk_intra_kernel[(n_chunks, H)](
+    gla_dqk_tame_kernel[(n_chunks, H)](
+        q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
+        BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
+    gla_dqk_intra_kernel[(n_chunks, BT // BC, H)](
         q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BC=BC,
         BK=min(cs["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(cs))
-    dq, dk, dv, dh0 = _bwd_walks(q, k, v, g, None, A, do, h0, dht, Hs, cu, N, T, True, plan, dq=dq, dk=dk)
+    dq, dk, dv, dh0 = _bwd_walks(q, k, v, bc, None, A, do, h0, dht, Hs, cu, N, T, True, plan, dq=dq, dk=dk)
     dgx = dkx = None
     if dht is not None:  # the final state's gradient, in its direct (non-cancelling) form
         dgx = torch.empty(g.shape, dtype=torch.float32, device=g.device)

@@ -20,9 +20,10 @@ Every exponent is <= 0, so decay factors lie in [0, 1]: strong decays underflow 
 or NaN, however long the sequence. Two decay kinds share the code (constexpr GATED):
   * scalar per head (lightning / TNL; cosFormer2 passes no decay at all: HAS_DECAY=False): b_i = (i+1) log(lambda);
     A = (q k^T) * lambda^(i-j) is formed here on tensor cores;
-  * per key channel (GLA / HGRN2): b = cumsum(log_f) per channel; A comes precomputed for every chunk
-    from `ops.triton_gla_intra` (in parallel over chunks), and so do the intra-chunk parts of dq and dk:
-    the gated dq / dk walks add their inter-chunk terms onto them.
+  * per key channel (GLA / HGRN2): b = cumsum(log_f) per channel inside each chunk; b itself, A and the
+    intra-chunk parts of dq and dk come precomputed for every chunk from `ops.triton_gla_intra` (in
+    parallel over chunks), so a gated walk step holds no cumsum and no intra-chunk product but A v;
+    the gated dq / dk walks add their inter-chunk terms onto the intra-chunk parts.
 
 Precision (GLA): the gated dq / dk walks' products take fp32 operands (tf32 on tensor cores for bf16
 inputs): d log_f is a cancelling sum of q dq - k dk, and bf16 rounding of the decayed q, k there was its
@@ -139,15 +140,17 @@ def _outer(a, x, w, F32: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _decay_rows(g, ll, bos, rows, rmask, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
+def _decay_rows(g, ll, bos, c, rows, rmask, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
                 n_valid, GATED: tl.constexpr, HAS_DECAY: tl.constexpr, BT: tl.constexpr):
-    """Inclusive cumulative log-decay inside the chunk: b [BT, BK] (GATED) or [BT, 1], and b_L [1, BK]
-    or [1, 1] (its value at the chunk's last valid row). Padded rows carry g = 0."""
+    """Inclusive cumulative log-decay inside chunk c: b [BT, BK] (GATED) or [BT, 1], and b_L [1, BK]
+    or [1, 1] (its value at the chunk's last valid row). GATED: g is the chunk-local cumulative sum
+    itself, formed for every chunk in parallel (`gla_cumsum_kernel`), so that no walk step waits on a
+    cumsum; padded rows load b = 0 (their q, k, v are 0, and every factor formed from b stays <= 1)."""
     if GATED:
         p = g + ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
-        gt = tl.load(p, mask=rmask[:, None] & kmask[None, :], other=0.).to(tl.float32)
-        b = tl.cumsum(gt, axis=0)
-        b_last = tl.sum(gt, axis=0)[None, :]
+        b = tl.load(p, mask=rmask[:, None] & kmask[None, :], other=0.)
+        pl = g + ((bos + c * BT + n_valid - 1) * H + i_h) * K + offs_k
+        b_last = tl.load(pl, mask=kmask, other=0.)[None, :]
     else:
         if HAS_DECAY:
             idx = tl.arange(0, BT).to(tl.float32)
@@ -238,7 +241,7 @@ def seg_local_kernel(a, x, g, log_lam, slot, dec, cu, T, SC, SM1,
         b_a = _load_rows(a, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_x = _load_rows(x, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         if GATED or HAS_DECAY:
-            b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
+            b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                     GATED, HAS_DECAY, BT)
             if REVERSE:  # weight of row t: exp(B_t - B_start), B_t - B_start = carry + b_t <= 0
                 w = tl.exp(tl.minimum(carry + b, 0.))
@@ -313,7 +316,7 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
-        b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
+        b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # A precomputed for every chunk (ops.triton_gla_intra)
             b_o = dot32(_load_A(A, bos, rows, rmask, i_h, H, BT, False), b_v.to(tl.float32), PREC)
@@ -355,7 +358,7 @@ def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, cu, T, SC, SM1,
         b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
-        b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
+        b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # GLA: fp32 operands (tf32 for bf16 inputs): d log_f is a cancelling sum of q dq - k dk
             b_dq = dot32(b_do.to(tl.float32), tl.trans(h), PREC)
@@ -400,7 +403,7 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, cu, T, SC, SM1,
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
-        b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
+        b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # see the dq walk
             b_dk = dot32(b_v.to(tl.float32), tl.trans(dh), PREC)
@@ -446,7 +449,7 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
-        b, b_last = _decay_rows(g, ll, bos, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
+        b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # the forward's A; fp32 operands (tf32 for bf16 inputs), as in the other gated walks
             b_At = _load_A(A, bos, rows, rmask, i_h, H, BT, True)
