@@ -276,6 +276,32 @@ def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT, TAME_S
 
 
 @triton.jit
+def gla_intra_out_kernel(A, x, out, cu, chunks, T, NT, H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                         BV: tl.constexpr, TRANSPOSED: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, cdiv(V, BV), H): the intra-chunk part of an output, fp32, per chunk in parallel:
+    out = A x (forward: x = v, out = o's intra-chunk part) or A^T x (backward: x = do, out = dv's). The
+    forward and dv walks then add their one inter-chunk product to it instead of forming A x on every
+    step of their latency-bound walks."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_v = tl.program_id(1)
+    i_h = tl.program_id(2)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
+    L = eos - bos
+    rows = i_c * BT + tl.arange(0, BT)
+    rmask = rows < L
+    cols = tl.arange(0, BT)
+    if TRANSPOSED:  # A^T[j, i] = A[i, j]; rows past the end are masked, their columns are causal zeros
+        a = tl.load(A + ((bos + rows) * H + i_h)[None, :] * BT + cols[:, None], mask=rmask[None, :], other=0.)
+    else:
+        a = tl.load(A + ((bos + rows) * H + i_h)[:, None] * BT + cols[None, :], mask=rmask[:, None], other=0.)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    vmask = offs_v < V
+    b_x = _tile(x, bos, rows, L, i_h, H, V, offs_v, vmask).to(tl.float32)
+    p = ((bos + rows) * H + i_h)[:, None] * V + offs_v[None, :]
+    tl.store(out + p, dot32(a, b_x, PREC), mask=rmask[:, None] & vmask[None, :])
+
+
+@triton.jit
 def _dg_x(q, k, dq, dk, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask):
     """q dq - k dk on the rows (dq, dk without their i == j terms), and the pieces it came from."""
     m = (rows < L)[:, None] & kmask[None, :]

@@ -21,7 +21,8 @@ from ops import tuning
 from ops.config import get_config
 from ops.linear_attention import register_impl
 from ops.triton_gla_intra import (TAME_SPAN, gla_A_kernel, gla_A_tame_kernel, gla_cumsum_kernel, gla_dg_kernel,
-                                  gla_dg_tot_kernel, gla_dqk_intra_kernel, gla_dqk_tame_kernel, gla_state_grad_kernel)
+                                  gla_dg_tot_kernel, gla_dqk_intra_kernel, gla_dqk_tame_kernel, gla_intra_out_kernel,
+                                  gla_state_grad_kernel)
 from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel,
                              seg_combine_kernel, seg_local_kernel)
 
@@ -345,6 +346,18 @@ def _gla_cumsum(g, cu, T, chunks, tame=None):
     return bc, tame
 
 
+def _intra_out(A, x, cu, T, chunks, transposed):
+    """A x (or A^T x) per chunk, fp32 [B, T, H, V]: the intra-chunk part of o (x = v) or of dv (x = do)."""
+    n_chunks, table = chunks
+    H, V = x.shape[2], x.shape[3]
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    bv = min(64, _np2(V))
+    gla_intra_out_kernel[(n_chunks, triton.cdiv(V, bv), H)](
+        A, x, out, cu, table if table is not None else cu, T, triton.cdiv(T, BT), H=H, V=V, BT=BT, BV=bv,
+        TRANSPOSED=transposed, VARLEN=table is not None, PREC=_prec(x), num_warps=4, num_stages=1)
+    return out
+
+
 def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
     """o, final state, A (the intra-chunk weights of every chunk), the tame flags, the chained states."""
     H, K = q.shape[2], q.shape[3]
@@ -359,7 +372,8 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
     gla_A_kernel[(n_chunks, BT // BC, H)](
         q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BC=BC, BK=min(cs["block"], _np2(K)), VARLEN=vl,
         PREC=_prec(q), **_kw(cs))
-    o, ht, Hs = _fwd(q, k, v, bc, None, A, h0, cu, N, T, True, plan)  # the walks read b, not log f
+    # the walks read b (not log f) and the intra-chunk part A v (not A)
+    o, ht, Hs = _fwd(q, k, v, bc, None, _intra_out(A, v, cu, T, chunks, False), h0, cu, N, T, True, plan)
     return o, ht, A, tame, Hs
 
 
@@ -380,7 +394,8 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     gla_dqk_intra_kernel[(n_chunks, BT // BC, H)](
         q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BC=BC,
         BK=min(cs["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(cs))
-    dq, dk, dv, dh0 = _bwd_walks(q, k, v, bc, None, A, do, h0, dht, Hs, cu, N, T, True, plan, dq=dq, dk=dk)
+    dq, dk, dv, dh0 = _bwd_walks(q, k, v, bc, None, _intra_out(A, do, cu, T, chunks, True), do, h0, dht, Hs,
+                                 cu, N, T, True, plan, dq=dq, dk=dk)
     dgx = dkx = None
     if dht is not None:  # the final state's gradient, in its direct (non-cancelling) form
         dgx = torch.empty(g.shape, dtype=torch.float32, device=g.device)

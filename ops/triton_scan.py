@@ -190,17 +190,6 @@ def _store_rows(ptr, x, bos, rows, rmask, i_h, H: tl.constexpr, D: tl.constexpr,
     tl.store(p, x.to(ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
-@triton.jit
-def _load_A(A, bos, rows, rmask, i_h, H: tl.constexpr, BT: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """The precomputed intra-chunk weights of the rows' chunk, [BT, BT] (row = query position)."""
-    cols = tl.arange(0, BT)
-    if TRANSPOSED:
-        p = A + ((bos + rows) * H + i_h)[None, :] * BT + cols[:, None]
-        return tl.load(p, mask=rmask[None, :], other=0.)
-    p = A + ((bos + rows) * H + i_h)[:, None] * BT + cols[None, :]
-    return tl.load(p, mask=rmask[:, None], other=0.)
-
-
 # ----------------------------------------------------------------------------------------------------
 # the two-level scan of the split layout
 # ----------------------------------------------------------------------------------------------------
@@ -298,7 +287,8 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
                     GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
                     VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(V, BV), N * H, segments); BK >= K holds every key column. Segment s > 0 starts from
-    slot s-1 of Hs (the split layout's chained states); the sequence's last segment writes the final state."""
+    slot s-1 of Hs (the split layout's chained states); the sequence's last segment writes the final state.
+    GATED: g holds the chunk-local cumulative log-decay, A the intra-chunk part of o (A v, fp32)."""
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -318,8 +308,8 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
-        if GATED:  # A precomputed for every chunk (ops.triton_gla_intra)
-            b_o = dot32(_load_A(A, bos, rows, rmask, i_h, H, BT, False), b_v.to(tl.float32), PREC)
+        if GATED:  # A: here the intra-chunk part A v itself, fp32, formed for every chunk in parallel
+            b_o = _load_rows(A, bos, rows, rmask, i_h, H, V, offs_v, vmask)
             b_o += dot32(b_q.to(tl.float32) * tl.exp(b), h, PREC)
         else:
             b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
@@ -430,7 +420,7 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(V, BV), N * H, segments); BK >= K; walks backward. dv = A^T do + (k * exp(b_L - b)) dh.
-    Starts as the dk walk."""
+    Starts as the dk walk. GATED: A holds A^T do itself (fp32, formed in parallel over chunks)."""
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -451,9 +441,8 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
-        if GATED:  # the forward's A; fp32 operands (tf32 for bf16 inputs), as in the other gated walks
-            b_At = _load_A(A, bos, rows, rmask, i_h, H, BT, True)
-            b_dv = dot32(b_At, b_do.to(tl.float32), PREC)
+        if GATED:  # A: here the intra-chunk part A^T do itself (fp32, formed in parallel); fp32 operands
+            b_dv = _load_rows(A, bos, rows, rmask, i_h, H, V, offs_v, vmask)
             b_dv += dot32(b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.)), dh, PREC)
         else:
             b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
