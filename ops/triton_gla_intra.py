@@ -96,12 +96,29 @@ def _row_of(b, r: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
+def _sub_span(b_S, r):
+    """The largest decay (in log) of any key channel across a sub-chunk: b at its first row (r) minus b
+    at its last real row, which is b's minimum over the rows (b only falls; padded rows load b = 0)."""
+    return tl.max(r - tl.min(b_S, axis=0)[None, :])
+
+
+@triton.jit
+def _sub_factors(b_S, r):
+    """exp(b_i - r) and exp(r - b_j) for a sub-chunk whose decay span is <= SUB_SPAN (<= TAME_SPAN):
+    its diagonal block's weights exp(b_i - b_j) = exp(b_i - r) exp(r - b_j), every factor within
+    exp(+-TAME_SPAN), far inside fp32, so one tensor-core product forms the block (masked causal after)."""
+    return _exp0(b_S - r), tl.exp(tl.minimum(r - b_S, 60.))
+
+
+@triton.jit
 def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
                  H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                 BK: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                 BK: tl.constexpr, SUB_SPAN: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, BT // BC, H): the rows of sub-chunk S of A, every column of the chunk. Columns of
     earlier sub-chunks in one tensor-core product with the reference r = b at S's first row (all
-    exponents <= 0 once the columns from S on are masked), the diagonal block element-wise."""
+    exponents <= 0 once the columns from S on are masked); the diagonal block by a second product when
+    no channel of the key block decays by more than exp(-SUB_SPAN) across the sub-chunk (see
+    `_sub_factors`), else element-wise."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_S = tl.program_id(1)
     i_h = tl.program_id(2)
@@ -127,9 +144,14 @@ def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
             r = _row_of(b_S, 0, BC)
             k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
             acc += dot32(q_S * _exp0(b_S - r), tl.trans(k_w), PREC)  # fp32 operands: tf32
-            d = b_S[:, None, :] - b_S[None, :, :]
-            w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.)
-            acc_d += tl.sum(q_S[:, None, :] * k_S[None, :, :] * w, axis=2)
+            if _sub_span(b_S, r) <= SUB_SPAN:  # the diagonal block by one tensor-core product
+                e_q, e_k = _sub_factors(b_S, r)
+                acc_d += dot32(q_S * e_q, tl.trans(k_S * e_k), PREC)
+            else:  # element-wise, every exponent <= 0
+                d = b_S[:, None, :] - b_S[None, :, :]
+                w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.)
+                acc_d += tl.sum(q_S[:, None, :] * k_S[None, :, :] * w, axis=2)
+        acc_d = tl.where(causal, acc_d, 0.)
         rmask = (rows_S < L)[:, None]
         cols = tl.arange(0, BT)[None, :]
         a_row = A + ((bos + rows_S) * H + i_h)[:, None] * BT
@@ -179,14 +201,14 @@ def gla_A_tame_kernel(q, k, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.conste
 @triton.jit
 def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                         BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                         BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SUB_SPAN: tl.constexpr,
                          VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, BT // BC, H); only for chunks that are not tame (the others return at once:
     `gla_dqk_tame_kernel` does them). Writes the intra-chunk dq, dk (fp32) of sub-chunk S's rows, every
     key block, to which the dq / dk scans then add the inter-chunk parts. dA = do v^T (its rows of S, its
     columns of S and the diagonal block formed once, then shared by the key blocks). dq_S takes the keys
     of earlier sub-chunks (reference: b at S's first row), dk_S the queries of later ones (reference: b at
-    S's last row): one tensor-core product each, then the diagonal block element-wise."""
+    S's last row): one tensor-core product each, then the diagonal block as in `gla_A_kernel`."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_S = tl.program_id(1)
     i_h = tl.program_id(2)
@@ -230,10 +252,15 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
             r2 = _row_of(b_S, BC - 1, BC)
             q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
             acc_k = dot32(tl.trans(dA_col), q_w, PREC) * _exp0(r2 - b_S)
-            d = b_S[:, None, :] - b_S[None, :, :]
-            w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
-            acc_q += tl.sum(w * k_S[None, :, :], axis=1)
-            acc_k += tl.sum(w * q_S[:, None, :], axis=0)
+            if _sub_span(b_S, r) <= SUB_SPAN:  # the diagonal block by tensor-core products
+                e_q, e_k = _sub_factors(b_S, r)
+                acc_q += dot32(dA, k_S * e_k, PREC) * e_q
+                acc_k += dot32(tl.trans(dA), q_S * e_q, PREC) * e_k
+            else:  # element-wise, every exponent <= 0
+                d = b_S[:, None, :] - b_S[None, :, :]
+                w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
+                acc_q += tl.sum(w * k_S[None, :, :], axis=1)
+                acc_k += tl.sum(w * q_S[:, None, :], axis=0)
             p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
             m = m_S & kmask[None, :]
             tl.store(dq + p, acc_q, mask=m)

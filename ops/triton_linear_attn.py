@@ -325,8 +325,9 @@ def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
 # ----------------------------------------------------------------------------------------------------
 
 def _tame_span() -> float:
-    # chunks decaying by at most exp(-span) take the direct intra-chunk products; the test-only seam
-    # (ops.testing.force_plan(tame_span=-1)) sends every chunk through the sub-chunk kernels instead
+    # chunks decaying by at most exp(-span) take the direct intra-chunk products, and so do the diagonal
+    # blocks of the others' sub-chunks; the test-only seam (ops.testing.force_plan(tame_span=-1)) sends
+    # every chunk through the sub-chunk kernels with element-wise diagonal blocks instead
     return min(tuning._FORCED.get("tame_span", TAME_SPAN), TAME_SPAN)
 
 
@@ -370,8 +371,8 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
         q, k, bc, A, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)),
         VARLEN=vl, PREC=_prec(q), **_kw(ca))
     gla_A_kernel[(n_chunks, BT // BC, H)](
-        q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BC=BC, BK=min(cs["block"], _np2(K)), VARLEN=vl,
-        PREC=_prec(q), **_kw(cs))
+        q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BC=BC, BK=min(cs["block"], _np2(K)),
+        SUB_SPAN=_tame_span(), VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # the walks read b (not log f) and the intra-chunk part A v (not A)
     o, ht, Hs = _fwd(q, k, v, bc, None, _intra_out(A, v, cu, T, chunks, False), h0, cu, N, T, True, plan)
     return o, ht, A, tame, Hs
@@ -393,7 +394,7 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
         BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
     gla_dqk_intra_kernel[(n_chunks, BT // BC, H)](
         q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BC=BC,
-        BK=min(cs["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(cs))
+        BK=min(cs["block"], _np2(K)), BV=_np2(V), SUB_SPAN=_tame_span(), VARLEN=vl, PREC=_prec(q), **_kw(cs))
     dq, dk, dv, dh0 = _bwd_walks(q, k, v, bc, None, _intra_out(A, do, cu, T, chunks, True), do, h0, dht, Hs,
                                  cu, N, T, True, plan, dq=dq, dk=dk)
     dgx = dkx = None

@@ -146,6 +146,20 @@ def test_gla_subchunk_path(layout):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout=layout)
 
 
+@pytest.mark.parametrize("layout", ["scan", "split1"])
+def test_gla_subchunk_diagonal_by_product(layout):
+    """Chunks on the sub-chunk path whose 16-row sub-chunks are mild enough for the diagonal block's
+    tensor-core product (head 0: log f = -1, span 16 per sub-chunk) next to ones that are not (head 1:
+    log f = -3, span 48), with the threshold forced to 30: both diagonal forms in one launch, and every
+    chunk off the direct path (chunk spans 64 and 192)."""
+    q, k, v, _ = _make("gla", 100, 2, 24, 16, seed=17)
+    x = torch.empty(1, 100, 2, 24)
+    x[:, :, 0] = -1.0 + 0.2 * torch.rand(1, 100, 24)
+    x[:, :, 1] = -3.0 + 0.2 * torch.rand(1, 100, 24)
+    with force_plan(tame_span=30):
+        _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout=layout)
+
+
 def test_gla_mixed_tame_and_subchunk_chunks():
     """One sequence whose first chunk is tame and whose second is not (and the reverse in the other
     head): both paths in one launch."""
