@@ -364,11 +364,13 @@ def resources(a) -> None:
                 ("A", G.gla_A_tame_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
                  dict(TAME_SPAN=60.0, H=16, K=K, BT=64, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
                 ("A_sub", G.gla_A_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
-                 dict(H=16, K=K, BT=64, BC=16, BK=L["A_sub"]["block"], VARLEN=False, PREC="tf32")),
+                 dict(H=16, K=K, BT=64, BC=16, BK=L["A_sub"]["block"], SUB_SPAN=60.0, VARLEN=False, PREC="tf32")),
                 ("dqk", G.gla_dqk_tame_kernel, "q k v bc do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
                  dict(base, TAME_SPAN=60.0, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
                 ("dqk_sub", G.gla_dqk_intra_kernel, "q k v bc do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
-                 dict(base, BC=16, BK=L["dqk_sub"]["block"], BV=Vp, PREC="tf32")),
+                 dict(base, BC=16, BK=L["dqk_sub"]["block"], BV=Vp, SUB_SPAN=60.0, PREC="tf32")),
+                ("intra_out", G.gla_intra_out_kernel, "A x out cu chunks T NT", [F32, P, F32, I, I, i32, i32],
+                 dict(H=16, V=V, BT=64, BV=min(64, Vp), TRANSPOSED=True, VARLEN=False, PREC="tf32")),
                 ("dg_tot", G.gla_dg_tot_kernel, "q k dq dk tot cu T SC SM1", [P, P, F32, F32, F32, I, i32, i32, i32],
                  dict(base, BK=L["dg"]["block"])),
                 ("dg", G.gla_dg_kernel, "q k v do dq dk dg dgx dkx dq_out dk_out tot cu T SC SM1",
@@ -376,7 +378,7 @@ def resources(a) -> None:
                  dict(base, BK=L["dg"]["block"], BV=Vp, HAS_DS=False)),
             ]
         for name, fn, names, types, consts in rows:
-            c = L["dg" if name == "dg_tot" else name]
+            c = L.get("dg" if name == "dg_tot" else name, {"num_warps": 4, "num_stages": 1})
             try:
                 res = usage(fn, names, types, consts, c)
             except Exception as e:  # out of resources etc.
