@@ -539,7 +539,8 @@ def check_batch(texts: list[str], language: str, cfg: FilterConfig, kb: KeyedBat
     min_chars = cfg.min_chars_zh if language == "zh" else cfg.min_chars
     for a, b in _ranges(texts):
         docs = texts[a:b]
-        f = features(docs, language, kb.slice(a, b) if kb is not None else None)
+        # Python numbers, not numpy scalars: _decide compares each a few times per document
+        f = {k: v.tolist() for k, v in features(docs, language, kb.slice(a, b) if kb is not None else None).items()}
         for j, text in enumerate(docs):
             if len(text) < min_chars:
                 reasons[a + j] = "too_short"
