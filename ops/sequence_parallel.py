@@ -9,7 +9,8 @@ ranks before it only one fixed-size state per sequence, so a layer runs as:
    that enters it (the product of its decays; 0 when a document starts inside the segment), and whether
    its first token continues the previous rank's document (g_r);
 2. one all-gather of (S, D, g) over the group (per sequence H x Dk x Dv + H x Dk + 1 numbers per rank);
-3. each rank forms its incoming state by the scan C_r = D_r * g_r C_{r-1} + S_r, I_r = g_r C_{r-1};
+3. each rank forms its incoming state by the scan C_r = D_r * g_r C_{r-1} + S_r, I_r = g_r C_{r-1}
+   (every rank scans all ranks and selects its own prefix: see `segment_prefix`);
 4. the op runs on the local segment with `initial_state` = I_r (the ops' initial-state interface; with
    `cu_seqlens` only the segment's first document gets it).
 
@@ -18,8 +19,8 @@ tensor algebra, and the all-gather's backward sums every rank's gradient for a s
 owns it (a reduce-scatter), from where it flows into k, v and the decays of that rank's segment.
 
 Nothing here is model code: `sequence_parallel(sp)` makes `lightning_attn` and `gated_linear_attn` run this
-way for the calls made inside it (the model plan in `pretrain.sequence_parallel` enters it around each
-token mixer), and `segment_prefix` serves any other diagonal recurrence (cosFormer2's TPE).
+way for the calls made inside it (the model plan in `pretrain.sequence_parallel` enters it around the
+model's forward), and `segment_prefix` serves any other diagonal recurrence (cosFormer2's TPE).
 """
 from __future__ import annotations
 
@@ -64,6 +65,18 @@ class SequenceParallel:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.segments = Segments()
+        self._rank_index = {torch.device("cpu"): torch.tensor([self.rank])}
+
+    def rank_index(self, device: torch.device) -> Tensor:
+        """[1] int64 tensor holding this rank (the scan of `segment_prefix` selects by it). Made once per
+        device, outside compiled code, so that a compiled graph takes it as an input, never a constant."""
+        device = torch.device(device)
+        if device not in self._rank_index:
+            index = self._rank_index[torch.device("cpu")].to(device)
+            if torch.compiler.is_compiling():
+                return index
+            self._rank_index[device] = index
+        return self._rank_index[device]
 
     def continues(self, rows: int, device: torch.device) -> Tensor:
         c = self.segments.continues
@@ -142,16 +155,23 @@ def segment_prefix(sp: SequenceParallel, state: Tensor, transfer: Tensor, contin
     packed = torch.cat([state.reshape(rows, n_s), transfer.to(state.dtype).reshape(rows, n_f),
                         continues.to(state.dtype).reshape(rows, 1)], dim=1)
     every = _all_gather(packed, sp)                                        # [size, rows, n]
-    # zeros that depend on the gathered tensor: the first rank uses nothing of it, yet must join the
-    # collective of its backward, which autograd only runs for tensors that reach the output
-    carry = every[0, :, :n_s].reshape(rows, *s_shape) * 0
-    for r in range(sp.rank):
+    # Every rank runs the same scan, over all ranks, and picks its own prefix by a tensor index: a
+    # compiled graph then cannot tell which prefix is used. The backward's reduce-scatter must run on every
+    # rank, in the same place: with the scan cut at this rank, the first rank would use nothing of the
+    # gathered tensor (autograd would skip the collective's backward there), and any stand-in dependency
+    # (x * 0) is constant-folded by Inductor, which then moves that rank's collective into the forward
+    # graph, out of step with the other ranks.
+    carry = torch.zeros((rows, *s_shape), dtype=state.dtype, device=state.device)
+    prefixes = [carry]
+    for r in range(sp.size - 1):
         S = every[r, :, :n_s].reshape(rows, *s_shape)
         D = every[r, :, n_s:n_s + n_f].reshape(rows, *f_shape)
         g = every[r, :, -1].reshape(rows, *([1] * len(s_shape)))
         carry = D * (g * carry) + S
+        prefixes.append(carry)
+    mine = torch.stack(prefixes).index_select(0, sp.rank_index(state.device))[0]
     g = continues.to(state.dtype).reshape(rows, *([1] * len(s_shape)))
-    return g * carry
+    return g * mine
 
 
 # ----------------------------------------------------------------------------------------------------

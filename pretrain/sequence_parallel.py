@@ -3,9 +3,9 @@ its parallelisms: the model code is the one-device code; this plan attaches hook
 
 * turn the micro-batch's document layout (`cu_seqlens` over the full sequences) into the local one, and
   record where the local segment sits (`ops.sequence_parallel.Segments`);
-* run each token mixer inside `ops.sequence_parallel.sequence_parallel` (through a subclass of its class,
-  see `SequenceParallelPlan`), so that `lightning_attn` and `gated_linear_attn` exchange states with the
-  other ranks of the group (LASP-2);
+* run the model's forward inside `ops.sequence_parallel.sequence_parallel` (and each token mixer, through a
+  subclass of its class, when activation checkpointing recomputes it in the backward), so that
+  `lightning_attn` and `gated_linear_attn` exchange states with the other ranks of the group (LASP-2);
 * give cosFormer2's LRPE the tokens' global positions and carry its TPE recurrence across ranks with the
   same exchange;
 * make the loss the mean over all tokens of the group's sequences (the value every rank reports) while
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.registry import arch_names, get_arch
-from ops.sequence_parallel import Segments, SequenceParallel, enter, leave, segment_prefix
+from ops.sequence_parallel import Segments, SequenceParallel, active, enter, leave, segment_prefix
 
 
 def build_groups(sp_size: int) -> tuple[SequenceParallel, int, int]:
@@ -80,12 +80,17 @@ class SequenceParallelPlan:
         self.model, self.sp = model, sp
         self.positions: Tensor | None = None  # global positions of the local tokens (as the model flattens them)
         self.mixers_take_positions = spec.sp_positions
+        # the model's forward runs inside the exchange: entered and left by model hooks, outside the
+        # compiled blocks (Dynamo cannot trace a change of the active group inside an activation-checkpointed
+        # block, and would run such a block eagerly)
         self.handles = [model.register_forward_pre_hook(self._localise, with_kwargs=True),
-                        model.register_forward_hook(self._loss, with_kwargs=True)]
-        # each token mixer runs under the exchange through a subclass of its class (one per plan and class,
-        # the way FSDP2's fully_shard swaps classes), not through hooks of its own: torch.compile guards on a
-        # module's hook ids, so per-mixer hooks would give every compiled block its own graph (and past
-        # Dynamo's recompile limit, eager blocks); a shared class keeps one graph for all blocks
+                        model.register_forward_hook(self._loss, with_kwargs=True),
+                        model.register_forward_hook(self._leave, always_call=True)]
+        # each token mixer gets cos2's global positions, and enters the exchange when it runs outside the
+        # model's forward (an eager block recomputed by activation checkpointing in the backward), through a
+        # subclass of its class (one per plan and class, as FSDP2's fully_shard swaps classes), not hooks of
+        # its own: torch.compile guards on a module's hook ids, so per-mixer hooks would give every compiled
+        # block its own graph (and past Dynamo's recompile limit, eager blocks)
         self._classes: list[tuple[nn.Module, type]] = []
         subclasses: dict[type, type] = {}
         for block in model.blocks:
@@ -122,6 +127,7 @@ class SequenceParallelPlan:
         if len(args) > 3:
             raise ValueError("pass cu_seqlens to a sequence-parallel model as a keyword")
         offset = self.sp.rank * seg
+        self.sp.rank_index(input_ids.device)  # made here, outside the compiled blocks
         t = torch.arange(seg, device=input_ids.device)
         if cu is None:
             self.sp.segments = Segments(rows=rows, continues=None)
@@ -134,7 +140,13 @@ class SequenceParallelPlan:
             T = seg * self.sp.size
             rows_at = torch.arange(rows, device=input_ids.device)[:, None] * T
             self.positions = (rows_at + offset + t[None, :]).reshape(-1)
+        enter(self.sp)
         return args, kwargs
+
+    def _leave(self, module, args, output):
+        if active() is self.sp:  # not when `_localise` refused the input before entering
+            leave()
+        return output
 
     # -- extras with a recurrence along the sequence (cos2's TPE): the same exchange, the spec's carry ---
     def _extra_enter(self, module, args):
@@ -173,6 +185,8 @@ class _SequenceParallelMixer:
         plan = self._sp_plan
         if plan.mixers_take_positions:  # cos2's LRPE: relative positions through absolute angles
             kwargs["pos"] = plan.positions
+        if active() is plan.sp:  # inside the model's forward: nothing to change (nothing for Dynamo to trace)
+            return super().forward(*args, **kwargs)
         enter(plan.sp)
         try:
             return super().forward(*args, **kwargs)
