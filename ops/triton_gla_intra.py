@@ -111,6 +111,22 @@ def _sub_factors(b_S, r):
 
 
 @triton.jit
+def _sub_tiles(q, k, bc, bos, rows_S, rows_c, before, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
+               BC: tl.constexpr):
+    """For key columns offs_k of sub-chunk S: its b, q, k (q, k in fp32), the chunk's b, the reference
+    r = b at S's first row, and the chunk's keys weighted by exp(r - b) on the rows before S (0 on the
+    others: every exponent <= 0). Both sub-chunk kernels start each key block from these."""
+    b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+    q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
+    k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    r = _row_of(b_S, 0, BC)
+    k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
+    return b_S, q_S, k_S, b_c, r, k_w
+
+
+@triton.jit
 def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
                  H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                  BK: tl.constexpr, SUB_SPAN: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
@@ -136,13 +152,8 @@ def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
-            q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
-            r = _row_of(b_S, 0, BC)
-            k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
+            b_S, q_S, k_S, b_c, r, k_w = _sub_tiles(q, k, bc, bos, rows_S, rows_c, before, L, i_h, H, K,
+                                                     offs_k, kmask, BC)
             acc += dot32(q_S * _exp0(b_S - r), tl.trans(k_w), PREC)  # fp32 operands: tf32
             if _sub_span(b_S, r) <= SUB_SPAN:  # the diagonal block by one tensor-core product
                 e_q, e_k = _sub_factors(b_S, r)
@@ -238,15 +249,10 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
-            q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
+            b_S, q_S, k_S, b_c, r, k_w = _sub_tiles(q, k, bc, bos, rows_S, rows_c, before, L, i_h, H, K,
+                                                     offs_k, kmask, BC)
             q_c = _tile(q, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
             # dq_S += exp(b_S - r) * (dA[S, :S] @ (k * exp(r - b))[:S])
-            r = _row_of(b_S, 0, BC)
-            k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
             acc_q = dot32(dA_row, k_w, PREC) * _exp0(b_S - r)  # fp32 operands: tf32
             # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
             r2 = _row_of(b_S, BC - 1, BC)
