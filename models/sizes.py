@@ -4,8 +4,11 @@
 with these (see docs/architectures.md). 410M has 26 layers for LLaMA and HGRN2, 25 for TNL and cos2
 (each architecture's `layer_overrides`).
 `tiny` and `mini` are ours, for CPU runs, tests and small scaling sweeps. The `l<L>d<D>` sizes are ours too, for
-small scaling studies on one GPU (docs/studies/): the paper's head width (e = d/h = 128) and its smallest
-size's GLU width (g = 3d), with d/l between 64 and 128 (the paper's sizes span 39-128)."""
+small scaling studies on one GPU (docs/studies/): the paper's smallest size's GLU width (g = 3d) and, from
+d = 128 up, its head width (e = d/h = 128), with d/l between 64 and 128 (the paper's sizes span 39-128). Below
+d = 128 one head of width e = d is the closest the paper's proportions go (its head width would need d >= 128),
+and one layer the fewest: `l1d32` has d/l = 32, under the paper's range. They reach down to the N at which the
+compute-optimal size of a one-GPU study lies (docs/studies/mini_bilingual/README.md)."""
 from __future__ import annotations
 
 from models.config import ModelConfig
@@ -21,6 +24,10 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
     "1b": (32, 1536, 12, 4096),
     "3b": (35, 2560, 20, 6912),
     "7b": (32, 4096, 32, 11008),
+    "l1d32": (1, 32, 1, 96),
+    "l1d48": (1, 48, 1, 144),
+    "l1d64": (1, 64, 1, 192),
+    "l1d96": (1, 96, 1, 288),
     "l1d128": (1, 128, 1, 384),
     "l2d128": (2, 128, 1, 384),
     "l2d256": (2, 256, 2, 768),

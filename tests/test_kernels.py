@@ -98,6 +98,8 @@ def _check_against_recurrence(kind, q, k, v, x, h0, cu=None, state_grad=True, la
     ("la", 83, 32, 16, "scan"), ("la", 83, 32, 16, "split1"), ("la", 130, 16, 32, "split2"),
     ("nodecay", 77, 32, 16, "scan"), ("nodecay", 130, 24, 24, "split1"),
     ("gla", 83, 32, 16, "scan"), ("gla", 83, 32, 16, "split1"), ("gla", 130, 24, 16, "split2"),
+    # one head of the study sizes' width (models/sizes.py l1d48): 48 padded to a 64-wide block
+    ("la", 83, 48, 48, "split1"), ("gla", 83, 48, 48, "scan"),
 ])
 def test_matches_recurrence(kind, T, Dk, Dv, layout):
     q, k, v, x = _make(kind, T, 2, Dk, Dv)

@@ -109,6 +109,9 @@ class _nullctx:
 @pytest.mark.parametrize("kind,Dk,Dv,gates", [
     ("la", 128, 128, None), ("la", 64, 96, None), ("nodecay", 256, 128, None), ("nodecay", 96, 64, None),
     ("gla", 128, 128, "mixed"), ("gla", 128, 128, "wide"), ("gla", 256, 64, "mixed"), ("gla", 96, 64, "wide"),
+    # the head widths of the small study sizes (models/sizes.py l1d32 ... l1d96: one head of width d)
+    ("la", 32, 32, None), ("la", 48, 48, None), ("nodecay", 96, 96, None), ("gla", 32, 32, "mixed"),
+    ("gla", 48, 48, "wide"), ("gla", 96, 96, "mixed"),
 ])
 def test_bf16_vs_float64(kind, Dk, Dv, gates, layout):
     B, T, H = 2, 1000 + 37, 4

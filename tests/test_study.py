@@ -392,18 +392,47 @@ def test_slurm_resubmission_leaves_out_finished_runs(tmp_path, dataset):
 
 
 def test_study_sizes_keep_the_paper_proportions():
-    """The registry's one-GPU study sizes: head width 128 and g = 3d (the paper's smallest size), d/l in the
-    paper's range, and non-embedding N by the paper's formula spanning more than 10x."""
+    """The registry's one-GPU study sizes: g = 3d (the paper's smallest size); head width 128 from d = 128 up and
+    one head of width d below it; d/l in the paper's range (39-128) except the one-layer d = 32; non-embedding N
+    by the paper's formula rising with the name's order and spanning more than 100x."""
     from models import model_config, paper_non_embedding_params
     names = [s for s in __import__("models").SIZES if s.startswith("l") and "d" in s[1:]]
-    assert names == ["l1d128", "l2d128", "l2d256", "l4d256", "l4d384"]
+    assert names == ["l1d32", "l1d48", "l1d64", "l1d96", "l1d128", "l2d128", "l2d256", "l4d256", "l4d384"]
     ns = []
     for s in names:
         c = model_config("llama", s)
-        assert c.head_dim == 128 and c.d_glu == 3 * c.d_model and 32 <= c.d_model / c.n_layers <= 128
-        assert s == f"l{c.n_layers}d{c.d_model}"
+        assert c.d_glu == 3 * c.d_model and s == f"l{c.n_layers}d{c.d_model}"
+        assert c.head_dim == (128 if c.d_model >= 128 else c.d_model)
+        assert 32 <= c.d_model / c.n_layers <= 128
         ns.append(paper_non_embedding_params(c))
-    assert ns == sorted(ns) and ns[-1] / ns[0] > 10
+    assert ns == sorted(ns) and ns[-1] / ns[0] > 100
+
+
+@pytest.mark.parametrize("arch", ["llama", "tnl", "hgrn2", "cos2"])
+@pytest.mark.parametrize("size", ["l1d32", "l1d48", "l1d64", "l1d96", "l1d128", "l2d256"])
+def test_study_size_parameter_counts(arch, size):
+    """Every parameter the model builds at a study size, against the paper's non-embedding formulas written out
+    here (l layers, d width, g = 3d, t = e = head width: 4ld² + 3ldg, TNL + 2ldt, HGRN2 + ld, cosFormer2 + 2ldt + de)
+    plus the small terms the paper leaves out (LLaMA's RMSNorm gains, cosFormer2's LRPE angles and TPE decays)."""
+    import torch
+    from models import build_model, exact_params, model_config, paper_non_embedding_params
+    l, d = int(size[1:size.index("d")]), int(size[size.index("d") + 1:])
+    e = min(d, 128)
+    g, t = 3 * d, e
+    paper = {"llama": 4 * l * d * d + 3 * l * d * g,
+             "tnl": 4 * l * d * d + 2 * l * d * t + 3 * l * d * g,
+             "hgrn2": 4 * l * d * d + 3 * l * d * g + l * d,
+             "cos2": 4 * l * d * d + 2 * l * d * t + 3 * l * d * g + d * e}[arch]
+    extra = {"llama": (2 * l + 1) * d, "tnl": 0, "hgrn2": 0, "cos2": l * d + e}[arch]
+    cfg = model_config(arch, size)
+    assert paper_non_embedding_params(cfg) == paper
+    with torch.device("meta"):
+        model = build_model(arch, size)
+    numel = sum(p.numel() for p in model.parameters())
+    emb = model.embed.weight.numel()
+    assert emb == cfg.vocab_size * d
+    assert numel - emb == paper + extra
+    assert exact_params(cfg) == {"non_embedding": paper + extra, "embedding": emb, "total": numel}
 
 
 # -- Slurm: a real local cluster (launch/slurm/local_cluster.sh) ----------------------------------------------
