@@ -70,6 +70,15 @@ def test_bundle_device_parts_and_collect(tmp_path):
         assert not (d / "checkpoints").exists() and (d / "snapshots").is_dir() and (d / "exports").is_dir()
     again = script(root, "device", "1", OUT=str(tmp_path / "out3"), **env)
     assert "llama-a: trained" in again.stdout and "skipped" in again.stdout
+    # a part by architecture names and SIZES (sizes added to a study later): only those runs, plain file names
+    some = script(root, "device", "hgrn2,llama", OUT=str(tmp_path / "out4"), SIZES="b", **env)
+    assert "[gpu] part hgrn2,llama: llama-b hgrn2-b" in some.stdout
+    assert {p.name for p in (tmp_path / "out4").iterdir()} == {"parthgrn2-llama.log", "status_parthgrn2-llama.txt",
+                                                               "results_parthgrn2-llama.tgz"}
+    for part, sizes, what in (("tnl", "b", "architecture(s) ['tnl']"), ("llama", "c", "size(s) ['c']")):
+        e = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": "", **env, "OUT": str(tmp_path / "out5"), "SIZES": sizes}
+        bad = subprocess.run(["bash", SCRIPT, "device", part], cwd=root, env=e, capture_output=True, text=True, timeout=300)
+        assert bad.returncode != 0 and what in bad.stderr, bad.stderr[-2000:]
 
     # the same config where the data is: the carried runs trained the same steps to the same losses
     shutil.rmtree(data)

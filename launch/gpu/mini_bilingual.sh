@@ -3,7 +3,8 @@
 # lm-eval, in four steps. Run every step from the repository root.
 #
 #   bash launch/gpu/mini_bilingual.sh bundle [DIR]     # here (CPU, lm-eval installed): everything the GPU needs -> DIR
-#   bash launch/gpu/mini_bilingual.sh device PART      # on the GPU machine, PART = 1 (LLaMA, TNL), 2 (HGRN2, cos2), all
+#   bash launch/gpu/mini_bilingual.sh device PART      # on the GPU machine, PART = 1 (LLaMA, TNL), 2 (HGRN2, cos2), all,
+#                                                      #   or architectures by name (tnl,hgrn2)
 #   bash launch/gpu/mini_bilingual.sh collect DIR...   # here: unpack what came back, report, copy into docs/studies/
 #   bash launch/gpu/mini_bilingual.sh sizes [DIR]      # what `bundle` made and what a run would carry
 #
@@ -24,7 +25,8 @@
 # Environment: STUDY_CONFIG (another study, default docs/studies/mini_bilingual/study.yaml; its data: is the prepared
 # dataset carried, made from DATA_CONFIG if missing), BUNDLE (bundle folder, default .gpu/mini_bilingual), WHEELS (folder of wheels to install on the device,
 # default .whl), OUT (device output folder), TRAIN_DEADLINE (seconds of training, default 420), DEADLINE (seconds
-# from the start of `device` to the end of evaluation, default 540), STUDY_SET
+# from the start of `device` to the end of evaluation, default 540), SIZES (`device` trains only these sizes of the
+# part, e.g. "l1d32 l1d48": sizes added to a study whose other runs came back earlier), STUDY_SET
 # (space-separated `--set` overrides of the config, e.g. for a dry run: "sizes=[l1d128] tokens=1024"), PYTHON.
 set -euo pipefail
 
@@ -50,15 +52,23 @@ from scaling.study.config import load_study
 print(load_study(sys.argv[1], overrides=sys.argv[2:]).out)
 EOF
 }
-# the runs of a part: 1 = the first half of the config's architectures, 2 = the rest, all = every run
-study_runs() { $PY - "$CFG" "$1" "${SETS[@]}" <<'EOF'
+# the runs of a part: 1 = the first half of the config's architectures, 2 = the rest, all = every run, or a
+# comma-separated list of architectures; SIZES keeps only those sizes
+study_runs() { $PY - "$CFG" "$1" "${SIZES:-}" "${SETS[@]}" <<'EOF'
 import sys
 from scaling.study.config import load_study
 from scaling.study.plan import plan_study
-study = load_study(sys.argv[1], overrides=sys.argv[3:])
+study = load_study(sys.argv[1], overrides=sys.argv[4:])
 half = (len(study.archs) + 1) // 2
-archs = {"1": study.archs[:half], "2": study.archs[half:], "all": study.archs}[sys.argv[2]]
-print(" ".join(p.name for p in plan_study(study) if p.arch in archs))
+part = sys.argv[2]
+archs = {"1": study.archs[:half], "2": study.archs[half:], "all": study.archs}.get(part) or part.split(",")
+names = [s.name for s in study.sizes]
+sizes = sys.argv[3].replace(",", " ").split() or names
+for what, asked, known in (("architecture", archs, study.archs), ("size", sizes, names)):
+    bad = [x for x in asked if x not in known]
+    if bad:
+        sys.exit(f"mini_bilingual.sh: {what}(s) {bad} not in the study, which has {known}")
+print(" ".join(p.name for p in plan_study(study) if p.arch in archs and p.size in sizes))
 EOF
 }
 study_data() { $PY - "$CFG" "${SETS[@]}" <<'EOF'
@@ -118,7 +128,7 @@ sizes)
 
 device)
   PART=${1:-}
-  case "$PART" in 1|2|all) ;; *) die "device needs the part: 1 (the first half of the architectures), 2 (the rest) or all" ;; esac
+  [ -n "$PART" ] || die "device needs the part: 1 (the first half of the architectures), 2 (the rest), all, or architectures by name (tnl,hgrn2)"
   : "${OUT:?set OUT to the folder whose files come back}"
   [ -f "$BUNDLE/data.tar.xz" ] || die "no bundle in $BUNDLE: run 'bundle' on the CPU machine and carry $BUNDLE"
   T0=$(date +%s)
@@ -139,10 +149,12 @@ device)
   STUDY=$(study_out)
   mkdir -p "$STUDY"
   [ -f "$STUDY/eval/valid_tokens.bin" ] || untar "$BUNDLE/eval_inputs.tar" "$STUDY"
-  RUNS=$(study_runs "$PART")
+  RUNS=$(study_runs "$PART") || die "no runs for part $PART"
+  [ -n "$RUNS" ] || die "part $PART${SIZES:+ with sizes $SIZES} holds no runs"
   echo "[gpu] part $PART: $RUNS"
   echo "[gpu] ready in $(( $(date +%s) - T0 ))s; $(nvidia-smi --query-gpu=name,memory.used --format=csv,noheader 2>/dev/null || echo no nvidia-smi)"
-  LOG=$OUT/part$PART.log
+  PNAME=${PART//,/-}   # file names of letters, digits, . _ - (what a device tool brings back)
+  LOG=$OUT/part$PNAME.log
   quiet() { grep --line-buffered -v "^step \|it/s\]\|examples/s\]\|snapshot step_\|TNL decay\|layer  *[0-9]*:" || true; }
   set +e
   $PY launch/study.py run --config "$CFG" "${SET_ARGS[@]}" --runs $RUNS --stages train --no-report \
@@ -153,10 +165,10 @@ device)
   $PY launch/study.py run --config "$CFG" "${SET_ARGS[@]}" --runs $RUNS --stages export,evaluate --no-report \
     --deadline "$LEFT" 2>&1 | tee -a "$LOG" | quiet
   echo "[gpu] evaluated at $(( $(date +%s) - T0 ))s (exit ${PIPESTATUS[0]})"
-  $PY launch/study.py status --config "$CFG" "${SET_ARGS[@]}" --runs $RUNS 2>&1 | tee "$OUT/status_part$PART.txt"
+  $PY launch/study.py status --config "$CFG" "${SET_ARGS[@]}" --runs $RUNS 2>&1 | tee "$OUT/status_part$PNAME.txt"
   set -e
   # what the report needs, without weights (metrics, configs, summaries, exports' configs, evaluation, stage records)
-  (cd "$STUDY" && tar czf "$OUT/results_part$PART.tgz" --exclude='*.bin' --exclude='*.safetensors' --exclude='*.pt' \
+  (cd "$STUDY" && tar czf "$OUT/results_part$PNAME.tgz" --exclude='*.bin' --exclude='*.safetensors' --exclude='*.pt' \
     $(for f in eval/csr_requests.json; do [ -e "$f" ] && echo "$f"; done) \
     $(for r in $RUNS; do for f in runs/$r/config.json runs/$r/metrics.jsonl runs/$r/summary.json runs/$r/exports/*/config.json eval/$r state/$r; do
         [ -e "$f" ] && echo "$f"; done; done))
