@@ -13,7 +13,9 @@ timed steps: tokens/s, MFU by the paper's FLOPs (`models.flops_per_step`), peak 
 Micro-batches hold max(seq, 8192) tokens by default (one sequence from 8K on; accumulation makes up
 the step). Activation checkpointing (`--ac auto`) takes the cheapest setting the memory estimate of
 `pretrain.memory` says fits (none, else full checkpointing of the fewest blocks); when a step still runs
-out of memory the cell retries with every block checkpointed, and the JSON keeps every attempt. `--profile` adds the per-kernel-class share of one profiled step.
+out of memory the cell retries with every block checkpointed, and the JSON keeps every attempt.
+`--profile` adds the per-kernel-class share of one profiled step. Run under TORCH_LOGS=graph_breaks,
+each cell's JSON also keeps Dynamo's graph-break log lines (`graph_break_log`; empty: no break).
 """
 from __future__ import annotations
 
@@ -211,6 +213,11 @@ def _commit() -> str | None:
         return None
 
 
+def graph_break_lines(log: str, keep: int = 20) -> list[str]:
+    """The lines of a TORCH_LOGS=graph_breaks log that report a break (at most `keep`, cut to 300 chars)."""
+    return [ln[:300] for ln in log.splitlines() if "graph break" in ln.lower()][:keep]
+
+
 def device_slug(name: str) -> str:
     """File-name form of a device name: results of different GPUs never stand for one another."""
     return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
@@ -258,6 +265,9 @@ def run_matrix(args) -> None:
                     res = json.loads(line[len("BENCH_RESULT "):])
             if res is None:
                 res = {**spec, "status": "error", "returncode": proc.returncode, "log_tail": tail}
+            if "graph_breaks" in os.environ.get("TORCH_LOGS", ""):
+                # the cell ran with Dynamo's graph-break log on: keep what it said (empty: no break)
+                res["graph_break_log"] = graph_break_lines(proc.stdout + proc.stderr)
         except subprocess.TimeoutExpired as err:
             res = {**spec, "status": "timeout", "timeout_s": timeout,
                    "log_tail": ((err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace"))[-3000:]}

@@ -35,3 +35,29 @@ def choose_checkpointing(cfg: ModelConfig, micro_tokens: int, budget_gib: float)
         if estimate_peak_gib(cfg, micro_tokens, "full", f) <= budget_gib:
             return "full", f
     return "full", 1.0
+
+
+def _setting(mode: str, fraction: float) -> str:
+    if mode == "none":
+        return "off"
+    return mode + ("" if fraction >= 1 else f" on {fraction:.0%} of the blocks")
+
+
+def fit_warning(cfg: ModelConfig, micro_tokens: int, mode: str, fraction: float, device_gib: float) -> str | None:
+    """A warning when the estimated peak of this setting exceeds the device's memory (None: it fits), with
+    the settings that would fit. The estimate errs high (up to about a quarter), so this is a warning, not
+    a refusal; a step that really runs out of memory stops the run with its own message."""
+    est = estimate_peak_gib(cfg, micro_tokens, mode, fraction)
+    if est <= device_gib:
+        return None
+    head = (f"{cfg.arch} {cfg.size} at {micro_tokens:,} tokens per micro-batch with activation checkpointing "
+            f"{_setting(mode, fraction)}: estimated peak {est:.0f} GiB, more than the {device_gib:.0f} GiB of "
+            f"this GPU; the first step will probably run out of memory. ")
+    full = estimate_peak_gib(cfg, micro_tokens, "full", 1.0)
+    if full > 0.9 * device_gib:
+        sp = ", or split each sequence over GPUs with --sp N" if get_arch(cfg.arch).sequence_parallel else ""
+        return head + (f"Even with every block checkpointed the estimate is {full:.0f} GiB: use fewer tokens per "
+                       f"micro-batch (a smaller --micro-batch or a shorter --seq-len){sp}")
+    m, f = choose_checkpointing(cfg, micro_tokens, 0.9 * device_gib)
+    return head + (f"Use --activation-checkpointing auto (here: {_setting(m, f)}, estimated "
+                   f"{estimate_peak_gib(cfg, micro_tokens, m, f):.0f} GiB) or a smaller --micro-batch")

@@ -257,17 +257,22 @@ class Trainer:
         """The run's activation checkpointing; `auto` asks pretrain.memory what fits this GPU."""
         t = self.cfg.train
         mode = ac_mode(t)
-        if mode != "auto":
-            return mode, t.ac_fraction
         if device.type != "cuda":
-            return "none", 1.0
-        from pretrain.memory import choose_checkpointing, estimate_peak_gib
+            return ("none", 1.0) if mode == "auto" else (mode, t.ac_fraction)
+        from pretrain.memory import choose_checkpointing, estimate_peak_gib, fit_warning
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
         tokens = t.micro_batch * t.seq_len // self.cfg.dist.sp  # a rank holds its segment of each sequence
-        mode, frac = choose_checkpointing(self.model_cfg, tokens, 0.9 * total)
-        logger.info(f"--activation-checkpointing auto: {mode}" + (f" on {frac:.0%} of the blocks" if mode != "none" else "")
-            + f" (estimated peak {estimate_peak_gib(self.model_cfg, tokens, mode, frac):.0f} "
-            f"of {total:.0f} GiB)")
+        if mode == "auto":
+            mode, frac = choose_checkpointing(self.model_cfg, tokens, 0.9 * total)
+            logger.info(f"--activation-checkpointing auto: {mode}" + (f" on {frac:.0%} of the blocks" if mode != "none" else "")
+                + f" (estimated peak {estimate_peak_gib(self.model_cfg, tokens, mode, frac):.0f} "
+                f"of {total:.0f} GiB)")
+        else:
+            frac = t.ac_fraction
+        # the estimate counts the whole optimizer state on every rank: under ZeRO it would warn too early
+        warning = fit_warning(self.model_cfg, tokens, mode, frac, total) if self.cfg.dist.zero == 0 else None
+        if warning:
+            logger.warning(warning)
         return mode, frac
 
     def _sp_segment(self) -> dict:

@@ -369,6 +369,26 @@ def test_auto_checkpointing_takes_the_cheapest_setting_that_fits():
     assert choose_checkpointing(cfg, 10**7, budget) == ("full", 1.0)  # nothing fits: the most it can do
 
 
+def test_fit_warning_names_a_setting_that_fits():
+    """A setting whose estimate exceeds the GPU gets a warning before the first step, naming what auto
+    would take there (and that setting's estimate fits); one that fits gets none; a micro-batch that fits
+    under no checkpointing is told to shrink, with --sp only for the models that can split a sequence."""
+    from models import model_config
+    from pretrain.memory import estimate_peak_gib, fit_warning
+    gib = 79.1
+    llama, tnl = model_config("llama", "1b"), model_config("tnl", "1b")
+    assert fit_warning(tnl, 8192, "none", 1.0, gib) is None
+    assert fit_warning(llama, 65536, "full", 1.0, gib) is None
+    msg = fit_warning(llama, 65536, "none", 1.0, gib)
+    est = estimate_peak_gib(llama, 65536)
+    assert f"estimated peak {est:.0f} GiB" in msg and "checkpointing off" in msg and "65,536 tokens" in msg
+    m = re.search(r"auto \(here: full on (\d+)% of the blocks, estimated (\d+) GiB\)", msg)
+    assert m and int(m.group(2)) <= 0.9 * gib and 0 < int(m.group(1)) < 100
+    big = fit_warning(llama, 2**20, "full", 1.0, gib)
+    assert "Even with every block checkpointed" in big and "--micro-batch" in big and "--sp" not in big
+    assert "--sp N" in fit_warning(tnl, 2**20, "full", 1.0, gib)
+
+
 def test_bench_report_ratios_and_flatness(tmp_path):
     import json
     import sys
@@ -394,6 +414,20 @@ def test_bench_report_ratios_and_flatness(tmp_path):
     assert "| tnl | 1b | 1.00 (none) | 0.90 (full) |" in text
 
 
+def test_bench_keeps_the_graph_break_lines_of_a_dynamo_log():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).resolve().parents[1] / "launch" / "bench_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    log = ("[bench] tnl 1b seq 8192 ac none: first step 9.1 s\n"
+           "V1124 torch/_dynamo/symbolic_convert.py:517] [0/0] [__graph_breaks] Graph break in user code at "
+           "/x/models/tnl.py:63\n"
+           "[__graph_breaks] Graph Break Reason: Dynamic shape operator\n  Explanation: ...\n")
+    assert bench.graph_break_lines(log) == [log.splitlines()[1], log.splitlines()[2]]
+    assert bench.graph_break_lines("[bench] ok\n") == []
+
+
 def test_bench_matrix_runs_a_cell_and_resumes(tmp_path):
     """The benchmark's machinery end to end on CPU (a tiny eager cell): a JSON per cell, named for the
     device; a second run skips the measured cell."""
@@ -405,7 +439,7 @@ def test_bench_matrix_runs_a_cell_and_resumes(tmp_path):
     cmd = [sys.executable, str(root / "launch" / "bench_train.py"), "--allow-cpu", "--archs", "tnl", "--sizes", "tiny",
            "--seqs", "32", "--tokens-per-step", "64", "--micro-tokens", "64", "--warmup", "1", "--steps", "1",
            "--no-compile", "--ac", "none", "--out", str(tmp_path)]
-    env = {**__import__("os").environ, "PYTHONPATH": str(root), "CUDA_VISIBLE_DEVICES": ""}
+    env = {**__import__("os").environ, "PYTHONPATH": str(root), "CUDA_VISIBLE_DEVICES": "", "TORCH_LOGS": "graph_breaks"}
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     files = list(tmp_path.glob("*.json"))
@@ -413,5 +447,6 @@ def test_bench_matrix_runs_a_cell_and_resumes(tmp_path):
     res = json.loads(files[0].read_text())
     assert res["status"] == "ok" and res["micro_batch"] == 2 and res["accumulation"] == 1
     assert len(res["attempts"][0]["step_s_all"]) == 2 and res["tokens_per_s"] > 0
+    assert res["graph_break_log"] == []  # run under TORCH_LOGS=graph_breaks: the log is kept, and is empty
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert "measured already" in again.stdout and again.returncode == 0
