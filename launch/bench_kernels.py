@@ -348,10 +348,12 @@ def resources(a) -> None:
         rows = [
             ("fwd", S.fwd_scan_kernel, "q k v g log_lam A o h0 ht Hs cu T SC SM1", [P, P, P, F32, F32, F32, P, F32, F32, F32, I, i32, i32, i32],
              dict(walk, BK=Kp, BV=L["fwd"]["block"], HAS_H0=True)),
-            ("dq", S.dq_scan_kernel, "k v g log_lam do dq h0 Hs cu T SC SM1", [P, P, F32, F32, P, F32, F32, F32, I, i32, i32, i32],
-             dict(walk, BK=L["dq"]["block"], BV=Vp, HAS_H0=True)),
-            ("dk", S.dk_scan_kernel, "q v g log_lam do dk dht dh0 Es cu T SC SM1", [P, P, F32, F32, P, F32, F32, F32, F32, I, i32, i32, i32],
-             dict(walk, BK=L["dk"]["block"], BV=Vp, HAS_DHT=False, STORE_DH0=True)),
+            ("dq", S.dq_scan_kernel, "k v g log_lam do dq h0 Hs anc cu T SC SM1 AC",
+             [P, P, F32, F32, P, F32, F32, F32, F32, I, i32, i32, i32, i32],
+             dict(walk, BK=L["dq"]["block"], BV=Vp, HAS_H0=True, ANCHOR=gated)),
+            ("dk", S.dk_scan_kernel, "q v g log_lam do dk dht dh0 Es anc cu T SC SM1 AC",
+             [P, P, F32, F32, P, F32, F32, F32, F32, F32, I, i32, i32, i32, i32],
+             dict(walk, BK=L["dk"]["block"], BV=Vp, HAS_DHT=False, STORE_DH0=True, ANCHOR=gated)),
             ("dv", S.dv_scan_kernel, "q k g log_lam A do dv dht Es cu T SC SM1", [P, P, F32, F32, F32, P, P, F32, F32, I, i32, i32, i32],
              dict(walk, BK=Kp, BV=L["dv"]["block"], HAS_DHT=True)),
             ("local", S.seg_local_kernel, "a x g log_lam slot dec cu T SC SM1", [P, P, F32, F32, F32, F32, I, i32, i32, i32],
@@ -371,14 +373,12 @@ def resources(a) -> None:
                  dict(base, BC=16, BK=L["dqk_sub"]["block"], BV=Vp, SUB_SPAN=60.0, PREC="tf32")),
                 ("intra_out", G.gla_intra_out_kernel, "A x out cu chunks T NT", [F32, P, F32, I, I, i32, i32],
                  dict(H=16, V=V, BT=64, BV=min(64, Vp), TRANSPOSED=True, VARLEN=False, PREC="tf32")),
-                ("dg_tot", G.gla_dg_tot_kernel, "q k dq dk tot cu T SC SM1", [P, P, F32, F32, F32, I, i32, i32, i32],
-                 dict(base, BK=L["dg"]["block"])),
-                ("dg", G.gla_dg_kernel, "q k v do dq dk dg dgx dkx dq_out dk_out tot cu T SC SM1",
-                 [P, P, P, P, F32, F32, F32, F32, F32, P, P, F32, I, i32, i32, i32],
-                 dict(base, BK=L["dg"]["block"], BV=Vp, HAS_DS=False)),
+                ("dg", G.gla_dg_kernel, "q k v do dq dk dg dgx dkx dq_out dk_out anc_h anc_dh cu T AC",
+                 [P, P, P, P, F32, F32, F32, F32, F32, P, P, F32, F32, I, i32, i32],
+                 dict(base, BK=L["dg"]["block"], BV=Vp, HAS_DS=False, ANCHOR=True)),
             ]
         for name, fn, names, types, consts in rows:
-            c = L.get("dg" if name == "dg_tot" else name, {"num_warps": 4, "num_stages": 1})
+            c = L.get(name, {"num_warps": 4, "num_stages": 1})
             try:
                 res = usage(fn, names, types, consts, c)
             except Exception as e:  # out of resources etc.

@@ -11,6 +11,8 @@ time the candidates. Production code never calls it: the plan comes from `ops.tu
         ...
     with force_plan(tame_span=-1):           # GLA: every chunk through the sub-chunk kernels
         ...
+    with force_plan(anchor_chunks=1):        # GLA: d log_f anchored at every chunk boundary
+        ...
 """
 from __future__ import annotations
 
@@ -24,21 +26,30 @@ SCAN = 1 << 30  # a segment length no sequence reaches: the scan layout
 
 @contextmanager
 def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
-               tame_span: float | None = None) -> Iterator[None]:
+               tame_span: float | None = None, anchor_chunks: int | None = None) -> Iterator[None]:
     """seg_chunks: segment length in chunks (SCAN: the scan layout); launch: per-kernel overrides;
     tame_span: GLA chunks decaying by at most exp(-tame_span) take the direct intra-chunk products
-    (-1: none does, every chunk goes through the sub-chunk kernels)."""
+    (-1: none does, every chunk goes through the sub-chunk kernels); anchor_chunks: GLA d log_f anchored
+    every this many chunks (SCAN: never, one reverse sum over the whole sequence)."""
     old = dict(tuning._FORCED)
-    tuning._FORCED.clear()
+    # nested calls add to the enclosing one's settings (a test forcing tame_span around a helper that
+    # forces the layout keeps both)
     tuning._FORCED_VERSION[0] += 1
     if seg_chunks is not None:
         if seg_chunks < 1:
             raise ValueError(f"seg_chunks must be >= 1, got {seg_chunks}")
         tuning._FORCED["seg_chunks"] = int(seg_chunks)
     if launch:
-        tuning._FORCED["launch"] = {k: dict(v) for k, v in launch.items()}
+        merged = {k: dict(v) for k, v in tuning._FORCED.get("launch", {}).items()}
+        for k, v in launch.items():
+            merged[k] = {**merged.get(k, {}), **v}
+        tuning._FORCED["launch"] = merged
     if tame_span is not None:
         tuning._FORCED["tame_span"] = float(tame_span)
+    if anchor_chunks is not None:
+        if anchor_chunks < 1:
+            raise ValueError(f"anchor_chunks must be >= 1, got {anchor_chunks}")
+        tuning._FORCED["anchor_chunks"] = int(anchor_chunks)
     try:
         yield
     finally:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ops.triton_scan import dot32, mask_and, segment_chunks, seq_bounds, walk_program
+from ops.triton_scan import anchor_block, dot32, mask_and, seq_bounds, walk_program
 
 
 @triton.jit
@@ -347,41 +347,35 @@ def _dg_x(q, k, dq, dk, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, off
 
 
 @triton.jit
-def gla_dg_tot_kernel(q, k, dq, dk, tot, cu, T, SC, SM1,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      VARLEN: tl.constexpr):
-    """grid (cdiv(K, BK), N * H, SM1), split layout only: tot[N * H, SM1, K] slot j <- the sum of
-    q dq - k dk over segment j+1 (0 past the sequence end)."""
-    i_nh = tl.program_id(1)
-    j = tl.program_id(2)
-    i_h, bos, L, offs_k, _, kmask, _, _, _, _ = walk_program(
-        tl.program_id(0), 0, i_nh, None, cu, T, H, K, V, BK, 16, True, True, VARLEN)
-    c0, c1, _, _ = segment_chunks(j + 1, L, SC, BT)
-    acc = tl.zeros([BK], dtype=tl.float32)
-    for c in range(c0, c1):
-        x = _dg_x(q, k, dq, dk, bos, c * BT + tl.arange(0, BT), L, i_h, H, K, offs_k, kmask)[0]
-        acc += tl.sum(x, axis=0)
-    tl.store(tot + (i_nh.to(tl.int64) * SM1 + j) * K + offs_k, acc, mask=kmask)
-
-
-@triton.jit
-def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, tot, cu, T, SC, SM1,
+def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, anc_h, anc_dh, cu, T, AC,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, HAS_DS: tl.constexpr, VARLEN: tl.constexpr):
-    """grid (cdiv(K, BK), N * H, segments): d log_f = reverse cumsum of (q dq - k dk) over each sequence,
-    from dq, dk without their i == j terms (those cancel exactly; left in, fp32 rounding of them swamps the
-    tiny true gradient of gates near 0); segment s starts from the later segments' totals (tot). Then adds
-    (do_t . v_t) k_t, (do_t . v_t) q_t and writes dq, dk. With a gradient on the final state (HAS_DS), dk
-    held no part of it: its terms come from `gla_state_grad_kernel`, d log_f's directly (dgx) and dk's
-    (dkx) added here after the cumsum."""
+                  BV: tl.constexpr, HAS_DS: tl.constexpr, ANCHOR: tl.constexpr, VARLEN: tl.constexpr):
+    """grid (cdiv(K, BK), N * H, cdiv(chunks, AC)): d log_f of one run of AC chunks, anchored at its end.
+    With x_s = q_s dq_s - k_s dk_s (the i == j terms left out of dq, dk: they cancel exactly; left in,
+    fp32 rounding of them swamps the tiny true gradient of gates near 0), for t in the run
+        d log_f_t = sum_{s = t}^{e} x_s + <S_e, G_e>     (per key row; sum over the value columns)
+    e the run's last row, S_e the state after it and G_e the gradient of S_e from the later tokens
+    (0 after a sequence's last run). Exact: d log_f_t = <f_t S_{t-1}, dS_t> telescopes to the sum of
+    x_s up to any row e plus d log_f_{e+1} = <S_e, f_{e+1} dS_{e+1}>. The anchor replaces the sum over
+    the rest of the sequence, whose terms cancel while their rounding errors add up with T; so the error
+    stays that of AC chunks at any T. S_e and G_e come from the dq and dk walks (`anchor_block`; the
+    dk walks' gradient holds no part of the final state's). Then adds (do_t . v_t) k_t, (do_t . v_t) q_t
+    and writes dq, dk. With a gradient on the final state (HAS_DS), its terms come from
+    `gla_state_grad_kernel`: d log_f's directly (dgx) and dk's (dkx), added here after the sum."""
     i_nh = tl.program_id(1)
-    i_s = tl.program_id(2)
-    i_h, bos, L, offs_k, offs_v, kmask, vmask, _, _, _ = walk_program(
+    i_a = tl.program_id(2)
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, _, _, hmask = walk_program(
         tl.program_id(0), 0, i_nh, None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
-    c0, c1, n_seg, _ = segment_chunks(i_s, L, SC, BT)
+    NC = tl.cdiv(L, BT)
+    c0 = i_a * AC
+    c1 = tl.minimum(c0 + AC, NC)
     carry = tl.zeros([BK], dtype=tl.float32)
-    for j in range(i_s, n_seg - 1):
-        carry += tl.load(tot + (i_nh.to(tl.int64) * SM1 + j) * K + offs_k, mask=kmask, other=0.)
+    if ANCHOR:
+        if c1 < NC:  # <S_e, G_e> at the boundary before chunk c1
+            b_h = tl.load(anchor_block(anc_h, bos, c1, AC, i_h, H, K, V, offs_k, offs_v, BT), mask=hmask, other=0.)
+            b_dh = tl.load(anchor_block(anc_dh, bos, c1, AC, i_h, H, K, V, offs_k, offs_v, BT), mask=hmask,
+                           other=0.)
+            carry += tl.sum(b_h * b_dh, axis=1)
     for cc in range(0, tl.maximum(c1 - c0, 0)):
         rows = (c1 - 1 - cc) * BT + tl.arange(0, BT)
         x, b_q, b_k, b_dq, b_dk, p, m = _dg_x(q, k, dq, dk, bos, rows, L, i_h, H, K, offs_k, kmask)

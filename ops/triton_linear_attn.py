@@ -21,7 +21,7 @@ from ops import tuning
 from ops.config import get_config
 from ops.linear_attention import register_impl
 from ops.triton_gla_intra import (TAME_SPAN, gla_A_kernel, gla_A_tame_kernel, gla_cumsum_kernel, gla_dg_kernel,
-                                  gla_dg_tot_kernel, gla_dqk_intra_kernel, gla_dqk_tame_kernel, gla_intra_out_kernel,
+                                  gla_dqk_intra_kernel, gla_dqk_tame_kernel, gla_intra_out_kernel,
                                   gla_state_grad_kernel)
 from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel,
                              seg_combine_kernel, seg_local_kernel)
@@ -29,6 +29,10 @@ from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd
 BT = tuning.BT  # chunk length
 BC = 16  # sub-chunk length of the GLA intra-chunk products of chunks that are not tame
 BK_INTRA = 32  # key block of their element-wise [BC, BC, BK] tiles
+# GLA d log_f: anchored every this many chunks (gla_dg_kernel). Its error is that of a sum over one run of
+# ANCHOR_CHUNKS * BT tokens at any T; the anchor states cost 2 * K * V * 4 bytes per run and head
+# (fp32, transient in the backward): at K = V = 128, 256 bytes per token and head.
+ANCHOR_CHUNKS = 8
 
 
 def _np2(x: int) -> int:
@@ -144,9 +148,10 @@ def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated, plan):
     return o, ht, (Hs.reshape(-1) if Hs is not None else q.new_empty(0, dtype=torch.float32))
 
 
-def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, dq=None, dk=None):
+def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, dq=None, dk=None, anchors=None):
     """dq, dk, dv, dh0. Gated: dq, dk are the given fp32 buffers holding the intra-chunk parts, onto which
-    the walks add the inter-chunk parts."""
+    the walks add the inter-chunk parts. anchors (gated): (state buffer, gradient buffer, AC), into which
+    the dq and dk walks store d log_f's anchors (see gla_dg_kernel), or None."""
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     S, SC = plan.segments, plan.seg_chunks
     SM1 = max(S - 1, 1)
@@ -161,6 +166,7 @@ def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, d
     # gla_state_grad_kernel instead (see there), so the dk walks start from dh = 0
     dht_k = None if gated else dht
     Hs = Hs.view(N * H, S - 1, K, V) if S > 1 else _dummy(q)
+    anc_h, anc_dh, AC = anchors if anchors is not None else (_dummy(q), _dummy(q), 1)
     # the three walks are independent: on CUDA, dq and dk run on side streams next to dv
     side = _side_streams(q.device)
     cur = torch.cuda.current_stream(q.device) if side else None
@@ -168,8 +174,8 @@ def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, d
         side[0].wait_stream(cur)
     with _on(side, 0):
         dq_scan_kernel[(triton.cdiv(K, cq["block"]), N * H, S)](
-            k, v, g, log_lam, do, dq, h0 if h0 is not None else dq, Hs, cu, T, SC, SM1,
-            BK=cq["block"], BV=_np2(V), HAS_H0=h0 is not None, **common, **_kw(cq))
+            k, v, g, log_lam, do, dq, h0 if h0 is not None else dq, Hs, anc_h, cu, T, SC, SM1, AC,
+            BK=cq["block"], BV=_np2(V), HAS_H0=h0 is not None, ANCHOR=anchors is not None, **common, **_kw(cq))
     if S > 1:
         Es, Es_plain = _two_level(q, do, g, log_lam, dht, cu, N, T, plan, gated, reverse=True,
                                   extra_plain=gated and dht is not None)
@@ -181,8 +187,8 @@ def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, d
     with _on(side, 1):
         dk_scan_kernel[(triton.cdiv(K, ck["block"]), N * H, S)](
             q, v, g, log_lam, do, dk, dht_k if dht_k is not None else dk, dh0 if dh0 is not None else dk, Es_k,
-            cu, T, SC, SM1, BK=ck["block"], BV=_np2(V), HAS_DHT=dht_k is not None, STORE_DH0=dh0 is not None,
-            **common, **_kw(ck))
+            anc_dh, cu, T, SC, SM1, AC, BK=ck["block"], BV=_np2(V), HAS_DHT=dht_k is not None,
+            STORE_DH0=dh0 is not None, ANCHOR=anchors is not None, **common, **_kw(ck))
     dv_scan_kernel[(triton.cdiv(V, cv["block"]), N * H, S)](
         q, k, g, log_lam, A, do, dv, dht if dht is not None else dv, Es, cu, T, SC, SM1,
         BK=_np2(K), BV=cv["block"], HAS_DHT=dht is not None, **common, **_kw(cv))
@@ -331,6 +337,11 @@ def _tame_span() -> float:
     return min(tuning._FORCED.get("tame_span", TAME_SPAN), TAME_SPAN)
 
 
+def _anchor_chunks() -> int:
+    # the test-only seam (ops.testing.force_plan(anchor_chunks=...)) sets other spacings
+    return int(tuning._FORCED.get("anchor_chunks", ANCHOR_CHUNKS))
+
+
 def _gla_cumsum(g, cu, T, chunks, tame=None):
     """(bc, tame): the chunk-local cumulative log-decay of every chunk (fp32; the intra-chunk kernels and
     the walks read it), and per (chunk, head) the tame flag at the chunk's first token (computed, or the
@@ -381,7 +392,6 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
 def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     n_chunks, table = chunks
-    S, SC = plan.segments, plan.seg_chunks
     # the intra-chunk dq, dk first (fp32 buffers, every chunk written by one of the two kernels), then the
     # walks add the inter-chunk parts
     dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -395,8 +405,15 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     gla_dqk_intra_kernel[(n_chunks, BT // BC, H)](
         q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BC=BC,
         BK=min(cs["block"], _np2(K)), BV=_np2(V), SUB_SPAN=_tame_span(), VARLEN=vl, PREC=_prec(q), **_kw(cs))
+    # d log_f's anchors: the state and its gradient at every AC-th chunk boundary, stored by the dq / dk
+    # walks (one slot per AC * BT tokens of the whole batch; see anchor_block)
+    AC = _anchor_chunks()
+    anchors = None
+    if triton.cdiv(T, BT) > AC:
+        slots = triton.cdiv(q.shape[0] * T, AC * BT)
+        anchors = tuple(torch.empty(slots, H, K, V, dtype=torch.float32, device=q.device) for _ in range(2)) + (AC,)
     dq, dk, dv, dh0 = _bwd_walks(q, k, v, bc, None, _intra_out(A, do, cu, T, chunks, True), do, h0, dht, Hs,
-                                 cu, N, T, True, plan, dq=dq, dk=dk)
+                                 cu, N, T, True, plan, dq=dq, dk=dk, anchors=anchors)
     dgx = dkx = None
     if dht is not None:  # the final state's gradient, in its direct (non-cancelling) form
         dgx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
@@ -410,15 +427,11 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     dq_out, dk_out = torch.empty_like(q), torch.empty_like(k)
     cg = plan.launch["dg"]
     bkg = min(cg["block"], _np2(K))
-    common = dict(H=H, K=K, V=V, BT=BT, BK=bkg, VARLEN=cu.numel() > 1)
-    tot = _dummy(q)
-    if S > 1:
-        tot = torch.empty(N * H, S - 1, K, dtype=torch.float32, device=q.device)
-        gla_dg_tot_kernel[(triton.cdiv(K, bkg), N * H, S - 1)](q, k, dq, dk, tot, cu, T, SC, S - 1, **common,
-                                                              **_kw(cg))
-    gla_dg_kernel[(triton.cdiv(K, bkg), N * H, S)](
+    anc_h, anc_dh = anchors[:2] if anchors is not None else (_dummy(q), _dummy(q))
+    gla_dg_kernel[(triton.cdiv(K, bkg), N * H, triton.cdiv(triton.cdiv(T, BT), AC))](
         q, k, v, do, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
-        dq_out, dk_out, tot, cu, T, SC, max(S - 1, 1), BV=_np2(V), HAS_DS=dgx is not None, **common, **_kw(cg))
+        dq_out, dk_out, anc_h, anc_dh, cu, T, AC, H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V),
+        HAS_DS=dgx is not None, ANCHOR=anchors is not None, VARLEN=cu.numel() > 1, **_kw(cg))
     return dq_out, dk_out, dv, dg, dh0
 
 

@@ -95,6 +95,18 @@ def _slot(buf, i_nh, j, SM1, K: tl.constexpr, V: tl.constexpr, offs_k, offs_v):
 
 
 @triton.jit
+def anchor_block(buf, bos, c, AC, i_h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, offs_k, offs_v,
+                 BT: tl.constexpr):
+    """Pointers to a [BK, BV] block of the GLA d log_f anchor buffer [slots, H, K, V] at the boundary
+    before chunk c of the sequence starting at token bos (an anchor every AC chunks). The slot is the
+    boundary's token position divided by AC * BT: distinct for every anchor of every sequence, packed or
+    not (anchors of one sequence lie exactly AC * BT apart, the next sequence's first one more than
+    AC * BT later), and below cdiv(total tokens, AC * BT)."""
+    slot = (bos + c * BT) // (AC * BT)
+    return buf + ((slot * H + i_h) * K + offs_k[:, None]) * V + offs_v[None, :]
+
+
+@triton.jit
 def _chunk_rows(c, offs_t, L, BT: tl.constexpr):
     """Chunk c's rows inside the sequence, which of them are real, and how many."""
     rows = c * BT + offs_t
@@ -324,13 +336,15 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
 
 
 @triton.jit
-def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, cu, T, SC, SM1,
+def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, anc, cu, T, SC, SM1, AC,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
-                   VARLEN: tl.constexpr, PREC: tl.constexpr):
+                   ANCHOR: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(K, BK), N * H, segments); BV >= V. dq = (do h^T) * exp(b) + intra: (do v^T * D) k formed
-    here when scalar, read from dq when gated. Segment s > 0 starts from the forward's chained state."""
+    here when scalar, read from dq when gated. Segment s > 0 starts from the forward's chained state.
+    ANCHOR (GLA): also stores the state before every AC-th chunk into `anc` (see `anchor_block`), one
+    side of d log_f's anchors (`gla_dg_kernel`)."""
     i_k = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -344,6 +358,9 @@ def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, cu, T, SC, SM1,
         h += tl.load(h0 + hp, mask=mask_and(hmask, i_s == 0), other=0.).to(tl.float32)
     h += tl.load(_slot(Hs, i_nh, i_s - 1, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, i_s > 0), other=0.)
     for c in range(c0, c1):
+        if ANCHOR:
+            if (c % AC == 0) & (c > 0):
+                tl.store(anchor_block(anc, bos, c, AC, i_h, H, K, V, offs_k, offs_v, BT), h, mask=hmask)
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
@@ -366,15 +383,16 @@ def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, cu, T, SC, SM1,
 
 
 @triton.jit
-def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, cu, T, SC, SM1,
+def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, anc, cu, T, SC, SM1, AC,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
-                   STORE_DH0: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                   STORE_DH0: tl.constexpr, ANCHOR: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(K, BK), N * H, segments); BV >= V; walks backward. dk = (v dh^T) * exp(b_L - b) + intra:
     (do v^T * D)^T q formed here when scalar, read from dk when gated. The sequence's last segment starts
     from d(final state), the others from slot s of Es (the chained state gradients); segment 0 writes
-    d(initial state)."""
+    d(initial state). ANCHOR (GLA): also stores dh at the boundary before every AC-th chunk into `anc`,
+    the other side of d log_f's anchors (`gla_dg_kernel`)."""
     i_k = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -389,6 +407,9 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, cu, T, SC, SM1,
     dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, (c1 > c0) & (last == 0)), other=0.)
     for cc in range(0, tl.maximum(c1 - c0, 0)):
         c = c1 - 1 - cc
+        if ANCHOR:  # dh here: the gradient of the state at chunk c's end
+            if ((c + 1) % AC == 0) & (c + 1 < tl.cdiv(L, BT)):
+                tl.store(anchor_block(anc, bos, c + 1, AC, i_h, H, K, V, offs_k, offs_v, BT), dh, mask=hmask)
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)

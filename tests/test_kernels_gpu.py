@@ -122,16 +122,19 @@ def test_bf16_vs_float64(kind, Dk, Dv, gates, layout):
     assert finite and all(e <= BAR for e in errs.values()), errs
 
 
-@pytest.mark.parametrize("kind,gates", [("la", None), ("nodecay", None), ("gla", "wide"), ("gla", "mixed"),
-                                        ("gla", "-20"), ("gla", "near1")])
-def test_long_sequence_vs_float64(kind, gates):
-    """T = 64K in the layout the shape rule picks (split, at one sequence of two heads): TNL's strongest
-    decays, cos2's undecayed sums, GLA gates uniform in [-20, 0], HGRN2-like, at the floor, near 1."""
+@pytest.mark.parametrize("kind,gates,layout", [
+    ("la", None, "auto"), ("nodecay", None, "auto"), ("gla", "wide", "auto"), ("gla", "mixed", "auto"),
+    ("gla", "-20", "auto"), ("gla", "near1", "auto"), ("gla", "wide", "scan"), ("gla", "-20", "scan"),
+])
+def test_long_sequence_vs_float64(kind, gates, layout):
+    """T = 64K in the layout the shape rule picks (split, at one sequence of two heads), GLA also in the
+    scan layout (its d log_f anchors do not depend on the layout): TNL's strongest decays, cos2's undecayed
+    sums, GLA gates uniform in [-20, 0], HGRN2-like, at the floor, near 1."""
     B, T, H = 1, 65536, 2
     Dk = 256 if kind == "nodecay" else 128
     q, k, v, x = _inputs(B, T, H, Dk, 128, kind, gates or "mixed")
-    errs, finite = _compare(kind, q, k, v, x, None, "auto", state_loss=False)
-    print(kind, gates, {n: f"{e:.1e}" for n, e in errs.items()})
+    errs, finite = _compare(kind, q, k, v, x, None, layout, state_loss=False)
+    print(kind, gates, layout, {n: f"{e:.1e}" for n, e in errs.items()})
     assert finite and all(e <= BAR for e in errs.values()), errs
 
 
