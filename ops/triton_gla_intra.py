@@ -16,10 +16,11 @@ Each kernel's programs return at once for the other kind, so every chunk is writ
 `gla_A_*` write A [tokens, H, BT] (row = query, column = key position inside the chunk); `gla_dqk_*`
 write the intra-chunk dq, dk (from dA = do v^T) into fp32 buffers, to which the walks of `ops.triton_scan`
 then add the inter-chunk parts. `gla_dg_kernel` turns dq, dk into d log_f via
-d log_f_s = sum_{t >= s} (q_t dq_t - k_t dk_t) (+ the final state's term), a reverse cumulative sum per
-sequence that involves no exponentials at all (the diagonal i == j terms, equal on both sides, are left
-out of it and added to dq, dk only afterwards); in the split layout each segment starts from the sum of
-the later segments' totals (`gla_dg_tot_kernel`).
+d log_f_s = sum_{t >= s} (q_t dq_t - k_t dk_t) (+ the final state's term), a reverse cumulative sum that
+involves no exponentials at all (the diagonal i == j terms, equal on both sides, are left out of it and
+added to dq, dk only afterwards). The sum runs only over a run of a few chunks: it starts from the exact
+value at the run's end, <S, dS> per key row from the state and its gradient there (stored by the dq / dk
+walks), so its rounding errors do not pile up over the sequence.
 """
 from __future__ import annotations
 

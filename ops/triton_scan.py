@@ -27,7 +27,8 @@ or NaN, however long the sequence. Two decay kinds share the code (constexpr GAT
 
 Precision (GLA): the gated dq / dk walks' products take fp32 operands (tf32 on tensor cores for bf16
 inputs): d log_f is a cancelling sum of q dq - k dk, and bf16 rounding of the decayed q, k there was its
-largest error. The scalar decay keeps bf16 operands.
+largest error. The scalar decay keeps bf16 operands. The gated dq / dk walks also store the state and its
+gradient every few chunks (`anchor_block`): d log_f's sum starts from their product there.
 
 Backward is three independent walks: dq walks forward (state h), dk and dv walk backward (state dh, the
 gradient of the state at the chunk's end); each recomputes the small products it needs instead of reading
@@ -127,8 +128,8 @@ def _step(s, a, x, w, b_last, F32: tl.constexpr, DECAY: tl.constexpr, PREC: tl.c
 def tf32_round(x):
     """x (fp32) rounded to the nearest tf32 value (10-bit mantissa, ties to even). Tensor cores read only
     the top 19 bits of an fp32 operand, i.e. truncate it; truncation errors all point towards zero, and
-    d log_f, a reverse cumulative sum over the whole sequence of a cancelling difference, piles such a
-    bias up with T (2e-2 relative error at T = 64K). Rounded operands leave only unbiased errors."""
+    d log_f, a reverse cumulative sum of a cancelling difference, piles such a bias up with the length of
+    the sum (2e-2 relative error for one sum over 64K tokens). Rounded operands leave only unbiased errors."""
     b = x.to(tl.int32, bitcast=True)
     b = (b + 0xFFF + ((b >> 13) & 1)) & -8192
     return b.to(tl.float32, bitcast=True)
