@@ -104,7 +104,8 @@ def anchor_block(buf, bos, c, AC, i_h, H: tl.constexpr, K: tl.constexpr, V: tl.c
     not (anchors of one sequence lie exactly AC * BT apart, the next sequence's first one more than
     AC * BT later), and below cdiv(total tokens, AC * BT)."""
     slot = (bos + c * BT) // (AC * BT)
-    return buf + ((slot * H + i_h) * K + offs_k[:, None]) * V + offs_v[None, :]
+    base = buf + (slot * H + i_h) * (K * V)  # a scalar offset, then the block's int32 offsets
+    return base + (offs_k[:, None] * V + offs_v[None, :])
 
 
 @triton.jit
@@ -409,7 +410,7 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, anc, cu, T, SC, SM1, 
     for cc in range(0, tl.maximum(c1 - c0, 0)):
         c = c1 - 1 - cc
         if ANCHOR:  # dh here: the gradient of the state at chunk c's end
-            if ((c + 1) % AC == 0) & (c + 1 < tl.cdiv(L, BT)):
+            if ((c + 1) % AC == 0) & ((c + 1) * BT < L):
                 tl.store(anchor_block(anc, bos, c + 1, AC, i_h, H, K, V, offs_k, offs_v, BT), dh, mask=hmask)
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
         b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
