@@ -373,8 +373,8 @@ def resources(a) -> None:
                  dict(base, BC=16, BK=L["dqk_sub"]["block"], BV=Vp, SUB_SPAN=60.0, PREC="tf32")),
                 ("intra_out", G.gla_intra_out_kernel, "A x out cu chunks T NT", [F32, P, F32, I, I, i32, i32],
                  dict(H=16, V=V, BT=64, BV=min(64, Vp), TRANSPOSED=True, VARLEN=False, PREC="tf32")),
-                ("dg", G.gla_dg_kernel, "q k v do dq dk dg dgx dkx dq_out dk_out anc_h anc_dh cu T AC",
-                 [P, P, P, P, F32, F32, F32, F32, F32, P, P, F32, F32, I, i32, i32],
+                ("dg", G.gla_dg_kernel, "q k v do dq dk dg dgx dkx dq_out dk_out anc_h anc_dh cu chunks T AC NA",
+                 [P, P, P, P, F32, F32, F32, F32, F32, P, P, F32, F32, I, I, i32, i32, i32],
                  dict(base, BK=L["dg"]["block"], BV=Vp, HAS_DS=False, ANCHOR=True)),
             ]
         for name, fn, names, types, consts in rows:

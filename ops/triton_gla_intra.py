@@ -348,10 +348,12 @@ def _dg_x(q, k, dq, dk, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, off
 
 
 @triton.jit
-def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, anc_h, anc_dh, cu, T, AC,
+def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, anc_h, anc_dh, cu, chunks, T, AC, NA,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, HAS_DS: tl.constexpr, ANCHOR: tl.constexpr, VARLEN: tl.constexpr):
-    """grid (cdiv(K, BK), N * H, cdiv(chunks, AC)): d log_f of one run of AC chunks, anchored at its end.
+    """grid (cdiv(K, BK), H, runs): d log_f of one run of AC chunks, anchored at its end. Dense input:
+    N * NA programs (NA runs per sequence); packed: one program per row of the (sequence, chunk) table,
+    those whose chunk starts no run returning at once (so many short sequences cost no empty runs).
     With x_s = q_s dq_s - k_s dk_s (the i == j terms left out of dq, dk: they cancel exactly; left in,
     fp32 rounding of them swamps the tiny true gradient of gates near 0), for t in the run
         d log_f_t = sum_{s = t}^{e} x_s + <S_e, G_e>     (per key row; sum over the value columns)
@@ -363,36 +365,46 @@ def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, anc_h, anc_
     dk walks' gradient holds no part of the final state's). Then adds (do_t . v_t) k_t, (do_t . v_t) q_t
     and writes dq, dk. With a gradient on the final state (HAS_DS), its terms come from
     `gla_state_grad_kernel`: d log_f's directly (dgx) and dk's (dkx), added here after the sum."""
-    i_nh = tl.program_id(1)
-    i_a = tl.program_id(2)
-    i_h, bos, L, offs_k, offs_v, kmask, vmask, _, _, hmask = walk_program(
-        tl.program_id(0), 0, i_nh, None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
-    NC = tl.cdiv(L, BT)
-    c0 = i_a * AC
-    c1 = tl.minimum(c0 + AC, NC)
-    carry = tl.zeros([BK], dtype=tl.float32)
-    if ANCHOR:
-        if c1 < NC:  # <S_e, G_e> at the boundary before chunk c1
-            b_h = tl.load(anchor_block(anc_h, bos, c1, AC, i_h, H, K, V, offs_k, offs_v, BT), mask=hmask, other=0.)
-            b_dh = tl.load(anchor_block(anc_dh, bos, c1, AC, i_h, H, K, V, offs_k, offs_v, BT), mask=hmask,
-                           other=0.)
-            carry += tl.sum(b_h * b_dh, axis=1)
-    for cc in range(0, tl.maximum(c1 - c0, 0)):
-        rows = (c1 - 1 - cc) * BT + tl.arange(0, BT)
-        x, b_q, b_k, b_dq, b_dk, p, m = _dg_x(q, k, dq, dk, bos, rows, L, i_h, H, K, offs_k, kmask)
-        b_dg = tl.cumsum(x, axis=0, reverse=True) + carry[None, :]
-        carry += tl.sum(x, axis=0)
-        if HAS_DS:
-            b_dg += tl.load(dgx + p, mask=m, other=0.)
-            b_dk += tl.load(dkx + p, mask=m, other=0.)
-        tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
-        rmask = (rows < L)[:, None]
-        pv = ((bos + rows) * H + i_h)[:, None] * V + offs_v[None, :]
-        mv = rmask & vmask[None, :]
-        a_tt = tl.sum(tl.load(do + pv, mask=mv, other=0.).to(tl.float32)
-                      * tl.load(v + pv, mask=mv, other=0.).to(tl.float32), axis=1)[:, None]
-        tl.store(dq_out + p, (b_dq + a_tt * b_k).to(dq_out.dtype.element_ty), mask=m)
-        tl.store(dk_out + p, (b_dk + a_tt * b_q).to(dk_out.dtype.element_ty), mask=m)
+    pid = tl.program_id(2)
+    if VARLEN:
+        i_n = tl.load(chunks + 2 * pid)
+        i_c = tl.load(chunks + 2 * pid + 1)
+        first = i_c % AC == 0
+        i_a = i_c // AC
+    else:
+        i_n = pid // NA
+        i_a = pid % NA
+        first = i_a >= 0
+    if first:
+        i_h, bos, L, offs_k, offs_v, kmask, vmask, _, _, hmask = walk_program(
+            tl.program_id(0), 0, i_n * H + tl.program_id(1), None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
+        NC = tl.cdiv(L, BT)
+        c0 = i_a * AC
+        c1 = tl.minimum(c0 + AC, NC)
+        carry = tl.zeros([BK], dtype=tl.float32)
+        if ANCHOR:
+            if c1 < NC:  # <S_e, G_e> at the boundary before chunk c1
+                b_h = tl.load(anchor_block(anc_h, bos, c1, AC, i_h, H, K, V, offs_k, offs_v, BT), mask=hmask,
+                              other=0.)
+                b_dh = tl.load(anchor_block(anc_dh, bos, c1, AC, i_h, H, K, V, offs_k, offs_v, BT), mask=hmask,
+                               other=0.)
+                carry += tl.sum(b_h * b_dh, axis=1)
+        for cc in range(0, tl.maximum(c1 - c0, 0)):
+            rows = (c1 - 1 - cc) * BT + tl.arange(0, BT)
+            x, b_q, b_k, b_dq, b_dk, p, m = _dg_x(q, k, dq, dk, bos, rows, L, i_h, H, K, offs_k, kmask)
+            b_dg = tl.cumsum(x, axis=0, reverse=True) + carry[None, :]
+            carry += tl.sum(x, axis=0)
+            if HAS_DS:
+                b_dg += tl.load(dgx + p, mask=m, other=0.)
+                b_dk += tl.load(dkx + p, mask=m, other=0.)
+            tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
+            rmask = (rows < L)[:, None]
+            pv = ((bos + rows) * H + i_h)[:, None] * V + offs_v[None, :]
+            mv = rmask & vmask[None, :]
+            a_tt = tl.sum(tl.load(do + pv, mask=mv, other=0.).to(tl.float32)
+                          * tl.load(v + pv, mask=mv, other=0.).to(tl.float32), axis=1)[:, None]
+            tl.store(dq_out + p, (b_dq + a_tt * b_k).to(dq_out.dtype.element_ty), mask=m)
+            tl.store(dk_out + p, (b_dk + a_tt * b_q).to(dk_out.dtype.element_ty), mask=m)
 
 
 @triton.jit

@@ -428,10 +428,12 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     cg = plan.launch["dg"]
     bkg = min(cg["block"], _np2(K))
     anc_h, anc_dh = anchors[:2] if anchors is not None else (_dummy(q), _dummy(q))
-    gla_dg_kernel[(triton.cdiv(K, bkg), N * H, triton.cdiv(triton.cdiv(T, BT), AC))](
+    NA = triton.cdiv(triton.cdiv(T, BT), AC)  # runs per sequence (dense input)
+    gla_dg_kernel[(triton.cdiv(K, bkg), H, N * NA if table is None else n_chunks)](
         q, k, v, do, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
-        dq_out, dk_out, anc_h, anc_dh, cu, T, AC, H=H, K=K, V=V, BT=BT, BK=bkg, BV=_np2(V),
-        HAS_DS=dgx is not None, ANCHOR=anchors is not None, VARLEN=cu.numel() > 1, **_kw(cg))
+        dq_out, dk_out, anc_h, anc_dh, cu, table if table is not None else cu, T, AC, NA, H=H, K=K, V=V,
+        BT=BT, BK=bkg, BV=_np2(V), HAS_DS=dgx is not None, ANCHOR=anchors is not None,
+        VARLEN=table is not None, **_kw(cg))
     return dq_out, dk_out, dv, dg, dh0
 
 
