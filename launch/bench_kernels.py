@@ -364,11 +364,11 @@ def resources(a) -> None:
         if gated:
             rows += [
                 ("A", G.gla_A_tame_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
-                 dict(TAME_SPAN=60.0, H=16, K=K, BT=64, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
+                 dict(TAME_SPAN=120.0, H=16, K=K, BT=64, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
                 ("A_sub", G.gla_A_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
                  dict(H=16, K=K, BT=64, BC=16, BK=L["A_sub"]["block"], SUB_SPAN=60.0, VARLEN=False, PREC="tf32")),
                 ("dqk", G.gla_dqk_tame_kernel, "q k v bc do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
-                 dict(base, TAME_SPAN=60.0, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
+                 dict(base, TAME_SPAN=120.0, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
                 ("dqk_sub", G.gla_dqk_intra_kernel, "q k v bc do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
                  dict(base, BC=16, BK=L["dqk_sub"]["block"], BV=Vp, SUB_SPAN=60.0, PREC="tf32")),
                 ("intra_out", G.gla_intra_out_kernel, "A x out cu chunks T NT", [F32, P, F32, I, I, i32, i32],

@@ -2,15 +2,18 @@
 
 Inside a chunk the weight of key j for query i is sum_d q_id k_jd exp(b_id - b_jd) (b the cumulative
 log-decay). Two forms, chosen per (chunk, head) by the chunk's gates (`gla_cumsum_kernel`):
-  * tame chunks (no key channel decays by more than exp(-TAME_SPAN) across the chunk): directly as
-    (q * exp(b)) (k * exp(-b))^T, every factor within exp(+-TAME_SPAN), far from fp32 overflow
-    (`gla_A_tame_kernel`, `gla_dqk_tame_kernel`: one tensor-core product per key block);
-  * the others (gates near 0): that form would overflow once a chunk's decay passes e^-88, so the chunk is
-    cut into sub-chunks of BC = 16 rows; sub-chunk pairs I > J use tensor cores with the reference r = b at
-    I's first row, (q_I * exp(b_I - r)) (k_J * exp(r - b_J))^T, both exponents <= 0; diagonal pairs are
-    formed element-wise in a [BC, BC, BK] tile with exponents masked to i >= j (`gla_A_kernel`,
-    `gla_dqk_intra_kernel`). Nothing exceeds 1 before the products, so nothing overflows; tiny weights
-    underflow to exactly 0.
+  * tame chunks (in each 32-row half, no key channel decays by more than exp(-TAME_SPAN)): three
+    tensor-core products per key block, one per block of the chunk's 2 x 2 half blocks on or below the
+    diagonal. A diagonal half block factors exp(b_i - b_j) = exp(b_i - r) exp(r - b_j) with r per channel
+    the middle of b's range over that half, so every factor lies within exp(+-TAME_SPAN / 2), far from
+    fp32 overflow; the block of the second half's queries against the first half's keys takes r = b at
+    the first half's last row, where both exponents are <= 0 whatever the gates
+    (`gla_A_tame_kernel`, `gla_dqk_tame_kernel`);
+  * the others (gates far below 0): the chunk is cut into sub-chunks of BC = 16 rows; sub-chunk pairs
+    I > J use tensor cores with the reference r = b at I's first row, (q_I * exp(b_I - r)) (k_J * exp(r - b_J))^T,
+    both exponents <= 0; diagonal pairs by a product with the mid-range reference when the sub-chunk's
+    span is within TAME_SPAN, else element-wise, one key row at a time with exponents masked to i >= j
+    (`gla_A_kernel`, `gla_dqk_intra_kernel`). Nothing overflows; tiny weights underflow to exactly 0.
 Each kernel's programs return at once for the other kind, so every chunk is written by exactly one.
 
 `gla_A_*` write A [tokens, H, BT] (row = query, column = key position inside the chunk); `gla_dqk_*`
@@ -43,10 +46,11 @@ def _chunk_of(chunks, pid, T, NT, VARLEN: tl.constexpr):
     return i_n, i_c
 
 
-# A chunk is *tame* when no key channel decays by more than exp(-TAME_SPAN) across it: then its
-# intra-chunk weights exp(b_i - b_j) may be formed as exp(b_i) * exp(-b_j), every factor inside
-# exp(+-TAME_SPAN), far from fp32 overflow (see gla_cumsum_kernel).
-TAME_SPAN = 60.0
+# A chunk is *tame* when in each of its 32-row halves no key channel decays by more than exp(-TAME_SPAN):
+# then each half's diagonal block of intra-chunk weights exp(b_i - b_j) may be formed as
+# exp(b_i - r) * exp(r - b_j) with r the middle of b's range over the half, every factor inside
+# exp(+-TAME_SPAN / 2), far from fp32 overflow (see gla_cumsum_kernel, _half_factors).
+TAME_SPAN = 120.0
 
 
 @triton.jit
@@ -55,9 +59,10 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
     """grid (chunks, H): bc = the cumulative log-decay from each chunk's start (fp32), for every chunk:
     every later kernel (the intra-chunk products, the walks of `ops.triton_scan`, the two-level scan)
     reads it instead of summing log f itself. Also classifies each (chunk, head) and writes the flag at
-    the chunk's first token (tame[token, head]). A chunk is *tame* when no key channel decays by more than
-    exp(-TAME_SPAN) across it: then its intra-chunk products are formed directly as (q exp(b)) (k exp(-b))^T
-    (every factor within exp(+-TAME_SPAN), far from overflow); the sub-chunk kernels handle the others."""
+    the chunk's first token (tame[token, head]). A chunk is *tame* when in each 32-row half no key channel
+    decays by more than exp(-TAME_SPAN): then its intra-chunk products are formed by the half-block
+    products of the tame kernels (every factor within exp(+-TAME_SPAN / 2)); the sub-chunk kernels handle
+    the others."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
@@ -67,7 +72,13 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
     p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
     gt = tl.load(g + p, mask=m, other=0.).to(tl.float32)
     if SET_FLAGS:  # forward; the backward reads the forward's flags, so both passes agree
-        span = -tl.min(tl.sum(gt, axis=0), axis=0)  # the largest decay (in log) of any channel
+        # a half's span: its decay from its first row to its last, i.e. the gates of its other rows
+        # (padded rows load log f = 0); the largest over the key channels and the two halves
+        idx = tl.arange(0, BT)[:, None]
+        inner = (idx % (BT // 2)) != 0
+        s0 = tl.sum(tl.where(inner & (idx < BT // 2), gt, 0.), axis=0)
+        s1 = tl.sum(tl.where(inner & (idx >= BT // 2), gt, 0.), axis=0)
+        span = -tl.min(tl.minimum(s0, s1), axis=0)
         flag = (span <= TAME_SPAN).to(tl.int32)
         tl.store(tame + (bos + i_c * BT) * H + i_h, flag)
     tl.store(bc + p, tl.cumsum(gt, axis=0), mask=m)
@@ -104,11 +115,46 @@ def _sub_span(b_S, r):
 
 
 @triton.jit
-def _sub_factors(b_S, r):
-    """exp(b_i - r) and exp(r - b_j) for a sub-chunk whose decay span is <= SUB_SPAN (<= TAME_SPAN):
-    its diagonal block's weights exp(b_i - b_j) = exp(b_i - r) exp(r - b_j), every factor within
-    exp(+-TAME_SPAN), far inside fp32, so one tensor-core product forms the block (masked causal after)."""
-    return _exp0(b_S - r), tl.exp(tl.minimum(r - b_S, 60.))
+def _sub_factors(b_S, r, SUB_SPAN: tl.constexpr):
+    """exp(b_i - m) and exp(m - b_j) for a sub-chunk whose decay span is <= SUB_SPAN (<= TAME_SPAN), m the
+    middle of b's range over it (r: b at its first row, its largest value): its diagonal block's weights
+    exp(b_i - b_j) = exp(b_i - m) exp(m - b_j), every factor within exp(+-SUB_SPAN / 2), far inside fp32,
+    so one tensor-core product forms the block (masked causal after). Clamped for padded rows (b = 0)."""
+    m = 0.5 * (r + tl.min(b_S, axis=0)[None, :])
+    return tl.exp(tl.minimum(b_S - m, 0.5 * SUB_SPAN)), tl.exp(tl.minimum(m - b_S, 0.5 * SUB_SPAN))
+
+
+@triton.jit
+def _key_row(k, bc, bos, rows_S, j, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask):
+    """Row j of sub-chunk S (rows_S): k (fp32) and b, each [1, BK] (0 past the sequence end)."""
+    t = tl.min(rows_S, axis=0) + j
+    p = ((bos + t) * H + i_h) * K + offs_k
+    m = kmask & ((offs_k * 0 + t) < L)
+    return (tl.load(k + p, mask=m, other=0.).to(tl.float32)[None, :],
+            tl.load(bc + p, mask=m, other=0.)[None, :])
+
+
+@triton.jit
+def _half_mid(b, rows, L):
+    """Per key channel, the middle of b's range over the real rows of a half chunk (b only falls, so
+    every factor exp(+-(b - mid)) of a tame half lies within exp(+-TAME_SPAN / 2))."""
+    hi = tl.max(tl.where((rows < L)[:, None], b, -1e30), axis=0)
+    lo = tl.min(b, axis=0)  # padded rows load b = 0, above every real row's
+    return (0.5 * (hi + lo))[None, :]
+
+
+@triton.jit
+def _half_factors(b, r, LIM: tl.constexpr):
+    """exp(b - r), exp(r - b), each exponent clamped to LIM (only padded rows reach it: their q, k are 0)."""
+    return tl.exp(tl.minimum(b - r, LIM)), tl.exp(tl.minimum(r - b, LIM))
+
+
+@triton.jit
+def _half_tiles(q, k, bc, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask):
+    b = _tile(bc, bos, rows, L, i_h, H, K, offs_k, kmask)
+    b_q = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    b_k = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+    return b, b_q, b_k
 
 
 @triton.jit
@@ -157,12 +203,14 @@ def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
                                                      offs_k, kmask, BC)
             acc += dot32(q_S * _exp0(b_S - r), tl.trans(k_w), PREC)  # fp32 operands: tf32
             if _sub_span(b_S, r) <= SUB_SPAN:  # the diagonal block by one tensor-core product
-                e_q, e_k = _sub_factors(b_S, r)
+                e_q, e_k = _sub_factors(b_S, r, SUB_SPAN)
                 acc_d += dot32(q_S * e_q, tl.trans(k_S * e_k), PREC)
-            else:  # element-wise, every exponent <= 0
-                d = b_S[:, None, :] - b_S[None, :, :]
-                w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.)
-                acc_d += tl.sum(q_S[:, None, :] * k_S[None, :, :] * w, axis=2)
+            else:  # element-wise, one key row at a time, every exponent <= 0
+                cols_d = tl.arange(0, BC)[None, :]
+                for j in range(0, BC):
+                    k_j, b_j = _key_row(k, bc, bos, rows_S, j, L, i_h, H, K, offs_k, kmask)
+                    a_j = tl.sum(q_S * k_j * _exp0(b_S - b_j), axis=1)  # column j of the block
+                    acc_d += tl.where(cols_d == j, a_j[:, None], 0.)
         acc_d = tl.where(causal, acc_d, 0.)
         rmask = (rows_S < L)[:, None]
         cols = tl.arange(0, BT)[None, :]
@@ -174,40 +222,51 @@ def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
 
 
 @triton.jit
-def _tame_factors(q, k, bc, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
-                  TAME_SPAN: tl.constexpr):
-    """A tame chunk's q, k (fp32) and decay factors exp(b), exp(-b) for key columns offs_k, b = bc the
-    cumulative log-decay from the chunk's start (-b <= TAME_SPAN on real rows; clamped for safety)."""
-    b = _tile(bc, bos, rows, L, i_h, H, K, offs_k, kmask)
-    b_q = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    b_k = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    return b_q, b_k, tl.exp(b), tl.exp(tl.minimum(-b, TAME_SPAN))
-
-
-@triton.jit
 def gla_A_tame_kernel(q, k, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                       VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, H); only for tame chunks (the others return at once: `gla_A_kernel` does them):
-    A = (q exp(b)) (k exp(-b))^T on i >= j, b the cumulative log-decay from the chunk's start. Every
-    factor lies within exp(+-TAME_SPAN) on a tame chunk, so the product needs no sub-chunks. Formed here,
-    in parallel over chunks, the forward and dv scans only read A instead of forming it at every step of
-    their walks (fp32 operands: tf32 for bf16 inputs, as everywhere on the gated path)."""
+    """grid (chunks, H); only for tame chunks (the others return at once: `gla_A_kernel` does them).
+    A on i >= j by half blocks of BT / 2 rows (0: the first half, 1: the second; b the cumulative
+    log-decay from the chunk's start):
+        A00 = (q0 exp(b0 - r0)) (k0 exp(r0 - b0))^T     r0: the middle of b's range over half 0
+        A11 = (q1 exp(b1 - r1)) (k1 exp(r1 - b1))^T     r1: the same over half 1
+        A10 = (q1 exp(b1 - rB)) (k0 exp(rB - b0))^T     rB: b at half 0's last row (exponents <= 0)
+    On a tame chunk every factor lies within exp(+-TAME_SPAN / 2). Formed here, in parallel over chunks,
+    the forward and dv walks only read A v / A^T do instead of forming them at every step of their walks
+    (fp32 operands: tf32 for bf16 inputs, as everywhere on the gated path)."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
     if _is_tame(tame, bos, i_c * BT, i_h, H):
+        BH: tl.constexpr = BT // 2
+        LIM: tl.constexpr = TAME_SPAN / 2
         L = eos - bos
-        rows = i_c * BT + tl.arange(0, BT)
-        acc = tl.zeros([BT, BT], dtype=tl.float32)
+        rows0 = i_c * BT + tl.arange(0, BH)
+        rows1 = rows0 + BH
+        a00 = tl.zeros([BH, BH], dtype=tl.float32)
+        a10 = tl.zeros([BH, BH], dtype=tl.float32)
+        a11 = tl.zeros([BH, BH], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b_q, b_k, e_b, e_over = _tame_factors(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
-            acc += dot32(b_q * e_b, tl.trans(b_k * e_over), PREC)
-        causal = tl.arange(0, BT)[:, None] >= tl.arange(0, BT)[None, :]
-        p = A + ((bos + rows) * H + i_h)[:, None] * BT + tl.arange(0, BT)[None, :]
-        tl.store(p, tl.where(causal, acc, 0.), mask=(rows < L)[:, None])
+            b0, q0, k0 = _half_tiles(q, k, bc, bos, rows0, L, i_h, H, K, offs_k, kmask)
+            b1, q1, k1 = _half_tiles(q, k, bc, bos, rows1, L, i_h, H, K, offs_k, kmask)
+            eq, ek = _half_factors(b0, _half_mid(b0, rows0, L), LIM)
+            a00 += dot32(q0 * eq, tl.trans(k0 * ek), PREC)
+            eq, ek = _half_factors(b1, _half_mid(b1, rows1, L), LIM)
+            a11 += dot32(q1 * eq, tl.trans(k1 * ek), PREC)
+            rB = tl.min(b0, axis=0)[None, :]
+            a10 += dot32(q1 * _exp0(b1 - rB), tl.trans(k0 * _exp0(rB - b0)), PREC)
+        causal = tl.arange(0, BH)[:, None] >= tl.arange(0, BH)[None, :]
+        cols = tl.arange(0, BH)[None, :]
+        p0 = A + ((bos + rows0) * H + i_h)[:, None] * BT + cols
+        p1 = A + ((bos + rows1) * H + i_h)[:, None] * BT + cols
+        m0 = (rows0 < L)[:, None]
+        m1 = (rows1 < L)[:, None]
+        tl.store(p0, tl.where(causal, a00, 0.), mask=m0)
+        tl.store(p0 + BH, tl.zeros([BH, BH], dtype=tl.float32), mask=m0)
+        tl.store(p1, a10, mask=m1)
+        tl.store(p1 + BH, tl.where(causal, a11, 0.), mask=m1)
 
 
 @triton.jit
@@ -260,14 +319,17 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
             q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
             acc_k = dot32(tl.trans(dA_col), q_w, PREC) * _exp0(r2 - b_S)
             if _sub_span(b_S, r) <= SUB_SPAN:  # the diagonal block by tensor-core products
-                e_q, e_k = _sub_factors(b_S, r)
+                e_q, e_k = _sub_factors(b_S, r, SUB_SPAN)
                 acc_q += dot32(dA, k_S * e_k, PREC) * e_q
                 acc_k += dot32(tl.trans(dA), q_S * e_q, PREC) * e_k
-            else:  # element-wise, every exponent <= 0
-                d = b_S[:, None, :] - b_S[None, :, :]
-                w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
-                acc_q += tl.sum(w * k_S[None, :, :], axis=1)
-                acc_k += tl.sum(w * q_S[:, None, :], axis=0)
+            else:  # element-wise, one key row j at a time, every exponent <= 0 (dA is 0 on i <= j)
+                idx_S = tl.arange(0, BC)
+                for j in range(0, BC):
+                    k_j, b_j = _key_row(k, bc, bos, rows_S, j, L, i_h, H, K, offs_k, kmask)
+                    dA_j = tl.sum(tl.where(idx_S[None, :] == j, dA, 0.), axis=1)  # column j of dA
+                    w = dA_j[:, None] * _exp0(b_S - b_j)
+                    acc_q += w * k_j
+                    acc_k += tl.where(idx_S[:, None] == j, tl.sum(w * q_S, axis=0)[None, :], 0.)
             p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
             m = m_S & kmask[None, :]
             tl.store(dq + p, acc_q, mask=m)
@@ -275,38 +337,62 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
 
 
 @triton.jit
+def _store_half(ptr, x, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask):
+    p = ptr + ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
+    tl.store(p, x, mask=(rows < L)[:, None] & kmask[None, :])
+
+
+@triton.jit
 def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, H); only for tame chunks (the others return at once: `gla_dqk_intra_kernel`).
-    Writes their intra-chunk dq, dk (fp32), to which the dq / dk scans then add the inter-chunk parts:
-    with dA = do v^T strictly below the diagonal (the i == j terms: see gla_dg_kernel) and b the
-    cumulative log-decay from the chunk's start,
-        dq = exp(b) * (dA (k exp(-b)))        dk = exp(-b) * (dA^T (q exp(b)))
-    every factor within exp(+-TAME_SPAN) on a tame chunk. In parallel over chunks, these products stay
-    off the scans' walks, which are latency-bound."""
+    Writes their intra-chunk dq, dk (fp32), to which the dq / dk scans then add the inter-chunk parts,
+    by the half blocks of `gla_A_tame_kernel` (same references r0, r1, rB): with dA = do v^T (the
+    diagonal blocks strictly below the diagonal: the i == j terms, see gla_dg_kernel)
+        dq0 = exp(b0 - r0) (dA00 (k0 exp(r0 - b0)))
+        dq1 = exp(b1 - r1) (dA11 (k1 exp(r1 - b1))) + exp(b1 - rB) (dA10 (k0 exp(rB - b0)))
+        dk0 = exp(r0 - b0) (dA00^T (q0 exp(b0 - r0))) + exp(rB - b0) (dA10^T (q1 exp(b1 - rB)))
+        dk1 = exp(r1 - b1) (dA11^T (q1 exp(b1 - r1)))
+    every factor within exp(+-TAME_SPAN / 2) on a tame chunk. In parallel over chunks, these products
+    stay off the scans' walks, which are latency-bound."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
     if _is_tame(tame, bos, i_c * BT, i_h, H):
+        BH: tl.constexpr = BT // 2
+        LIM: tl.constexpr = TAME_SPAN / 2
         L = eos - bos
-        rows = i_c * BT + tl.arange(0, BT)
+        rows0 = i_c * BT + tl.arange(0, BH)
+        rows1 = rows0 + BH
         offs_v = tl.arange(0, BV)
         vmask = offs_v < V
-        strict = tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]
-        b_do = _tile(do, bos, rows, L, i_h, H, V, offs_v, vmask)
-        b_v = _tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)
-        dA = tl.where(strict, tl.dot(b_do, tl.trans(b_v), input_precision=PREC), 0.)
+        strict = tl.arange(0, BH)[:, None] > tl.arange(0, BH)[None, :]
+        do0 = _tile(do, bos, rows0, L, i_h, H, V, offs_v, vmask)
+        do1 = _tile(do, bos, rows1, L, i_h, H, V, offs_v, vmask)
+        v0 = _tile(v, bos, rows0, L, i_h, H, V, offs_v, vmask)
+        v1 = _tile(v, bos, rows1, L, i_h, H, V, offs_v, vmask)
+        dA00 = tl.where(strict, tl.dot(do0, tl.trans(v0), input_precision=PREC), 0.)
+        dA11 = tl.where(strict, tl.dot(do1, tl.trans(v1), input_precision=PREC), 0.)
+        dA10 = tl.dot(do1, tl.trans(v0), input_precision=PREC)
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b_q, b_k, e_b, e_over = _tame_factors(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask, TAME_SPAN)
-            b_dq = dot32(dA, b_k * e_over, PREC) * e_b  # fp32 operands: tf32
-            b_dk = dot32(tl.trans(dA), b_q * e_b, PREC) * e_over
-            p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
-            m = (rows < L)[:, None] & kmask[None, :]
-            tl.store(dq + p, b_dq, mask=m)
-            tl.store(dk + p, b_dk, mask=m)
+            b0, q0, k0 = _half_tiles(q, k, bc, bos, rows0, L, i_h, H, K, offs_k, kmask)
+            b1, q1, k1 = _half_tiles(q, k, bc, bos, rows1, L, i_h, H, K, offs_k, kmask)
+            rB = tl.min(b0, axis=0)[None, :]
+            fq1, fk0 = _exp0(b1 - rB), _exp0(rB - b0)  # both <= 1 whatever the gates
+            eq0, ek0 = _half_factors(b0, _half_mid(b0, rows0, L), LIM)
+            eq1, ek1 = _half_factors(b1, _half_mid(b1, rows1, L), LIM)
+            # fp32 operands: tf32
+            dq0 = dot32(dA00, k0 * ek0, PREC) * eq0
+            dq1 = dot32(dA11, k1 * ek1, PREC) * eq1 + dot32(dA10, k0 * fk0, PREC) * fq1
+            dk0 = dot32(tl.trans(dA00), q0 * eq0, PREC) * ek0 + dot32(tl.trans(dA10), q1 * fq1, PREC) * fk0
+            dk1 = dot32(tl.trans(dA11), q1 * eq1, PREC) * ek1
+            _store_half(dq, dq0, bos, rows0, L, i_h, H, K, offs_k, kmask)
+            _store_half(dq, dq1, bos, rows1, L, i_h, H, K, offs_k, kmask)
+            _store_half(dk, dk0, bos, rows0, L, i_h, H, K, offs_k, kmask)
+            _store_half(dk, dk1, bos, rows1, L, i_h, H, K, offs_k, kmask)
 
 
 @triton.jit
