@@ -12,8 +12,8 @@ log-decay). Two forms, chosen per (chunk, head) by the chunk's gates (`gla_cumsu
   * the others (gates far below 0): the chunk is cut into sub-chunks of BC = 16 rows; sub-chunk pairs
     I > J use tensor cores with the reference r = b at I's first row, (q_I * exp(b_I - r)) (k_J * exp(r - b_J))^T,
     both exponents <= 0; diagonal pairs by a product with the mid-range reference when the sub-chunk's
-    span is within TAME_SPAN, else element-wise, one key row at a time with exponents masked to i >= j
-    (`gla_A_kernel`, `gla_dqk_intra_kernel`). Nothing overflows; tiny weights underflow to exactly 0.
+    span is within TAME_SPAN, else element-wise with exponents masked to i >= j (`gla_A_kernel`: one key
+    row at a time; `gla_dqk_intra_kernel`: one [BC, BC, BK] tile shared by dq and dk). Nothing overflows; tiny weights underflow to exactly 0.
 Each kernel's programs return at once for the other kind, so every chunk is written by exactly one.
 
 `gla_A_*` write A [tokens, H, BT] (row = query, column = key position inside the chunk); `gla_dqk_*`
@@ -231,7 +231,8 @@ def gla_A_tame_kernel(q, k, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.conste
         A00 = (q0 exp(b0 - r0)) (k0 exp(r0 - b0))^T     r0: the middle of b's range over half 0
         A11 = (q1 exp(b1 - r1)) (k1 exp(r1 - b1))^T     r1: the same over half 1
         A10 = (q1 exp(b1 - rB)) (k0 exp(rB - b0))^T     rB: b at half 0's last row (exponents <= 0)
-    On a tame chunk every factor lies within exp(+-TAME_SPAN / 2). Formed here, in parallel over chunks,
+    On a tame chunk every factor lies within exp(+-TAME_SPAN / 2) (entries above the diagonal may
+    overflow in a diagonal block's product: the causal mask discards them). Formed here, in parallel over chunks,
     the forward and dv walks only read A v / A^T do instead of forming them at every step of their walks
     (fp32 operands: tf32 for bf16 inputs, as everywhere on the gated path)."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
@@ -322,14 +323,11 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
                 e_q, e_k = _sub_factors(b_S, r, SUB_SPAN)
                 acc_q += dot32(dA, k_S * e_k, PREC) * e_q
                 acc_k += dot32(tl.trans(dA), q_S * e_q, PREC) * e_k
-            else:  # element-wise, one key row j at a time, every exponent <= 0 (dA is 0 on i <= j)
-                idx_S = tl.arange(0, BC)
-                for j in range(0, BC):
-                    k_j, b_j = _key_row(k, bc, bos, rows_S, j, L, i_h, H, K, offs_k, kmask)
-                    dA_j = tl.sum(tl.where(idx_S[None, :] == j, dA, 0.), axis=1)  # column j of dA
-                    w = dA_j[:, None] * _exp0(b_S - b_j)
-                    acc_q += w * k_j
-                    acc_k += tl.where(idx_S[:, None] == j, tl.sum(w * q_S, axis=0)[None, :], 0.)
+            else:  # element-wise, every exponent <= 0 (a [BC, BC, BK] tile shared by dq and dk)
+                d = b_S[:, None, :] - b_S[None, :, :]
+                w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
+                acc_q += tl.sum(w * k_S[None, :, :], axis=1)
+                acc_k += tl.sum(w * q_S[:, None, :], axis=0)
             p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
             m = m_S & kmask[None, :]
             tl.store(dq + p, acc_q, mask=m)

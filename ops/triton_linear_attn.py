@@ -331,9 +331,10 @@ def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
 # ----------------------------------------------------------------------------------------------------
 
 def _tame_span() -> float:
-    # chunks decaying by at most exp(-span) take the direct intra-chunk products, and so do the diagonal
-    # blocks of the others' sub-chunks; the test-only seam (ops.testing.force_plan(tame_span=-1)) sends
-    # every chunk through the sub-chunk kernels with element-wise diagonal blocks instead
+    # chunks whose 32-row halves decay by at most exp(-span) take the tame kernels' half-block products,
+    # and the others' 16-row sub-chunks within that span take a diagonal-block product; the test-only seam
+    # (ops.testing.force_plan(tame_span=-1)) sends every chunk through the sub-chunk kernels with
+    # element-wise diagonal blocks instead
     return min(tuning._FORCED.get("tame_span", TAME_SPAN), TAME_SPAN)
 
 
