@@ -49,7 +49,7 @@ def _chunk_of(chunks, pid, T, NT, VARLEN: tl.constexpr):
 # A chunk is *tame* when in each of its 32-row halves no key channel decays by more than exp(-TAME_SPAN):
 # then each half's diagonal block of intra-chunk weights exp(b_i - b_j) may be formed as
 # exp(b_i - r) * exp(r - b_j) with r the middle of b's range over the half, every factor inside
-# exp(+-TAME_SPAN / 2), far from fp32 overflow (see gla_cumsum_kernel, _half_factors).
+# exp(+-TAME_SPAN / 2), far from fp32 overflow (see gla_cumsum_kernel, _mid_range).
 TAME_SPAN = 120.0
 
 
@@ -59,10 +59,10 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
     """grid (chunks, H): bc = the cumulative log-decay from each chunk's start (fp32), for every chunk:
     every later kernel (the intra-chunk products, the walks of `ops.triton_scan`, the two-level scan)
     reads it instead of summing log f itself. Also classifies each (chunk, head) and writes the flag at
-    the chunk's first token (tame[token, head]). A chunk is *tame* when in each 32-row half no key channel
-    decays by more than exp(-TAME_SPAN): then its intra-chunk products are formed by the half-block
-    products of the tame kernels (every factor within exp(+-TAME_SPAN / 2)); the sub-chunk kernels handle
-    the others."""
+    the chunk's first token (tame[token, head]): 2 when no key channel decays by more than exp(-TAME_SPAN)
+    across the whole chunk (the tame kernels' one product per key block), else 1 when that holds in each
+    32-row half (their half-block products; every factor within exp(+-TAME_SPAN / 2) either way), else 0
+    (the sub-chunk kernels)."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
@@ -78,15 +78,21 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
         inner = (idx % (BT // 2)) != 0
         s0 = tl.sum(tl.where(inner & (idx < BT // 2), gt, 0.), axis=0)
         s1 = tl.sum(tl.where(inner & (idx >= BT // 2), gt, 0.), axis=0)
-        span = -tl.min(tl.minimum(s0, s1), axis=0)
-        flag = (span <= TAME_SPAN).to(tl.int32)
+        s_all = tl.sum(tl.where(idx > 0, gt, 0.), axis=0)  # the whole chunk's span
+        flag = (-tl.min(tl.minimum(s0, s1), axis=0) <= TAME_SPAN).to(tl.int32)
+        flag += (-tl.min(s_all, axis=0) <= TAME_SPAN).to(tl.int32)
         tl.store(tame + (bos + i_c * BT) * H + i_h, flag)
     tl.store(bc + p, tl.cumsum(gt, axis=0), mask=m)
 
 
 @triton.jit
+def _tame_flag(tame, bos, t0, i_h, H: tl.constexpr):
+    return tl.load(tame + (bos + t0) * H + i_h)
+
+
+@triton.jit
 def _is_tame(tame, bos, t0, i_h, H: tl.constexpr):
-    return tl.load(tame + (bos + t0) * H + i_h) != 0
+    return _tame_flag(tame, bos, t0, i_h, H) != 0
 
 
 @triton.jit
@@ -135,22 +141,22 @@ def _key_row(k, bc, bos, rows_S, j, L, i_h, H: tl.constexpr, K: tl.constexpr, of
 
 
 @triton.jit
-def _half_mid(b, rows, L):
-    """Per key channel, the middle of b's range over the real rows of a half chunk (b only falls, so
-    every factor exp(+-(b - mid)) of a tame half lies within exp(+-TAME_SPAN / 2))."""
+def _mid_range(b, rows, L):
+    """Per key channel, the middle of b's range over the real rows (a chunk or a half of one; b only
+    falls, so every factor exp(+-(b - mid)) lies within exp(+-TAME_SPAN / 2) when the flag says so)."""
     hi = tl.max(tl.where((rows < L)[:, None], b, -1e30), axis=0)
     lo = tl.min(b, axis=0)  # padded rows load b = 0, above every real row's
     return (0.5 * (hi + lo))[None, :]
 
 
 @triton.jit
-def _half_factors(b, r, LIM: tl.constexpr):
+def _mid_factors(b, r, LIM: tl.constexpr):
     """exp(b - r), exp(r - b), each exponent clamped to LIM (only padded rows reach it: their q, k are 0)."""
     return tl.exp(tl.minimum(b - r, LIM)), tl.exp(tl.minimum(r - b, LIM))
 
 
 @triton.jit
-def _half_tiles(q, k, bc, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask):
+def _qkb_tiles(q, k, bc, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask):
     b = _tile(bc, bos, rows, L, i_h, H, K, offs_k, kmask)
     b_q = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
     b_k = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
@@ -226,7 +232,8 @@ def gla_A_tame_kernel(q, k, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.conste
                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                       VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, H); only for tame chunks (the others return at once: `gla_A_kernel` does them).
-    A on i >= j by half blocks of BT / 2 rows (0: the first half, 1: the second; b the cumulative
+    Flag 2: A = (q exp(b - r)) (k exp(r - b))^T on i >= j, r per channel the middle of b's range over the
+    chunk. Flag 1: A on i >= j by half blocks of BT / 2 rows (0: the first half, 1: the second; b the cumulative
     log-decay from the chunk's start):
         A00 = (q0 exp(b0 - r0)) (k0 exp(r0 - b0))^T     r0: the middle of b's range over half 0
         A11 = (q1 exp(b1 - r1)) (k1 exp(r1 - b1))^T     r1: the same over half 1
@@ -238,10 +245,23 @@ def gla_A_tame_kernel(q, k, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.conste
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
-    if _is_tame(tame, bos, i_c * BT, i_h, H):
-        BH: tl.constexpr = BT // 2
-        LIM: tl.constexpr = TAME_SPAN / 2
-        L = eos - bos
+    flag = _tame_flag(tame, bos, i_c * BT, i_h, H)
+    BH: tl.constexpr = BT // 2
+    LIM: tl.constexpr = TAME_SPAN / 2
+    L = eos - bos
+    if flag == 2:  # the whole chunk in one product per key block, r the middle of b's range over it
+        rows = i_c * BT + tl.arange(0, BT)
+        acc = tl.zeros([BT, BT], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            offs_k = kb * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
+            eq, ek = _mid_factors(b, _mid_range(b, rows, L), LIM)
+            acc += dot32(b_q * eq, tl.trans(b_k * ek), PREC)
+        causal = tl.arange(0, BT)[:, None] >= tl.arange(0, BT)[None, :]
+        p = A + ((bos + rows) * H + i_h)[:, None] * BT + tl.arange(0, BT)[None, :]
+        tl.store(p, tl.where(causal, acc, 0.), mask=(rows < L)[:, None])
+    elif flag == 1:
         rows0 = i_c * BT + tl.arange(0, BH)
         rows1 = rows0 + BH
         a00 = tl.zeros([BH, BH], dtype=tl.float32)
@@ -250,11 +270,11 @@ def gla_A_tame_kernel(q, k, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.conste
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b0, q0, k0 = _half_tiles(q, k, bc, bos, rows0, L, i_h, H, K, offs_k, kmask)
-            b1, q1, k1 = _half_tiles(q, k, bc, bos, rows1, L, i_h, H, K, offs_k, kmask)
-            eq, ek = _half_factors(b0, _half_mid(b0, rows0, L), LIM)
+            b0, q0, k0 = _qkb_tiles(q, k, bc, bos, rows0, L, i_h, H, K, offs_k, kmask)
+            b1, q1, k1 = _qkb_tiles(q, k, bc, bos, rows1, L, i_h, H, K, offs_k, kmask)
+            eq, ek = _mid_factors(b0, _mid_range(b0, rows0, L), LIM)
             a00 += dot32(q0 * eq, tl.trans(k0 * ek), PREC)
-            eq, ek = _half_factors(b1, _half_mid(b1, rows1, L), LIM)
+            eq, ek = _mid_factors(b1, _mid_range(b1, rows1, L), LIM)
             a11 += dot32(q1 * eq, tl.trans(k1 * ek), PREC)
             rB = tl.min(b0, axis=0)[None, :]
             a10 += dot32(q1 * _exp0(b1 - rB), tl.trans(k0 * _exp0(rB - b0)), PREC)
@@ -346,8 +366,9 @@ def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT, TAME_S
                         BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, H); only for tame chunks (the others return at once: `gla_dqk_intra_kernel`).
     Writes their intra-chunk dq, dk (fp32), to which the dq / dk scans then add the inter-chunk parts,
-    by the half blocks of `gla_A_tame_kernel` (same references r0, r1, rB): with dA = do v^T (the
-    diagonal blocks strictly below the diagonal: the i == j terms, see gla_dg_kernel)
+    in the forms of `gla_A_tame_kernel` (same references), with dA = do v^T strictly below the diagonal
+    (the i == j terms: see gla_dg_kernel). Flag 2: dq = exp(b - r) (dA (k exp(r - b))),
+    dk = exp(r - b) (dA^T (q exp(b - r))). Flag 1, by half blocks:
         dq0 = exp(b0 - r0) (dA00 (k0 exp(r0 - b0)))
         dq1 = exp(b1 - r1) (dA11 (k1 exp(r1 - b1))) + exp(b1 - rB) (dA10 (k0 exp(rB - b0)))
         dk0 = exp(r0 - b0) (dA00^T (q0 exp(b0 - r0))) + exp(rB - b0) (dA10^T (q1 exp(b1 - rB)))
@@ -357,10 +378,26 @@ def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT, TAME_S
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
-    if _is_tame(tame, bos, i_c * BT, i_h, H):
-        BH: tl.constexpr = BT // 2
-        LIM: tl.constexpr = TAME_SPAN / 2
-        L = eos - bos
+    flag = _tame_flag(tame, bos, i_c * BT, i_h, H)
+    BH: tl.constexpr = BT // 2
+    LIM: tl.constexpr = TAME_SPAN / 2
+    L = eos - bos
+    if flag == 2:  # the whole chunk in one product per key block (r: the middle of b's range over it)
+        rows = i_c * BT + tl.arange(0, BT)
+        offs_v = tl.arange(0, BV)
+        vmask = offs_v < V
+        strict = tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]
+        b_do = _tile(do, bos, rows, L, i_h, H, V, offs_v, vmask)
+        b_v = _tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)
+        dA = tl.where(strict, tl.dot(b_do, tl.trans(b_v), input_precision=PREC), 0.)
+        for kb in range(0, tl.cdiv(K, BK)):
+            offs_k = kb * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
+            eq, ek = _mid_factors(b, _mid_range(b, rows, L), LIM)
+            _store_half(dq, dot32(dA, b_k * ek, PREC) * eq, bos, rows, L, i_h, H, K, offs_k, kmask)
+            _store_half(dk, dot32(tl.trans(dA), b_q * eq, PREC) * ek, bos, rows, L, i_h, H, K, offs_k, kmask)
+    elif flag == 1:
         rows0 = i_c * BT + tl.arange(0, BH)
         rows1 = rows0 + BH
         offs_v = tl.arange(0, BV)
@@ -376,12 +413,12 @@ def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT, TAME_S
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b0, q0, k0 = _half_tiles(q, k, bc, bos, rows0, L, i_h, H, K, offs_k, kmask)
-            b1, q1, k1 = _half_tiles(q, k, bc, bos, rows1, L, i_h, H, K, offs_k, kmask)
+            b0, q0, k0 = _qkb_tiles(q, k, bc, bos, rows0, L, i_h, H, K, offs_k, kmask)
+            b1, q1, k1 = _qkb_tiles(q, k, bc, bos, rows1, L, i_h, H, K, offs_k, kmask)
             rB = tl.min(b0, axis=0)[None, :]
             fq1, fk0 = _exp0(b1 - rB), _exp0(rB - b0)  # both <= 1 whatever the gates
-            eq0, ek0 = _half_factors(b0, _half_mid(b0, rows0, L), LIM)
-            eq1, ek1 = _half_factors(b1, _half_mid(b1, rows1, L), LIM)
+            eq0, ek0 = _mid_factors(b0, _mid_range(b0, rows0, L), LIM)
+            eq1, ek1 = _mid_factors(b1, _mid_range(b1, rows1, L), LIM)
             # fp32 operands: tf32
             dq0 = dot32(dA00, k0 * ek0, PREC) * eq0
             dq1 = dot32(dA11, k1 * ek1, PREC) * eq1 + dot32(dA10, k0 * fk0, PREC) * fq1

@@ -223,20 +223,24 @@ def test_gla_mixed_tame_and_subchunk_chunks():
     x[:, 64:, 0] = -5.0  # head 0: chunk 1's first half decays by e^-155 -> sub-chunk path
     x[:, :64, 1] = -5.0  # head 1: chunk 0
     _, flags = TL._gla_cumsum(x, torch.zeros(1, dtype=torch.int32), T, (2, None))
-    assert flags[0, [0, 64]].tolist() == [[1, 0], [0, 1]]
+    assert flags[0, [0, 64]].tolist() == [[2, 0], [0, 2]]
     _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16), layout="split1")
 
 
-@pytest.mark.parametrize("T,layout", [(84, "scan"), (130, "split1")])
-def test_gla_tame_by_halves(T, layout):
-    """Chunks that decay far past what one product over the whole chunk could hold (log f about -3: e^-190
-    across a chunk) but by at most e^-96 across each 32-row half take the tame kernels' half-block
-    products; the last chunk holds 20 rows (its second half all padding) or 2."""
+@pytest.mark.parametrize("T,layout,flags0", [(114, "scan", [1, 1]), (130, "split1", [1, 1, 2])])
+def test_gla_tame_by_halves(T, layout, flags0):
+    """Head 0: chunks that decay far past what one product over the whole chunk could hold (log f about
+    -3: e^-190 across a chunk) but by at most e^-96 across each 32-row half take the tame kernels'
+    half-block products (flag 1); head 1 (log f about -1.5: e^-95 across a chunk) one product over the
+    chunk (flag 2), in the same launch. The last chunk holds 50 rows (its second half part padding; flag 1)
+    or 2 (flag 2)."""
     import ops.triton_linear_attn as TL
     q, k, v, _ = _make("gla", T, 2, 24, 16, seed=23)
     x = -3.0 + 0.1 * torch.rand(1, T, 2, 24, generator=torch.Generator().manual_seed(24))
+    x[:, :, 1] *= 0.5
     _, flags = TL._gla_cumsum(x, torch.zeros(1, dtype=torch.int32), T, (triton.cdiv(T, 64), None))
-    assert bool(flags[0, ::64].all()), "every chunk should be tame by halves"
+    assert flags[0, ::64, 0].tolist() == flags0, flags[0, ::64]
+    assert flags[0, ::64, 1].tolist() == [2] * len(flags0), flags[0, ::64]
     _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout=layout)
 
 
