@@ -244,6 +244,21 @@ def test_gla_tame_by_halves(T, layout, flags0):
     _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout=layout)
 
 
+@pytest.mark.parametrize("layout", ["scan", "split1"])
+def test_gla_tame_by_halves_packed(layout):
+    """Packed documents of 30 and 100 tokens with log f about -3: the second document's first chunk (its
+    rows start mid-way through the batch's chunk grid) takes the half blocks (flag 1), the first document
+    and the second one's 36-row last chunk one product (flag 2), in one launch."""
+    import ops.triton_linear_attn as TL
+    T = 130
+    q, k, v, _ = _make("gla", T, 2, 24, 16, seed=29)
+    x = -3.0 + 0.1 * torch.rand(1, T, 2, 24, generator=torch.Generator().manual_seed(30))
+    cu = torch.tensor([0, 30, 130])
+    _, flags = TL._gla_cumsum(x, cu.to(torch.int32), T, TL._chunk_table(cu, 2, T))
+    assert flags[0, [0, 30, 94], 0].tolist() == [2, 1, 2], flags[0, [0, 30, 94]]
+    _check_against_recurrence("gla", q, k, v, x, torch.randn(2, 2, 24, 16) * 0.5, cu=cu, layout=layout)
+
+
 @pytest.mark.parametrize("kind,layout", [("la", "scan"), ("la", "split1"), ("gla", "scan"), ("gla", "split1")])
 def test_cu_seqlens_resets_state(kind, layout):
     """Packed documents (lengths 17, 70, 40: boundaries inside chunks; the 70-token one spans two chunks,
