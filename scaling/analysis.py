@@ -23,7 +23,8 @@ from scaling.curves import block_bootstrap, fit_curves, row_weights
 from scaling.envelope import Envelope, build_envelope, c_grid, inside_range, loss_at
 from scaling.fits import (OffsetPowerLawFit, PowerLawFit, percentile_interval, fit_offset_power_law, fit_power_law,
                           offset_refit, with_replicate_intervals)
-from scaling.optimal import OptimalPoints, SizeCurve, describe, handovers, line_fits, optimal_points, size_curves
+from scaling.optimal import (OptimalPoints, SizeCurve, contradictions, describe, handovers, line_fits,
+                             optimal_points, size_curves)
 from scaling.runs import Run
 from scaling.units import PFLOP_DAY, flops_to_pflop_days
 
@@ -261,6 +262,7 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
             res.notes.append(f"handover {describe(h)}")
         elif h.status != "ok" or h.reason:
             res.warnings.append(f"handover {h.small} -> {h.large}: {h.reason}")
+    res.warnings += [f"handovers: {w}" for w in contradictions(hs)]
     if len(pts.used) < 2:
         res.notes.append(f"N_opt/D_opt: {len(pts.used)} observed handover(s) between adjacent sizes; a power law "
                          f"in C needs >= 2 (see the handover lines above)")

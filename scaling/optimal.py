@@ -20,6 +20,12 @@ log C over the handover points.
 A handover is used only when it is observed: the crossing lies inside both sizes' logged C ranges. Otherwise
 the pair is reported (the larger size is already better at its first usable row, or the smaller is still
 better when one of them stops — the run that stops while still winning is named).
+
+An unobserved handover still bounds N_opt where the pair's overlap ends or begins (`Handover.n_opt_bound`): with
+a unimodal iso-FLOP profile, a smaller size still better than a larger one at C means N_opt(C) < N_large (were
+the optimum at or above N_large, the loss would fall with N up to it), and a larger size already better at C
+means N_opt(C) > N_small. An observed handover puts N_opt(C_x) between the two sizes (sqrt(N_small·N_large) in
+the fit). These are what a study whose smallest size wins throughout can say against another law's N_opt.
 """
 from __future__ import annotations
 
@@ -111,6 +117,10 @@ class Handover:
     log_fpt: float                 # log sqrt(fpt_small·fpt_large)
     status: str = "ok"             # of replicate 0 (the data)
     reason: str = ""
+    n_small: float = float("nan")
+    n_large: float = float("nan")
+    log_c_edge: float = float("nan")   # where an unobserved pair's verdict holds: the overlap's end (smaller_ahead)
+                                       # or start (larger_ahead); log FLOPs
 
     @property
     def c(self) -> float:
@@ -120,14 +130,27 @@ class Handover:
     def d(self) -> float:
         return float(np.exp(self.log_c[0] - self.log_fpt))
 
+    def n_opt_bound(self) -> tuple[float, str, float] | None:
+        """(C in FLOPs, relation, N): what the pair says about N_opt at C — "≈" sqrt(N_small·N_large) at an observed
+        handover, "<" N_large where the smaller size was still ahead when the overlap ended, ">" N_small where the
+        larger was ahead from the overlap's start; None where the sizes do not overlap or the crossing was cut out."""
+        if self.status == "ok":
+            return self.c, "≈", self.n
+        if self.status == "smaller_ahead" and np.isfinite(self.log_c_edge):
+            return float(np.exp(self.log_c_edge)), "<", self.n_large
+        if self.status == "larger_ahead" and np.isfinite(self.log_c_edge):
+            return float(np.exp(self.log_c_edge)), ">", self.n_small
+        return None
 
-def _pair(a: SizeCurve, b: SizeCurve) -> tuple[np.ndarray, str, str]:
-    """Crossing log C of sizes a < b per replicate, and the status/reason of replicate 0."""
+
+def _pair(a: SizeCurve, b: SizeCurve) -> tuple[np.ndarray, str, float, str]:
+    """Crossing log C of sizes a < b per replicate; the status of replicate 0, the log C where an unobserved
+    pair's verdict holds (NaN otherwise) and the reason."""
     (a0, a1), (b0, b1) = a.log_c_range, b.log_c_range
     lo, hi = max(a0, b0), min(a1, b1)
     r = len(a.fit.e)
     if hi <= lo:
-        return np.full(r, np.nan), "no_overlap", (
+        return np.full(r, np.nan), "no_overlap", float("nan"), (
             f"{a.label} and {b.label} do not overlap in C ({a.label} ends at {np.exp(a1):.3g} FLOPs, "
             f"{b.label} starts at {np.exp(b0):.3g}): no handover can be seen; train {a.label} longer")
     x = np.linspace(lo, hi, GRID_POINTS)
@@ -145,15 +168,15 @@ def _pair(a: SizeCurve, b: SizeCurve) -> tuple[np.ndarray, str, str]:
         later_down = ((g[0, i[0] + 1:-1] > 0) & (g[0, i[0] + 2:] <= 0)).any()
         reason = (f"the curves of {a.label} and {b.label} cross back later in their overlap (noisy or "
                   f"mis-specified fits); the first crossing is used") if later_down else ""
-        return xc, "ok", reason
+        return xc, "ok", float("nan"), reason
     if (g[0] > 0).all():
         first = b.label if b0 >= a0 else a.label
-        return xc, "larger_ahead", (
+        return xc, "larger_ahead", float(lo), (
             f"{b.label} is already better than {a.label} where their logged C ranges begin (at {np.exp(lo):.3g} "
             f"FLOPs, the first usable row of {first}): their handover is not observed; log {first} from earlier "
             f"(or, with --skip-warmup, from a shorter warm-up)")
     ender = a if a1 <= b1 else b
-    return xc, "smaller_ahead", (
+    return xc, "smaller_ahead", float(hi), (
         f"{a.label} is still better than {b.label} where their overlap ends ({np.exp(hi):.3g} FLOPs), where run "
         f"{'/'.join(r.name for r in ender.runs)} stops while still winning: train it past the C where {b.label} "
         f"overtakes {a.label}, or the handover is lost")
@@ -164,9 +187,10 @@ def handovers(curves: list[SizeCurve], c_min: float | None = None, c_max: float 
     fitted = [sc for sc in curves if sc.fit is not None]
     out = []
     for a, b in zip(fitted, fitted[1:]):
-        log_c, status, reason = _pair(a, b)
+        log_c, status, edge, reason = _pair(a, b)
         h = Handover(small=a.label, large=b.label, log_c=log_c, n=float(np.sqrt(a.n_params * b.n_params)),
-                     log_fpt=float(0.5 * np.log(a.flops_per_token * b.flops_per_token)), status=status, reason=reason)
+                     log_fpt=float(0.5 * np.log(a.flops_per_token * b.flops_per_token)), status=status, reason=reason,
+                     n_small=a.n_params, n_large=b.n_params, log_c_edge=edge)
         if status == "ok":
             outside = np.zeros(len(log_c), dtype=bool)
             if c_min is not None:
@@ -178,6 +202,32 @@ def handovers(curves: list[SizeCurve], c_min: float | None = None, c_max: float 
                                                        f"outside --c-min/--c-max")
             h.log_c = np.where(outside, np.nan, log_c)
         out.append(h)
+    return out
+
+
+def contradictions(hs: list[Handover]) -> list[str]:
+    """Pairs of adjacent-size verdicts that no unimodal iso-FLOP profile with N_opt growing in C allows: one puts
+    N_opt(C1) above some N (an observed handover, or the larger size ahead from the start) while another, at
+    C2 >= C1, puts N_opt(C2) below a size <= that N (the smaller size still ahead). Noise, or a run that trains
+    worse than its size should, makes such pairs; a handover among them is weak evidence for N_opt."""
+    lower, upper = [], []   # (C FLOPs, N, pair) with N_opt(C) > N, resp. < N
+    for h in hs:
+        b = h.n_opt_bound()
+        if b is None:
+            continue
+        c, rel, _ = b
+        pair = f"{h.small} -> {h.large}"
+        if rel in ("≈", ">"):
+            lower.append((c, h.n_small, pair, "handover" if rel == "≈" else "larger ahead"))
+        if rel in ("≈", "<"):
+            upper.append((c, h.n_large, pair, "handover" if rel == "≈" else "smaller still ahead"))
+    out = []
+    for c1, n1, p1, w1 in lower:
+        for c2, n2, p2, w2 in upper:
+            if p1 != p2 and c2 >= c1 * (1 - 1e-9) and n2 <= n1:
+                out.append(f"{p1} ({w1} at {c1:.3g} FLOPs: N_opt > {n1:,.0f}) contradicts {p2} ({w2} at {c2:.3g} "
+                           f"FLOPs: N_opt < {n2:,.0f}) for an N_opt that grows with C; one of these sizes trains "
+                           f"worse or noisier than its neighbours")
     return out
 
 

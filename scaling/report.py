@@ -88,7 +88,10 @@ def arch_record(r: ArchResult) -> dict:
     if r.optimal is not None:
         rec["handovers"] = [{"small": h.small, "large": h.large, "status": h.status, "reason": h.reason,
                              **({"c_pflop_days": float(flops_to_pflop_days(h.c)), "n": h.n, "d": h.d}
-                                if h.status == "ok" else {})} for h in r.optimal.handovers]
+                                if h.status == "ok" else {}),
+                             **({"n_opt_bound": {"c_pflop_days": float(flops_to_pflop_days(b[0])), "relation": b[1],
+                                                 "n": b[2], "n_small": h.n_small, "n_large": h.n_large}} if (b := h.n_opt_bound()) else {})}
+                            for h in r.optimal.handovers]
     if r.loss_fit is not None:
         f = r.loss_fit
         rec.update(alpha=f.exponent, beta=f.coef, alpha_ci=list(f.exponent_ci), beta_ci=list(f.coef_ci),

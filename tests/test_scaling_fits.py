@@ -17,7 +17,7 @@ from scaling.envelope import build_envelope
 from scaling.fits import fit_offset_power_law, fit_power_law
 from scaling.paper import PAPER_TABLE3, paper_reference
 from scaling.runs import load_runs
-from scaling.synthetic import LossLaw, frontier_exponents, write_run, write_sweep
+from scaling.synthetic import LossLaw, frontier, frontier_exponents, write_run, write_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = ["tiny", "mini", "70m", "160m", "410m", "1b", "3b", "7b"]
@@ -273,6 +273,17 @@ def test_a_run_that_stops_while_winning_is_named(tmp_path):
     pair = [h for h in res.optimal.handovers if h.small == "160m"][0]
     assert pair.status == "smaller_ahead" and "tnl-160m" in pair.reason
     assert [h.status for h in res.optimal.handovers if h.small != "160m"] == ["ok", "ok"]
+    # the unobserved pair still bounds N_opt where 160m stops: below 410m's N there, as the law's own optimum is
+    run160, run410 = (next(r for r in runs if r.label == s) for s in ("160m", "410m"))
+    c, rel, n = pair.n_opt_bound()
+    assert rel == "<" and n == run410.n_params and c == pytest.approx(run160.compute[-1], rel=1e-9)
+    ln = np.log([run160.n_params, run410.n_params])
+    lf = np.log([run160.flops_per_token, run410.flops_per_token])
+    fpt = lambda x: float(np.exp(lf[0] + (lf[1] - lf[0]) / (ln[1] - ln[0]) * (np.log(x) - ln[0])))
+    assert frontier(LossLaw(), fpt, np.array([c]), (1e6, 1e11))[0][0] < n
+    for h in res.optimal.handovers:
+        if h.status == "ok":
+            assert h.n_opt_bound() == (h.c, "≈", h.n) and h.n_small < h.n < h.n_large
 
 
 def test_stopping_is_not_claimed_where_the_size_goes_on_or_was_overtaken(tmp_path):
@@ -338,6 +349,13 @@ def test_no_handover_fits_the_loss_and_still_draws_every_panel(tmp_path, capsys)
     assert _cli()([str(tmp_path / "runs"), "--json", str(out), "--plots", str(tmp_path / "plots"), "--n-boot", "0"]) == 0
     tnl = json.loads(out.read_text())["archs"]["tnl"]
     assert tnl["alpha"] < 0 and tnl.get("a") is None
+    # each pair ends with the smaller size ahead: an upper bound on N_opt at the end of the pair's overlap
+    ends = {r.label: r.compute[-1] for r in runs}
+    ns = {r.label: r.n_params for r in runs}
+    bounds = [h["n_opt_bound"] for h in tnl["handovers"]]
+    assert [b["relation"] for b in bounds] == ["<", "<"]
+    assert [b["n"] for b in bounds] == [ns["160m"], ns["410m"]]
+    assert [b["c_pflop_days"] for b in bounds] == pytest.approx([ends["70m"] / 8.64e19, ends["160m"] / 8.64e19])
     assert (tmp_path / "plots" / "scaling_compare.png").stat().st_size > 10_000
     assert (tmp_path / "plots" / "scaling_tnl.png").stat().st_size > 10_000
 
@@ -462,3 +480,25 @@ def test_a_size_whose_loss_does_not_fall_is_left_out(tmp_path):
     res = analyze_arch("hgrn2", runs, FitSettings(n_boot=10))
     assert any("160m" in n and "no decreasing learning curve" in n for n in res.notes)
     assert [(h.small, h.large) for h in res.optimal.handovers] == [("70m", "410m")]
+
+
+def test_adjacent_pairs_that_contradict_a_growing_n_opt_are_named():
+    """Hand-made pair verdicts: a handover 2 -> 3 at C = 1 puts N_opt(1) above size 2, so size 1 still ahead of
+    size 2 at C = 2 (N_opt(2) < size 2) contradicts it; the same verdict at C = 0.5, before the handover, does not."""
+    from scaling.optimal import Handover, contradictions
+
+    def pair(small, large, status, log_c_edge=float("nan"), c=float("nan")):
+        n = {"s1": 10.0, "s2": 20.0, "s3": 40.0}
+        return Handover(small=small, large=large, log_c=np.array([np.log(c)]), n=float(np.sqrt(n[small] * n[large])),
+                        log_fpt=0.0, status=status, n_small=n[small], n_large=n[large], log_c_edge=log_c_edge)
+
+    ho = pair("s2", "s3", "ok", c=1.0)
+    late = pair("s1", "s2", "smaller_ahead", log_c_edge=np.log(2.0))
+    early = pair("s1", "s2", "smaller_ahead", log_c_edge=np.log(0.5))
+    assert late.n_opt_bound() == (pytest.approx(2.0), "<", 20.0) and ho.n_opt_bound() == (1.0, "≈", ho.n)
+    found = contradictions([late, ho])
+    assert len(found) == 1 and "s2 -> s3" in found[0] and "s1 -> s2" in found[0] and "N_opt > 20" in found[0]
+    assert contradictions([early, ho]) == []
+    # the larger size ahead from the start at C = 1 is a lower bound too
+    ahead = pair("s2", "s3", "larger_ahead", log_c_edge=0.0)
+    assert ahead.n_opt_bound() == (1.0, ">", 20.0) and len(contradictions([late, ahead])) == 1

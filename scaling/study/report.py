@@ -231,6 +231,32 @@ def paper_ranking(c_pflop_days: float) -> list[str]:
     return sorted(PAPER_LOSS_FIT, key=lambda a: PAPER_LOSS_FIT[a]["beta"] * c_pflop_days ** PAPER_LOSS_FIT[a]["alpha"])
 
 
+def n_opt_evidence(fits: dict) -> list[str]:
+    """Per architecture and adjacent size pair, what the pair says about N_opt at one C (fits.json's
+    `n_opt_bound`: ≈ at an observed handover, between the two sizes; < or > where the pair's overlap ended or began
+    with one size ahead) next to the paper's N_opt(C) there, extrapolated, and whether the two agree."""
+    from scaling.paper import PAPER_TABLE3
+    lines = []
+    for a, r in fits.get("archs", {}).items():
+        paper = PAPER_TABLE3.get(a, {}).get("N_opt")
+        for h in r.get("handovers", []):
+            b = h.get("n_opt_bound")
+            if not b:
+                continue
+            c, rel, n = b["c_pflop_days"], b["relation"], b["n"]
+            pn = paper[0] * c ** paper[1] if paper else None
+            lo, hi = b.get("n_small", n), b.get("n_large", n)
+            agree = "—" if pn is None else {"<": pn < n, ">": pn > n, "≈": lo < pn < hi}[rel]
+            here = f"{rel} {n:,.0f}" + (f" ({lo:,.0f} – {hi:,.0f})" if rel == "≈" else "")
+            lines.append(f"| {arch_title(a)} | {h['small']} → {h['large']} | {h['status']} | {c:.3g} | {here} | "
+                         f"{'—' if pn is None else f'{pn:,.0f}'} | "
+                         f"{agree if isinstance(agree, str) else ('yes' if agree else 'no')} |")
+    if not lines:
+        return []
+    return ["| arch | pair | status | C (PFLOP-days) | N_opt(C) here | paper N_opt(C) | consistent |",
+            "|---|---|---|---|---|---|---|", *lines]
+
+
 def _fmt(x, digits: int = 4) -> str:
     return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}g}"
 
@@ -319,6 +345,14 @@ def write_markdown(study: StudyConfig, plans: list[RunPlan], fits: dict | None, 
         notes = [f"- {a}: {n}" for a, r in fits.get("archs", {}).items() for n in r.get("notes", [])]
         if notes:
             lines += ["", "Fit notes:", "", *notes]
+        evidence = n_opt_evidence(fits)
+        if evidence:
+            lines += ["", "## What each pair of adjacent sizes says about N_opt(C)", "",
+                      "At an observed handover N_opt lies between the two sizes (≈ their geometric mean, the point the "
+                      "N_opt fit uses); where the smaller size was still ahead when the pair's overlap ended, "
+                      "N_opt(C) < the larger size there (a unimodal iso-FLOP profile); where the larger was ahead from "
+                      "the start, N_opt(C) > the smaller. The paper's N_opt(C) is its Table 3 law at that C "
+                      "(\"consistent\": inside the bound, or between the two sizes at a handover).", "", *evidence]
         lines += [""]
     if rows:
         lines += ["## Evaluation (last evaluated snapshot of each run)", "", *final_snapshot_table(study, rows), ""]

@@ -2,7 +2,8 @@
 
 Two predictions for each adjacent pair of `--sizes` (registry names) and each architecture:
 
-- from this study's own runs (`--runs`, the committed metrics.jsonl): Chinchilla's L(N, D) = E + A/N^alpha +
+- from this study's own runs of `--fit-sizes` (`--runs`, the committed metrics.jsonl; by default the four
+  sizes trained before the smaller ones were chosen): Chinchilla's L(N, D) = E + A/N^alpha +
   B/D^beta (scaling.chinchilla) fitted to every run's training loss, averaged over +-10% windows at 25
   log-spaced token counts from `--d-min` to the run's end; each size's learning curve is then L(N, C / fpt) and
   the handover is where the larger size's curve drops below the smaller's (fpt: non-embedding training FLOPs
@@ -38,11 +39,12 @@ def run_curve(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.array([r["tokens"] for r in rows], dtype=float), np.array([r["loss"] for r in rows], dtype=float)
 
 
-def fitted_law(arch: str, runs: Path, d_min: float):
+def fitted_law(arch: str, runs: Path, d_min: float, sizes: list[str]):
     n, d, loss = [], [], []
-    for run in sorted(runs.glob(f"{arch}-*")):
-        cfg = json.loads((run / "config.json").read_text())
-        size = cfg.get("model", {}).get("size") or run.name.split("-", 1)[1]
+    for size in sizes:
+        run = runs / f"{arch}-{size}"
+        if not (run / "metrics.jsonl").is_file():
+            continue
         tokens, lo = run_curve(run / "metrics.jsonl")
         if tokens[-1] <= d_min * 1.1:
             continue
@@ -59,6 +61,8 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=HERE / "runs", help="folder of <arch>-<size>/ run folders")
     ap.add_argument("--sizes", nargs="+", default=["l1d32", "l1d48", "l1d64", "l1d96", "l1d128", "l2d128"])
     ap.add_argument("--archs", nargs="+", default=["llama", "tnl", "hgrn2", "cos2"])
+    ap.add_argument("--fit-sizes", nargs="+", default=["l1d128", "l2d128", "l2d256", "l4d256"],
+                    help="the sizes whose runs the L(N, D) fit reads")
     ap.add_argument("--d-min", type=float, nargs="+", default=[1e6, 2e6], help="first token count fitted")
     ap.add_argument("--seq-len", type=int, default=512)
     args = ap.parse_args()
@@ -71,7 +75,7 @@ def main() -> None:
         print(f"\n{arch}: N {', '.join(f'{s} {n / 1e3:.0f}k' for s, n in zip(args.sizes, ns))}")
         laws = []
         for d_min in args.d_min:
-            law = fitted_law(arch, args.runs, d_min)
+            law = fitted_law(arch, args.runs, d_min, args.fit_sizes)
             laws.append((d_min, law))
             print(f"  fit from {d_min:.0e} tokens: E={law.E:.2f} A={law.A:.3g} alpha={law.alpha:.3f} "
                   f"B={law.B:.3g} beta={law.beta:.3f}")
