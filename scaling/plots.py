@@ -90,6 +90,33 @@ def _fit_line(ax, c: np.ndarray, fit, color: str, label: str, style: str = "--",
         _band(ax, x, fit, color)
 
 
+_BOUND_MARKERS = {"<": "v", ">": "^", "≈": "D"}
+
+
+def _n_opt_evidence(ax, r: ArchResult, color: str, c_span: tuple[float, float] | None, label: bool) -> bool:
+    """What each adjacent pair says about N_opt (scaling.optimal.Handover.n_opt_bound: v = below the larger size,
+    ^ = above the smaller, a bar between the two sizes at a handover) and the paper's N_opt(C) over `c_span`
+    (PFLOP-days), extrapolated, dotted. Returns whether anything was drawn."""
+    from scaling.paper import PAPER_TABLE3
+    drawn = False
+    for h in (r.optimal.handovers if r.optimal is not None else []):
+        b = h.n_opt_bound()
+        if b is None:
+            continue
+        c = float(flops_to_pflop_days(b[0]))
+        if b[1] == "≈":
+            ax.plot([c, c], [h.n_small, h.n_large], color=color, lw=1.5, alpha=0.8)
+        ax.scatter([c], [b[2]], marker=_BOUND_MARKERS[b[1]], s=28, color=color, alpha=0.8, zorder=4,
+                   label=None if drawn or not label else "N_opt bound of a size pair (v below, ^ above, | between)")
+        drawn = True
+    paper = PAPER_TABLE3.get(r.arch, {}).get("N_opt")
+    if paper and c_span is not None and drawn:
+        x = np.geomspace(*c_span, 50)
+        ax.plot(x, paper[0] * x ** paper[1], ":", color=color, lw=1.3,
+                label="paper's N_opt(C), extrapolated" if label else None)
+    return drawn
+
+
 def plot_arch(r: ArchResult, out: Path, include_embedding: bool) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     ax = axes[0]
@@ -126,6 +153,8 @@ def plot_arch(r: ArchResult, out: Path, include_embedding: bool) -> Path:
                 hy = np.exp(pts.log_n) if name == "N_opt" else np.exp(pts.log_d[0])
                 ax2.scatter(hc, hy, s=60, marker="D", color=color, edgecolors="black", zorder=5,
                             label="handover of adjacent sizes (fitted)")
+            if name == "N_opt" and fit is None:
+                _n_opt_evidence(ax2, r, "black", (float(c.min()), float(c.max())), label=True)
             if fit is not None and pts is not None and pts.used:
                 lo, hi = fit.exponent_ci
                 ci = f" [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else ""
@@ -162,7 +191,21 @@ def plot_compare(results: list[ArchResult], out: Path, include_embedding: bool) 
     axes[0].set_yscale("log")
     if np.isfinite(lo):
         loss_axis(axes[0], lo * 0.98, hi * 1.02)
+    bounds = False
+    if all(r.n_fit is None for r in results) and np.isfinite(c_lo):
+        for r in results:
+            bounds |= _n_opt_evidence(axes[1], r, arch_color(r.arch), (c_lo, c_hi), label=False)
+        if bounds:
+            from matplotlib.lines import Line2D
+            axes[1].legend(handles=[Line2D([], [], color=arch_color(r.arch), marker="v", ls=":", label=arch_title(r.arch))
+                                    for r in results], fontsize=8, loc="lower right")
     for ax, law, attr in ((axes[1], "N_opt", "n_fit"), (axes[2], "D_opt", "d_fit")):
+        if ax is axes[1] and bounds:
+            ax.text(0.02, 0.98, "no N_opt(C) fitted (< 2 handovers each); markers: what each pair of adjacent\n"
+                    "sizes says about N_opt (v below the larger size, ^ above the smaller, | a handover);\n"
+                    "dotted: the paper's N_opt(C), extrapolated", transform=ax.transAxes, ha="left", va="top",
+                    fontsize=7.5, color="0.3")
+            continue
         if all(getattr(r, attr) is None for r in results):
             # an empty panel would read as a plotting failure: say why it is empty, on the loss panel's C range
             if np.isfinite(c_lo):

@@ -358,6 +358,16 @@ def test_no_handover_fits_the_loss_and_still_draws_every_panel(tmp_path, capsys)
     assert [b["c_pflop_days"] for b in bounds] == pytest.approx([ends["70m"] / 8.64e19, ends["160m"] / 8.64e19])
     assert (tmp_path / "plots" / "scaling_compare.png").stat().st_size > 10_000
     assert (tmp_path / "plots" / "scaling_tnl.png").stat().st_size > 10_000
+    # the N_opt panel shows the two upper bounds where the pairs end, and the paper's TNL law over the C span
+    import matplotlib.pyplot as plt
+    from scaling.plots import _n_opt_evidence
+    fig, ax = plt.subplots()
+    assert _n_opt_evidence(ax, res, "k", (1e-3, 1.0), label=True)
+    marks = [col.get_offsets()[0].tolist() for col in ax.collections]
+    assert marks == [[pytest.approx(b["c_pflop_days"]), b["n"]] for b in bounds]
+    (line,) = ax.get_lines()
+    assert line.get_ydata()[-1] == pytest.approx(PAPER_TABLE3["tnl"]["N_opt"][0])     # N_opt(1 PFLOP-day)
+    plt.close(fig)
 
 
 def test_paper_table3_values():
