@@ -46,10 +46,11 @@ class LlamaAttention(nn.Module):
                              f"training: pass --model max_seq_len={pos + T} (or model_overrides: {{max_seq_len: "
                              f"{pos + T}}} in --config); a loaded model: load_pretrained(path, max_seq_len={pos + T})")
         cos, sin = self.rope_cos[pos:pos + T].float(), self.rope_sin[pos:pos + T].float()
-        q, k, v = project(x, self.q_proj, self.k_proj, self.v_proj)
+        # v on its own, as in the linear models: attention reads it as it is, never a strided slice
+        q, k = project(x, self.q_proj, self.k_proj)
         q = apply_rope(split_heads(q, self.n_heads), cos, sin)
         k = apply_rope(split_heads(k, self.n_heads), cos, sin)
-        v = split_heads(v, self.n_heads)
+        v = split_heads(self.v_proj(x), self.n_heads)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, e] for SDPA
         mask, causal = None, True
         if state is not None:
