@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import ModelConfig
-from models.layers import LowRankGate, Norm, project, sglu, split_heads
+from models.layers import LowRankGate, Norm, sglu, split_heads
 from models.spec import ArchSpec, ModelExtra
 from ops import lightning_attn
 
@@ -106,10 +106,8 @@ class Cos2TokenMixer(nn.Module):
 
     def forward(self, x: Tensor, state: dict | None = None, pos: int | Tensor = 0,
                 cu_seqlens: Tensor | None = None) -> Tensor:
-        # v on its own: a slice of a stacked output would not be contiguous, and the op needs it so
-        q, k, g = project(x, self.q_proj, self.k_proj, self.gate.down)
-        q = self.lrpe(split_heads(F.silu(q), self.n_heads), pos)
-        k = self.lrpe(split_heads(F.silu(k), self.n_heads), pos)
+        q = self.lrpe(split_heads(F.silu(self.q_proj(x)), self.n_heads), pos)
+        k = self.lrpe(split_heads(F.silu(self.k_proj(x)), self.n_heads), pos)
         v = split_heads(self.v_proj(x), self.n_heads)
         h0 = None if state is None else state.get("S")
         o, S = lightning_attn(q, k, v, None, initial_state=h0, output_final_state=True,
@@ -117,7 +115,7 @@ class Cos2TokenMixer(nn.Module):
         if state is not None:
             state["S"] = S
         o = self.norm(o.reshape(x.shape).to(x.dtype))
-        return self.out_proj(o * self.gate.from_down(g))
+        return self.out_proj(o * self.gate(x))
 
 
 def paper_params(cfg: ModelConfig) -> int:

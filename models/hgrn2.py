@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import ModelConfig
-from models.layers import Norm, project, sglu, split_heads
+from models.layers import Norm, sglu, split_heads
 from models.spec import ArchSpec, ModelExtra
 from ops import gated_linear_attn
 
@@ -51,9 +51,9 @@ class Hgrn2TokenMixer(nn.Module):
 
     def forward(self, x: Tensor, lower_bound: Tensor, state: dict | None = None, pos: int = 0,
                 cu_seqlens: Tensor | None = None) -> Tensor:
-        # i on its own: a slice of a stacked output would not be contiguous, and the op needs it so
-        og, f = project(x, self.og_proj, self.fg_proj)
-        og, f, i = F.silu(og), f.float(), self.i_proj(x)
+        og = F.silu(self.og_proj(x))
+        f = self.fg_proj(x).float()
+        i = self.i_proj(x)
         beta = lower_bound.float()
         # log(beta + (1-beta) sigmoid(f)) without leaving log space. Layer 0 has beta = 0 exactly: clamping
         # to the smallest normal keeps log(beta) finite, so its gradient is 0 instead of 0 * inf = NaN.

@@ -21,21 +21,6 @@ class Norm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-FUSE_PROJECTIONS = True  # False: one matmul per projection under torch.compile too (for comparisons)
-
-
-def project(x: Tensor, *linears: nn.Linear) -> tuple[Tensor, ...]:
-    """(x W1^T, x W2^T, ...) for bias-free Linears that read the same input. Inside torch.compile: one
-    matmul against the stacked weights, split back into views. The backward then forms dx in one matmul
-    (its sum over the projections runs inside the GEMM) instead of one [tokens, d] partial per projection
-    that a separate pass adds up, and the input is read once. Eager (decoding, CPU): each Linear on its
-    own, so no weight copy is made per call. Both compute the same products."""
-    if len(linears) == 1 or not (FUSE_PROJECTIONS and torch.compiler.is_compiling()):
-        return tuple(lin(x) for lin in linears)
-    w = torch.cat([lin.weight for lin in linears], dim=0)
-    return F.linear(x, w).split([lin.out_features for lin in linears], dim=-1)
-
-
 class GatedMLP(nn.Module):
     """The channel mixers: W_down [(X W_u) * act(X W_v)]. LLaMA's SwiGLU has act = silu; the linear
     models' SGLU has no activation at all."""
@@ -48,8 +33,8 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(g, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        up, gate = project(x, self.up_proj, self.gate_proj)
-        return self.down_proj(up * (F.silu(gate) if self.activation else gate))
+        gate = self.gate_proj(x)
+        return self.down_proj(self.up_proj(x) * (F.silu(gate) if self.activation else gate))
 
 
 class LowRankGate(nn.Module):
@@ -61,11 +46,7 @@ class LowRankGate(nn.Module):
         self.up = nn.Linear(t, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.from_down(self.down(x))
-
-    def from_down(self, h: Tensor) -> Tensor:
-        """The gate from h = X W_gdown (computed by the caller, e.g. with the mixer's other projections)."""
-        return torch.sigmoid(self.up(h))
+        return torch.sigmoid(self.up(self.down(x)))
 
 
 def swiglu(cfg: ModelConfig) -> GatedMLP:

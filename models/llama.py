@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import ModelConfig
-from models.layers import project, split_heads, swiglu
+from models.layers import split_heads, swiglu
 from models.spec import ArchSpec
 
 
@@ -46,10 +46,8 @@ class LlamaAttention(nn.Module):
                              f"training: pass --model max_seq_len={pos + T} (or model_overrides: {{max_seq_len: "
                              f"{pos + T}}} in --config); a loaded model: load_pretrained(path, max_seq_len={pos + T})")
         cos, sin = self.rope_cos[pos:pos + T].float(), self.rope_sin[pos:pos + T].float()
-        # v on its own, as in the linear models: attention reads it as it is, never a strided slice
-        q, k = project(x, self.q_proj, self.k_proj)
-        q = apply_rope(split_heads(q, self.n_heads), cos, sin)
-        k = apply_rope(split_heads(k, self.n_heads), cos, sin)
+        q = apply_rope(split_heads(self.q_proj(x), self.n_heads), cos, sin)
+        k = apply_rope(split_heads(self.k_proj(x), self.n_heads), cos, sin)
         v = split_heads(self.v_proj(x), self.n_heads)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, e] for SDPA
         mask, causal = None, True

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import ModelConfig
-from models.layers import LowRankGate, Norm, project, sglu, split_heads
+from models.layers import LowRankGate, Norm, sglu, split_heads
 from models.spec import ArchSpec, ModelExtra
 from ops import lightning_attn
 
@@ -55,9 +55,8 @@ class TnlTokenMixer(nn.Module):
                 decay: Tensor | None = None) -> Tensor:
         """`decay`: this layer's lambdas as an fp32 tensor [h] (the language model passes them in, so that
         every block runs the same compiled graph); built from `self.decays` when not given."""
-        # v on its own: a slice of a stacked output would not be contiguous, and the op needs it so
-        q, k, g = project(x, self.q_proj, self.k_proj, self.gate.down)
-        q, k = split_heads(F.silu(q), self.n_heads), split_heads(F.silu(k), self.n_heads)
+        q = split_heads(F.silu(self.q_proj(x)), self.n_heads)
+        k = split_heads(F.silu(self.k_proj(x)), self.n_heads)
         v = split_heads(self.v_proj(x), self.n_heads)
         if decay is None:
             decay = torch.tensor(self.decays, dtype=torch.float32, device=x.device)
@@ -67,7 +66,7 @@ class TnlTokenMixer(nn.Module):
         if state is not None:
             state["S"] = S
         o = self.norm(o.reshape(x.shape).to(x.dtype))
-        return self.out_proj(o * self.gate.from_down(g))
+        return self.out_proj(o * self.gate(x))
 
 
 class TnlDecays(ModelExtra):

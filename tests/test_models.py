@@ -297,39 +297,3 @@ def test_bf16_autocast_forward_and_backward(arch):
     loss.backward()
     assert torch.isfinite(loss) and abs(loss.item() - want.item()) < 0.05
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
-
-
-def test_project_stacks_the_projections_into_one_matmul_under_compile():
-    """models.layers.project: eager runs each Linear; inside torch.compile one matmul against the stacked
-    weights, split back. Same outputs and input gradient (to fp32 rounding), one mm in the graph."""
-    import torch.nn as nn
-
-    from models.layers import project
-    g = torch.Generator().manual_seed(0)
-    lins = [nn.Linear(16, n, bias=False) for n in (16, 16, 4)]
-    for lin in lins:
-        nn.init.normal_(lin.weight, generator=g)
-    x = torch.randn(2, 5, 16, generator=g, requires_grad=True)
-
-    def f(x):
-        return torch.cat([y.sin() for y in project(x, *lins)], dim=-1)
-
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    ref = f(x)
-    (ref_dx,) = torch.autograd.grad(ref.sum(), x)
-    torch._dynamo.reset()
-    try:
-        out = torch.compile(f, backend=backend, fullgraph=True)(x)
-    finally:
-        torch._dynamo.reset()
-    (dx,) = torch.autograd.grad(out.sum(), x)
-    linears = [n for n in graphs[0].graph.nodes if n.op == "call_function" and "linear" in str(n.target)]
-    assert len(linears) == 1 and tuple(linears[0].meta["example_value"].shape) == (2, 5, 36)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(dx, ref_dx, rtol=1e-5, atol=1e-5)
-    assert [tuple(y.shape) for y in project(x, *lins)] == [(2, 5, 16), (2, 5, 16), (2, 5, 4)]
