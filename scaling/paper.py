@@ -13,6 +13,8 @@ gives them), and this module gathers them.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from models.registry import arch_names, get_arch
 
 PAPER = "arXiv 2406.16690 (Shen et al., Scaling Laws for Linear Complexity Language Models), Table 3"
@@ -26,6 +28,16 @@ PAPER_TABLE3: dict[str, dict[str, tuple[float, float]]] = {
 LAWS = ("L", "N_opt", "D_opt")
 # L(C) = beta · C^alpha per architecture, in the keys the loss fits use (derived from PAPER_TABLE3)
 PAPER_LOSS_FIT: dict[str, dict[str, float]] = {a: {"beta": t["L"][0], "alpha": t["L"][1]} for a, t in PAPER_TABLE3.items()}
+
+
+def paper_law_at(arch: str, law: str, c_pflop_days: float | np.ndarray) -> float | np.ndarray | None:
+    """The paper's `law` ('L', 'N_opt' or 'D_opt') of `arch` at C (PFLOP-days; a number or an array), coef ·
+    C^exponent; None for an architecture the paper did not study."""
+    laws = PAPER_TABLE3.get(arch)
+    if laws is None:
+        return None
+    coef, exponent = laws[law]
+    return coef * c_pflop_days ** exponent
 
 
 def paper_reference(arch: str) -> dict:

@@ -97,7 +97,7 @@ def _n_opt_evidence(ax, r: ArchResult, color: str, c_span: tuple[float, float] |
     """What each adjacent pair says about N_opt (scaling.optimal.Handover.n_opt_bound: v = below the larger size,
     ^ = above the smaller, a bar between the two sizes at a handover) and the paper's N_opt(C) over `c_span`
     (PFLOP-days), extrapolated, dotted. Returns whether anything was drawn."""
-    from scaling.paper import PAPER_TABLE3
+    from scaling.paper import paper_law_at
     drawn = False
     for h in (r.optimal.handovers if r.optimal is not None else []):
         b = h.n_opt_bound()
@@ -109,11 +109,10 @@ def _n_opt_evidence(ax, r: ArchResult, color: str, c_span: tuple[float, float] |
         ax.scatter([c], [b[2]], marker=_BOUND_MARKERS[b[1]], s=28, color=color, alpha=0.8, zorder=4,
                    label=None if drawn or not label else "N_opt bound of a size pair (v below, ^ above, | between)")
         drawn = True
-    paper = PAPER_TABLE3.get(r.arch, {}).get("N_opt")
-    if paper and c_span is not None and drawn:
-        x = np.geomspace(*c_span, 50)
-        ax.plot(x, paper[0] * x ** paper[1], ":", color=color, lw=1.3,
-                label="paper's N_opt(C), extrapolated" if label else None)
+    x = np.geomspace(*c_span, 50) if c_span is not None else None
+    paper = paper_law_at(r.arch, "N_opt", x) if x is not None and drawn else None
+    if paper is not None:
+        ax.plot(x, paper, ":", color=color, lw=1.3, label="paper's N_opt(C), extrapolated" if label else None)
     return drawn
 
 

@@ -15,7 +15,7 @@ from scaling.chinchilla import fit_chinchilla
 from scaling.curves import fit_curves, row_weights
 from scaling.envelope import build_envelope
 from scaling.fits import fit_offset_power_law, fit_power_law
-from scaling.paper import PAPER_TABLE3, paper_reference
+from scaling.paper import PAPER_TABLE3, paper_law_at, paper_reference
 from scaling.runs import load_runs
 from scaling.synthetic import LossLaw, frontier, frontier_exponents, write_run, write_sweep
 
@@ -383,6 +383,13 @@ def test_paper_table3_values():
         assert ref["alpha"] == laws["L"][1] and "PFLOP-days" in ref["unit"] and "without the embedding" in ref["unit"]
     assert PAPER_TABLE3["llama"]["N_opt"] == (1.82e8, 0.7118) and PAPER_TABLE3["llama"]["D_opt"] == (2.56e10, 0.5102)
     assert paper_reference("mamba") == {}
+    # the laws evaluated: coef * C^exponent as printed (LLaMA: L(1) = 3.7087, N_opt(10) = 1.82e8 * 10^0.7118)
+    assert paper_law_at("llama", "L", 1.0) == 3.7087
+    assert abs(paper_law_at("llama", "N_opt", 10.0) / (1.82e8 * 10 ** 0.7118) - 1) < 1e-12
+    assert np.allclose(paper_law_at("tnl", "D_opt", np.array([1e-3, 1.0])),
+                       [PAPER_TABLE3["tnl"]["D_opt"][0] * 1e-3 ** PAPER_TABLE3["tnl"]["D_opt"][1],
+                        PAPER_TABLE3["tnl"]["D_opt"][0]])
+    assert paper_law_at("mamba", "L", 1.0) is None
 
 
 def test_cli_writes_table_json_and_plots(sweep, tmp_path, capsys):

@@ -227,24 +227,23 @@ def equal_compute_ranking(fits: dict, points: int = 4) -> tuple[list[float], dic
 
 
 def paper_ranking(c_pflop_days: float) -> list[str]:
-    from scaling.paper import PAPER_LOSS_FIT
-    return sorted(PAPER_LOSS_FIT, key=lambda a: PAPER_LOSS_FIT[a]["beta"] * c_pflop_days ** PAPER_LOSS_FIT[a]["alpha"])
+    from scaling.paper import PAPER_LOSS_FIT, paper_law_at
+    return sorted(PAPER_LOSS_FIT, key=lambda a: paper_law_at(a, "L", c_pflop_days))
 
 
 def n_opt_evidence(fits: dict) -> list[str]:
     """Per architecture and adjacent size pair, what the pair says about N_opt at one C (fits.json's
     `n_opt_bound`: ≈ at an observed handover, between the two sizes; < or > where the pair's overlap ended or began
     with one size ahead) next to the paper's N_opt(C) there, extrapolated, and whether the two agree."""
-    from scaling.paper import PAPER_TABLE3
+    from scaling.paper import paper_law_at
     lines = []
     for a, r in fits.get("archs", {}).items():
-        paper = PAPER_TABLE3.get(a, {}).get("N_opt")
         for h in r.get("handovers", []):
             b = h.get("n_opt_bound")
             if not b:
                 continue
             c, rel, n = b["c_pflop_days"], b["relation"], b["n"]
-            pn = paper[0] * c ** paper[1] if paper else None
+            pn = paper_law_at(a, "N_opt", c)
             lo, hi = b.get("n_small", n), b.get("n_large", n)
             agree = "—" if pn is None else {"<": pn < n, ">": pn > n, "≈": lo < pn < hi}[rel]
             here = f"{rel} {n:,.0f}" + (f" ({lo:,.0f} – {hi:,.0f})" if rel == "≈" else "")
