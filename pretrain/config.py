@@ -442,7 +442,7 @@ def _check_model_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
 def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
     """Every field against its declared type and range/choices, then the checks that involve several."""
     origin = origin or {}
-    cfg.train.activation_checkpointing = ac_mode(cfg.train)  # a YAML true/false: the switch it used to be
+    cfg.train.activation_checkpointing = ac_mode(cfg.train)  # a YAML true/false still means none/full
     for f in fields(RunConfig):
         if f.name in SECTIONS or f.name == "model_overrides":
             continue

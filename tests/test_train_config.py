@@ -1,5 +1,5 @@
 """Run config -> DeepSpeed config: batch arithmetic (the 7B-on-64-GPUs case), the refusals and their
-messages, the user-JSON merge, the CLI flags of issue 5, and Slurm-derived ranks. Fast: no training."""
+messages, the user-JSON merge, the CLI flags, and Slurm-derived ranks. Fast: no training."""
 from __future__ import annotations
 
 import json
