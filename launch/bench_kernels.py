@@ -5,6 +5,7 @@
     python launch/bench_kernels.py --warmup --ops la gla               # compile into the Triton cache
     python launch/bench_kernels.py --profile --shape 1x12 --T 8192 --ops gla1
     python launch/bench_kernels.py --resources                          # no GPU: sm_90 compile of every kernel
+    python launch/bench_kernels.py --host --shapes 1x12 --T 2048 8192 --ops gla1 la0   # host (CPU) time per call
 
 --matrix: shapes (batch x heads) 1x12, 2x12, 1x32, 4x16, 16x12 (head width 128; cos2's keys 256) x T x ops
     la0 / laL  lightning_attn with TNL's layer-0 / last-layer decays (32 layers)   anchor fla chunk_lightning_attn
@@ -16,7 +17,9 @@ plus torch SDPA (causal, flash) at each shape where it takes under a second. Eac
 fwd+bwd time of `triton.testing.do_bench` (bf16), fla/ours, and the floor max(bytes / bandwidth, FLOPs /
 matmul rate) (bytes: inputs read once, outputs written once; FLOPs: the chunked algorithm's tensor-core
 work, backward = 2 x forward). Cells that would not fit in GPU memory are skipped. Ours runs with the
-default plan (`ops.tuning`); --sweep times every candidate layout instead (no anchors).
+default plan (`ops.tuning`); --sweep times every candidate layout instead (no anchors). --resume FILE
+keeps the cells of an earlier --json file and measures only the others (a matrix too long for one job
+runs in several). --host measures where the CPU time of one fwd+bwd goes (launch counts, Python profile).
 """
 from __future__ import annotations
 
@@ -170,12 +173,16 @@ def matrix(a) -> None:
     meta = _header()
     mm, bw = meta["matmul_peak"], meta["bandwidth"]
     budget = torch.cuda.get_device_properties(0).total_memory * 0.8
-    rows = []
-    print("| shape | T | op | ours ms | fla ms | fla/ours | floor ms | layout |", flush=True)
-    print("|---|---|---|---|---|---|---|---|", flush=True)
+    rows = _resumed(a.resume)
+    done = {(r["B"], r["H"], r["T"], r["op"]) for r in rows}
+    t_start = time.time()
+    print("| shape | T | op | ours ms | fla ms | fla/ours | floor ms | layout | elapsed s |", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
     for B, H in a.shapes:
         for T in a.T:
             for op in a.ops:
+                if (B, H, T, op) in done:
+                    continue
                 if not _fits(op, B, T, H, budget):
                     print(f"| {B}x{H} | {T} | {op} | skipped (memory) |||||", flush=True)
                     continue
@@ -199,10 +206,11 @@ def matrix(a) -> None:
                 ratio = row["fla_ms"] / row["ours_ms"] if "fla_ms" in row and "ours_ms" in row else None
                 print(f"| {B}x{H} | {T} | {op} | {row.get('ours_ms', float('nan')):.3f} | "
                       f"{row.get('fla_ms', float('nan')):.3f} | {ratio if ratio is None else f'{ratio:.2f}'} | "
-                      f"{floor:.3f} | {row['layout']} |{'' if 'fla_error' not in row else ' fla: ' + row['fla_error'][:60]}"
+                      f"{floor:.3f} | {row['layout']} | {time.time() - t_start:.0f} |"
+                      f"{'' if 'fla_error' not in row else ' fla: ' + row['fla_error'][:60]}"
                       f"{'' if 'ours_error' not in row else ' ours: ' + row['ours_error'][:100]}", flush=True)
                 _dump(a.json, meta, rows)
-            if "sdpa" not in a.skip and B * H * T * T * 128 * 4 * 3.5 / mm < 1.0:
+            if "sdpa" not in a.skip and (B, H, T, "sdpa") not in done and B * H * T * T * 128 * 4 * 3.5 / mm < 1.0:
                 q, k, v = (torch.randn(B, H, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 ms = _fwd_bwd_ms(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                                  [q, k, v], a.rep)
@@ -216,6 +224,83 @@ def matrix(a) -> None:
         print(f"# cells with fla: {len(ratios)}; fla/ours min {min(ratios):.2f}, median "
               f"{statistics.median(ratios):.2f}, max {max(ratios):.2f}; cells below 1.0: "
               f"{sum(r < 1.0 for r in ratios)}", flush=True)
+
+
+def _resumed(path: str | None) -> list:
+    """The rows of an earlier --json file (each keeps the meta of its own run under "run")."""
+    if not path:
+        return []
+    old = json.loads(Path(path).read_text())
+    rows = [dict(r, run=r.get("run", old["meta"])) for r in old["rows"] if "ours_ms" in r]
+    print(f"# resumed {len(rows)} cells from {path}", flush=True)
+    return rows
+
+
+def host(a) -> None:
+    """Where the host (CPU) time of one fwd+bwd goes, per op and shape: the time to enqueue N calls
+    (no synchronisation inside, so it is the host's own time unless something syncs), the process CPU
+    time, the wall time with the final sync, the CUDA kernel launches per call (torch profiler), and the
+    Python functions that take the host time (cProfile, by own time and by cumulative time)."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof_ctx
+    _header("(host)")
+    n = 20
+    for B, H in a.shapes:
+        for T in a.T:
+            for op in a.ops:
+                mk, ours, fla, *_ = _case(op, B, T, H)
+                ins = mk()
+                for name, fn in (("ours", ours), ("fla", fla)):
+                    if fn is None or (name == "fla" and "fla" in a.skip):
+                        continue
+                    leaves = [t.clone().requires_grad_(True) for t in ins]
+                    do = torch.randn_like(fn(*leaves))
+
+                    def step():
+                        fn(*leaves).backward(do)
+                        for t in leaves:
+                            t.grad = None
+                    for _ in range(3):
+                        step()
+                    torch.cuda.synchronize()
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    for _ in range(n):
+                        step()
+                    t1, c1 = time.perf_counter(), time.process_time()
+                    torch.cuda.synchronize()
+                    t2 = time.perf_counter()
+                    with prof_ctx(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                        for _ in range(5):
+                            step()
+                        torch.cuda.synchronize()
+                    ev = prof.key_averages()
+                    launches = sum(e.count for e in ev if "LaunchKernel" in e.key) / 5
+                    kern = sum(e.self_device_time_total for e in ev if e.device_type.name == "CUDA") / 5 / 1e3
+                    print(f"## host {op} {name} {B}x{H} T={T}: enqueue {(t1 - t0) / n * 1e3:.3f} ms/call, "
+                          f"CPU {(c1 - c0) / n * 1e3:.3f} ms/call, wall with sync {(t2 - t0) / n * 1e3:.3f} ms/call, "
+                          f"{launches:.0f} kernel launches/call, kernel time {kern:.3f} ms/call", flush=True)
+                    rows = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:12]
+                    for e in rows:
+                        print(f"   cpu self {e.self_cpu_time_total / 5 / 1e3:7.3f} ms  x{e.count / 5:5.1f}  {e.key[:80]}")
+                    if name == "ours":
+                        pr = cProfile.Profile()
+                        pr.enable()
+                        for _ in range(10):
+                            step()
+                        pr.disable()
+                        torch.cuda.synchronize()
+                        for order in ("tottime", "cumulative"):
+                            buf = io.StringIO()
+                            pstats.Stats(pr, stream=buf).sort_stats(order).print_stats(28)
+                            print(f"### cProfile {op} {B}x{H} T={T}, 10 calls, by {order}")
+                            print("\n".join(buf.getvalue().splitlines()[6:]), flush=True)
+                    del leaves, do
+                del ins
+                torch.cuda.empty_cache()
 
 
 def _layout_of(op: str, B: int, T: int, H: int) -> str:
@@ -399,6 +484,7 @@ def main() -> None:
     mode.add_argument("--warmup", action="store_true", help="compile every kernel variant (both layouts), time nothing")
     mode.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours at the first shape and T")
     mode.add_argument("--resources", action="store_true", help="sm_90 compile of every kernel (no GPU needed)")
+    mode.add_argument("--host", action="store_true", help="host (CPU) time per fwd+bwd: launches, Python profile")
     ap.add_argument("--shapes", type=_shape, nargs="+", default=SHAPES, metavar="BxH")
     ap.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 32768, 65536])
     ap.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
@@ -408,6 +494,7 @@ def main() -> None:
     ap.add_argument("--launch", type=json.loads, default={}, help="--sweep/--warmup: launch overrides, JSON "
                     "{kernel: {key: value}} (through the test-only seam ops.testing.force_plan)")
     ap.add_argument("--json", default=None, help="write the results here (rewritten after every cell)")
+    ap.add_argument("--resume", default=None, help="--matrix: an earlier --json file; its cells are kept, not re-run")
     ap.add_argument("--D", type=int, default=128, help="--resources: head width")
     a = ap.parse_args()
     if a.resources:
@@ -420,6 +507,8 @@ def main() -> None:
         return warmup(a)
     if a.profile:
         return profile(a)
+    if a.host:
+        return host(a)
     return matrix(a)
 
 
