@@ -101,6 +101,19 @@ def test_plan_follows_the_paper_flops_formulas(tmp_path, dataset):
     assert "llama-a" in out and "total compute" in out and "PFLOP-days" in out
 
 
+def test_a_run_can_have_a_budget_of_its_own(tmp_path, dataset):
+    """tokens: {size: n, arch-size: m}: the arch-size entry sets that one run's budget, the size's the others'."""
+    from pretrain.config import parse_config
+    from scaling.study import load_study, plan_study
+    cfg = load_study(study_yaml(tmp_path, dataset, tokens={"a": 960, "b": 1920, "HGRN2-a": 2880}))
+    plans = {p.name: p for p in plan_study(cfg)}
+    assert {n: (p.tokens_budget, p.steps) for n, p in plans.items()} == {
+        "llama-a": (960, 10), "hgrn2-a": (2880, 30), "llama-b": (1920, 20), "hgrn2-b": (1920, 20)}
+    rc = parse_config(plans["hgrn2-a"].argv)
+    assert (rc.train.max_steps, rc.train.max_tokens) == (30, 2880)
+    assert plans["hgrn2-a"].snapshot_steps[-1] == 30
+
+
 def test_registry_sizes_follow_the_study_recipe_not_the_cpu_presets(tmp_path, dataset):
     from scaling.study import load_study, plan_study
     path = study_yaml(tmp_path, dataset, sizes=["tiny"], tokens=96 * 300, archs=["tnl"])
@@ -117,6 +130,8 @@ def test_registry_sizes_follow_the_study_recipe_not_the_cpu_presets(tmp_path, da
     ({"sizes": ["huge"]}, "not a registry size"),
     ({"sizes": [{"name": "x", "n_layers": 2, "d_model": 60, "n_heads": 7, "d_glu": 3}]}, "does not divide"),
     ({"tokens": {"a": 100}}, "missing ['b']"),
+    ({"tokens": {"a": 100, "llama-b": 200}}, "missing ['b']"),
+    ({"tokens": {"a": 100, "b": 100, "tnl-a": 200}}, "neither a size nor an arch-size of this study: ['tnl-a']"),
     ({"tokens": None}, "tokens is required"),
     ({"recipe": {"train": {"seq_len": 8}}}, "use the study key 'seq_len'"),
     ({"recipe": {"train": {"bogus": 1}}}, "not a field of the pretrain config"),
@@ -281,6 +296,44 @@ def test_larger_budget_continues_the_runs(finished_study, dataset):
     assert losses(tmp / "t" / "runs" / "llama-a") == before["llama-a"]
     after = losses(tmp / "t" / "runs" / "llama-b")
     assert sorted(after) == list(range(1, 26)) and all(after[s] == before["llama-b"][s] for s in before["llama-b"])
+
+
+def test_changed_budget_without_a_checkpoint_is_a_new_run(finished_study, dataset):
+    """A run whose budget changed and that cannot be continued (no resume checkpoint: a study collected without
+    its weights, or a machine that went back) or that is longer than the new plan trains afresh: the earlier run,
+    its evaluation and stage records move to STUDY/superseded/, the new metrics hold each step once from step 1,
+    and only the new run's snapshots are evaluated."""
+    import shutil
+    tmp, _, _ = finished_study
+    shutil.copytree(tmp / "t", tmp / "v", ignore=shutil.ignore_patterns("report"))
+    b_steps = json.loads((tmp / "v" / "runs" / "llama-b" / "config.json").read_text())["train"]["max_steps"]
+    path = study_yaml(tmp, dataset, name="v", tokens={"a": 1920, "b": 96 * b_steps, "llama-a": 2400, "hgrn2-b": 960})
+    shutil.rmtree(tmp / "v" / "runs" / "llama-a" / "checkpoints")
+    before = {n: losses(tmp / "v" / "runs" / n) for n in ("llama-a", "hgrn2-b", "llama-b")}
+    status = study("status", "--config", path).stdout
+    for name, why in (("llama-a", "a run of 20 steps, no checkpoint to continue it to 25"),
+                      ("hgrn2-b", f"a run of {b_steps} steps, more than the plan's 10")):
+        line = next(x for x in status.splitlines() if x.startswith(name))
+        assert " done " not in line and f"holds {why}: `run` retrains it" in line, line
+    res = study("run", "--config", path, "--no-report", "--runs", "llama-a", "hgrn2-b", "llama-b")
+    assert res.stdout.count("training afresh") == 2 and f"llama-b: trained ({b_steps} steps), skipped" in res.stdout
+    aside = sorted((tmp / "v" / "superseded").iterdir())
+    assert [p.name.rsplit("-", 2)[0] for p in aside] == ["hgrn2-b", "llama-a"]
+    for d, name in zip(aside, ("hgrn2-b", "llama-a")):
+        assert losses(d / "run") == before[name]                        # kept, not deleted
+        assert (d / "eval" / "results.json").is_file() and (d / "state" / "evaluate.json").is_file()
+    from scaling.study import load_study, plan_study
+    plans = {p.name: p for p in plan_study(load_study(path))}
+    for name, steps in (("llama-a", 25), ("hgrn2-b", 10)):
+        rows = [json.loads(x)["step"] for x in (tmp / "v" / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+        assert rows == list(range(1, steps + 1)), name                  # one row a step, none of the earlier run
+        # a fresh start from the same seed: the steps both runs took agree with the earlier run's
+        new = losses(tmp / "v" / "runs" / name)
+        assert all(new[s] == before[name][s] for s in range(1, min(steps, len(before[name])) + 1)), name
+        ev = json.loads((tmp / "v" / "eval" / name / "results.json").read_text())["snapshots"]
+        assert [r["step"] for r in ev] == plans[name].snapshot_steps, name
+    assert losses(tmp / "v" / "runs" / "llama-b") == before["llama-b"]
+    assert "4/4 runs trained and evaluated" in study("status", "--config", path).stdout
 
 
 def test_evaluate_stage_runs_without_lm_eval(finished_study):

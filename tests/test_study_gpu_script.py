@@ -75,6 +75,10 @@ def test_bundle_device_parts_and_collect(tmp_path):
     assert "[gpu] part hgrn2,llama: llama-b hgrn2-b" in some.stdout
     assert {p.name for p in (tmp_path / "out4").iterdir()} == {"parthgrn2-llama.log", "status_parthgrn2-llama.txt",
                                                                "results_parthgrn2-llama.tgz"}
+    # a part by run names, with a file name of its own
+    named = script(root, "device", "hgrn2-b,llama-a", OUT=str(tmp_path / "out6"), PART_NAME="x", **env)
+    assert "[gpu] part hgrn2-b,llama-a: llama-a hgrn2-b" in named.stdout and named.stdout.count("skipped") >= 2
+    assert {p.name for p in (tmp_path / "out6").iterdir()} == {"partx.log", "status_partx.txt", "results_partx.tgz"}
     for part, sizes, what in (("tnl", "b", "architecture(s) ['tnl']"), ("llama", "c", "size(s) ['c']")):
         e = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": "", **env, "OUT": str(tmp_path / "out5"), "SIZES": sizes}
         bad = subprocess.run(["bash", SCRIPT, "device", part], cwd=root, env=e, capture_output=True, text=True, timeout=300)
@@ -106,3 +110,25 @@ def test_bundle_device_parts_and_collect(tmp_path):
     assert sorted(p.name for p in (docs / "logs").iterdir()) == ["part1.log", "part2.log", "status_part1.txt",
                                                                  "status_part2.txt"]
     assert not any(line.startswith("step ") for line in (docs / "logs" / "part1.log").read_text().splitlines())
+
+    # a later tarball replaces what an earlier one held of its runs: here llama-a trained again (fewer rows) and
+    # not yet evaluated; its earlier metrics and evaluations must not survive next to the new run's files
+    import tarfile
+    later = tmp_path / "out7"
+    later.mkdir()
+    study_dir = root / "studies" / "g"
+    rows = (study_dir / "runs" / "llama-a" / "metrics.jsonl").read_text().splitlines()[:4]
+    fake = tmp_path / "later"
+    for f in ("config.json", "summary.json"):
+        (fake / "runs" / "llama-a").mkdir(parents=True, exist_ok=True)
+        shutil.copy(study_dir / "runs" / "llama-a" / f, fake / "runs" / "llama-a" / f)
+    (fake / "runs" / "llama-a" / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    with tarfile.open(later / "results_partz.tgz", "w:gz") as t:
+        t.add(fake / "runs", arcname="runs")
+    assert (study_dir / "eval" / "llama-a").is_dir() and (docs / "eval" / "llama-a").is_dir()
+    script(root, "collect", str(out1), str(out2), str(later), **env)
+    assert (docs / "runs" / "llama-a" / "metrics.jsonl").read_text().splitlines() == rows
+    assert not (study_dir / "eval" / "llama-a").exists() and not (docs / "eval" / "llama-a").exists()
+    assert not (study_dir / "state" / "llama-a").exists()
+    assert (docs / "eval" / "hgrn2-a" / "results.json").is_file()                # the other runs untouched
+    assert "3/4 runs trained and evaluated" in (docs / "report.md").read_text()

@@ -4,7 +4,7 @@
 #
 #   bash launch/gpu/mini_bilingual.sh bundle [DIR]     # here (CPU, lm-eval installed): everything the GPU needs -> DIR
 #   bash launch/gpu/mini_bilingual.sh device PART      # on the GPU machine, PART = 1 (LLaMA, TNL), 2 (HGRN2, cos2), all,
-#                                                      #   or architectures by name (tnl,hgrn2)
+#                                                      #   architectures by name (tnl,hgrn2) or runs (tnl-l1d32,cos2-l1d96)
 #   bash launch/gpu/mini_bilingual.sh collect DIR...   # here: unpack what came back, report, copy into docs/studies/
 #   bash launch/gpu/mini_bilingual.sh sizes [DIR]      # what `bundle` made and what a run would carry
 #
@@ -18,12 +18,13 @@
 #   metrics.jsonl, summaries, evaluation results and the request file they score, stage records: no weights) to $OUT. The study directory is
 #   studies/mini_bilingual under the repository root, outside any carried path, so a second call on the same
 #   machine continues it (finished runs and cached evaluations are skipped).
-# collect: unpacks results_part*.tgz found under the given folders into the study directory, writes the report
+# collect: unpacks results_part*.tgz found under the given folders into the study directory (in the order given: a
+#   later tarball's runs replace what an earlier one held of them, files and evaluations alike), writes the report
 #   (fits, Table 3, plots, commonsense metrics replayed through lm-eval here) and copies the small files into
 #   docs/studies/mini_bilingual/.
 #
 # Environment: STUDY_CONFIG (another study, default docs/studies/mini_bilingual/study.yaml; its data: is the prepared
-# dataset carried, made from DATA_CONFIG if missing), BUNDLE (bundle folder, default .gpu/mini_bilingual), WHEELS (folder of wheels to install on the device,
+# dataset carried, made from DATA_CONFIG if missing), PART_NAME (names the part's log and results files, default PART), BUNDLE (bundle folder, default .gpu/mini_bilingual), WHEELS (folder of wheels to install on the device,
 # default .whl), OUT (device output folder), TRAIN_DEADLINE (seconds of training, default 420), DEADLINE (seconds
 # from the start of `device` to the end of evaluation, default 540), SIZES (`device` trains only these sizes of the
 # part, e.g. "l1d32 l1d48": sizes added to a study whose other runs came back earlier), STUDY_SET
@@ -52,8 +53,8 @@ from scaling.study.config import load_study
 print(load_study(sys.argv[1], overrides=sys.argv[2:]).out)
 EOF
 }
-# the runs of a part: 1 = the first half of the config's architectures, 2 = the rest, all = every run, or a
-# comma-separated list of architectures; SIZES keeps only those sizes
+# the runs of a part: 1 = the first half of the config's architectures, 2 = the rest, all = every run, a
+# comma-separated list of architectures (SIZES keeps only those sizes), or a comma-separated list of run names
 study_runs() { $PY - "$CFG" "$1" "${SIZES:-}" "${SETS[@]}" <<'EOF'
 import sys
 from scaling.study.config import load_study
@@ -61,6 +62,11 @@ from scaling.study.plan import plan_study
 study = load_study(sys.argv[1], overrides=sys.argv[4:])
 half = (len(study.archs) + 1) // 2
 part = sys.argv[2]
+plans = plan_study(study)
+runs = [p.name for p in plans]
+if part not in ("1", "2", "all") and all(x in runs for x in part.split(",")):
+    print(" ".join(x for x in runs if x in part.split(",")))   # single runs by name, in the plan's order
+    sys.exit(0)
 archs = {"1": study.archs[:half], "2": study.archs[half:], "all": study.archs}.get(part) or part.split(",")
 names = [s.name for s in study.sizes]
 sizes = sys.argv[3].replace(",", " ").split() or names
@@ -68,7 +74,7 @@ for what, asked, known in (("architecture", archs, study.archs), ("size", sizes,
     bad = [x for x in asked if x not in known]
     if bad:
         sys.exit(f"mini_bilingual.sh: {what}(s) {bad} not in the study, which has {known}")
-print(" ".join(p.name for p in plan_study(study) if p.arch in archs and p.size in sizes))
+print(" ".join(p.name for p in plans if p.arch in archs and p.size in sizes))
 EOF
 }
 study_data() { $PY - "$CFG" "${SETS[@]}" <<'EOF'
@@ -153,7 +159,7 @@ device)
   [ -n "$RUNS" ] || die "part $PART${SIZES:+ with sizes $SIZES} holds no runs"
   echo "[gpu] part $PART: $RUNS"
   echo "[gpu] ready in $(( $(date +%s) - T0 ))s; $(nvidia-smi --query-gpu=name,memory.used --format=csv,noheader 2>/dev/null || echo no nvidia-smi)"
-  PNAME=${PART//,/-}   # file names of letters, digits, . _ - (what a device tool brings back)
+  PNAME=${PART_NAME:-${PART//,/-}}   # file names of letters, digits, . _ - (what a device tool brings back)
   LOG=$OUT/part$PNAME.log
   quiet() { grep --line-buffered -v "^step \|it/s\]\|examples/s\]\|snapshot step_\|TNL decay\|layer  *[0-9]*:" || true; }
   set +e
@@ -188,7 +194,14 @@ collect)
   mkdir -p "$STUDY"
   n=0
   for d in "$@"; do
-    for t in $(find "$d" -name 'results_part*.tgz' | sort); do tar -C "$STUDY" -xzf "$t"; n=$((n + 1)); echo "unpacked $t"; done
+    for t in $(find "$d" -name 'results_part*.tgz' | sort); do
+      # a tarball holds the whole record of each of its runs: what an earlier one left of them (another budget's
+      # metrics, evaluations of other snapshots) goes, so that two runs' files never mix
+      for r in $(tar -tzf "$t" | sed -n 's#^\(runs\|eval\|state\)/\([^/][^/]*\)/.*#\2#p' | sort -u); do
+        rm -rf "${STUDY:?}/runs/$r" "$STUDY/eval/$r" "$STUDY/state/$r"
+      done
+      tar -C "$STUDY" -xzf "$t"; n=$((n + 1)); echo "unpacked $t"
+    done
     # the logs without the per-step lines (those are in each run's metrics.jsonl)
     for l in $(find "$d" -name 'part*.log' -o -name 'status_part*.txt'); do
       mkdir -p "$DOCS/logs"; grep -v "^step \|it/s\]\|examples/s\]" "$l" > "$DOCS/logs/$(basename "$l")" || true
@@ -199,7 +212,7 @@ collect)
   [ "${PIPESTATUS[0]}" = 0 ] || die "the report failed (above); nothing copied into $DOCS"
   # the study's small files next to its config: runs' metrics and configs, evaluation results, the report
   for r in "$STUDY"/runs/*/; do
-    r=$(basename "$r"); mkdir -p "$DOCS/runs/$r"
+    r=$(basename "$r"); rm -rf "${DOCS:?}/runs/$r" "$DOCS/eval/$r"; mkdir -p "$DOCS/runs/$r"
     cp "$STUDY/runs/$r"/{config.json,metrics.jsonl,summary.json} "$DOCS/runs/$r/" 2>/dev/null || true
     [ ! -f "$STUDY/eval/$r/results.json" ] || { mkdir -p "$DOCS/eval/$r"; cp "$STUDY/eval/$r/results.json" "$DOCS/eval/$r/"; }
   done

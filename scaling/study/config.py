@@ -80,7 +80,7 @@ class StudyConfig:
     data: str | None
     archs: list[str]
     sizes: list[SizeSpec]
-    tokens: dict[str, int]              # size name -> token budget of each of its runs
+    tokens: dict[str, int]              # size -> token budget of its runs; arch-size -> that one run's budget
     seq_len: int = 8192
     global_batch_tokens: int = 480 * 8192
     recipe: dict[str, Any] = field(default_factory=dict)      # "section.field" -> value, for every run
@@ -95,6 +95,10 @@ class StudyConfig:
 
     def size(self, name: str) -> SizeSpec:
         return next(s for s in self.sizes if s.name == name)
+
+    def budget(self, arch: str, size: str) -> int:
+        """The token budget of the run arch-size: its own entry if the config gives one, else its size's."""
+        return self.tokens.get(f"{arch}-{size}", self.tokens[size])
 
 
 def _err(msg: str) -> StudyConfigError:
@@ -155,16 +159,21 @@ def _sizes(raw: Any) -> list[SizeSpec]:
     return out
 
 
-def _tokens(raw: Any, sizes: list[SizeSpec]) -> dict[str, int]:
+def _tokens(raw: Any, sizes: list[SizeSpec], archs: list[str]) -> dict[str, int]:
+    """{size: budget} for every size, plus {arch-size: budget} for the runs that differ from their size's."""
     if raw is None:
-        raise _err("tokens is required: the token budget of every run (one number, or {size: tokens})")
+        raise _err("tokens is required: the token budget of every run (one number, or {size: tokens}, "
+                   "optionally with {arch-size: tokens} entries for single runs)")
     if isinstance(raw, dict):
         budget = {str(k).lower(): _int(v, f"tokens.{k}") for k, v in raw.items()}
-        unknown = set(budget) - {s.name for s in sizes}
+        names = {s.name for s in sizes}
+        runs = {f"{a}-{s}" for a in archs for s in names}
+        unknown = set(budget) - names - runs
         missing = [s.name for s in sizes if s.name not in budget]
         if unknown or missing:
-            raise _err("tokens: give one budget per size" + (f"; missing {missing}" if missing else "")
-                       + (f"; not a size of this study: {sorted(unknown)}" if unknown else ""))
+            raise _err("tokens: give one budget per size (and optionally arch-size: tokens for single runs, "
+                       f"e.g. {archs[0]}-{sizes[0].name})" + (f"; missing {missing}" if missing else "")
+                       + (f"; neither a size nor an arch-size of this study: {sorted(unknown)}" if unknown else ""))
         return budget
     n = _int(raw, "tokens")
     return {s.name: n for s in sizes}
@@ -294,7 +303,7 @@ def parse_study(raw: dict, path: Path | None = None, base: Path | None = None) -
     except ValueError as err:
         raise _err(f"archs: {err}") from None
     sizes = _sizes(raw.get("sizes"))
-    tokens = _tokens(raw.get("tokens"), sizes)
+    tokens = _tokens(raw.get("tokens"), sizes, archs)
     seq_len = _int(raw.get("seq_len", 8192), "seq_len")
     gbt = _int(raw.get("global_batch_tokens", 480 * 8192), "global_batch_tokens")
     if gbt % seq_len:

@@ -106,7 +106,7 @@ def plan_study(study: StudyConfig) -> list[RunPlan]:
         for arch in study.archs:
             name = f"{arch}-{spec.name}"
             run_dir = study.out / "runs" / name
-            budget = study.tokens[spec.name]
+            budget = study.budget(arch, spec.name)
             tokens_per_step = study.global_batch_tokens
             steps = math.ceil(budget / tokens_per_step)
             argv = pretrain_argv(study, arch, spec.name, run_dir, steps, budget)

@@ -4,7 +4,8 @@ skips what is already done, so running one again (a resubmission, a crash, a new
 only does the missing work:
 
 - train: `launch/pretrain.py <the plan's flags> --resume auto` (in-process); done when the run's
-  summary.json says it finished at the planned step.
+  summary.json says it finished at the planned step. A run directory that holds another run (other settings,
+  another budget that its checkpoints cannot continue to) is moved aside first (`run_change`, `supersede`).
 - export: the selected snapshots to RUN/exports/ (checkpoints.export; existing exports are kept).
 - evaluate: evaluation.sweep over the run's exports into STUDY/eval/<run>/ (its per-(snapshot, task) cache
   skips finished work); with `evaluation.csr: replay` the commonsense tasks are scored from the study's
@@ -17,6 +18,7 @@ Where a study keeps things:
     STUDY/eval/valid_tokens.bin  validation windows from the data's held-out split (task valid_loss)
     STUDY/eval/csr_requests.json lm-eval requests for evaluation.csr = replay
     STUDY/state/<run>/<stage>.json  what each stage last did (status, pid/host or Slurm job, error)
+    STUDY/superseded/<run>-<time>/  an earlier run of another budget or settings, moved aside by `train`
     STUDY/report/                fits, Table 3, plots, report.md
 """
 from __future__ import annotations
@@ -93,13 +95,83 @@ def read_summary(run_dir: Path) -> dict | None:
         return None
 
 
+# the settings that make two runs the same run (the budget aside): a run directory whose recorded config differs in
+# any of them holds another run
+RUN_IDENTITY = ("arch", "model", "optim", "train.seq_len", "train.global_batch_tokens", "train.seed", "train.doc_reset")
+SUPERSEDED = "superseded"
+
+
+def _field(cfg: dict, dotted: str):
+    for part in dotted.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else None
+    return cfg
+
+
+def run_change(plan: RunPlan) -> str | None:
+    """Why the run in plan.run_dir cannot become the plan's run, or None (no run there yet, or the plan's run
+    itself, or a shorter run of the same settings with a resume checkpoint to continue from: the learning rate
+    is constant after the warm-up, so continuing it is the longer run). Otherwise the study trains the plan's
+    run afresh (`supersede`): a run of another budget without a checkpoint to continue from, a longer run than
+    the plan, or a run of other settings would mix two runs' metrics and evaluations."""
+    from checkpoints.layout import CHECKPOINTS, RUN_CONFIG, step_dirs
+    from checkpoints.manifest import MANIFEST
+    from pretrain.config import parse_config
+    try:
+        old = json.loads((plan.run_dir / RUN_CONFIG).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as err:
+        return f"its {RUN_CONFIG} cannot be read ({err})"
+    new = json.loads(json.dumps(parse_config(plan.argv).to_dict()))
+    for key in RUN_IDENTITY:
+        a, b = _field(old, key), _field(new, key)
+        if isinstance(a, dict) and isinstance(b, dict):  # fields added to the code since the run keep their old meaning
+            diff = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
+            if diff:
+                return f"a run of other settings ({', '.join(f'{key}.{k} {a[k]!r}, the plan {b[k]!r}' for k in diff)})"
+        elif a != b:
+            return f"a run of other settings ({key} {a!r}, the plan {b!r})"
+    steps = int(_field(old, "train.max_steps") or 0)
+    if steps == plan.steps:
+        return None
+    if steps > plan.steps:
+        return f"a run of {steps} steps, more than the plan's {plan.steps}"
+    if any((p / MANIFEST).is_file() for _, p in step_dirs(plan.run_dir / CHECKPOINTS)):
+        return None
+    return f"a run of {steps} steps, no checkpoint to continue it to {plan.steps}"
+
+
+def supersede(study: StudyConfig, plan: RunPlan, why: str, log=print) -> Path:
+    """Move the run's directory, evaluation and export/evaluate records to STUDY/superseded/<run>-<time>/ (kept,
+    not deleted), so that the plan's run starts afresh and nothing of the earlier run is read as its."""
+    import shutil
+    dest = study.out / SUPERSEDED / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    while dest.exists():
+        dest = dest.with_name(dest.name + "+")
+    dest.mkdir(parents=True)
+    for src, name in ((plan.run_dir, "run"), (eval_dir(study, plan.name), "eval")):
+        if src.exists():
+            shutil.move(str(src), str(dest / name))
+    for stage in (EXPORT, EVALUATE):
+        rec = state_path(study, plan.name, stage)
+        if rec.exists():
+            (dest / "state").mkdir(exist_ok=True)
+            shutil.move(str(rec), str(dest / "state" / rec.name))
+    log(f"[study] {plan.name}: {plan.run_dir} held {why}; moved to {dest}, training afresh")
+    return dest
+
+
 def train_done(plan: RunPlan) -> bool:
     s = read_summary(plan.run_dir)
-    return bool(s) and s.get("stop") == "finished" and int(s.get("step") or 0) >= plan.steps
+    return bool(s) and s.get("stop") == "finished" and int(s.get("step") or 0) == plan.steps \
+        and run_change(plan) is None
 
 
 def train(study: StudyConfig, plan: RunPlan, log=print) -> dict:
     """Train (or continue) one run in this process; returns the trainer's summary."""
+    why = run_change(plan)
+    if why is not None:
+        supersede(study, plan, why, log)
     if train_done(plan):
         log(f"[study] {plan.name}: trained ({plan.steps} steps), skipped")
         return read_summary(plan.run_dir) or {}

@@ -11,7 +11,7 @@ from pathlib import Path
 from checkpoints.layout import METRICS, MODEL_CONFIG
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
-from scaling.study.stages import (EVALUATE, EXPORT, TRAIN, csr_tasks, eval_dir, read_state, read_summary,
+from scaling.study.stages import (EVALUATE, EXPORT, TRAIN, csr_tasks, eval_dir, read_state, read_summary, run_change,
                                   selected_snapshot_steps, train_done)
 
 
@@ -97,8 +97,11 @@ def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = 
     else:
         train = "pending"
     summary = read_summary(plan.run_dir)
-    if train != "done" and summary and summary.get("stop") == "finished" and int(summary.get("step") or 0) < plan.steps:
-        note = note or f"finished at step {summary['step']} of an earlier, shorter plan: `run` continues it"
+    why = run_change(plan) if train != "done" else None
+    if why:
+        note = note or f"holds {why}: `run` retrains it"
+    elif train != "done" and summary and summary.get("stop") == "finished" and int(summary.get("step") or 0) < plan.steps:
+        note = note or f"finished at step {summary['step']} of a smaller budget: `run` continues it from its checkpoint"
     for stage in (EXPORT, EVALUATE):
         r = read_state(study, plan.name, stage)
         if r and r.get("status") == "failed" and not note:
