@@ -139,7 +139,7 @@ def plot_arch(r: ArchResult, out: Path, include_embedding: bool) -> Path:
             _fit_line(ax, c[m], f, "black", f"L = {f.coef:.4f}·C^{f.exponent:.4f}")
         if r.offset_fit is not None:
             o = r.offset_fit
-            _fit_line(ax, c[m], o, "dimgray", f"L = {o.eps:.3f} + {o.coef:.3f}·C^{o.exponent:.3f}", ":")
+            _fit_line(ax, c[m], o, "dimgray", f"L = {o.eps:.3f} + {o.coef:.3g}·C^{o.exponent:.3f}", ":")
         status = env.status
         interior = status == "interior"
         for ax2, y, fit, name in ((axes[1], env.n_opt, r.n_fit, "N_opt"), (axes[2], env.d_opt, r.d_fit, "D_opt")):
