@@ -90,7 +90,8 @@ def _profile_step(step_fn) -> dict:
     kernels = {}
     for e in prof.key_averages():
         us = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
-        if us > 0 and not e.key.startswith(("aten::", "linscale::", "ProfilerStep", "autograd::")):
+        # "Command Buffer Full": the profiler's mark of the host waiting for room in the launch queue, not a kernel
+        if us > 0 and not e.key.startswith(("aten::", "linscale::", "ProfilerStep", "autograd::", "Command Buffer Full")):
             kernels[e.key] = kernels.get(e.key, 0.0) + us / 1e6
     total = sum(kernels.values()) or 1.0
     classes: dict[str, float] = {}
@@ -311,8 +312,14 @@ def report(out: Path) -> str:
     return "\n\n".join(_report_device([r for r in rows if r.get("device", "?") == d]) for d in devices)
 
 
+def _micro_tokens(r: dict) -> int:
+    return r.get("micro_tokens") or r.get("micro_batch", 1) * r["seq"]
+
+
 def _report_device(rows: list[dict]) -> str:
-    llama = {(r["size"], r["seq"]): r for r in rows if r["arch"] == "llama" and r.get("status") == "ok"}
+    # the ratio to LLaMA: against LLaMA's cell of the same size, length and micro-batch (a larger
+    # micro-batch speeds up every architecture, so cells of different micro-batches are not compared)
+    llama = {(r["size"], r["seq"], _micro_tokens(r)): r for r in rows if r["arch"] == "llama" and r.get("status") == "ok"}
     devices = sorted({r.get("device", "?") for r in rows})
     dates = sorted({r.get("date", "?") for r in rows})
     commits = sorted({str(r.get("commit")) for r in rows})
@@ -323,14 +330,14 @@ def _report_device(rows: list[dict]) -> str:
              "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
     order = {a: i for i, a in enumerate(ARCHS)}
     for r in sorted(rows, key=lambda r: (SIZES.index(r["size"]) if r["size"] in SIZES else 9, r["seq"],
-                                         order.get(r["arch"], 9))):
+                                         _micro_tokens(r), order.get(r["arch"], 9))):
         if r.get("status") != "ok":
             tried = ", ".join(f"{a['ac']}: {a.get('status')}" for a in r.get("attempts", []))
             lines.append(f"| {r['arch']} | {r['size']} | {r['seq']} | {r.get('micro_batch', '?')} x "
                          f"{r.get('accumulation', '?')} | {tried or '-'} | {r.get('status')} | | | | | | | "
                          f"{r.get('date', '?')} |")
             continue
-        ref = llama.get((r["size"], r["seq"]))
+        ref = llama.get((r["size"], r["seq"], _micro_tokens(r)))
         ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}x" if ref else "-"
         first = next((a.get("first_step_s") for a in r["attempts"] if a.get("status") == "ok"), None)
         ac = _ac_label(r)
@@ -351,11 +358,12 @@ def _report_device(rows: list[dict]) -> str:
             if len(best) > 1:
                 base = best[min(best)]
                 flat.append(f"| {arch} | {size} | " + " | ".join(
-                    f"{best[q]['tokens_per_s'] / base['tokens_per_s']:.2f} ({_ac_label(best[q])})" if q in best else ""
+                    f"{best[q]['tokens_per_s'] / base['tokens_per_s']:.2f} ({_ac_label(best[q])}, "
+                    f"{best[q]['micro_batch']} x {best[q]['accumulation']})" if q in best else ""
                     for q in seqs) + " |")
     if flat:
         lines += ["", "tokens/s of each model's fastest measured setting at each length, relative to its shortest "
-                      "measured length (activation checkpointing in brackets):", "",
+                      "measured length (activation checkpointing and micro x accum in brackets):", "",
                   "| arch | size | " + " | ".join(map(str, seqs)) + " |", "|---|---|" + "---:|" * len(seqs)] + flat
     profiles = [r for r in rows if r.get("status") == "ok" and any("profile" in a for a in r["attempts"])]
     for r in profiles:

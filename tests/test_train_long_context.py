@@ -395,23 +395,33 @@ def test_bench_report_ratios_and_flatness(tmp_path):
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "launch"))
     import bench_train
 
-    def cell(arch, seq, tps, ac="none", status="ok", **extra):
+    def cell(arch, seq, tps, ac="none", status="ok", name=None, **extra):
         r = {"arch": arch, "size": "1b", "seq": seq, "tokens_per_step": 65536, "micro_batch": max(1, 8192 // seq),
              "accumulation": 65536 // max(seq, 8192), "status": status, "ac": ac, "ac_fraction": 1.0,
              "tokens_per_s": tps, "mfu": 0.4, "peak_gib": 30.0, "device": "GPU", "date": "d", "commit": "c",
-             "attempts": [{"ac": ac, "status": status, "first_step_s": 12.0}], **extra}
-        (tmp_path / f"{arch}-{seq}.json").write_text(json.dumps(r))
+             "attempts": [{"ac": ac, "status": status, "first_step_s": 12.0}]}
+        r.update(extra)
+        (tmp_path / f"{name or f'{arch}-{seq}'}.json").write_text(json.dumps(r))
 
     cell("llama", 8192, 40000.0, graph_breaks=0)
     cell("tnl", 8192, 50000.0, graph_breaks=6)
     cell("tnl", 32768, 45000.0, ac="full")
+    # 2 x 8192 tokens a micro-batch: compared with LLaMA at 2 x 8192, not at 1 x 8192
+    for arch, tps in (("llama", 44000.0), ("tnl", 66000.0)):
+        cell(arch, 8192, tps, micro_batch=2, accumulation=4, micro_tokens=16384, name=f"{arch}-8192-m16384")
     text = bench_train.report(tmp_path)
     assert "| tnl | 1b | 8192 | 1 x 8 | none | 50.0k | 40.0% | 30.0 | 1.25x | 12 | 6 | d |" in text
     assert "| llama | 1b | 8192 | 1 x 8 | none | 40.0k | 40.0% | 30.0 | 1.00x | 12 | 0 | d |" in text
+    assert "| tnl | 1b | 8192 | 2 x 4 | none | 66.0k | 40.0% | 30.0 | 1.50x | 12 | ? | d |" in text
+    assert "| llama | 1b | 8192 | 2 x 4 | none | 44.0k | 40.0% | 30.0 | 1.00x | 12 | ? | d |" in text
+    lines = text.splitlines()
+    assert lines.index(next(ln for ln in lines if "| 1 x 8 |" in ln and "| tnl |" in ln)) < lines.index(
+        next(ln for ln in lines if "| 2 x 4 |" in ln and "| llama |" in ln))  # grouped by micro-batch
     # no LLaMA at 32K; no graph-break count recorded
     assert "| tnl | 1b | 32768 | 1 x 2 | full | 45.0k | 40.0% | 30.0 | - | 12 | ? | d |" in text
     assert "| arch | size | 8192 | 32768 |" in text
-    assert "| tnl | 1b | 1.00 (none) | 0.90 (full) |" in text
+    # flatness: each length's fastest cell (here 8K at 2 x 4) is the reference
+    assert "| tnl | 1b | 1.00 (none, 2 x 4) | 0.68 (full, 1 x 2) |" in text
 
 
 def test_bench_keeps_the_graph_break_lines_of_a_dynamo_log():
