@@ -4,7 +4,7 @@ The estimate: fp32 weights, gradients and AdamW state (16 bytes a parameter), th
 and the activations each block keeps per token (the architecture's `act_bytes_per_d` x d bytes without checkpointing,
 measured compiled on an H100 at 1B, seq 8192; 4 d bytes -- its fp32 input -- for a fully checkpointed
 block, plus one block's activations while it is recomputed). It errs on the high side (a half-checkpointed
-TNL 1B at 32K: 66 GiB estimated, 61.4 GiB measured); docs/training.md, Long context, has the numbers.
+TNL 1B at 32K: 68.8 GiB estimated, 55.1 GiB measured); docs/training.md, Long context, has the numbers.
 """
 from __future__ import annotations
 

@@ -340,20 +340,26 @@ def test_out_of_memory_names_the_settings(tmp_path, monkeypatch, capsys):
 # the memory estimate behind --activation-checkpointing auto, and the benchmark's report
 # ----------------------------------------------------------------------------------------------------
 
-# peak GiB measured on an H100 80GB (launch/bench_train.py, 1B, compiled, bf16; docs/benchmarks.md)
-MEASURED_1B = [("tnl", 8192, "none", 1.0, 36.2), ("tnl", 8192, "full", 1.0, 20.2), ("tnl", 32768, "full", 0.5, 61.4),
-               ("tnl", 32768, "full", 1.0, 25.9), ("tnl", 65536, "full", 1.0, 31.1), ("llama", 8192, "none", 1.0, 33.1),
-               ("llama", 32768, "full", 1.0, 25.5), ("llama", 65536, "full", 1.0, 30.6),
-               ("hgrn2", 8192, "none", 1.0, 39.0), ("hgrn2", 65536, "full", 1.0, 30.9),
-               ("cos2", 8192, "none", 1.0, 38.1), ("cos2", 65536, "full", 1.0, 34.5)]
+# peak GiB measured on an H100 80GB (launch/bench_train.py, 1B, compiled, bf16; docs/bench_train): one and two
+# sequences of 8K a micro-batch, every block or none checkpointed, and auto's fractions at 32K and 64K
+MEASURED_1B = [("tnl", 8192, "none", 1.0, 36.2), ("tnl", 8192, "full", 1.0, 20.2), ("tnl", 16384, "none", 1.0, 52.2),
+               ("tnl", 32768, "full", 0.5, 55.1), ("tnl", 65536, "full", 0.875, 44.9),
+               ("llama", 8192, "none", 1.0, 33.1), ("llama", 16384, "none", 1.0, 46.0),
+               ("llama", 32768, "full", 0.375, 54.6), ("llama", 65536, "full", 0.75, 53.4),
+               ("hgrn2", 8192, "none", 1.0, 37.7), ("hgrn2", 16384, "none", 1.0, 55.2),
+               ("hgrn2", 32768, "full", 0.5, 58.0), ("hgrn2", 65536, "full", 0.875, 46.5),
+               ("cos2", 8192, "none", 1.0, 38.1), ("cos2", 16384, "none", 1.0, 55.7),
+               ("cos2", 32768, "full", 0.625, 51.8), ("cos2", 65536, "full", 0.875, 49.8)]
 
 
 @pytest.mark.parametrize("arch,tokens,mode,fraction,measured", MEASURED_1B)
 def test_memory_estimate_is_a_close_upper_bound(arch, tokens, mode, fraction, measured):
+    """Never below a measured peak (auto must not pick a setting that runs out of memory), and at most
+    30% above it (auto must not checkpoint much more than it needs)."""
     from models import model_config
     from pretrain.memory import estimate_peak_gib
     est = estimate_peak_gib(model_config(arch, "1b"), tokens, mode, fraction)
-    assert measured <= est <= 1.25 * measured
+    assert measured <= est <= 1.3 * measured
 
 
 def test_auto_checkpointing_takes_the_cheapest_setting_that_fits():
