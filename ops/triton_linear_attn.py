@@ -36,7 +36,9 @@ ANCHOR_CHUNKS = 8
 
 
 def _np2(x: int) -> int:
-    return triton.next_power_of_2(max(int(x), 16))
+    # plain Python: triton.next_power_of_2 is a constexpr function in newer Triton releases, whose wrapper
+    # costs microseconds per call, and a fwd+bwd calls this a dozen times
+    return 1 << max(4, (int(x) - 1).bit_length())
 
 
 def _prec(x: Tensor) -> str:
@@ -247,8 +249,7 @@ def _lightning_backward(q, k, v, log_lam, h0, dht, Hs, do, cu, N, T, plan):
     return _bwd_walks(q, k, v, None, log_lam, None, do, h0, dht, Hs, cu, N, T, False, plan)
 
 
-@torch.library.custom_op("linscale::lightning_attn_fwd", mutates_args=())
-def _lightning_fwd(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: Tensor | None,
+def _lightning_fwd_impl(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: Tensor | None,
                    cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     q, k, v, h0 = _contig(q, k, v, h0)
     N, T, cu = _layout(q, cu_seqlens)
@@ -263,6 +264,9 @@ def _lightning_fwd(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: 
     return o, ht, Hs, _seg_marker(q, plan)
 
 
+_lightning_fwd = torch.library.custom_op("linscale::lightning_attn_fwd", _lightning_fwd_impl, mutates_args=())
+
+
 @_lightning_fwd.register_fake
 def _(q, k, v, log_lam, h0, cu_seqlens):
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -272,8 +276,7 @@ def _(q, k, v, log_lam, h0, cu_seqlens):
             q.new_empty((ctx.new_dynamic_size(),), dtype=torch.int8))
 
 
-@torch.library.custom_op("linscale::lightning_attn_bwd", mutates_args=())
-def _lightning_bwd(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: Tensor | None,
+def _lightning_bwd_impl(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: Tensor | None,
                    cu_seqlens: Tensor | None, Hs: Tensor, seg: Tensor, do: Tensor, dht: Tensor | None
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     q, k, v, h0, do, dht = _contig(q, k, v, h0, do, dht)
@@ -281,6 +284,9 @@ def _lightning_bwd(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: 
     plan = _replan("lightning", q, v, N, T, cu_seqlens, seg)
     dq, dk, dv, dh0 = _lightning_backward(q, k, v, log_lam, h0, dht, Hs, do.to(v.dtype), cu, N, T, plan)
     return dq, dk, dv, dh0 if dh0 is not None else _empty(q)
+
+
+_lightning_bwd = torch.library.custom_op("linscale::lightning_attn_bwd", _lightning_bwd_impl, mutates_args=())
 
 
 def _replan(op, q, v, N, T, cu_seqlens, seg) -> tuning.Plan:
@@ -304,15 +310,43 @@ def _lightning_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(q, k, v, log_lam, h0, cu_seqlens, output[2], output[3])
 
 
-def _lightning_autograd(ctx, do, dht, _dHs, _dseg):
+def _lightning_grads(ctx, do, dht, bwd):
     q, k, v, log_lam, h0, cu_seqlens, Hs, seg = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(v)
-    dq, dk, dv, dh0 = _lightning_bwd(q, k, v, log_lam, h0, cu_seqlens, Hs, seg, do, dht)
+    dq, dk, dv, dh0 = bwd(q, k, v, log_lam, h0, cu_seqlens, Hs, seg, do, dht)
     return dq, dk, dv, None, dh0 if h0 is not None else None, None
 
 
+def _lightning_autograd(ctx, do, dht, _dHs, _dseg):
+    return _lightning_grads(ctx, do, dht, _lightning_bwd)
+
+
 torch.library.register_autograd("linscale::lightning_attn_fwd", _lightning_autograd, setup_context=_lightning_setup)
+
+
+class _LightningEager(torch.autograd.Function):
+    """Eager mode's entry (see `_eager`): the custom op's forward, backward and saved tensors, without
+    the dispatcher's Python layers around them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, log_lam, h0, cu_seqlens):
+        out = _lightning_fwd_impl(q, k, v, log_lam, h0, cu_seqlens)
+        _lightning_setup(ctx, (q, k, v, log_lam, h0, cu_seqlens), out)
+        return out[0], out[1]
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        return _lightning_grads(ctx, do, dht, _lightning_bwd_impl)
+
+
+def _eager(*xs: Tensor | None) -> bool:
+    """Whether a call takes the autograd.Function entry instead of the custom op: plain tensors outside
+    torch.compile. Both run the same forward and backward; the custom op's dispatch (schema checks, its
+    autograd wrapper, a second dispatch for the backward) costs a few hundred microseconds of host time
+    per fwd+bwd, which small shapes wait for. Under torch.compile, and for fake tensors or other tensor
+    subclasses, the custom op stays the one opaque node."""
+    return not torch.compiler.is_compiling() and all(x is None or type(x) is Tensor for x in xs)
 
 
 def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
@@ -322,6 +356,8 @@ def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
         return _registered_fallback("lightning_attn")(q, k, v, decay, initial_state, cu_seqlens)
     # TNL's decay is a fixed constant: no gradient reaches it (its log is taken outside the graph of q, k, v)
     log_lam = None if decay is None else decay.detach().float().log().contiguous()
+    if _eager(q, k, v, initial_state, cu_seqlens):
+        return _LightningEager.apply(q, k, v, log_lam, initial_state, cu_seqlens)
     o, ht, _, _ = _lightning_fwd(q, k, v, log_lam, initial_state, cu_seqlens)
     return o, ht
 
@@ -438,8 +474,7 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     return dq_out, dk_out, dv, dg, dh0
 
 
-@torch.library.custom_op("linscale::gated_linear_attn_fwd", mutates_args=())
-def _gla_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
+def _gla_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
              cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, h0 = _contig(q, k, v, g, h0)
     N, T, cu = _layout(q, cu_seqlens)
@@ -458,6 +493,9 @@ def _gla_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
     return o, ht, A, tame, table, Hs, _seg_marker(q, plan)
 
 
+_gla_fwd = torch.library.custom_op("linscale::gated_linear_attn_fwd", _gla_fwd_impl, mutates_args=())
+
+
 @_gla_fwd.register_fake
 def _(q, k, v, g, h0, cu_seqlens):
     B, T, H, K = q.shape
@@ -472,8 +510,7 @@ def _(q, k, v, g, h0, cu_seqlens):
             q.new_empty((ctx.new_dynamic_size(),), dtype=torch.int8))
 
 
-@torch.library.custom_op("linscale::gated_linear_attn_bwd", mutates_args=())
-def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_seqlens: Tensor | None,
+def _gla_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_seqlens: Tensor | None,
              A: Tensor, tame: Tensor, table: Tensor, Hs: Tensor, seg: Tensor, do: Tensor, dht: Tensor | None
              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, h0, do, dht = _contig(q, k, v, g, h0, do, dht)
@@ -482,6 +519,9 @@ def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_s
     plan = _replan("gla", q, v, N, T, cu_seqlens, seg)
     dq, dk, dv, dg, dh0 = _gla_backward(q, k, v, g, h0, A, tame, Hs, do.to(v.dtype), dht, cu, N, T, chunks, plan)
     return dq, dk, dv, dg, dh0 if dh0 is not None else _empty(q)
+
+
+_gla_bwd = torch.library.custom_op("linscale::gated_linear_attn_bwd", _gla_bwd_impl, mutates_args=())
 
 
 @_gla_bwd.register_fake
@@ -498,15 +538,33 @@ def _gla_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(q, k, v, g, h0, cu_seqlens, *output[2:])
 
 
-def _gla_autograd(ctx, do, dht, _dA, _dtame, _dtable, _dHs, _dseg):
+def _gla_grads(ctx, do, dht, bwd):
     q, k, v, g, h0, cu_seqlens, A, tame, table, Hs, seg = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(v)
-    dq, dk, dv, dg, dh0 = _gla_bwd(q, k, v, g, h0, cu_seqlens, A, tame, table, Hs, seg, do, dht)
+    dq, dk, dv, dg, dh0 = bwd(q, k, v, g, h0, cu_seqlens, A, tame, table, Hs, seg, do, dht)
     return dq, dk, dv, dg, dh0 if h0 is not None else None, None
 
 
+def _gla_autograd(ctx, do, dht, _dA, _dtame, _dtable, _dHs, _dseg):
+    return _gla_grads(ctx, do, dht, _gla_bwd)
+
+
 torch.library.register_autograd("linscale::gated_linear_attn_fwd", _gla_autograd, setup_context=_gla_setup)
+
+
+class _GlaEager(torch.autograd.Function):
+    """Eager mode's entry (see `_eager`), as `_LightningEager`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, h0, cu_seqlens):
+        out = _gla_fwd_impl(q, k, v, g, h0, cu_seqlens)
+        _gla_setup(ctx, (q, k, v, g, h0, cu_seqlens), out)
+        return out[0], out[1]
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        return _gla_grads(ctx, do, dht, _gla_bwd_impl)
 
 
 def gated_linear_attn_triton(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
@@ -514,6 +572,8 @@ def gated_linear_attn_triton(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
     _check_device(q)
     if q.dtype == torch.float64:
         return _registered_fallback("gated_linear_attn")(q, k, v, log_f, initial_state, cu_seqlens)
+    if _eager(q, k, v, log_f, initial_state, cu_seqlens):
+        return _GlaEager.apply(q, k, v, log_f, initial_state, cu_seqlens)
     o, ht, *_ = _gla_fwd(q, k, v, log_f, initial_state, cu_seqlens)
     return o, ht
 

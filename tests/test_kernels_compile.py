@@ -72,12 +72,12 @@ def test_unused_final_state_reaches_the_backward_as_none(compiled, monkeypatch):
     import ops.triton_linear_attn as TL
     torch._dynamo.reset()
     seen = []
-    orig = TL._gla_bwd
+    orig = TL._gla_backward  # called by the custom op (compiled) and by the eager entry alike
 
     def spy(*args):
-        seen.append(args[-1] is None)  # dht, the final state's gradient
+        seen.append(args[9] is None)  # dht, the final state's gradient
         return orig(*args)
-    monkeypatch.setattr(TL, "_gla_bwd", spy)
+    monkeypatch.setattr(TL, "_gla_backward", spy)
     q, k, v, x, _ = (t.requires_grad_(True) for t in _inputs(True))
 
     def loss_o_only(q, k, v, x):
@@ -86,3 +86,36 @@ def test_unused_final_state_reaches_the_backward_as_none(compiled, monkeypatch):
     fn = torch.compile(loss_o_only, backend="aot_eager", fullgraph=True) if compiled else loss_o_only
     fn(q, k, v, x).backward()
     assert seen == [True]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_eager_entry_runs_the_custom_ops_code(gated, monkeypatch):
+    """Eager calls on plain tensors take the autograd.Function entry, not the custom op (whose dispatch
+    costs host time); both run the same forward and backward, so outputs and gradients are bitwise equal,
+    with an initial state, packed input and a loss on the final state."""
+    import ops.triton_linear_attn as TL
+    q, k, v, x, h0 = _inputs(gated)
+    cu = torch.tensor([0, 30, 70])
+    leaves = [q, k, v, h0] + ([x] if gated else [])
+    name = "_gla_fwd" if gated else "_lightning_fwd"
+    op = getattr(TL, name)
+    calls = []
+
+    def spy(*args):
+        calls.append(1)
+        return op(*args)
+
+    def run():
+        ins = [t.clone().requires_grad_(True) for t in leaves]
+        loss = _loss(gated, ins[0], ins[1], ins[2], ins[4] if gated else x, ins[3], cu)
+        return loss.detach(), torch.autograd.grad(loss, ins)
+
+    monkeypatch.setattr(TL, name, spy)
+    eager_loss, eager_grads = run()
+    assert calls == []  # the eager entry never dispatched through the custom op
+    monkeypatch.setattr(TL, "_eager", lambda *xs: False)  # every call through the custom op
+    op_loss, op_grads = run()
+    assert calls == [1]
+    assert torch.equal(eager_loss, op_loss)
+    for a, b in zip(eager_grads, op_grads):
+        assert torch.equal(a, b)
