@@ -136,12 +136,13 @@ def plan(op: str, N: int, H: int, T: int, K: int, V: int, device: torch.device, 
     """The plan for `op` ('lightning' or 'gla') on N sequences of H heads, K / V wide; T is the padded
     length of each sequence, or for packed input (varlen) the total length of all N."""
     cfg = get_config()
-    gpu, sms = _gpu(device)
-    key = (op, N, H, T, K, V, device, varlen, gpu, id(cfg), _FORCED_VERSION[0])
+    # the device names the GPU, so a cached plan needs no device-property query
+    key = (op, N, H, T, K, V, device, varlen, id(cfg), _FORCED_VERSION[0])
     hit = _PLANS.get(key)
     if hit is None:
         if len(_PLANS) > 4096:
             _PLANS.clear()
+        gpu, sms = _gpu(device)
         hit = _PLANS[key] = _plan(op, N, H, T, K, V, device, varlen, measure, cfg, gpu, sms)
     return hit
 

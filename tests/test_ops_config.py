@@ -139,6 +139,7 @@ def test_autotune_times_candidates_once_and_caches_per_gpu(monkeypatch, tmp_path
     stored = json.loads(cache.read_text())
     assert list(stored) == ["GPU-A"] and list(stored["GPU-A"].values()) == [p.seg_chunks]
     monkeypatch.setattr(tuning, "_gpu", lambda device: ("GPU-B", 132))
+    tuning._PLANS.clear()  # in a process a device is one GPU: the in-process cache is keyed by device
     tuning.plan(*args, measure=measure)
     assert len(calls) > n  # another GPU: measured again
     cache.write_text("{not json")
