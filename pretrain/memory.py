@@ -37,6 +37,23 @@ def choose_checkpointing(cfg: ModelConfig, micro_tokens: int, budget_gib: float)
     return "full", 1.0
 
 
+def larger_micro_batch(cfg: ModelConfig, seq_tokens: int, micro_batch: int, accumulation: int,
+                       budget_gib: float) -> int | None:
+    """The largest micro-batch above `micro_batch` whose estimate without activation checkpointing fits in
+    `budget_gib` and that keeps the global batch exact (micro_batch x k with k dividing `accumulation`);
+    None when there is none. `seq_tokens`: the tokens of one sequence on a rank. Fewer, larger
+    micro-batches are faster where they fit (a linear model's scans over one 8K sequence leave most SMs
+    idle, and the per-micro-batch work is paid less often; docs/training.md, Micro-batch)."""
+    best = None
+    for k in range(2, accumulation + 1):
+        if accumulation % k:
+            continue
+        if estimate_peak_gib(cfg, micro_batch * k * seq_tokens) > budget_gib:
+            break  # the estimate grows with the tokens: no larger k fits either
+        best = micro_batch * k
+    return best
+
+
 def _setting(mode: str, fraction: float) -> str:
     if mode == "none":
         return "off"

@@ -259,7 +259,7 @@ class Trainer:
         mode = ac_mode(t)
         if device.type != "cuda":
             return ("none", 1.0) if mode == "auto" else (mode, t.ac_fraction)
-        from pretrain.memory import choose_checkpointing, estimate_peak_gib, fit_warning
+        from pretrain.memory import choose_checkpointing, estimate_peak_gib, fit_warning, larger_micro_batch
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
         tokens = t.micro_batch * t.seq_len // self.cfg.dist.sp  # a rank holds its segment of each sequence
         if mode == "auto":
@@ -273,6 +273,14 @@ class Trainer:
         warning = fit_warning(self.model_cfg, tokens, mode, frac, total) if self.cfg.dist.zero == 0 else None
         if warning:
             logger.warning(warning)
+        if mode == "none" and self.cfg.dist.zero == 0:
+            bigger = larger_micro_batch(self.model_cfg, t.seq_len // self.cfg.dist.sp, t.micro_batch, self.accum,
+                                        0.9 * total)
+            if bigger:
+                logger.info(f"--micro-batch {bigger} would also fit without activation checkpointing (estimated "
+                            f"peak {estimate_peak_gib(self.model_cfg, bigger * tokens // t.micro_batch):.0f} of "
+                            f"{total:.0f} GiB) and is usually faster: the same global batch in fewer, larger "
+                            f"micro-batches (docs/training.md, Micro-batch)")
         return mode, frac
 
     def _sp_segment(self) -> dict:

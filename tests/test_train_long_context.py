@@ -375,6 +375,54 @@ def test_auto_checkpointing_takes_the_cheapest_setting_that_fits():
     assert choose_checkpointing(cfg, 10**7, budget) == ("full", 1.0)  # nothing fits: the most it can do
 
 
+def test_larger_micro_batch_that_fits_keeps_the_global_batch():
+    """The hint before the first step: the largest micro-batch that fits without checkpointing and divides
+    the step's sequences; at 1B/8K on an H100 that is 2 (measured faster; 4 would need ~106 GiB)."""
+    from models import model_config
+    from pretrain.memory import estimate_peak_gib, larger_micro_batch
+    budget = 0.9 * 79.1
+    tnl, small = model_config("tnl", "1b"), model_config("tnl", "410m")
+    assert larger_micro_batch(tnl, 8192, 1, 8, budget) == 2
+    assert estimate_peak_gib(tnl, 2 * 8192) <= budget < estimate_peak_gib(tnl, 4 * 8192)
+    assert larger_micro_batch(tnl, 8192, 1, 1, budget) is None      # one micro-batch a step already
+    assert larger_micro_batch(tnl, 8192, 1, 3, budget) is None      # 3 x 8192 does not fit, 2 does not divide 3
+    assert larger_micro_batch(tnl, 8192, 2, 4, budget) is None      # 4 x 8192 does not fit
+    assert larger_micro_batch(tnl, 65536, 1, 8, budget) is None     # even 2 x 64K needs checkpointing
+    # a smaller model: the largest divisor of the accumulation that fits
+    k = larger_micro_batch(small, 8192, 1, 8, budget)
+    assert k in (2, 4, 8) and estimate_peak_gib(small, k * 8192) <= budget
+    assert k == 8 or estimate_peak_gib(small, 2 * k * 8192) > budget
+    # micro 4 x accumulation 6: 8 (x 2) and 12 (x 3) fit, 24 (x 6, 77.6 GiB) does not
+    assert larger_micro_batch(small, 2048, 4, 6, budget) == 12 < 24
+    assert estimate_peak_gib(small, 12 * 2048) <= budget < estimate_peak_gib(small, 24 * 2048)
+
+
+def test_trainer_names_a_larger_micro_batch_before_the_first_step(monkeypatch, capsys):
+    """On an 80 GB GPU, TNL 1B at 8K with --micro-batch 1 is told that 2 fits without checkpointing; with
+    2 (or with checkpointing asked for) nothing is said."""
+    import types
+
+    import torch
+
+    from models import model_config
+    from pretrain.config import parse_config
+    from pretrain.trainer import Trainer
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=int(79.1 * 2**30)))
+
+    def hint(*flags, accum):
+        cfg = parse_config(["--arch", "tnl", "--size", "1b", "--seq-len", "8192", "--global-batch-tokens",
+                            str(8 * 8192), *flags])
+        run = types.SimpleNamespace(cfg=cfg, model_cfg=model_config("tnl", "1b"), accum=accum)
+        capsys.readouterr()
+        setting = Trainer._checkpointing(run, torch.device("cuda"))
+        return setting, [ln for ln in capsys.readouterr().out.splitlines() if "would also fit" in ln]
+
+    setting, lines = hint("--micro-batch", "1", accum=8)
+    assert setting == ("none", 1.0) and len(lines) == 1 and "--micro-batch 2 would also fit" in lines[0]
+    assert hint("--micro-batch", "2", accum=4)[1] == []
+    assert hint("--micro-batch", "1", "--activation-checkpointing", "full", accum=8)[1] == []
+
+
 def test_fit_warning_names_a_setting_that_fits():
     """A setting whose estimate exceeds the GPU gets a warning before the first step, naming what auto
     would take there (and that setting's estimate fits); one that fits gets none; a micro-batch that fits
