@@ -13,6 +13,8 @@ time the candidates. Production code never calls it: the plan comes from `ops.tu
         ...
     with force_plan(anchor_chunks=1):        # GLA: d log_f anchored at every chunk boundary
         ...
+    with force_plan(gla_sub="tile"):         # GLA: the other form of the sub-chunk kernels
+        ...
 """
 from __future__ import annotations
 
@@ -26,11 +28,13 @@ SCAN = 1 << 30  # a segment length no sequence reaches: the scan layout
 
 @contextmanager
 def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
-               tame_span: float | None = None, anchor_chunks: int | None = None) -> Iterator[None]:
+               tame_span: float | None = None, anchor_chunks: int | None = None,
+               gla_sub: str | None = None) -> Iterator[None]:
     """seg_chunks: segment length in chunks (SCAN: the scan layout); launch: per-kernel overrides;
     tame_span: GLA chunks decaying by at most exp(-tame_span) take the direct intra-chunk products
     (-1: none does, every chunk goes through the sub-chunk kernels); anchor_chunks: GLA d log_f anchored
-    every this many chunks (SCAN: never, one reverse sum over the whole sequence)."""
+    every this many chunks (SCAN: never, one reverse sum over the whole sequence); gla_sub: the form of
+    GLA's sub-chunk kernels, "rows" or "tile" (`ops.triton_linear_attn.SUB_FORM`)."""
     old = dict(tuning._FORCED)
     # nested calls add to the enclosing one's settings (a test forcing tame_span around a helper that
     # forces the layout keeps both)
@@ -50,6 +54,10 @@ def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
         if anchor_chunks < 1:
             raise ValueError(f"anchor_chunks must be >= 1, got {anchor_chunks}")
         tuning._FORCED["anchor_chunks"] = int(anchor_chunks)
+    if gla_sub is not None:
+        if gla_sub not in ("rows", "tile"):
+            raise ValueError(f"gla_sub must be 'rows' or 'tile', got {gla_sub!r}")
+        tuning._FORCED["gla_sub"] = gla_sub
     try:
         yield
     finally:

@@ -354,6 +354,180 @@ def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
             tl.store(dk + p, acc_k, mask=m)
 
 
+# ----------------------------------------------------------------------------------------------------
+# the sub-chunk path by rows: dA formed once per chunk, the diagonal blocks one row at a time
+# ----------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _row(x, bos, t, L, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask):
+    """Row t of x over the columns offs, fp32 ([len(offs)]; 0 past the sequence end)."""
+    return tl.load(x + ((bos + t) * H + i_h) * D + offs, mask=cmask & ((offs * 0 + t) < L), other=0.).to(tl.float32)
+
+
+@triton.jit
+def gla_A_rows_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
+                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                      KP: tl.constexpr, SUB_SPAN: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, BT // BC, H); only for chunks that are not tame (flag 0; `gla_A_tame_kernel` does the
+    others). The rows of sub-chunk S of A:
+      * each earlier sub-chunk J < S by one tensor-core product per key block,
+        A[S, J] = (q_S exp(b_S - r)) (k_J exp(r - b_J))^T, r = b at S's first row (both exponents <= 0);
+      * the diagonal block over the whole key width (KP): by one more product with the mid-range
+        reference when no key channel decays by more than exp(-SUB_SPAN) across S (`_sub_factors`), else
+        one key row j at a time, A[i, j] = sum_d q_id k_jd exp(b_id - b_jd) for every row i of S at once
+        (a [BC, KP] tile, exponents clamped to <= 0; the column is stored as it is formed, so no
+        register tile is indexed by j);
+      * zeros right of the diagonal block."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_S = tl.program_id(1)
+    i_h = tl.program_id(2)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
+    L = eos - bos
+    s0 = i_c * BT + i_S * BC  # S's first row
+    if not _is_tame(tame, bos, i_c * BT, i_h, H):
+        if s0 < L:
+            offs_j = tl.arange(0, BC)
+            rows_S = s0 + offs_j
+            rmask = rows_S < L
+            a_row = A + ((bos + rows_S) * H + i_h) * BT  # [BC] row starts
+            for J in range(0, i_S):
+                rows_J = i_c * BT + J * BC + offs_j  # every row real: they precede S's first row
+                acc = tl.zeros([BC, BC], dtype=tl.float32)
+                for kb in range(0, tl.cdiv(K, BK)):
+                    offs_k = kb * BK + tl.arange(0, BK)
+                    kmask = offs_k < K
+                    r = _row(bc, bos, s0, L, i_h, H, K, offs_k, kmask)[None, :]
+                    b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+                    q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                    b_J = _tile(bc, bos, rows_J, L, i_h, H, K, offs_k, kmask)
+                    k_J = _tile(k, bos, rows_J, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                    acc += dot32(q_S * _exp0(b_S - r), tl.trans(k_J * _exp0(r - b_J)), PREC)
+                tl.store(a_row[:, None] + J * BC + offs_j[None, :], acc, mask=rmask[:, None])
+            cols = tl.arange(0, BT)[None, :]
+            tl.store(a_row[:, None] + cols, tl.zeros([BC, BT], dtype=tl.float32),
+                     mask=rmask[:, None] & (cols >= (i_S + 1) * BC))
+            offs_d = tl.arange(0, KP)
+            dmask = offs_d < K
+            b_D = _tile(bc, bos, rows_S, L, i_h, H, K, offs_d, dmask)
+            q_D = _tile(q, bos, rows_S, L, i_h, H, K, offs_d, dmask).to(tl.float32)
+            r0 = _row(bc, bos, s0, L, i_h, H, K, offs_d, dmask)[None, :]
+            if _sub_span(b_D, r0) <= SUB_SPAN:
+                k_D = _tile(k, bos, rows_S, L, i_h, H, K, offs_d, dmask).to(tl.float32)
+                e_q, e_k = _sub_factors(b_D, r0, SUB_SPAN)
+                a_d = dot32(q_D * e_q, tl.trans(k_D * e_k), PREC)
+                causal = offs_j[:, None] >= offs_j[None, :]
+                tl.store(a_row[:, None] + i_S * BC + offs_j[None, :], tl.where(causal, a_d, 0.),
+                         mask=rmask[:, None])
+            else:
+                n_j = tl.minimum(L - s0, BC)  # the key rows that exist; the columns of the others are 0
+                tl.store(a_row[:, None] + i_S * BC + offs_j[None, :], tl.zeros([BC, BC], dtype=tl.float32),
+                         mask=rmask[:, None] & (offs_j[None, :] >= n_j))
+                for j in range(0, n_j):
+                    k_j = _row(k, bos, s0 + j, L, i_h, H, K, offs_d, dmask)[None, :]
+                    b_j = _row(bc, bos, s0 + j, L, i_h, H, K, offs_d, dmask)[None, :]
+                    a_j = tl.sum(q_D * k_j * _exp0(b_D - b_j), axis=1)
+                    tl.store(a_row + i_S * BC + j, tl.where(offs_j >= j, a_j, 0.), mask=rmask)
+
+
+@triton.jit
+def gla_dA_kernel(v, do, dA, tame, cu, chunks, T, NT, H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                  BV: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, H); only for chunks that are not tame. dA = do v^T strictly below the diagonal (the
+    i == j terms: see gla_dg_kernel), fp32 [tokens, H, BT], zeros elsewhere: formed once per chunk here
+    and read by every (sub-chunk, key block) program of `gla_dqk_rows_kernel`."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_h = tl.program_id(1)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
+    if not _is_tame(tame, bos, i_c * BT, i_h, H):
+        L = eos - bos
+        rows = i_c * BT + tl.arange(0, BT)
+        acc = tl.zeros([BT, BT], dtype=tl.float32)
+        for vb in range(0, tl.cdiv(V, BV)):
+            offs_v = vb * BV + tl.arange(0, BV)
+            vmask = offs_v < V
+            b_do = _tile(do, bos, rows, L, i_h, H, V, offs_v, vmask)
+            b_v = _tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)
+            acc += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
+        idx = tl.arange(0, BT)
+        p = dA + ((bos + rows) * H + i_h)[:, None] * BT + idx[None, :]
+        tl.store(p, tl.where(idx[:, None] > idx[None, :], acc, 0.), mask=(rows < L)[:, None])
+
+
+@triton.jit
+def gla_dqk_rows_kernel(q, k, bc, dA, dq, dk, tame, cu, chunks, T, NT,
+                        H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                        SUB_SPAN: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, (BT // BC) * cdiv(K, BK), H); only for chunks that are not tame. The intra-chunk dq, dk
+    (fp32) of sub-chunk S's rows in one key block, from dA (`gla_dA_kernel`):
+      * dq_S += exp(b_S - r) sum_{J < S} dA[S, J] (k_J exp(r - b_J)), r = b at S's first row, and
+        dk_S += exp(r' - b_S) sum_{J > S} dA[J, S]^T (q_J exp(b_J - r')), r' = b at S's last row: one
+        [BC, BC] x [BC, BK] tensor-core product per sub-chunk pair, every exponent <= 0;
+      * the diagonal block by products with the mid-range reference when S's span in the key block is
+        within SUB_SPAN, else one row j at a time: dq_i += dA[i, j] k_j exp(b_i - b_j) over the key rows j
+        and dk_i += dA[j, i] q_j exp(b_j - b_i) over the query rows j, each a [BC, BK] update with the
+        exponents clamped to <= 0 (dA is 0 where the clamp bites) and no reduction across threads."""
+    NC: tl.constexpr = BT // BC
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_S = tl.program_id(1) % NC
+    i_kb = tl.program_id(1) // NC
+    i_h = tl.program_id(2)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
+    L = eos - bos
+    s0 = i_c * BT + i_S * BC
+    if not _is_tame(tame, bos, i_c * BT, i_h, H):
+        if s0 < L:
+            offs_j = tl.arange(0, BC)
+            offs_k = i_kb * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            rows_S = s0 + offs_j
+            rmask = rows_S < L
+            dA_S = dA + ((bos + rows_S) * H + i_h) * BT  # [BC] row starts of S in dA
+            b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+            r = _row(bc, bos, s0, L, i_h, H, K, offs_k, kmask)[None, :]
+            acc_q = tl.zeros([BC, BK], dtype=tl.float32)
+            acc_k = tl.zeros([BC, BK], dtype=tl.float32)
+            if i_S > 0:
+                for J in range(0, i_S):
+                    rows_J = i_c * BT + J * BC + offs_j
+                    b_J = _tile(bc, bos, rows_J, L, i_h, H, K, offs_k, kmask)
+                    k_J = _tile(k, bos, rows_J, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                    dA_SJ = tl.load(dA_S[:, None] + J * BC + offs_j[None, :], mask=rmask[:, None], other=0.)
+                    acc_q += dot32(dA_SJ, k_J * _exp0(r - b_J), PREC)
+                acc_q *= _exp0(b_S - r)
+            n_sub = tl.cdiv(tl.minimum(L - i_c * BT, BT), BC)  # sub-chunks of the chunk that hold rows
+            if i_S + 1 < n_sub:  # then S is full: its last row is real
+                r2 = _row(bc, bos, s0 + BC - 1, L, i_h, H, K, offs_k, kmask)[None, :]
+                for J in range(i_S + 1, n_sub):
+                    rows_J = i_c * BT + J * BC + offs_j
+                    b_J = _tile(bc, bos, rows_J, L, i_h, H, K, offs_k, kmask)
+                    q_J = _tile(q, bos, rows_J, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                    dA_JS = tl.load(dA + ((bos + rows_J) * H + i_h)[:, None] * BT + i_S * BC + offs_j[None, :],
+                                    mask=(rows_J < L)[:, None], other=0.)
+                    acc_k += dot32(tl.trans(dA_JS), q_J * _exp0(b_J - r2), PREC)
+                acc_k *= _exp0(r2 - b_S)
+            if _sub_span(b_S, r) <= SUB_SPAN:  # the diagonal block by tensor-core products
+                q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                dA_SS = tl.load(dA_S[:, None] + i_S * BC + offs_j[None, :], mask=rmask[:, None], other=0.)
+                e_q, e_k = _sub_factors(b_S, r, SUB_SPAN)
+                acc_q += dot32(dA_SS, k_S * e_k, PREC) * e_q
+                acc_k += dot32(tl.trans(dA_SS), q_S * e_q, PREC) * e_k
+            else:
+                for j in range(0, tl.minimum(L - s0, BC)):
+                    t = s0 + j
+                    dA_c = tl.load(dA_S + i_S * BC + j, mask=rmask, other=0.)  # column j over S's rows
+                    dA_r = tl.load(dA + ((bos + t) * H + i_h) * BT + i_S * BC + offs_j)  # row j over S's columns
+                    k_j = _row(k, bos, t, L, i_h, H, K, offs_k, kmask)[None, :]
+                    q_j = _row(q, bos, t, L, i_h, H, K, offs_k, kmask)[None, :]
+                    b_j = _row(bc, bos, t, L, i_h, H, K, offs_k, kmask)[None, :]
+                    acc_q += dA_c[:, None] * k_j * _exp0(b_S - b_j)
+                    acc_k += dA_r[:, None] * q_j * _exp0(b_j - b_S)
+            p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
+            m = rmask[:, None] & kmask[None, :]
+            tl.store(dq + p, acc_q, mask=m)
+            tl.store(dk + p, acc_k, mask=m)
+
+
 @triton.jit
 def _store_half(ptr, x, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask):
     p = ptr + ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]

@@ -20,15 +20,18 @@ from torch import Tensor
 from ops import tuning
 from ops.config import get_config
 from ops.linear_attention import register_impl
-from ops.triton_gla_intra import (TAME_SPAN, gla_A_kernel, gla_A_tame_kernel, gla_cumsum_kernel, gla_dg_kernel,
-                                  gla_dqk_intra_kernel, gla_dqk_tame_kernel, gla_intra_out_kernel,
-                                  gla_state_grad_kernel)
+from ops.triton_gla_intra import (TAME_SPAN, gla_A_kernel, gla_A_rows_kernel, gla_A_tame_kernel, gla_cumsum_kernel,
+                                  gla_dA_kernel, gla_dg_kernel, gla_dqk_intra_kernel, gla_dqk_rows_kernel,
+                                  gla_dqk_tame_kernel, gla_intra_out_kernel, gla_state_grad_kernel)
 from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel,
                              seg_combine_kernel, seg_local_kernel)
 
 BT = tuning.BT  # chunk length
 BC = 16  # sub-chunk length of the GLA intra-chunk products of chunks that are not tame
 BK_INTRA = 32  # key block of their element-wise [BC, BC, BK] tiles
+# the sub-chunk kernels: "rows" (dA formed once per chunk, diagonal blocks one row at a time:
+# gla_A_rows_kernel, gla_dA_kernel, gla_dqk_rows_kernel) or "tile" (gla_A_kernel, gla_dqk_intra_kernel)
+SUB_FORM = "rows"
 # GLA d log_f: anchored every this many chunks (gla_dg_kernel). Its error is that of a sum over one run of
 # ANCHOR_CHUNKS * BT tokens at any T; the anchor states cost 2 * K * V * 4 bytes per run and head
 # (fp32, transient in the backward): at K = V = 128, 256 bytes per token and head.
@@ -374,6 +377,11 @@ def _tame_span() -> float:
     return min(tuning._FORCED.get("tame_span", TAME_SPAN), TAME_SPAN)
 
 
+def _sub_form() -> str:
+    # the test-only seam (ops.testing.force_plan(gla_sub=...)) runs the other form
+    return tuning._FORCED.get("gla_sub", SUB_FORM)
+
+
 def _anchor_chunks() -> int:
     # the test-only seam (ops.testing.force_plan(anchor_chunks=...)) sets other spacings
     return int(tuning._FORCED.get("anchor_chunks", ANCHOR_CHUNKS))
@@ -418,9 +426,11 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
     gla_A_tame_kernel[(n_chunks, H)](
         q, k, bc, A, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)),
         VARLEN=vl, PREC=_prec(q), **_kw(ca))
-    gla_A_kernel[(n_chunks, BT // BC, H)](
+    sub = gla_A_rows_kernel if _sub_form() == "rows" else gla_A_kernel
+    sub[(n_chunks, BT // BC, H)](
         q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BC=BC, BK=min(cs["block"], _np2(K)),
-        SUB_SPAN=_tame_span(), VARLEN=vl, PREC=_prec(q), **_kw(cs))
+        SUB_SPAN=_tame_span(), VARLEN=vl, PREC=_prec(q), **({"KP": _np2(K)} if sub is gla_A_rows_kernel else {}),
+        **_kw(cs))
     # the walks read b (not log f) and the intra-chunk part A v (not A)
     o, ht, Hs = _fwd(q, k, v, bc, None, _intra_out(A, v, cu, T, chunks, False), h0, cu, N, T, True, plan)
     return o, ht, A, tame, Hs
@@ -439,9 +449,21 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     gla_dqk_tame_kernel[(n_chunks, H)](
         q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
         BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
-    gla_dqk_intra_kernel[(n_chunks, BT // BC, H)](
-        q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BC=BC,
-        BK=min(cs["block"], _np2(K)), BV=_np2(V), SUB_SPAN=_tame_span(), VARLEN=vl, PREC=_prec(q), **_kw(cs))
+    bks = min(cs["block"], _np2(K))
+    if _sub_form() == "rows":  # dA = do v^T once per chunk, then (sub-chunk, key block) programs read it
+        dA = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
+        cd = plan.launch["dA"]
+        gla_dA_kernel[(n_chunks, H)](
+            v, do, dA, tame, cu, tab, T, NT, H=H, V=V, BT=BT, BV=min(cd["block"], _np2(V)), VARLEN=vl,
+            PREC=_prec(q), **_kw(cd))
+        gla_dqk_rows_kernel[(n_chunks, (BT // BC) * triton.cdiv(K, bks), H)](
+            q, k, bc, dA, dq, dk, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BC=BC, BK=bks, SUB_SPAN=_tame_span(),
+            VARLEN=vl, PREC=_prec(q), **_kw(cs))
+        del dA
+    else:
+        gla_dqk_intra_kernel[(n_chunks, BT // BC, H)](
+            q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=bks, BV=_np2(V),
+            SUB_SPAN=_tame_span(), VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # d log_f's anchors: the state and its gradient at every AC-th chunk boundary, stored by the dq / dk
     # walks (one slot per AC * BT tokens of the whole batch; see anchor_block)
     AC = _anchor_chunks()

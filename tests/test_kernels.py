@@ -190,13 +190,30 @@ def test_gla_dlogf_error_does_not_grow_with_T():
     assert dg_long > 2 * dg, (dg_long, dg)
 
 
-@pytest.mark.parametrize("layout", ["scan", "split1"])
-def test_gla_subchunk_path(layout):
+@pytest.mark.parametrize("layout,form", [("scan", "rows"), ("split1", "rows"), ("scan", "tile")])
+def test_gla_subchunk_path(layout, form):
     """Every chunk through the sub-chunk kernels (the path of chunks that are not tame), forced with mild
-    gates, so that both paths are checked on the same inputs."""
+    gates, so that both paths are checked on the same inputs; both forms of the sub-chunk kernels."""
     q, k, v, x = _make("gla", 130, 2, 24, 16, seed=11)
-    with force_plan(tame_span=-1):
+    with force_plan(tame_span=-1, gla_sub=form):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout=layout)
+
+
+@pytest.mark.parametrize("layout,gates", [("scan", "uniform"), ("split1", "-20"), ("split2", "uniform")])
+def test_gla_subchunk_rows_packed(layout, gates):
+    """The sub-chunk kernels by rows (dA formed once per chunk, diagonal blocks one row at a time) on
+    packed documents of 5, 40, 101 and 3 tokens (boundaries inside sub-chunks, a document shorter than a
+    sub-chunk, a last chunk of 37 rows), gates uniform in [-20, 0] or in [-20, -19], every chunk forced
+    onto the sub-chunk path with element-wise diagonal blocks; 16-wide key blocks over Dk = 24, so that
+    the (sub-chunk, key block) programs include a partly masked block."""
+    T = 149
+    q, k, v, _ = _make("gla", T, 2, 24, 16, seed=37)
+    g = torch.Generator().manual_seed(38)
+    u = torch.rand(1, T, 2, 24, generator=g)
+    x = -20.0 * u if gates == "uniform" else -20.0 + u
+    cu = torch.tensor([0, 5, 45, 146, 149])
+    with force_plan(tame_span=-1, gla_sub="rows", launch={"A_sub": {"block": 16}, "dqk_sub": {"block": 16}}):
+        _check_against_recurrence("gla", q, k, v, x, torch.randn(4, 2, 24, 16) * 0.5, cu=cu, layout=layout)
 
 
 @pytest.mark.parametrize("layout", ["scan", "split1"])
