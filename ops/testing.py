@@ -34,7 +34,7 @@ def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
     tame_span: GLA chunks decaying by at most exp(-tame_span) take the direct intra-chunk products
     (-1: none does, every chunk goes through the sub-chunk kernels); anchor_chunks: GLA d log_f anchored
     every this many chunks (SCAN: never, one reverse sum over the whole sequence); gla_sub: the form of
-    GLA's sub-chunk kernels, "rows" or "tile" (`ops.triton_linear_attn.SUB_FORM`)."""
+    GLA's sub-chunk kernels, "levels", "rows" or "tile" (`ops.triton_linear_attn.SUB_FORM`)."""
     old = dict(tuning._FORCED)
     # nested calls add to the enclosing one's settings (a test forcing tame_span around a helper that
     # forces the layout keeps both)
@@ -55,8 +55,8 @@ def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
             raise ValueError(f"anchor_chunks must be >= 1, got {anchor_chunks}")
         tuning._FORCED["anchor_chunks"] = int(anchor_chunks)
     if gla_sub is not None:
-        if gla_sub not in ("rows", "tile"):
-            raise ValueError(f"gla_sub must be 'rows' or 'tile', got {gla_sub!r}")
+        if gla_sub not in ("levels", "rows", "tile"):
+            raise ValueError(f"gla_sub must be 'levels', 'rows' or 'tile', got {gla_sub!r}")
         tuning._FORCED["gla_sub"] = gla_sub
     try:
         yield

@@ -365,9 +365,27 @@ def _row(x, bos, t, L, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask):
 
 
 @triton.jit
+def _level(b_S, bc, bos, s0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask, l: tl.constexpr,
+           BC: tl.constexpr):
+    """Level l of a sub-chunk's diagonal block: the pairs i > j whose highest differing bit (of their
+    positions in the sub-chunk) is l, i.e. i in the upper and j in the lower half of one aligned block of
+    2^(l+1) rows. With rho = that lower half's last row, exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j),
+    both exponents <= 0 for any gates. Returns the query-side factors (rows of upper halves; 0 on the
+    others), the key-side factors (rows of lower halves; 0 on the others), one exp per element, and the
+    [BC, BC] mask of the pairs within one block. Rows past the end load b = 0: clamped, their q, k, dA are 0."""
+    idx = tl.arange(0, BC)
+    rho = ((idx >> (l + 1)) << (l + 1)) + (1 << l) - 1
+    d = b_S - _tile(bc, bos, s0 + rho, L, i_h, H, K, offs_k, kmask)
+    upper = (((idx >> l) & 1) == 1)[:, None]
+    e = tl.exp(tl.minimum(tl.where(upper, d, -d), 0.))
+    return tl.where(upper, e, 0.), tl.where(upper, 0., e), (idx[:, None] >> (l + 1)) == (idx[None, :] >> (l + 1))
+
+
+@triton.jit
 def gla_A_rows_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                      KP: tl.constexpr, SUB_SPAN: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                      KP: tl.constexpr, SUB_SPAN: tl.constexpr, LEVELS: tl.constexpr, LOG_BC: tl.constexpr,
+                      VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, BT // BC, H); only for chunks that are not tame (flag 0; `gla_A_tame_kernel` does the
     others). The rows of sub-chunk S of A:
       * each earlier sub-chunk J < S by one tensor-core product per key block,
@@ -377,7 +395,9 @@ def gla_A_rows_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
         one key row j at a time, A[i, j] = sum_d q_id k_jd exp(b_id - b_jd) for every row i of S at once
         (a [BC, KP] tile, exponents clamped to <= 0; the column is stored as it is formed, so no
         register tile is indexed by j);
-      * zeros right of the diagonal block."""
+      * zeros right of the diagonal block.
+    LEVELS: the diagonal block instead by LOG_BC + 1 tensor-core products per key block, one per level of
+    `_level` and one for i == j (weight 1), every factor <= 1 whatever the gates."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_S = tl.program_id(1)
     i_h = tl.program_id(2)
@@ -406,27 +426,42 @@ def gla_A_rows_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
             cols = tl.arange(0, BT)[None, :]
             tl.store(a_row[:, None] + cols, tl.zeros([BC, BT], dtype=tl.float32),
                      mask=rmask[:, None] & (cols >= (i_S + 1) * BC))
-            offs_d = tl.arange(0, KP)
-            dmask = offs_d < K
-            b_D = _tile(bc, bos, rows_S, L, i_h, H, K, offs_d, dmask)
-            q_D = _tile(q, bos, rows_S, L, i_h, H, K, offs_d, dmask).to(tl.float32)
-            r0 = _row(bc, bos, s0, L, i_h, H, K, offs_d, dmask)[None, :]
-            if _sub_span(b_D, r0) <= SUB_SPAN:
-                k_D = _tile(k, bos, rows_S, L, i_h, H, K, offs_d, dmask).to(tl.float32)
-                e_q, e_k = _sub_factors(b_D, r0, SUB_SPAN)
-                a_d = dot32(q_D * e_q, tl.trans(k_D * e_k), PREC)
-                causal = offs_j[:, None] >= offs_j[None, :]
-                tl.store(a_row[:, None] + i_S * BC + offs_j[None, :], tl.where(causal, a_d, 0.),
-                         mask=rmask[:, None])
+            if LEVELS:
+                acc_d = tl.zeros([BC, BC], dtype=tl.float32)
+                eye = offs_j[:, None] == offs_j[None, :]
+                for kb in range(0, tl.cdiv(K, BK)):
+                    offs_k = kb * BK + tl.arange(0, BK)
+                    kmask = offs_k < K
+                    b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
+                    q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                    k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                    acc_d += tl.where(eye, dot32(q_S, tl.trans(k_S), PREC), 0.)
+                    for l in tl.static_range(LOG_BC):
+                        f_q, f_k, same = _level(b_S, bc, bos, s0, L, i_h, H, K, offs_k, kmask, l, BC)
+                        acc_d += tl.where(same, dot32(q_S * f_q, tl.trans(k_S * f_k), PREC), 0.)
+                tl.store(a_row[:, None] + i_S * BC + offs_j[None, :], acc_d, mask=rmask[:, None])
             else:
-                n_j = tl.minimum(L - s0, BC)  # the key rows that exist; the columns of the others are 0
-                tl.store(a_row[:, None] + i_S * BC + offs_j[None, :], tl.zeros([BC, BC], dtype=tl.float32),
-                         mask=rmask[:, None] & (offs_j[None, :] >= n_j))
-                for j in range(0, n_j):
-                    k_j = _row(k, bos, s0 + j, L, i_h, H, K, offs_d, dmask)[None, :]
-                    b_j = _row(bc, bos, s0 + j, L, i_h, H, K, offs_d, dmask)[None, :]
-                    a_j = tl.sum(q_D * k_j * _exp0(b_D - b_j), axis=1)
-                    tl.store(a_row + i_S * BC + j, tl.where(offs_j >= j, a_j, 0.), mask=rmask)
+                offs_d = tl.arange(0, KP)
+                dmask = offs_d < K
+                b_D = _tile(bc, bos, rows_S, L, i_h, H, K, offs_d, dmask)
+                q_D = _tile(q, bos, rows_S, L, i_h, H, K, offs_d, dmask).to(tl.float32)
+                r0 = _row(bc, bos, s0, L, i_h, H, K, offs_d, dmask)[None, :]
+                if _sub_span(b_D, r0) <= SUB_SPAN:
+                    k_D = _tile(k, bos, rows_S, L, i_h, H, K, offs_d, dmask).to(tl.float32)
+                    e_q, e_k = _sub_factors(b_D, r0, SUB_SPAN)
+                    a_d = dot32(q_D * e_q, tl.trans(k_D * e_k), PREC)
+                    causal = offs_j[:, None] >= offs_j[None, :]
+                    tl.store(a_row[:, None] + i_S * BC + offs_j[None, :], tl.where(causal, a_d, 0.),
+                             mask=rmask[:, None])
+                else:
+                    n_j = tl.minimum(L - s0, BC)  # the key rows that exist; the columns of the others are 0
+                    tl.store(a_row[:, None] + i_S * BC + offs_j[None, :], tl.zeros([BC, BC], dtype=tl.float32),
+                             mask=rmask[:, None] & (offs_j[None, :] >= n_j))
+                    for j in range(0, n_j):
+                        k_j = _row(k, bos, s0 + j, L, i_h, H, K, offs_d, dmask)[None, :]
+                        b_j = _row(bc, bos, s0 + j, L, i_h, H, K, offs_d, dmask)[None, :]
+                        a_j = tl.sum(q_D * k_j * _exp0(b_D - b_j), axis=1)
+                        tl.store(a_row + i_S * BC + j, tl.where(offs_j >= j, a_j, 0.), mask=rmask)
 
 
 @triton.jit
@@ -456,7 +491,8 @@ def gla_dA_kernel(v, do, dA, tame, cu, chunks, T, NT, H: tl.constexpr, V: tl.con
 @triton.jit
 def gla_dqk_rows_kernel(q, k, bc, dA, dq, dk, tame, cu, chunks, T, NT,
                         H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                        SUB_SPAN: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                        SUB_SPAN: tl.constexpr, LEVELS: tl.constexpr, LOG_BC: tl.constexpr,
+                        VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, (BT // BC) * cdiv(K, BK), H); only for chunks that are not tame. The intra-chunk dq, dk
     (fp32) of sub-chunk S's rows in one key block, from dA (`gla_dA_kernel`):
       * dq_S += exp(b_S - r) sum_{J < S} dA[S, J] (k_J exp(r - b_J)), r = b at S's first row, and
@@ -465,7 +501,9 @@ def gla_dqk_rows_kernel(q, k, bc, dA, dq, dk, tame, cu, chunks, T, NT,
       * the diagonal block by products with the mid-range reference when S's span in the key block is
         within SUB_SPAN, else one row j at a time: dq_i += dA[i, j] k_j exp(b_i - b_j) over the key rows j
         and dk_i += dA[j, i] q_j exp(b_j - b_i) over the query rows j, each a [BC, BK] update with the
-        exponents clamped to <= 0 (dA is 0 where the clamp bites) and no reduction across threads."""
+        exponents clamped to <= 0 (dA is 0 where the clamp bites) and no reduction across threads.
+    LEVELS: the diagonal block instead by two tensor-core products per level of `_level` (dq and dk share
+    its factors), every factor <= 1 whatever the gates."""
     NC: tl.constexpr = BT // BC
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_S = tl.program_id(1) % NC
@@ -505,7 +543,16 @@ def gla_dqk_rows_kernel(q, k, bc, dA, dq, dk, tame, cu, chunks, T, NT,
                                     mask=(rows_J < L)[:, None], other=0.)
                     acc_k += dot32(tl.trans(dA_JS), q_J * _exp0(b_J - r2), PREC)
                 acc_k *= _exp0(r2 - b_S)
-            if _sub_span(b_S, r) <= SUB_SPAN:  # the diagonal block by tensor-core products
+            if LEVELS:
+                q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
+                dA_SS = tl.load(dA_S[:, None] + i_S * BC + offs_j[None, :], mask=rmask[:, None], other=0.)
+                for l in tl.static_range(LOG_BC):
+                    f_q, f_k, same = _level(b_S, bc, bos, s0, L, i_h, H, K, offs_k, kmask, l, BC)
+                    dA_l = tl.where(same, dA_SS, 0.)
+                    acc_q += dot32(dA_l, k_S * f_k, PREC) * f_q
+                    acc_k += dot32(tl.trans(dA_l), q_S * f_q, PREC) * f_k
+            elif _sub_span(b_S, r) <= SUB_SPAN:  # the diagonal block by tensor-core products
                 q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
                 k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
                 dA_SS = tl.load(dA_S[:, None] + i_S * BC + offs_j[None, :], mask=rmask[:, None], other=0.)

@@ -28,10 +28,12 @@ from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd
 
 BT = tuning.BT  # chunk length
 BC = 16  # sub-chunk length of the GLA intra-chunk products of chunks that are not tame
+LOG_BC = BC.bit_length() - 1
 BK_INTRA = 32  # key block of their element-wise [BC, BC, BK] tiles
-# the sub-chunk kernels: "rows" (dA formed once per chunk, diagonal blocks one row at a time:
-# gla_A_rows_kernel, gla_dA_kernel, gla_dqk_rows_kernel) or "tile" (gla_A_kernel, gla_dqk_intra_kernel)
-SUB_FORM = "rows"
+# the form of the sub-chunk kernels: "levels" or "rows" (dA formed once per chunk by gla_dA_kernel;
+# gla_A_rows_kernel, gla_dqk_rows_kernel with the diagonal blocks by level products or one row at a
+# time), or "tile" (gla_A_kernel, gla_dqk_intra_kernel)
+SUB_FORM = "levels"
 # GLA d log_f: anchored every this many chunks (gla_dg_kernel). Its error is that of a sum over one run of
 # ANCHOR_CHUNKS * BT tokens at any T; the anchor states cost 2 * K * V * 4 bytes per run and head
 # (fp32, transient in the backward): at K = V = 128, 256 bytes per token and head.
@@ -426,11 +428,12 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
     gla_A_tame_kernel[(n_chunks, H)](
         q, k, bc, A, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)),
         VARLEN=vl, PREC=_prec(q), **_kw(ca))
-    sub = gla_A_rows_kernel if _sub_form() == "rows" else gla_A_kernel
+    form = _sub_form()
+    sub = gla_A_kernel if form == "tile" else gla_A_rows_kernel
+    extra = {} if form == "tile" else {"KP": _np2(K), "LEVELS": form == "levels", "LOG_BC": LOG_BC}
     sub[(n_chunks, BT // BC, H)](
         q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BC=BC, BK=min(cs["block"], _np2(K)),
-        SUB_SPAN=_tame_span(), VARLEN=vl, PREC=_prec(q), **({"KP": _np2(K)} if sub is gla_A_rows_kernel else {}),
-        **_kw(cs))
+        SUB_SPAN=_tame_span(), VARLEN=vl, PREC=_prec(q), **extra, **_kw(cs))
     # the walks read b (not log f) and the intra-chunk part A v (not A)
     o, ht, Hs = _fwd(q, k, v, bc, None, _intra_out(A, v, cu, T, chunks, False), h0, cu, N, T, True, plan)
     return o, ht, A, tame, Hs
@@ -450,7 +453,8 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
         q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
         BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
     bks = min(cs["block"], _np2(K))
-    if _sub_form() == "rows":  # dA = do v^T once per chunk, then (sub-chunk, key block) programs read it
+    form = _sub_form()
+    if form != "tile":  # dA = do v^T once per chunk, then (sub-chunk, key block) programs read it
         dA = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
         cd = plan.launch["dA"]
         gla_dA_kernel[(n_chunks, H)](
@@ -458,7 +462,7 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
             PREC=_prec(q), **_kw(cd))
         gla_dqk_rows_kernel[(n_chunks, (BT // BC) * triton.cdiv(K, bks), H)](
             q, k, bc, dA, dq, dk, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BC=BC, BK=bks, SUB_SPAN=_tame_span(),
-            VARLEN=vl, PREC=_prec(q), **_kw(cs))
+            LEVELS=form == "levels", LOG_BC=LOG_BC, VARLEN=vl, PREC=_prec(q), **_kw(cs))
         del dA
     else:
         gla_dqk_intra_kernel[(n_chunks, BT // BC, H)](

@@ -190,7 +190,8 @@ def test_gla_dlogf_error_does_not_grow_with_T():
     assert dg_long > 2 * dg, (dg_long, dg)
 
 
-@pytest.mark.parametrize("layout,form", [("scan", "rows"), ("split1", "rows"), ("scan", "tile")])
+@pytest.mark.parametrize("layout,form", [("scan", "levels"), ("split1", "levels"), ("scan", "rows"),
+                                         ("scan", "tile")])
 def test_gla_subchunk_path(layout, form):
     """Every chunk through the sub-chunk kernels (the path of chunks that are not tame), forced with mild
     gates, so that both paths are checked on the same inputs; both forms of the sub-chunk kernels."""
@@ -199,20 +200,22 @@ def test_gla_subchunk_path(layout, form):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout=layout)
 
 
-@pytest.mark.parametrize("layout,gates", [("scan", "uniform"), ("split1", "-20"), ("split2", "uniform")])
-def test_gla_subchunk_rows_packed(layout, gates):
-    """The sub-chunk kernels by rows (dA formed once per chunk, diagonal blocks one row at a time) on
-    packed documents of 5, 40, 101 and 3 tokens (boundaries inside sub-chunks, a document shorter than a
-    sub-chunk, a last chunk of 37 rows), gates uniform in [-20, 0] or in [-20, -19], every chunk forced
-    onto the sub-chunk path with element-wise diagonal blocks; 16-wide key blocks over Dk = 24, so that
-    the (sub-chunk, key block) programs include a partly masked block."""
+@pytest.mark.parametrize("layout,gates,form", [("scan", "uniform", "levels"), ("split1", "-20", "levels"),
+                                               ("split2", "uniform", "levels"), ("scan", "uniform", "rows"),
+                                               ("split1", "-20", "rows")])
+def test_gla_subchunk_packed(layout, gates, form):
+    """The sub-chunk kernels with dA formed once per chunk, their diagonal blocks by levels or one row at
+    a time, on packed documents of 5, 40, 101 and 3 tokens (boundaries inside sub-chunks, a document
+    shorter than a sub-chunk, a last chunk of 37 rows), gates uniform in [-20, 0] or in [-20, -19], every
+    chunk forced onto the sub-chunk path (diagonal blocks never by the mid-range product); 16-wide key
+    blocks over Dk = 24, so that the (sub-chunk, key block) programs include a partly masked block."""
     T = 149
     q, k, v, _ = _make("gla", T, 2, 24, 16, seed=37)
     g = torch.Generator().manual_seed(38)
     u = torch.rand(1, T, 2, 24, generator=g)
     x = -20.0 * u if gates == "uniform" else -20.0 + u
     cu = torch.tensor([0, 5, 45, 146, 149])
-    with force_plan(tame_span=-1, gla_sub="rows", launch={"A_sub": {"block": 16}, "dqk_sub": {"block": 16}}):
+    with force_plan(tame_span=-1, gla_sub=form, launch={"A_sub": {"block": 16}, "dqk_sub": {"block": 16}}):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(4, 2, 24, 16) * 0.5, cu=cu, layout=layout)
 
 
