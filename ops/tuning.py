@@ -102,7 +102,7 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
         "dqk": {"block": min(16, Kp), "num_warps": 4, "num_stages": 1},
         "A_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dqk_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
-        "dA": {"block": min(128, Vp), "num_warps": 4, "num_stages": 1},
+        "dA": {"block": min(32, Vp), "num_warps": 4, "num_stages": 1},
         "dg": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
     }
 
