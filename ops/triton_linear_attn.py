@@ -30,10 +30,11 @@ BT = tuning.BT  # chunk length
 BC = 16  # sub-chunk length of the GLA intra-chunk products of chunks that are not tame
 LOG_BC = BC.bit_length() - 1
 BK_INTRA = 32  # key block of their element-wise [BC, BC, BK] tiles
-# the form of the sub-chunk kernels: "levels" or "rows" (dA formed once per chunk by gla_dA_kernel;
-# gla_A_rows_kernel, gla_dqk_rows_kernel with the diagonal blocks by level products or one row at a
-# time), or "tile" (gla_A_kernel, gla_dqk_intra_kernel)
-SUB_FORM = "levels"
+# the form of the sub-chunk kernels: "tile" (gla_A_kernel, gla_dqk_intra_kernel), or, experimental until
+# tests/test_kernels_gpu.py's cases of them pass on a GPU, "levels" or "rows" (dA formed once per chunk
+# by gla_dA_kernel; gla_A_rows_kernel, gla_dqk_rows_kernel with the diagonal blocks by level products or
+# one row at a time: docs/kernels.md)
+SUB_FORM = "tile"
 # GLA d log_f: anchored every this many chunks (gla_dg_kernel). Its error is that of a sum over one run of
 # ANCHOR_CHUNKS * BT tokens at any T; the anchor states cost 2 * K * V * 4 bytes per run and head
 # (fp32, transient in the backward): at K = V = 128, 256 bytes per token and head.
