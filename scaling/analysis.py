@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scaling.chinchilla import ChinchillaFit, fit_chinchilla
+from scaling.chinchilla import FRONTIER_WIDEN, ChinchillaFit, fit_chinchilla, frontier, loglog_interpolator
 from scaling.curves import block_bootstrap, fit_curves, row_weights
 from scaling.envelope import Envelope, build_envelope, c_grid, inside_range, loss_at
 from scaling.fits import (OffsetPowerLawFit, PowerLawFit, percentile_interval, fit_offset_power_law, fit_power_law,
@@ -47,6 +47,38 @@ class FitSettings:
     seed: int = 0
     chinchilla: bool = False
     chinchilla_starts: int = 16       # L-BFGS runs from the best grid starts
+    chinchilla_boot: int = 100        # bootstrap replicates over runs for the approach-3 allocation (0: none)
+    chinchilla_max_tokens: float | None = None   # leave rows past this many tokens out of approach 3 (e.g. past
+                                                 # one epoch of a repeated corpus)
+
+
+@dataclass
+class ChinchillaAllocation:
+    """N_opt(C) = n_fit.coef·C^a and D_opt(C) = d_fit.coef·C^b (C in PFLOP-days) of a fitted L(N, D) under the
+    architecture's C = fpt(N)·D, over `c_range`; intervals from the bootstrap over runs (percentiles)."""
+    n_fit: PowerLawFit
+    d_fit: PowerLawFit
+    c_range: tuple[float, float]          # PFLOP-days: where the allocation was evaluated and fitted
+    n_opt_range: tuple[float, float]      # N_opt at the two ends of c_range
+    d_opt_range: tuple[float, float]
+    ladder: tuple[float, float]           # the smallest and largest trained N
+    param_ci: dict[str, tuple[float, float]] = field(default_factory=dict)   # E, A, B, alpha, beta
+    n_replicates: int = 0
+    ci_method: str = "none"               # "runs" (bootstrap over runs, percentiles) | "none"
+    implied_a: float = float("nan")       # beta/(alpha+beta): the allocation were C ∝ N·D
+    implied_b: float = float("nan")
+
+    def to_dict(self) -> dict:
+        return {"method": "Chinchilla approach 3: argmin_N L(N, C/fpt(N)) of the fitted L(N, D), fpt(N) log-log "
+                          "interpolated between the trained sizes; power laws fitted over c_range",
+                "a": self.n_fit.exponent, "a_ci": list(self.n_fit.exponent_ci), "n_coef": self.n_fit.coef,
+                "n_coef_ci": list(self.n_fit.coef_ci), "b": self.d_fit.exponent, "b_ci": list(self.d_fit.exponent_ci),
+                "d_coef": self.d_fit.coef, "d_coef_ci": list(self.d_fit.coef_ci),
+                "c_range_pflop_days": list(self.c_range), "n_opt_range": list(self.n_opt_range),
+                "d_opt_range": list(self.d_opt_range), "ladder_n": list(self.ladder),
+                "param_ci": {k: list(v) for k, v in self.param_ci.items()}, "ci_method": self.ci_method,
+                "n_replicates": self.n_replicates, "implied_a_if_c_prop_nd": self.implied_a,
+                "implied_b_if_c_prop_nd": self.implied_b}
 
 
 @dataclass
@@ -60,6 +92,7 @@ class ArchResult:
     n_fit: PowerLawFit | None = None
     d_fit: PowerLawFit | None = None
     chinchilla: ChinchillaFit | None = None
+    chinchilla_alloc: ChinchillaAllocation | None = None
     curves: list[SizeCurve] = field(default_factory=list)
     optimal: OptimalPoints | None = None
     notes: list[str] = field(default_factory=list)      # why a fit is missing
@@ -91,17 +124,84 @@ def _try(result: ArchResult, what: str, fn):
         return None
 
 
-def chinchilla_points(runs: list[Run], c: np.ndarray, smooth_decades: float = 0.0) -> tuple[np.ndarray, ...]:
-    """(N, D, L) of every run at the shared C grid points inside its range: each run weighs by its log-C extent,
-    not by how often it logged."""
+def chinchilla_points(runs: list[Run], c: np.ndarray, smooth_decades: float = 0.0,
+                      max_tokens: float | None = None) -> tuple[np.ndarray, ...]:
+    """(N, D, L) of every run at the shared C grid points inside its range (and at D <= max_tokens): each run
+    weighs by its log-C extent, not by how often it logged."""
     n, d, l = [], [], []
     for r in runs:
         lc = loss_at(r, c, smooth_decades)
         ok = np.isfinite(lc)
+        if max_tokens is not None:
+            ok &= c / r.flops_per_token <= max_tokens
         n.append(np.full(ok.sum(), float(r.n_params)))
         d.append(c[ok] / r.flops_per_token)
         l.append(lc[ok])
     return np.concatenate(n), np.concatenate(d), np.concatenate(l)
+
+
+CHINCHILLA_C_POINTS = 25   # log-spaced C points on which the approach-3 allocation is evaluated and fitted
+
+
+def _allocation_line(fit: ChinchillaFit, fpt, c: np.ndarray, bounds: tuple[float, float]) -> tuple[np.ndarray, ...]:
+    """Slopes and log-coefficients (C in PFLOP-days) of log N_opt and log D_opt on log C, and the two curves."""
+    n_opt, d_opt = frontier(fit, fpt, c, bounds)
+    if not np.isfinite(n_opt).all():   # no optimum in range at some C: no line over the whole range
+        return (np.nan,) * 4 + (n_opt, d_opt)
+    lc = np.log(flops_to_pflop_days(c))[None, :]
+    sn, i_n = line_fits(lc, np.log(n_opt)[None, :])
+    sd, i_d = line_fits(lc, np.log(d_opt)[None, :])
+    return sn[0], i_n[0], sd[0], i_d[0], n_opt, d_opt
+
+
+def chinchilla_allocation(fit: ChinchillaFit, runs: list[Run], c_lo: float, c_hi: float, s: FitSettings,
+                          grid: np.ndarray) -> ChinchillaAllocation:
+    """The approach-3 N_opt(C), D_opt(C) over [c_lo, c_hi] FLOPs, with the bootstrap over runs (s.chinchilla_boot
+    replicates; points at the C `grid` as the fit's own)."""
+    fpt = loglog_interpolator([(r.n_params, r.flops_per_token) for r in runs])
+    bounds = (min(r.n_params for r in runs), max(r.n_params for r in runs))
+    c = np.geomspace(c_lo, c_hi, CHINCHILLA_C_POINTS)
+    sn, i_n, sd, i_d, n_opt, d_opt = _allocation_line(fit, fpt, c, bounds)
+    if not (np.isfinite(n_opt).all() and np.isfinite(sn)):
+        raise ValueError(f"the fitted L(N, D) (alpha {fit.alpha:.3g}, beta {fit.beta:.3g}) has no compute-optimal N "
+                         f"within {FRONTIER_WIDEN:g}x of the trained sizes somewhere in the C range: no allocation")
+    c_pfd = flops_to_pflop_days(c)
+    none = (float("nan"), float("nan"))
+    n_fit = PowerLawFit(coef=float(np.exp(i_n)), exponent=float(sn), coef_ci=none, exponent_ci=none,
+                        n_points=len(c), r2=float("nan"), ci_method="none")
+    d_fit = PowerLawFit(coef=float(np.exp(i_d)), exponent=float(sd), coef_ci=none, exponent_ci=none,
+                        n_points=len(c), r2=float("nan"), ci_method="none")
+    out = ChinchillaAllocation(n_fit=n_fit, d_fit=d_fit, c_range=(float(c_pfd[0]), float(c_pfd[-1])),
+                               n_opt_range=(float(n_opt[0]), float(n_opt[-1])),
+                               d_opt_range=(float(d_opt[0]), float(d_opt[-1])), ladder=(float(bounds[0]), float(bounds[1])),
+                               implied_a=fit.a, implied_b=fit.b)
+    if s.chinchilla_boot <= 0:
+        return out
+    pts = [chinchilla_points([r], grid, s.smooth_decades, s.chinchilla_max_tokens) for r in runs]
+    rng = np.random.default_rng(s.seed)
+    rows = []   # alpha, beta, E, A, B, a, log n_coef, b, log d_coef
+    for _ in range(int(s.chinchilla_boot)):
+        pick = rng.integers(0, len(runs), len(runs))
+        n, d, l = (np.concatenate([pts[k][j] for k in pick]) for j in range(3))
+        try:
+            f = fit_chinchilla(n, d, l, n_starts=3, extra_starts=[fit])
+        except ValueError:      # a draw of a single size: no law across N
+            continue
+        rsn, ri_n, rsd, ri_d, _, _ = _allocation_line(f, fpt, c, bounds)
+        rows.append([f.alpha, f.beta, f.E, f.A, f.B, rsn, ri_n, rsd, ri_d])
+    if not rows:
+        return out
+    p = np.array(rows)
+    pi = lambda k: percentile_interval(p[:, k], s.ci)   # noqa: E731
+    n_fit.exponent_ci, d_fit.exponent_ci = pi(5), pi(7)
+    n_fit.coef_ci, d_fit.coef_ci = tuple(np.exp(pi(6))), tuple(np.exp(pi(8)))
+    for fit_ in (n_fit, d_fit):
+        fit_.ci_method, fit_.n_replicates = "runs-bootstrap", len(p)
+    out.param_ci = {k: pi(j) for j, k in enumerate(("alpha", "beta", "E", "A", "B"))}
+    # replicates whose law had no optimum in range are counted as drawn but carry NaN: say how many were usable
+    out.n_replicates = int(np.isfinite(p[:, 5]).sum())
+    out.ci_method = "runs-bootstrap"
+    return out
 
 
 def _replicate_runs(curves: list[SizeCurve], n_rep: int, rng: np.random.Generator,
@@ -281,7 +381,17 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
                 res.warnings.append(f"N_opt/D_opt: {lost} of {n_rep} replicates lost at least one handover "
                                     f"(a crossing near the end of an overlap): the intervals rest on fewer points there")
     if s.chinchilla:
-        n, d, l = chinchilla_points(runs, env.c, s.smooth_decades)
+        n, d, l = chinchilla_points(runs, env.c, s.smooth_decades, s.chinchilla_max_tokens)
         res.chinchilla = _try(res, "Chinchilla", lambda: fit_chinchilla(n, d, l, n_starts=s.chinchilla_starts))
+        if res.chinchilla is not None:
+            c_fit = env.c[mask] if mask.sum() >= 2 else env.c
+            res.chinchilla_alloc = _try(res, "Chinchilla N_opt/D_opt", lambda: chinchilla_allocation(
+                res.chinchilla, runs, float(c_fit.min()), float(c_fit.max()), s, env.c))
+            al = res.chinchilla_alloc
+            if al is not None and not (al.ladder[0] <= min(al.n_opt_range) and max(al.n_opt_range) <= al.ladder[1]):
+                res.warnings.append(
+                    f"Chinchilla N_opt(C) runs from {al.n_opt_range[0]:,.0f} to {al.n_opt_range[1]:,.0f} over the fit's "
+                    f"C range, outside the trained sizes ({al.ladder[0]:,.0f} - {al.ladder[1]:,.0f}): the law is "
+                    f"extrapolated in N there (and the FLOPs per token beyond the ladder's ends)")
     return res
 

@@ -6,11 +6,18 @@
 with L-BFGS. The objective has many local minima, so it is evaluated on a grid of starts (the paper's grid,
 alpha, beta in {0, .5, ..., 2}, e in {-1, -.5, ..., 1}, a, b in {0, 5, ..., 25}) and L-BFGS runs from the
 `n_starts` best of them; the lowest final objective wins.
+
+The compute-optimal allocation of the fitted law (`frontier`) is found numerically under the study's own
+C(N, D) = fpt(N)·D, fpt being the training FLOPs per token of a model of N parameters: the paper's FLOPs are not
+6·N·D (LLaMA's attention adds n²-terms; at small widths the GLU, norms and token mixers do not scale as N), so
+a = β/(α+β), b = α/(α+β), exact when C ∝ N·D, can be off by several hundredths (more at small sizes).
+fpt(N) is log-log interpolated between the sizes of the ladder and extended by its end segments' slopes.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 from scipy.optimize import minimize
@@ -77,7 +84,9 @@ def _grid_objective(starts: np.ndarray, ln: np.ndarray, ld: np.ndarray, ll: np.n
 
 
 def fit_chinchilla(n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float = HUBER_DELTA,
-                   n_starts: int = 32) -> ChinchillaFit:
+                   n_starts: int = 32, extra_starts: list[ChinchillaFit] | None = None) -> ChinchillaFit:
+    """The fit from the `n_starts` best grid starts and from each of `extra_starts` (a previous fit's optimum:
+    a bootstrap replicate starts where the data's fit ended)."""
     n, d, loss = (np.asarray(v, dtype=np.float64) for v in (n, d, loss))
     ok = np.isfinite(n) & np.isfinite(d) & np.isfinite(loss) & (n > 0) & (d > 0) & (loss > 0)
     n, d, loss = n[ok], d[ok], loss[ok]
@@ -90,7 +99,9 @@ def fit_chinchilla(n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float 
     starts = np.array(list(itertools.product(*(START_GRID[k] for k in ("a", "b", "e", "alpha", "beta")))))
     order = np.argsort(_grid_objective(starts, ln, ld, ll, delta))
     best = None
-    for p0 in starts[order[:n_starts]]:
+    warm = [np.array([np.log(max(f.A, 1e-300)), np.log(max(f.B, 1e-300)), np.log(max(f.E, 1e-300)), f.alpha, f.beta])
+            for f in extra_starts or []]
+    for p0 in [*warm, *starts[order[:n_starts]]]:
         sol = minimize(_objective, p0, args=(ln, ld, ll, delta), jac=True, method="L-BFGS-B",
                        bounds=[(None, None)] * 3 + [(0.0, None)] * 2,
                        options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-12})
@@ -101,3 +112,53 @@ def fit_chinchilla(n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float 
     return ChinchillaFit(E=float(np.exp(e)), A=float(np.exp(a)), B=float(np.exp(b)), alpha=float(alpha),
                          beta=float(beta), objective=float(best.fun), n_points=len(n),
                          a=float(beta / s) if s > 0 else float("nan"), b=float(alpha / s) if s > 0 else float("nan"))
+
+
+def loglog_interpolator(sizes: list[tuple[float, float]]) -> Callable[[np.ndarray], np.ndarray]:
+    """y(N) from (N, y) pairs of a ladder of sizes: log-log linear between them, extended beyond the ends by the
+    end segments' slopes (one pair: y ∝ N). Vectorised over N."""
+    pairs = sorted({float(n): float(y) for n, y in sizes}.items())
+    if not pairs or any(n <= 0 or y <= 0 for n, y in pairs):
+        raise ValueError(f"log-log interpolation needs positive (N, y) pairs, got {pairs}")
+    ln, ly = (np.log([p[k] for p in pairs]) for k in (0, 1))
+    if len(ln) == 1:
+        ln, ly = np.append(ln, ln[0] + 1.0), np.append(ly, ly[0] + 1.0)
+    s_lo, s_hi = (ly[1] - ly[0]) / (ln[1] - ln[0]), (ly[-1] - ly[-2]) / (ln[-1] - ln[-2])
+
+    def f(n: np.ndarray) -> np.ndarray:
+        x = np.log(np.asarray(n, dtype=np.float64))
+        y = np.interp(x, ln, ly)
+        y = np.where(x < ln[0], ly[0] + s_lo * (x - ln[0]), y)
+        return np.exp(np.where(x > ln[-1], ly[-1] + s_hi * (x - ln[-1]), y))
+    return f
+
+
+# log N is searched over the ladder's range widened by this factor each way, on this many points per e-fold
+FRONTIER_WIDEN = 1e4
+FRONTIER_POINTS_PER_EFOLD = 100
+
+
+def frontier(law: Callable[[np.ndarray, np.ndarray], np.ndarray], fpt: Callable[[np.ndarray], np.ndarray],
+             c: np.ndarray, n_bounds: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(N_opt, D_opt) at each C (FLOPs) of a loss law L(N, D) when C = fpt(N)·D: argmin over N of L(N, C/fpt(N)),
+    on a log-N grid over n_bounds widened FRONTIER_WIDEN-fold each way, refined by a parabola through the best
+    grid point and its neighbours. NaN where the minimum is on the grid's edge (no optimum inside it: e.g. a
+    law whose N or D term vanishes)."""
+    c = np.asarray(c, dtype=np.float64)
+    lo, hi = np.log(n_bounds[0] / FRONTIER_WIDEN), np.log(n_bounds[1] * FRONTIER_WIDEN)
+    x = np.linspace(lo, hi, int((hi - lo) * FRONTIER_POINTS_PER_EFOLD) + 1)
+    nx = np.exp(x)
+    f = fpt(nx)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        y = np.log(law(nx[None, :], c[:, None] / f[None, :]))                 # [C, grid]
+    i = np.argmin(np.where(np.isfinite(y), y, np.inf), axis=1)
+    inside = (i > 0) & (i < len(x) - 1)
+    j = np.clip(i, 1, len(x) - 2)
+    rows = np.arange(len(c))
+    y0, y1, y2 = y[rows, j - 1], y[rows, j], y[rows, j + 1]
+    den = y0 - 2 * y1 + y2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shift = np.where(den > 0, 0.5 * (y0 - y2) / den, 0.0)
+    xo = x[j] + np.clip(shift, -1, 1) * (x[1] - x[0])
+    n_opt = np.where(inside, np.exp(xo), np.nan)
+    return n_opt, c / fpt(np.where(inside, n_opt, 1.0)) * np.where(inside, 1.0, np.nan)

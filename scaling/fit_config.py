@@ -22,7 +22,13 @@ class FitScalingConfig:
     embedding_flops: bool = option(False, help="count the 12*b*n*d*v embedding (LM-head) FLOPs in C; the default "
                                                "leaves them out, as the paper's C does")
     no_embedding_flops: bool = option(False, hidden=True)  # the default; the flag is still accepted
-    chinchilla: bool = option(False, help="also fit L(N,D) = E + A/N^alpha + B/D^beta (approach 3)")
+    chinchilla: bool = option(False, help="also fit L(N,D) = E + A/N^alpha + B/D^beta (approach 3) and its "
+                                          "N_opt(C), D_opt(C) under each architecture's FLOPs per token")
+    chinchilla_boot: int = option(_FIT.chinchilla_boot, type=non_negative_int,
+                                  help="bootstrap replicates over runs for the approach-3 N_opt/D_opt intervals (0 = none)")
+    chinchilla_max_tokens: float | None = option(None, type=positive_float,
+                                                 help="leave rows past this many tokens out of approach 3 (e.g. "
+                                                      "past one epoch of a repeated corpus)")
     loss_key: str = option("loss", help="metrics.jsonl key to fit (e.g. val_loss)")
     skip_tokens: float = option(0.0, type=non_negative_float, help="ignore rows before this many tokens")
     skip_warmup: bool = option(False, help="ignore the rows of each run's lr warm-up (steps <= optim.warmup_steps "
@@ -50,4 +56,5 @@ class FitScalingConfig:
         return FitSettings(points_per_decade=self.points_per_decade, smooth_decades=self.smooth,
                            envelope=self.envelope, min_runs=self.min_runs, c_min=self.c_min, c_max=self.c_max,
                            n_boot=self.n_boot, n_boot_offset=min(self.n_boot, FitSettings.n_boot_offset),
-                           block=self.block, seed=self.seed, chinchilla=self.chinchilla)
+                           block=self.block, seed=self.seed, chinchilla=self.chinchilla,
+                           chinchilla_boot=self.chinchilla_boot, chinchilla_max_tokens=self.chinchilla_max_tokens)

@@ -154,6 +154,13 @@ def plot_arch(r: ArchResult, out: Path, include_embedding: bool) -> Path:
                             label="handover of adjacent sizes (fitted)")
             if name == "N_opt" and fit is None:
                 _n_opt_evidence(ax2, r, "black", (float(c.min()), float(c.max())), label=True)
+            al = r.chinchilla_alloc
+            if al is not None:
+                f3 = al.n_fit if name == "N_opt" else al.d_fit
+                lo, hi = f3.exponent_ci
+                ci = f" [{lo:.2f}, {hi:.2f}]" if np.isfinite(lo) else ""
+                _fit_line(ax2, np.array(al.c_range), f3, color, f"approach 3: {name} = {f3.coef:.3g}·C^{f3.exponent:.3f}{ci}",
+                          style="-.", band=True)
             if fit is not None and pts is not None and pts.used:
                 lo, hi = fit.exponent_ci
                 ci = f" [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else ""
@@ -187,17 +194,32 @@ def plot_compare(results: list[ArchResult], out: Path, include_embedding: bool) 
                 span = np.array([span.min(), span.max()]) * ([1, 1] if ax is axes[0] else [1 / 3, 3])
                 _fit_line(ax, span, fit, color, f"{arch_title(r.arch)}: {fit.coef:.4g}·C^{fit.exponent:.4f}",
                           band=ax is not axes[0])
+        al = r.chinchilla_alloc
+        if al is not None:
+            for ax, fit in ((axes[1], al.n_fit), (axes[2], al.d_fit)):
+                _fit_line(ax, np.array(al.c_range), fit, color,
+                          f"{arch_title(r.arch)} (approach 3): {fit.coef:.3g}·C^{fit.exponent:.3f}", style="-.")
     axes[0].set_yscale("log")
     if np.isfinite(lo):
         loss_axis(axes[0], lo * 0.98, hi * 1.02)
     bounds = False
-    if all(r.n_fit is None for r in results) and np.isfinite(c_lo):
+    alloc = any(r.chinchilla_alloc is not None for r in results)
+    if all(r.n_fit is None for r in results) and np.isfinite(c_lo) and not alloc:
         for r in results:
             bounds |= _n_opt_evidence(axes[1], r, arch_color(r.arch), (c_lo, c_hi), label=False)
         if bounds:
             from matplotlib.lines import Line2D
             axes[1].legend(handles=[Line2D([], [], color=arch_color(r.arch), marker="v", ls=":", label=arch_title(r.arch))
                                     for r in results], fontsize=8, loc="lower right")
+    if alloc and np.isfinite(c_lo):
+        from scaling.paper import paper_law_at
+        x = np.geomspace(c_lo, c_hi, 50)
+        for r in results:
+            for ax, law in ((axes[1], "N_opt"), (axes[2], "D_opt")):
+                y = paper_law_at(r.arch, law, x)
+                if y is not None:
+                    ax.plot(x, y, ":", color=arch_color(r.arch), lw=1.2,
+                            label=f"{arch_title(r.arch)}: paper's {law}(C), extrapolated")
     for ax, law, attr in ((axes[1], "N_opt", "n_fit"), (axes[2], "D_opt", "d_fit")):
         if ax is axes[1] and bounds:
             ax.text(0.02, 0.98, "no N_opt(C) fitted (< 2 handovers each); markers: what each pair of adjacent\n"
@@ -205,7 +227,7 @@ def plot_compare(results: list[ArchResult], out: Path, include_embedding: bool) 
                     "dotted: the paper's N_opt(C), extrapolated", transform=ax.transAxes, ha="left", va="top",
                     fontsize=7.5, color="0.3")
             continue
-        if all(getattr(r, attr) is None for r in results):
+        if all(getattr(r, attr) is None for r in results) and not alloc:
             # an empty panel would read as a plotting failure: say why it is empty, on the loss panel's C range
             if np.isfinite(c_lo):
                 ax.set_xscale("log")

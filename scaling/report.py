@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
+import numpy as np
+
 from scaling.analysis import ArchResult, FitSettings
 from scaling.paper import LAWS, PAPER, PAPER_INCLUDES_EMBEDDING, PAPER_TABLE3, PAPER_UNIT, paper_reference
 from scaling.runs import size_label
@@ -29,6 +31,9 @@ def units(include_embedding: bool) -> dict:
         "D": "training tokens",
         "L": "training loss as logged (nats/token)",
         "laws": "L = beta * C^alpha;  L = eps + beta * C^alpha;  N_opt = n_coef * C^a;  D_opt = d_coef * C^b",
+        "chinchilla_allocation": "N_opt(C), D_opt(C) of the approach-3 law L(N, D) under the architecture's own "
+                                 "C = fpt(N)·D (argmin over N, fpt log-log interpolated between the sizes), power laws "
+                                 "fitted over the L(C) fit's C range; intervals: percentiles of a bootstrap over runs",
         "intervals": "over replicate studies (each run's residuals resampled in blocks around its fitted learning "
                      "curve; every fit redone), ci_method 'runs': L(C), N_opt, D_opt symmetric about the estimate "
                      "(the longer arm of the replicates' percentile interval; coefficients in log space); "
@@ -109,6 +114,11 @@ def arch_record(r: ArchResult) -> dict:
                    d_coef_ci=list(r.d_fit.coef_ci), d_coef_flops=coef_pflop_days_to_flops(r.d_fit.coef, r.d_fit.exponent))
     if r.chinchilla is not None:
         rec["chinchilla"] = r.chinchilla.to_dict()
+        if r.chinchilla_alloc is not None:
+            al = r.chinchilla_alloc
+            rec["chinchilla"]["allocation"] = {
+                **al.to_dict(), "n_coef_flops": coef_pflop_days_to_flops(al.n_fit.coef, al.n_fit.exponent),
+                "d_coef_flops": coef_pflop_days_to_flops(al.d_fit.coef, al.d_fit.exponent)}
     return rec
 
 
@@ -178,13 +188,53 @@ def markdown_tables(results: list[ArchResult], include_embedding: bool) -> str:
             lines.append(f"| {r.arch} | {cell['interior']} | {cell['edge_low']} | {cell['edge_high']} | {cell['alone']} |")
     chs = [r for r in results if r.chinchilla is not None]
     if chs:
-        lines += ["", "Chinchilla approach 3, L(N, D) = E + A/N^α + B/D^β (Huber δ=1e-3 on log L; implied "
-                      "a = β/(α+β), b = α/(α+β) assume C ∝ N·D):", "",
-                  "| arch | E | A | B | α | β | implied a | implied b | points |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "Chinchilla approach 3, L(N, D) = E + A/N^α + B/D^β (Huber δ=1e-3 on log L; α, β intervals: "
+                      "bootstrap over runs; a = β/(α+β), b = α/(α+β) hold only if C ∝ N·D):", "",
+                  "| arch | E | A | B | α | β | a if C ∝ N·D | b if C ∝ N·D | points |", "|---|---|---|---|---|---|---|---|---|"]
         for r in chs:
             f = r.chinchilla
-            lines.append(f"| {r.arch} | {f.E:.4f} | {f.A:.4g} | {f.B:.4g} | {f.alpha:.4f} | {f.beta:.4f} | "
-                         f"{f.a:.3f} | {f.b:.3f} | {f.n_points} |")
+            pc = r.chinchilla_alloc.param_ci if r.chinchilla_alloc is not None else {}
+            lines.append(f"| {r.arch} | {f.E:.4f} | {f.A:.4g} | {f.B:.4g} | {f.alpha:.4f}{_ci(pc.get('alpha', _NO_CI))} | "
+                         f"{f.beta:.4f}{_ci(pc.get('beta', _NO_CI))} | {f.a:.3f} | {f.b:.3f} | {f.n_points} |")
+        lines += ["", allocation_table(results)]
+    return "\n".join(lines)
+
+
+_NO_CI = (float("nan"), float("nan"))
+
+
+def _alloc_rows(r: ArchResult) -> list[tuple[str, object, object]]:
+    """(method, N_opt fit, D_opt fit) of each method that gave N_opt/D_opt for the architecture."""
+    out = []
+    if r.n_fit is not None:
+        out.append(("handovers", r.n_fit, r.d_fit))
+    if r.chinchilla_alloc is not None:
+        out.append(("approach 3", r.chinchilla_alloc.n_fit, r.chinchilla_alloc.d_fit))
+    return out
+
+
+def allocation_table(results: list[ArchResult]) -> str:
+    """N_opt(C), D_opt(C) per architecture and method (handovers; Chinchilla approach 3) beside the paper's."""
+    lines = ["N_opt(C) = coef·C^a, D_opt(C) = coef·C^b by method (C in PFLOP-days; 95% intervals — handovers: "
+             "replicate studies; approach 3: percentiles of a bootstrap over runs, its allocation computed under "
+             "the architecture's own FLOPs per token, not C ∝ N·D) beside the paper's Table 3:", "",
+             "| arch | method | C range (PFLOP-days) | N_opt(C) | a (95%) | paper a | D_opt(C) | b (95%) | paper b | "
+             "N_opt over the range |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        paper = PAPER_TABLE3.get(r.arch)
+        for method, nf, df in _alloc_rows(r):
+            if method == "approach 3":
+                al = r.chinchilla_alloc
+                rng = f"{al.c_range[0]:.3g} – {al.c_range[1]:.3g}"
+                span = f"{size_label(al.n_opt_range[0])} – {size_label(al.n_opt_range[1])} (trained " \
+                       f"{size_label(al.ladder[0])} – {size_label(al.ladder[1])})"
+            else:
+                hc = flops_to_pflop_days(np.exp(r.optimal.log_c[0]))
+                rng, span = f"{hc.min():.3g} – {hc.max():.3g}", f"{len(r.optimal.used)} handovers"
+            lines.append("| " + " | ".join([
+                r.arch, method, rng, _law(nf.coef, nf.exponent, 3), f"{nf.exponent:.3f}{_ci(nf.exponent_ci)}",
+                f"{paper['N_opt'][1]:.4f}" if paper else "—", _law(df.coef, df.exponent, 3),
+                f"{df.exponent:.3f}{_ci(df.exponent_ci)}", f"{paper['D_opt'][1]:.4f}" if paper else "—", span]) + " |")
     return "\n".join(lines)
 
 
@@ -192,16 +242,22 @@ def table3_side_by_side(results: list[ArchResult], include_embedding: bool) -> s
     """The paper's Table 3 next to ours: L(C), N_opt(C), D_opt(C) per architecture, coefficient and exponent."""
     like = include_embedding == PAPER_INCLUDES_EMBEDDING
     head = (f"Table 3 side by side (C in PFLOP-days; ours: {compute_short(include_embedding)}; paper: {PAPER_UNIT}"
-            + ("" if like else "; NOT like for like: rerun without --embedding-flops to compare") + "):")
+            + ("" if like else "; NOT like for like: rerun without --embedding-flops to compare")
+            + "; approach-3 rows: the allocation of the fitted L(N, D), intervals from a bootstrap over runs):")
     lines = [head, "", "| arch | law | ours | exponent (95%) | paper | paper exponent | Δ exponent | ours / paper at C=1 |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
         paper = PAPER_TABLE3.get(r.arch)
-        for law, f in zip(LAWS, (r.loss_fit, r.n_fit, r.d_fit)):
+        al = r.chinchilla_alloc
+        rows = [(law, f"{law}(C)", f) for law, f in zip(LAWS, (r.loss_fit, r.n_fit, r.d_fit))]
+        if al is not None:   # the handover rows say their method once approach 3 stands beside them
+            rows = [rows[0], ("N_opt", "N_opt(C) handovers", r.n_fit), ("D_opt", "D_opt(C) handovers", r.d_fit),
+                    ("N_opt", "N_opt(C) approach 3", al.n_fit), ("D_opt", "D_opt(C) approach 3", al.d_fit)]
+        for law, name, f in rows:
             pc = paper[law] if paper else None
             ours, exp = _fit_cell(f, 4)
             lines.append("| " + " | ".join([
-                r.arch, f"{law}(C)", ours, exp,
+                r.arch, name, ours, exp,
                 _law(*pc, 4) if pc else "—", f"{pc[1]:.4f}" if pc else "—",
                 f"{f.exponent - pc[1]:+.4f}" if (f is not None and pc) else "—",
                 f"{f.coef / pc[0]:.3g}" if (f is not None and pc) else "—"]) + " |")

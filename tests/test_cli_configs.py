@@ -50,6 +50,7 @@ def test_fit_scaling_flags_map_one_to_one_onto_its_config():
     flags = {flag_name(f) for f in dataclasses.fields(cls) if not f.metadata.get("positional")}
     # the documented flags (docs/scaling.md, the study's fit args) keep their names
     assert flags == {"--json", "--markdown", "--plots", "--embedding-flops", "--no-embedding-flops", "--chinchilla",
+                     "--chinchilla-boot", "--chinchilla-max-tokens",
                      "--loss-key", "--skip-tokens", "--skip-warmup", "--seq-len", "--points-per-decade", "--envelope",
                      "--smooth", "--min-runs", "--c-min", "--c-max", "--n-boot", "--block", "--seed", "--skip-bad"}
     cfg = fit.parse_args(["r1", "r2", "--json", "f.json", "--embedding-flops", "--envelope", "logged", "--smooth",

@@ -11,7 +11,7 @@ import pytest
 
 from models.sizes import model_config
 from scaling.analysis import FitSettings, analyze_arch
-from scaling.chinchilla import fit_chinchilla
+from scaling.chinchilla import fit_chinchilla, frontier as law_frontier, loglog_interpolator
 from scaling.curves import fit_curves, row_weights
 from scaling.envelope import build_envelope
 from scaling.fits import fit_offset_power_law, fit_power_law
@@ -108,6 +108,70 @@ def test_chinchilla_recovers_the_law():
     assert f.a == pytest.approx(law.a, abs=0.02)
     with pytest.raises(ValueError, match=">= 2 model sizes"):
         fit_chinchilla(np.full(10, 1e8), d[:10], loss[:10])
+
+
+def test_loglog_interpolator_is_exact_at_the_sizes_and_extends_the_end_slopes():
+    f = loglog_interpolator([(1e4, 2e5), (1e5, 8e5), (1e6, 4e6)])
+    assert f(np.array([1e4, 1e5, 1e6])) == pytest.approx([2e5, 8e5, 4e6], rel=1e-12)
+    assert f(1e3) == pytest.approx(2e5 * 10 ** -np.log10(4))                  # the first segment's slope, log10(4)
+    assert f(1e7) == pytest.approx(4e6 * 5)                                   # the last one's, log10(5)
+    assert f(np.sqrt(1e4 * 1e5)) == pytest.approx(np.sqrt(2e5 * 8e5))
+    with pytest.raises(ValueError, match="positive"):
+        loglog_interpolator([(1e4, 0.0), (1e5, 1.0)])
+
+
+def test_law_frontier_matches_scalar_minimisation():
+    """The vectorised grid + parabola search against scipy's bounded minimiser (scaling.synthetic.frontier), under
+    FLOPs per token far from 6N; no optimum inside the searched range is NaN, not the range's edge."""
+    law = LossLaw(E=1.7, A=300.0, B=500.0, alpha=0.3, beta=0.25)
+    fpt = loglog_interpolator([(1e4, 2.5e5), (1e5, 1.1e6), (1e6, 7.5e6), (1e7, 6.5e7)])
+    c = np.geomspace(1e13, 1e19, 7)
+    n_opt, d_opt = law_frontier(law, fpt, c, (1e4, 1e7))
+    n_ref, d_ref = frontier(law, fpt, c, (1.0, 1e11))
+    assert n_opt == pytest.approx(n_ref, rel=2e-3)
+    assert d_opt == pytest.approx(d_ref, rel=2e-3)
+    flat = LossLaw(E=1.7, A=300.0, B=500.0, alpha=0.0, beta=0.25)              # N does not help: N_opt -> 0
+    assert np.isnan(law_frontier(flat, fpt, c, (1e4, 1e7))[0]).all()
+
+
+TINY_LADDER = ["l1d32", "l1d48", "l1d64", "l1d96", "l1d128", "l2d128", "l2d256", "l4d256"]
+
+
+def test_chinchilla_allocation_recovers_a_and_b_under_the_studys_flops(tmp_path):
+    """A synthetic study on the mini study's ladder (LLaMA, seq_len 512: attention and LM-free FLOPs per token of
+    7-21 N, far from 6N) from a known L(N, D): approach 3's N_opt(C), D_opt(C) exponents, computed under the
+    architecture's own C(N, D), match the law's exact frontier over the same C range within 0.015, and their
+    bootstrap intervals hold it. a = β/(α+β), b = α/(α+β) (exact only if C ∝ N·D) miss b by more than that."""
+    law = LossLaw()
+    paths = write_sweep(tmp_path, "llama", TINY_LADDER, law, tokens_per_param=400, seed=1, noise=0.01,
+                        seq_len=512, global_batch=32)
+    runs, _ = load_runs([str(p) for p in paths], False, "loss", 0.0, False)
+    r = analyze_arch("llama", runs, FitSettings(n_boot=0, chinchilla=True, chinchilla_boot=20))
+    al = r.chinchilla_alloc
+    assert al is not None and al.ci_method == "runs-bootstrap" and al.n_replicates >= 15
+    c_flops = np.array(al.c_range) * 8.64e19
+    true_a, true_b = frontier_exponents(law, [(x.n_params, x.flops_per_token) for x in runs], *c_flops)
+    tol = 0.015
+    assert al.n_fit.exponent == pytest.approx(true_a, abs=tol)
+    assert al.d_fit.exponent == pytest.approx(true_b, abs=tol)
+    assert al.n_fit.exponent_ci[0] <= true_a <= al.n_fit.exponent_ci[1]
+    assert al.d_fit.exponent_ci[0] <= true_b <= al.d_fit.exponent_ci[1]
+    assert abs(al.implied_b - true_b) > 3 * tol                     # the C ∝ N·D shortcut would fail this test
+    # the coefficient: N_opt at the middle of the range within 10% of the law's exact optimum there
+    c_mid = np.sqrt(c_flops[0] * c_flops[1])
+    fpt = loglog_interpolator([(x.n_params, x.flops_per_token) for x in runs])
+    n_true = frontier(law, fpt, np.array([c_mid]), (1e2, 1e9))[0][0]
+    assert al.n_fit(c_mid / 8.64e19) == pytest.approx(n_true, rel=0.1)
+
+
+def test_chinchilla_max_tokens_leaves_later_rows_out(sweep):
+    from scaling.analysis import chinchilla_points
+    root, _ = sweep
+    runs, _ = load_runs([str(root)], False, "loss", 0.0, False)
+    c = np.geomspace(min(r.compute[0] for r in runs), max(r.compute[-1] for r in runs), 200)
+    n, d, _ = chinchilla_points(runs, c)
+    n2, d2, _ = chinchilla_points(runs, c, max_tokens=1e9)
+    assert d.max() > 1e9 >= d2.max() and len(d2) == (d <= 1e9).sum()
 
 
 def test_learning_curve_fit_matches_least_squares():
@@ -430,6 +494,25 @@ def test_cli_writes_table_json_and_plots(sweep, tmp_path, capsys):
     rec = json.loads(out.read_text())
     assert rec["include_embedding_flops"] is True and "including the embedding" in rec["compute"]
     assert "NOT like for like" in md.read_text()
+
+
+def test_cli_chinchilla_gives_n_opt_and_d_opt_beside_the_paper(sweep, tmp_path, capsys):
+    root, law = sweep
+    out, md = tmp_path / "fits.json", tmp_path / "table.md"
+    assert _cli()([str(root), "--json", str(out), "--markdown", str(md), "--n-boot", "0", "--chinchilla",
+                   "--chinchilla-boot", "4"]) == 0
+    al = json.loads(out.read_text())["archs"]["tnl"]["chinchilla"]["allocation"]
+    assert al["ci_method"] == "runs-bootstrap" and al["n_replicates"] >= 1
+    assert al["a_ci"][0] <= al["a"] <= al["a_ci"][1] or al["n_replicates"] < 4
+    assert al["a"] == pytest.approx(law.a, abs=0.05) and al["b"] == pytest.approx(law.b, abs=0.05)
+    # the FLOPs-unit coefficient gives the same N_opt as the PFLOP-days one
+    assert al["n_coef_flops"] * 1e20 ** al["a"] == pytest.approx(al["n_coef"] * (1e20 / 8.64e19) ** al["a"])
+    table = md.read_text()
+    row = [line for line in table.splitlines() if line.startswith("| tnl | N_opt(C) approach 3 |")]
+    assert len(row) == 1 and f"{al['a']:.4f}" in row[0] and f"{PAPER_TABLE3['tnl']['N_opt'][1]:.4f}" in row[0]
+    row = [line for line in table.splitlines() if line.startswith("| tnl | approach 3 |")]
+    assert len(row) == 1 and f"{al['b']:.3f}" in row[0] and f"{PAPER_TABLE3['tnl']['D_opt'][1]:.4f}" in row[0]
+    assert any(line.startswith("| tnl | N_opt(C) handovers |") for line in table.splitlines())
 
 
 def test_c_bounds_are_in_the_unit_the_tables_print(sweep, tmp_path, capsys):

@@ -528,3 +528,25 @@ def test_study_on_a_real_slurm_cluster(slurm_cluster, finished_study, dataset):
     res = subprocess.run([sys.executable, str(STUDY), "run", "--config", str(path), "--slurm"], env=e,
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0 and "submitting only the report" in res.stdout, res.stdout[-2000:]
+
+
+def test_exponent_table_labels_each_method_beside_the_paper():
+    """The report's exponents: handover a/b where observed, approach-3 a/b (with intervals) where fitted, and the
+    paper's Table 3 values (scaling.paper) on every row; an architecture with neither says so."""
+    from scaling.paper import PAPER_TABLE3
+    from scaling.study.report import exponent_table
+    fits = {"archs": {
+        "llama": {"alpha": -0.09, "chinchilla": {"allocation": {"a": 0.8123, "a_ci": [0.5, 0.95], "b": 0.4321,
+                                                                "b_ci": [0.3, None]}}},
+        "tnl": {"alpha": -0.07, "a": 0.61, "a_ci": [0.55, 0.67], "b": 0.41, "b_ci": [0.35, 0.47],
+                "chinchilla": {"allocation": {"a": 0.57, "a_ci": [0.45, 0.9], "b": 0.43, "b_ci": [0.1, 0.55]}}},
+        "hgrn2": {"alpha": -0.08}}}
+    rows = exponent_table(fits)
+    by = {(r.split(" | ")[0].strip("| "), r.split(" | ")[3]): r for r in rows[2:]}
+    assert set(by) == {("LLaMA", "approach 3"), ("TNL", "handovers"), ("TNL", "approach 3"), ("HGRN2", "handovers")}
+    llama = by[("LLaMA", "approach 3")]
+    assert "0.812 [0.500, 0.950]" in llama and f"{PAPER_TABLE3['llama']['N_opt'][1]:.4g}" in llama
+    assert "| 0.432 |" in llama                                         # an interval with a missing end is not printed
+    assert f"{PAPER_TABLE3['llama']['D_opt'][1]:.4g}" in llama
+    assert "0.610 [0.550, 0.670]" in by[("TNL", "handovers")]
+    assert "| — |" in by[("HGRN2", "handovers")]

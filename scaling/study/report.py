@@ -256,6 +256,35 @@ def n_opt_evidence(fits: dict) -> list[str]:
             "|---|---|---|---|---|---|---|", *lines]
 
 
+def _with_ci(x, ci, digits: int = 3) -> str:
+    if x is None or not math.isfinite(x):
+        return "—"
+    ok = ci and all(v is not None and math.isfinite(v) for v in ci)
+    return f"{x:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ok else "")
+
+
+def exponent_table(fits: dict) -> list[str]:
+    """α of L(C), and a, b of N_opt/D_opt by method (handovers; Chinchilla approach 3), beside the paper's
+    Table 3, from fits.json."""
+    from scaling.paper import PAPER_TABLE3
+    lines = ["| arch | α ours | α paper | method | a ours (95%) | a paper | b ours (95%) | b paper |",
+             "|---|---|---|---|---|---|---|---|"]
+    for a, r in fits.get("archs", {}).items():
+        paper = PAPER_TABLE3.get(a, {})
+        pa = _fmt(paper["N_opt"][1]) if paper else "—"
+        pb = _fmt(paper["D_opt"][1]) if paper else "—"
+        al = (r.get("chinchilla") or {}).get("allocation")
+        methods = []
+        if r.get("a") is not None or al is None:
+            methods.append(("handovers", r.get("a"), r.get("a_ci"), r.get("b"), r.get("b_ci")))
+        if al is not None:
+            methods.append(("approach 3", al["a"], al["a_ci"], al["b"], al["b_ci"]))
+        for m, ea, ca, eb, cb in methods:
+            lines.append(f"| {arch_title(a)} | {_fmt(r.get('alpha'))} | {_fmt(paper['L'][1]) if paper else '—'} | "
+                         f"{m} | {_with_ci(ea, ca)} | {pa} | {_with_ci(eb, cb)} | {pb} |")
+    return lines
+
+
 def _fmt(x, digits: int = 4) -> str:
     return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}g}"
 
@@ -303,7 +332,6 @@ def csr_ordering(study: StudyConfig, rows: list[dict]) -> list[str]:
 
 def write_markdown(study: StudyConfig, plans: list[RunPlan], fits: dict | None, rows: list[dict],
                    figures: list[Path], status_table: str, fit_error: str | None = None) -> Path:
-    from scaling.paper import PAPER_LOSS_FIT
     from scaling.units import flops_to_pflop_days
     out = report_dir(study)
     lines = [f"# Scaling study `{study.name}`", "",
@@ -336,11 +364,7 @@ def write_markdown(study: StudyConfig, plans: list[RunPlan], fits: dict | None, 
                       + " and ".join(f"{c:g}" for c in paper_c) + " PFLOP-days as: "
                       + "; ".join(" < ".join(arch_title(a) for a in paper_ranking(c)) for c in paper_c)
                       + " (lowest loss first).", ""]
-        lines += ["## Exponents against the paper", "",
-                  "| arch | α ours | α paper | a (N_opt) ours | b (D_opt) ours |", "|---|---|---|---|---|"]
-        for a, r in fits.get("archs", {}).items():
-            lines.append(f"| {arch_title(a)} | {_fmt(r.get('alpha'))} | "
-                         f"{_fmt(PAPER_LOSS_FIT.get(a, {}).get('alpha'))} | {_fmt(r.get('a'))} | {_fmt(r.get('b'))} |")
+        lines += ["## Exponents against the paper", "", *exponent_table(fits)]
         notes = [f"- {a}: {n}" for a, r in fits.get("archs", {}).items() for n in r.get("notes", [])]
         if notes:
             lines += ["", "Fit notes:", "", *notes]
