@@ -331,19 +331,25 @@ def _lightning_autograd(ctx, do, dht, _dHs, _dseg):
 torch.library.register_autograd("linscale::lightning_attn_fwd", _lightning_autograd, setup_context=_lightning_setup)
 
 
-class _LightningEager(torch.autograd.Function):
-    """Eager mode's entry (see `_eager`): the custom op's forward, backward and saved tensors, without
-    the dispatcher's Python layers around them."""
+def _eager_entry(name: str, fwd_impl, setup, grads, bwd_impl) -> type[torch.autograd.Function]:
+    """Eager mode's entry for one op (see `_eager`): a torch.autograd.Function with the custom op's
+    forward, backward and saved tensors, without the dispatcher's Python layers around them. It returns
+    the op's two public outputs (o and the final state)."""
 
-    @staticmethod
-    def forward(ctx, q, k, v, log_lam, h0, cu_seqlens):
-        out = _lightning_fwd_impl(q, k, v, log_lam, h0, cu_seqlens)
-        _lightning_setup(ctx, (q, k, v, log_lam, h0, cu_seqlens), out)
+    def forward(ctx, *inputs):
+        out = fwd_impl(*inputs)
+        setup(ctx, inputs, out)
         return out[0], out[1]
 
-    @staticmethod
     def backward(ctx, do, dht):
-        return _lightning_grads(ctx, do, dht, _lightning_bwd_impl)
+        return grads(ctx, do, dht, bwd_impl)
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                    "backward": staticmethod(backward)})
+
+
+_LightningEager = _eager_entry("_LightningEager", _lightning_fwd_impl, _lightning_setup, _lightning_grads,
+                               _lightning_bwd_impl)
 
 
 def _eager(*xs: Tensor | None) -> bool:
@@ -580,18 +586,7 @@ def _gla_autograd(ctx, do, dht, _dA, _dtame, _dtable, _dHs, _dseg):
 torch.library.register_autograd("linscale::gated_linear_attn_fwd", _gla_autograd, setup_context=_gla_setup)
 
 
-class _GlaEager(torch.autograd.Function):
-    """Eager mode's entry (see `_eager`), as `_LightningEager`."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, h0, cu_seqlens):
-        out = _gla_fwd_impl(q, k, v, g, h0, cu_seqlens)
-        _gla_setup(ctx, (q, k, v, g, h0, cu_seqlens), out)
-        return out[0], out[1]
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        return _gla_grads(ctx, do, dht, _gla_bwd_impl)
+_GlaEager = _eager_entry("_GlaEager", _gla_fwd_impl, _gla_setup, _gla_grads, _gla_bwd_impl)
 
 
 def gated_linear_attn_triton(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
