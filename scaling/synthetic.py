@@ -23,6 +23,7 @@ from models.accounting import paper_non_embedding_params
 from models.config import ModelConfig
 from models.registry import arch_names
 from models.sizes import model_config
+from scaling.chinchilla import loglog_interpolator
 from scaling.runs import compute_per_token
 
 
@@ -114,19 +115,9 @@ def frontier_exponents(law: LossLaw, sizes: list[tuple[float, float]], c_lo: flo
                        points: int = 25) -> tuple[float, float]:
     """Exponents (a, b) of the law's exact frontier over [c_lo, c_hi] FLOPs, for a ladder of (N, FLOPs per token)
     `sizes`: fpt(N) is log-log interpolated between them and extended by the end segments' slopes."""
-    n, fpt = (np.array(v, dtype=np.float64) for v in zip(*sorted(sizes)))
-    ln, lf = np.log(n), np.log(fpt)
-
-    def f(x: float) -> float:
-        lx = np.log(x)
-        if lx < ln[0]:
-            return float(np.exp(lf[0] + (lf[1] - lf[0]) / (ln[1] - ln[0]) * (lx - ln[0])))
-        if lx > ln[-1]:
-            return float(np.exp(lf[-1] + (lf[-1] - lf[-2]) / (ln[-1] - ln[-2]) * (lx - ln[-1])))
-        return float(np.exp(np.interp(lx, ln, lf)))
-
+    n = np.array(sorted(x for x, _ in sizes), dtype=np.float64)
     c = np.geomspace(c_lo, c_hi, points)
-    n_opt, d_opt = frontier(law, f, c, (n[0] / 20, n[-1] * 20))
+    n_opt, d_opt = frontier(law, loglog_interpolator(sizes), c, (n[0] / 20, n[-1] * 20))
     if not ((n_opt > n[0] / 19).all() and (n_opt < n[-1] * 19).all()):
         raise ValueError("the law's optimum left the searched range of N: widen the ladder or the C range")
     return float(np.polyfit(np.log(c), np.log(n_opt), 1)[0]), float(np.polyfit(np.log(c), np.log(d_opt), 1)[0])
