@@ -9,11 +9,9 @@ time the candidates. Production code never calls it: the plan comes from `ops.tu
         ...
     with force_plan(launch={"fwd": {"num_warps": 4}}):
         ...
-    with force_plan(tame_span=-1):           # GLA: every chunk through the sub-chunk kernels
+    with force_plan(tame_span=-1):           # GLA: every chunk through the level kernels
         ...
     with force_plan(anchor_chunks=1):        # GLA: d log_f anchored at every chunk boundary
-        ...
-    with force_plan(gla_sub="tile"):         # GLA: the other form of the sub-chunk kernels
         ...
 """
 from __future__ import annotations
@@ -28,13 +26,11 @@ SCAN = 1 << 30  # a segment length no sequence reaches: the scan layout
 
 @contextmanager
 def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
-               tame_span: float | None = None, anchor_chunks: int | None = None,
-               gla_sub: str | None = None) -> Iterator[None]:
+               tame_span: float | None = None, anchor_chunks: int | None = None) -> Iterator[None]:
     """seg_chunks: segment length in chunks (SCAN: the scan layout); launch: per-kernel overrides;
     tame_span: GLA chunks decaying by at most exp(-tame_span) take the direct intra-chunk products
-    (-1: none does, every chunk goes through the sub-chunk kernels); anchor_chunks: GLA d log_f anchored
-    every this many chunks (SCAN: never, one reverse sum over the whole sequence); gla_sub: the form of
-    GLA's sub-chunk kernels, "levels", "rows" or "tile" (`ops.triton_linear_attn.SUB_FORM`)."""
+    (-1: none does, every chunk goes through the level kernels); anchor_chunks: GLA d log_f anchored
+    every this many chunks (SCAN: never, one reverse sum over the whole sequence)."""
     old = dict(tuning._FORCED)
     # nested calls add to the enclosing one's settings (a test forcing tame_span around a helper that
     # forces the layout keeps both)
@@ -54,10 +50,6 @@ def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
         if anchor_chunks < 1:
             raise ValueError(f"anchor_chunks must be >= 1, got {anchor_chunks}")
         tuning._FORCED["anchor_chunks"] = int(anchor_chunks)
-    if gla_sub is not None:
-        if gla_sub not in ("levels", "rows", "tile"):
-            raise ValueError(f"gla_sub must be 'levels', 'rows' or 'tile', got {gla_sub!r}")
-        tuning._FORCED["gla_sub"] = gla_sub
     try:
         yield
     finally:

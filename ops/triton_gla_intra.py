@@ -9,11 +9,12 @@ log-decay). Two forms, chosen per (chunk, head) by the chunk's gates (`gla_cumsu
     fp32 overflow; the block of the second half's queries against the first half's keys takes r = b at
     the first half's last row, where both exponents are <= 0 whatever the gates
     (`gla_A_tame_kernel`, `gla_dqk_tame_kernel`);
-  * the others (gates far below 0): the chunk is cut into sub-chunks of BC = 16 rows; sub-chunk pairs
-    I > J use tensor cores with the reference r = b at I's first row, (q_I * exp(b_I - r)) (k_J * exp(r - b_J))^T,
-    both exponents <= 0; diagonal pairs by a product with the mid-range reference when the sub-chunk's
-    span is within TAME_SPAN, else element-wise with exponents masked to i >= j (`gla_A_kernel`: one key
-    row at a time; `gla_dqk_intra_kernel`: one [BC, BC, BK] tile shared by dq and dk). Nothing overflows; tiny weights underflow to exactly 0.
+  * the others (gates far below 0, flag 0): the pairs i > j split into levels by the highest bit in which
+    their positions differ; a pair of level l has i in the upper and j in the lower half of one aligned
+    block of 2^(l+1) rows, and exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j) with rho that lower
+    half's last row, both factors <= 1 for any gates: one tensor-core product per level and key block
+    over the whole chunk (`gla_A_sub_kernel`, `gla_dqk_sub_kernel`). Nothing overflows; tiny weights
+    underflow to exactly 0.
 Each kernel's programs return at once for the other kind, so every chunk is written by exactly one.
 
 `gla_A_*` write A [tokens, H, BT] (row = query, column = key position inside the chunk); `gla_dqk_*`
@@ -30,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ops.triton_scan import anchor_block, dot32, mask_and, seq_bounds, walk_program
+from ops.triton_scan import anchor_block, dot32, seq_bounds, tf32_round, walk_program
 
 
 @triton.jit
@@ -62,7 +63,7 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
     the chunk's first token (tame[token, head]): 2 when no key channel decays by more than exp(-TAME_SPAN)
     across the whole chunk (the tame kernels' one product per key block), else 1 when that holds in each
     32-row half (their half-block products; every factor within exp(+-TAME_SPAN / 2) either way), else 0
-    (the sub-chunk kernels)."""
+    (the level kernels of flag 0)."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
@@ -91,11 +92,6 @@ def _tame_flag(tame, bos, t0, i_h, H: tl.constexpr):
 
 
 @triton.jit
-def _is_tame(tame, bos, t0, i_h, H: tl.constexpr):
-    return _tame_flag(tame, bos, t0, i_h, H) != 0
-
-
-@triton.jit
 def _tile(x, bos, rows, L, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask):
     p = x + ((bos + rows) * H + i_h)[:, None] * D + offs[None, :]
     return tl.load(p, mask=(rows < L)[:, None] & cmask[None, :], other=0.)
@@ -106,38 +102,6 @@ def _exp0(x):
     """exp of an exponent that is <= 0 on every real row; padded rows (b loaded as 0) could make it
     positive, and their inf times a zero input would be NaN, so clamp."""
     return tl.exp(tl.minimum(x, 0.))
-
-
-@triton.jit
-def _row_of(b, r: tl.constexpr, N: tl.constexpr):
-    return tl.sum(tl.where(tl.arange(0, N)[:, None] == r, b, 0.), axis=0)[None, :]
-
-
-@triton.jit
-def _sub_span(b_S, r):
-    """The largest decay (in log) of any key channel across a sub-chunk: b at its first row (r) minus b
-    at its last real row, which is b's minimum over the rows (b only falls; padded rows load b = 0)."""
-    return tl.max(r - tl.min(b_S, axis=0)[None, :])
-
-
-@triton.jit
-def _sub_factors(b_S, r, SUB_SPAN: tl.constexpr):
-    """exp(b_i - m) and exp(m - b_j) for a sub-chunk whose decay span is <= SUB_SPAN (<= TAME_SPAN), m the
-    middle of b's range over it (r: b at its first row, its largest value): its diagonal block's weights
-    exp(b_i - b_j) = exp(b_i - m) exp(m - b_j), every factor within exp(+-SUB_SPAN / 2), far inside fp32,
-    so one tensor-core product forms the block (masked causal after). Clamped for padded rows (b = 0)."""
-    m = 0.5 * (r + tl.min(b_S, axis=0)[None, :])
-    return tl.exp(tl.minimum(b_S - m, 0.5 * SUB_SPAN)), tl.exp(tl.minimum(m - b_S, 0.5 * SUB_SPAN))
-
-
-@triton.jit
-def _key_row(k, bc, bos, rows_S, j, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask):
-    """Row j of sub-chunk S (rows_S): k (fp32) and b, each [1, BK] (0 past the sequence end)."""
-    t = tl.min(rows_S, axis=0) + j
-    p = ((bos + t) * H + i_h) * K + offs_k
-    m = kmask & ((offs_k * 0 + t) < L)
-    return (tl.load(k + p, mask=m, other=0.).to(tl.float32)[None, :],
-            tl.load(bc + p, mask=m, other=0.)[None, :])
 
 
 @triton.jit
@@ -164,74 +128,10 @@ def _qkb_tiles(q, k, bc, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, of
 
 
 @triton.jit
-def _sub_tiles(q, k, bc, bos, rows_S, rows_c, before, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask,
-               BC: tl.constexpr):
-    """For key columns offs_k of sub-chunk S: its b, q, k (q, k in fp32), the chunk's b, the reference
-    r = b at S's first row, and the chunk's keys weighted by exp(r - b) on the rows before S (0 on the
-    others: every exponent <= 0). Both sub-chunk kernels start each key block from these."""
-    b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
-    q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    b_c = _tile(bc, bos, rows_c, L, i_h, H, K, offs_k, kmask)
-    k_c = _tile(k, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    r = _row_of(b_S, 0, BC)
-    k_w = tl.where(before, _exp0(tl.where(before, r - b_c, 0.)), 0.) * k_c
-    return b_S, q_S, k_S, b_c, r, k_w
-
-
-@triton.jit
-def gla_A_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
-                 H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                 BK: tl.constexpr, SUB_SPAN: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, BT // BC, H): the rows of sub-chunk S of A, every column of the chunk. Columns of
-    earlier sub-chunks in one tensor-core product with the reference r = b at S's first row (all
-    exponents <= 0 once the columns from S on are masked); the diagonal block by a second product when
-    no channel of the key block decays by more than exp(-SUB_SPAN) across the sub-chunk (see
-    `_sub_factors`), else element-wise."""
-    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_S = tl.program_id(1)
-    i_h = tl.program_id(2)
-    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
-    if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: gla_A_tame_kernel
-        L = eos - bos
-        t0 = i_c * BT
-        rows_S = t0 + i_S * BC + tl.arange(0, BC)
-        rows_c = t0 + tl.arange(0, BT)
-        before = (tl.arange(0, BT) < i_S * BC)[:, None]
-        causal = tl.arange(0, BC)[:, None] >= tl.arange(0, BC)[None, :]
-        dt = q.dtype.element_ty
-        acc = tl.zeros([BC, BT], dtype=tl.float32)
-        acc_d = tl.zeros([BC, BC], dtype=tl.float32)
-        for kb in range(0, tl.cdiv(K, BK)):
-            offs_k = kb * BK + tl.arange(0, BK)
-            kmask = offs_k < K
-            b_S, q_S, k_S, b_c, r, k_w = _sub_tiles(q, k, bc, bos, rows_S, rows_c, before, L, i_h, H, K,
-                                                     offs_k, kmask, BC)
-            acc += dot32(q_S * _exp0(b_S - r), tl.trans(k_w), PREC)  # fp32 operands: tf32
-            if _sub_span(b_S, r) <= SUB_SPAN:  # the diagonal block by one tensor-core product
-                e_q, e_k = _sub_factors(b_S, r, SUB_SPAN)
-                acc_d += dot32(q_S * e_q, tl.trans(k_S * e_k), PREC)
-            else:  # element-wise, one key row at a time, every exponent <= 0
-                cols_d = tl.arange(0, BC)[None, :]
-                for j in range(0, BC):
-                    k_j, b_j = _key_row(k, bc, bos, rows_S, j, L, i_h, H, K, offs_k, kmask)
-                    a_j = tl.sum(q_S * k_j * _exp0(b_S - b_j), axis=1)  # column j of the block
-                    acc_d += tl.where(cols_d == j, a_j[:, None], 0.)
-        acc_d = tl.where(causal, acc_d, 0.)
-        rmask = (rows_S < L)[:, None]
-        cols = tl.arange(0, BT)[None, :]
-        a_row = A + ((bos + rows_S) * H + i_h)[:, None] * BT
-        # three stores to disjoint columns: earlier sub-chunks, the diagonal block, zeros after it
-        tl.store(a_row + cols, acc, mask=rmask & (cols < i_S * BC))
-        tl.store(a_row + cols, tl.zeros([BC, BT], dtype=tl.float32), mask=rmask & (cols >= (i_S + 1) * BC))
-        tl.store(a_row + i_S * BC + tl.arange(0, BC)[None, :], acc_d, mask=rmask)
-
-
-@triton.jit
 def gla_A_tame_kernel(q, k, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
                       H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                       VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, H); only for tame chunks (the others return at once: `gla_A_kernel` does them).
+    """grid (chunks, H); only for tame chunks (the others return at once: `gla_A_sub_kernel` does them).
     Flag 2: A = (q exp(b - r)) (k exp(r - b))^T on i >= j, r per channel the middle of b's range over the
     chunk. Flag 1: A on i >= j by half blocks of BT / 2 rows (0: the first half, 1: the second; b the cumulative
     log-decay from the chunk's start):
@@ -291,291 +191,6 @@ def gla_A_tame_kernel(q, k, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.conste
 
 
 @triton.jit
-def gla_dqk_intra_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
-                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                         BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SUB_SPAN: tl.constexpr,
-                         VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, BT // BC, H); only for chunks that are not tame (the others return at once:
-    `gla_dqk_tame_kernel` does them). Writes the intra-chunk dq, dk (fp32) of sub-chunk S's rows, every
-    key block, to which the dq / dk scans then add the inter-chunk parts. dA = do v^T (its rows of S, its
-    columns of S and the diagonal block formed once, then shared by the key blocks). dq_S takes the keys
-    of earlier sub-chunks (reference: b at S's first row), dk_S the queries of later ones (reference: b at
-    S's last row): one tensor-core product each, then the diagonal block as in `gla_A_kernel`."""
-    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_S = tl.program_id(1)
-    i_h = tl.program_id(2)
-    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
-    if not _is_tame(tame, bos, i_c * BT, i_h, H):  # tame chunks: gla_dqk_tame_kernel
-        L = eos - bos
-        t0 = i_c * BT
-        offs_v = tl.arange(0, BV)
-        vmask = offs_v < V
-        dt = do.dtype.element_ty
-        rows_S = t0 + i_S * BC + tl.arange(0, BC)
-        rows_c = t0 + tl.arange(0, BT)
-        idx_c = tl.arange(0, BT)
-        before = (idx_c < i_S * BC)[:, None]
-        after = (idx_c >= (i_S + 1) * BC)[:, None]
-        do_S = _tile(do, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
-        v_S = _tile(v, bos, rows_S, L, i_h, H, V, offs_v, vmask).to(dt)
-        do_c = _tile(do, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
-        v_c = _tile(v, bos, rows_c, L, i_h, H, V, offs_v, vmask).to(dt)
-        dA_row = tl.dot(do_S, tl.trans(v_c), input_precision=PREC)  # [BC, BT]
-        dA_col = tl.dot(do_c, tl.trans(v_S), input_precision=PREC)  # [BT, BC]
-        # diagonal block, strictly below the diagonal: the i == j term does not depend on the gates and
-        # would cancel in q dq - k dk (gla_dg_kernel adds it after forming d log_f)
-        causal = tl.arange(0, BC)[:, None] > tl.arange(0, BC)[None, :]
-        dA = tl.where(causal, tl.dot(do_S, tl.trans(v_S), input_precision=PREC), 0.)
-        m_S = (rows_S < L)[:, None]
-        for kb in range(0, tl.cdiv(K, BK)):
-            offs_k = kb * BK + tl.arange(0, BK)
-            kmask = offs_k < K
-            b_S, q_S, k_S, b_c, r, k_w = _sub_tiles(q, k, bc, bos, rows_S, rows_c, before, L, i_h, H, K,
-                                                     offs_k, kmask, BC)
-            q_c = _tile(q, bos, rows_c, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            # dq_S += exp(b_S - r) * (dA[S, :S] @ (k * exp(r - b))[:S])
-            acc_q = dot32(dA_row, k_w, PREC) * _exp0(b_S - r)  # fp32 operands: tf32
-            # dk_S += exp(r' - b_S) * (dA[S+1:, S]^T @ (q * exp(b - r'))[S+1:])
-            r2 = _row_of(b_S, BC - 1, BC)
-            q_w = tl.where(after, _exp0(tl.where(after, b_c - r2, 0.)), 0.) * q_c
-            acc_k = dot32(tl.trans(dA_col), q_w, PREC) * _exp0(r2 - b_S)
-            if _sub_span(b_S, r) <= SUB_SPAN:  # the diagonal block by tensor-core products
-                e_q, e_k = _sub_factors(b_S, r, SUB_SPAN)
-                acc_q += dot32(dA, k_S * e_k, PREC) * e_q
-                acc_k += dot32(tl.trans(dA), q_S * e_q, PREC) * e_k
-            else:  # element-wise, every exponent <= 0 (a [BC, BC, BK] tile shared by dq and dk)
-                d = b_S[:, None, :] - b_S[None, :, :]
-                w = tl.where(causal[:, :, None], _exp0(tl.where(causal[:, :, None], d, 0.)), 0.) * dA[:, :, None]
-                acc_q += tl.sum(w * k_S[None, :, :], axis=1)
-                acc_k += tl.sum(w * q_S[:, None, :], axis=0)
-            p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
-            m = m_S & kmask[None, :]
-            tl.store(dq + p, acc_q, mask=m)
-            tl.store(dk + p, acc_k, mask=m)
-
-
-# ----------------------------------------------------------------------------------------------------
-# the sub-chunk path by rows: dA formed once per chunk, the diagonal blocks one row at a time
-# ----------------------------------------------------------------------------------------------------
-
-@triton.jit
-def _row(x, bos, t, L, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask):
-    """Row t of x over the columns offs, fp32 ([len(offs)]; 0 past the sequence end)."""
-    return tl.load(x + ((bos + t) * H + i_h) * D + offs, mask=cmask & ((offs * 0 + t) < L), other=0.).to(tl.float32)
-
-
-@triton.jit
-def _level(b_S, bc, bos, s0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask, l: tl.constexpr,
-           BC: tl.constexpr):
-    """Level l of a sub-chunk's diagonal block: the pairs i > j whose highest differing bit (of their
-    positions in the sub-chunk) is l, i.e. i in the upper and j in the lower half of one aligned block of
-    2^(l+1) rows. With rho = that lower half's last row, exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j),
-    both exponents <= 0 for any gates. Returns the query-side factors (rows of upper halves; 0 on the
-    others), the key-side factors (rows of lower halves; 0 on the others), one exp per element, and the
-    [BC, BC] mask of the pairs within one block. Rows past the end load b = 0: clamped, their q, k, dA are 0."""
-    idx = tl.arange(0, BC)
-    rho = ((idx >> (l + 1)) << (l + 1)) + (1 << l) - 1
-    d = b_S - _tile(bc, bos, s0 + rho, L, i_h, H, K, offs_k, kmask)
-    upper = (((idx >> l) & 1) == 1)[:, None]
-    e = tl.exp(tl.minimum(tl.where(upper, d, -d), 0.))
-    return tl.where(upper, e, 0.), tl.where(upper, 0., e), (idx[:, None] >> (l + 1)) == (idx[None, :] >> (l + 1))
-
-
-@triton.jit
-def gla_A_rows_kernel(q, k, bc, A, tame, cu, chunks, T, NT,
-                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                      KP: tl.constexpr, SUB_SPAN: tl.constexpr, LEVELS: tl.constexpr, LOG_BC: tl.constexpr,
-                      VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, BT // BC, H); only for chunks that are not tame (flag 0; `gla_A_tame_kernel` does the
-    others). The rows of sub-chunk S of A:
-      * each earlier sub-chunk J < S by one tensor-core product per key block,
-        A[S, J] = (q_S exp(b_S - r)) (k_J exp(r - b_J))^T, r = b at S's first row (both exponents <= 0);
-      * the diagonal block over the whole key width (KP): by one more product with the mid-range
-        reference when no key channel decays by more than exp(-SUB_SPAN) across S (`_sub_factors`), else
-        one key row j at a time, A[i, j] = sum_d q_id k_jd exp(b_id - b_jd) for every row i of S at once
-        (a [BC, KP] tile, exponents clamped to <= 0; the column is stored as it is formed, so no
-        register tile is indexed by j);
-      * zeros right of the diagonal block.
-    LEVELS: the diagonal block instead by LOG_BC + 1 tensor-core products per key block, one per level of
-    `_level` and one for i == j (weight 1), every factor <= 1 whatever the gates."""
-    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_S = tl.program_id(1)
-    i_h = tl.program_id(2)
-    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
-    s0 = i_c * BT + i_S * BC  # S's first row
-    if not _is_tame(tame, bos, i_c * BT, i_h, H):
-        if s0 < L:
-            offs_j = tl.arange(0, BC)
-            rows_S = s0 + offs_j
-            rmask = rows_S < L
-            a_row = A + ((bos + rows_S) * H + i_h) * BT  # [BC] row starts
-            for J in range(0, i_S):
-                rows_J = i_c * BT + J * BC + offs_j  # every row real: they precede S's first row
-                acc = tl.zeros([BC, BC], dtype=tl.float32)
-                for kb in range(0, tl.cdiv(K, BK)):
-                    offs_k = kb * BK + tl.arange(0, BK)
-                    kmask = offs_k < K
-                    r = _row(bc, bos, s0, L, i_h, H, K, offs_k, kmask)[None, :]
-                    b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
-                    q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                    b_J = _tile(bc, bos, rows_J, L, i_h, H, K, offs_k, kmask)
-                    k_J = _tile(k, bos, rows_J, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                    acc += dot32(q_S * _exp0(b_S - r), tl.trans(k_J * _exp0(r - b_J)), PREC)
-                tl.store(a_row[:, None] + J * BC + offs_j[None, :], acc, mask=rmask[:, None])
-            cols = tl.arange(0, BT)[None, :]
-            tl.store(a_row[:, None] + cols, tl.zeros([BC, BT], dtype=tl.float32),
-                     mask=rmask[:, None] & (cols >= (i_S + 1) * BC))
-            if LEVELS:
-                acc_d = tl.zeros([BC, BC], dtype=tl.float32)
-                eye = offs_j[:, None] == offs_j[None, :]
-                for kb in range(0, tl.cdiv(K, BK)):
-                    offs_k = kb * BK + tl.arange(0, BK)
-                    kmask = offs_k < K
-                    b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
-                    q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                    k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                    acc_d += tl.where(eye, dot32(q_S, tl.trans(k_S), PREC), 0.)
-                    for l in tl.static_range(LOG_BC):
-                        f_q, f_k, same = _level(b_S, bc, bos, s0, L, i_h, H, K, offs_k, kmask, l, BC)
-                        acc_d += tl.where(same, dot32(q_S * f_q, tl.trans(k_S * f_k), PREC), 0.)
-                tl.store(a_row[:, None] + i_S * BC + offs_j[None, :], acc_d, mask=rmask[:, None])
-            else:
-                offs_d = tl.arange(0, KP)
-                dmask = offs_d < K
-                b_D = _tile(bc, bos, rows_S, L, i_h, H, K, offs_d, dmask)
-                q_D = _tile(q, bos, rows_S, L, i_h, H, K, offs_d, dmask).to(tl.float32)
-                r0 = _row(bc, bos, s0, L, i_h, H, K, offs_d, dmask)[None, :]
-                if _sub_span(b_D, r0) <= SUB_SPAN:
-                    k_D = _tile(k, bos, rows_S, L, i_h, H, K, offs_d, dmask).to(tl.float32)
-                    e_q, e_k = _sub_factors(b_D, r0, SUB_SPAN)
-                    a_d = dot32(q_D * e_q, tl.trans(k_D * e_k), PREC)
-                    causal = offs_j[:, None] >= offs_j[None, :]
-                    tl.store(a_row[:, None] + i_S * BC + offs_j[None, :], tl.where(causal, a_d, 0.),
-                             mask=rmask[:, None])
-                else:
-                    n_j = tl.minimum(L - s0, BC)  # the key rows that exist; the columns of the others are 0
-                    tl.store(a_row[:, None] + i_S * BC + offs_j[None, :], tl.zeros([BC, BC], dtype=tl.float32),
-                             mask=rmask[:, None] & (offs_j[None, :] >= n_j))
-                    for j in range(0, n_j):
-                        k_j = _row(k, bos, s0 + j, L, i_h, H, K, offs_d, dmask)[None, :]
-                        b_j = _row(bc, bos, s0 + j, L, i_h, H, K, offs_d, dmask)[None, :]
-                        a_j = tl.sum(q_D * k_j * _exp0(b_D - b_j), axis=1)
-                        tl.store(a_row + i_S * BC + j, tl.where(offs_j >= j, a_j, 0.), mask=rmask)
-
-
-@triton.jit
-def gla_dA_kernel(v, do, dA, tame, cu, chunks, T, NT, H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                  BV: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, H); only for chunks that are not tame. dA = do v^T strictly below the diagonal (the
-    i == j terms: see gla_dg_kernel), fp32 [tokens, H, BT], zeros elsewhere: formed once per chunk here
-    and read by every (sub-chunk, key block) program of `gla_dqk_rows_kernel`."""
-    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_h = tl.program_id(1)
-    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
-    if not _is_tame(tame, bos, i_c * BT, i_h, H):
-        L = eos - bos
-        rows = i_c * BT + tl.arange(0, BT)
-        acc = tl.zeros([BT, BT], dtype=tl.float32)
-        for vb in range(0, tl.cdiv(V, BV)):
-            offs_v = vb * BV + tl.arange(0, BV)
-            vmask = offs_v < V
-            b_do = _tile(do, bos, rows, L, i_h, H, V, offs_v, vmask)
-            b_v = _tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)
-            acc += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
-        idx = tl.arange(0, BT)
-        p = dA + ((bos + rows) * H + i_h)[:, None] * BT + idx[None, :]
-        tl.store(p, tl.where(idx[:, None] > idx[None, :], acc, 0.), mask=(rows < L)[:, None])
-
-
-@triton.jit
-def gla_dqk_rows_kernel(q, k, bc, dA, dq, dk, tame, cu, chunks, T, NT,
-                        H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                        SUB_SPAN: tl.constexpr, LEVELS: tl.constexpr, LOG_BC: tl.constexpr,
-                        VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, (BT // BC) * cdiv(K, BK), H); only for chunks that are not tame. The intra-chunk dq, dk
-    (fp32) of sub-chunk S's rows in one key block, from dA (`gla_dA_kernel`):
-      * dq_S += exp(b_S - r) sum_{J < S} dA[S, J] (k_J exp(r - b_J)), r = b at S's first row, and
-        dk_S += exp(r' - b_S) sum_{J > S} dA[J, S]^T (q_J exp(b_J - r')), r' = b at S's last row: one
-        [BC, BC] x [BC, BK] tensor-core product per sub-chunk pair, every exponent <= 0;
-      * the diagonal block by products with the mid-range reference when S's span in the key block is
-        within SUB_SPAN, else one row j at a time: dq_i += dA[i, j] k_j exp(b_i - b_j) over the key rows j
-        and dk_i += dA[j, i] q_j exp(b_j - b_i) over the query rows j, each a [BC, BK] update with the
-        exponents clamped to <= 0 (dA is 0 where the clamp bites) and no reduction across threads.
-    LEVELS: the diagonal block instead by two tensor-core products per level of `_level` (dq and dk share
-    its factors), every factor <= 1 whatever the gates."""
-    NC: tl.constexpr = BT // BC
-    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_S = tl.program_id(1) % NC
-    i_kb = tl.program_id(1) // NC
-    i_h = tl.program_id(2)
-    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
-    L = eos - bos
-    s0 = i_c * BT + i_S * BC
-    if not _is_tame(tame, bos, i_c * BT, i_h, H):
-        if s0 < L:
-            offs_j = tl.arange(0, BC)
-            offs_k = i_kb * BK + tl.arange(0, BK)
-            kmask = offs_k < K
-            rows_S = s0 + offs_j
-            rmask = rows_S < L
-            dA_S = dA + ((bos + rows_S) * H + i_h) * BT  # [BC] row starts of S in dA
-            b_S = _tile(bc, bos, rows_S, L, i_h, H, K, offs_k, kmask)
-            r = _row(bc, bos, s0, L, i_h, H, K, offs_k, kmask)[None, :]
-            acc_q = tl.zeros([BC, BK], dtype=tl.float32)
-            acc_k = tl.zeros([BC, BK], dtype=tl.float32)
-            if i_S > 0:
-                for J in range(0, i_S):
-                    rows_J = i_c * BT + J * BC + offs_j
-                    b_J = _tile(bc, bos, rows_J, L, i_h, H, K, offs_k, kmask)
-                    k_J = _tile(k, bos, rows_J, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                    dA_SJ = tl.load(dA_S[:, None] + J * BC + offs_j[None, :], mask=rmask[:, None], other=0.)
-                    acc_q += dot32(dA_SJ, k_J * _exp0(r - b_J), PREC)
-                acc_q *= _exp0(b_S - r)
-            n_sub = tl.cdiv(tl.minimum(L - i_c * BT, BT), BC)  # sub-chunks of the chunk that hold rows
-            if i_S + 1 < n_sub:  # then S is full: its last row is real
-                r2 = _row(bc, bos, s0 + BC - 1, L, i_h, H, K, offs_k, kmask)[None, :]
-                for J in range(i_S + 1, n_sub):
-                    rows_J = i_c * BT + J * BC + offs_j
-                    b_J = _tile(bc, bos, rows_J, L, i_h, H, K, offs_k, kmask)
-                    q_J = _tile(q, bos, rows_J, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                    dA_JS = tl.load(dA + ((bos + rows_J) * H + i_h)[:, None] * BT + i_S * BC + offs_j[None, :],
-                                    mask=(rows_J < L)[:, None], other=0.)
-                    acc_k += dot32(tl.trans(dA_JS), q_J * _exp0(b_J - r2), PREC)
-                acc_k *= _exp0(r2 - b_S)
-            if LEVELS:
-                q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                dA_SS = tl.load(dA_S[:, None] + i_S * BC + offs_j[None, :], mask=rmask[:, None], other=0.)
-                for l in tl.static_range(LOG_BC):
-                    f_q, f_k, same = _level(b_S, bc, bos, s0, L, i_h, H, K, offs_k, kmask, l, BC)
-                    dA_l = tl.where(same, dA_SS, 0.)
-                    acc_q += dot32(dA_l, k_S * f_k, PREC) * f_q
-                    acc_k += dot32(tl.trans(dA_l), q_S * f_q, PREC) * f_k
-            elif _sub_span(b_S, r) <= SUB_SPAN:  # the diagonal block by tensor-core products
-                q_S = _tile(q, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                k_S = _tile(k, bos, rows_S, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-                dA_SS = tl.load(dA_S[:, None] + i_S * BC + offs_j[None, :], mask=rmask[:, None], other=0.)
-                e_q, e_k = _sub_factors(b_S, r, SUB_SPAN)
-                acc_q += dot32(dA_SS, k_S * e_k, PREC) * e_q
-                acc_k += dot32(tl.trans(dA_SS), q_S * e_q, PREC) * e_k
-            else:
-                for j in range(0, tl.minimum(L - s0, BC)):
-                    t = s0 + j
-                    dA_c = tl.load(dA_S + i_S * BC + j, mask=rmask, other=0.)  # column j over S's rows
-                    dA_r = tl.load(dA + ((bos + t) * H + i_h) * BT + i_S * BC + offs_j)  # row j over S's columns
-                    k_j = _row(k, bos, t, L, i_h, H, K, offs_k, kmask)[None, :]
-                    q_j = _row(q, bos, t, L, i_h, H, K, offs_k, kmask)[None, :]
-                    b_j = _row(bc, bos, t, L, i_h, H, K, offs_k, kmask)[None, :]
-                    acc_q += dA_c[:, None] * k_j * _exp0(b_S - b_j)
-                    acc_k += dA_r[:, None] * q_j * _exp0(b_j - b_S)
-            p = ((bos + rows_S) * H + i_h)[:, None] * K + offs_k[None, :]
-            m = rmask[:, None] & kmask[None, :]
-            tl.store(dq + p, acc_q, mask=m)
-            tl.store(dk + p, acc_k, mask=m)
-
-
-@triton.jit
 def _store_half(ptr, x, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask):
     p = ptr + ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
     tl.store(p, x, mask=(rows < L)[:, None] & kmask[None, :])
@@ -585,7 +200,7 @@ def _store_half(ptr, x, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, off
 def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, H); only for tame chunks (the others return at once: `gla_dqk_intra_kernel`).
+    """grid (chunks, H); only for tame chunks (the others return at once: `gla_dqk_sub_kernel`).
     Writes their intra-chunk dq, dk (fp32), to which the dq / dk scans then add the inter-chunk parts,
     in the forms of `gla_A_tame_kernel` (same references), with dA = do v^T strictly below the diagonal
     (the i == j terms: see gla_dg_kernel). Flag 2: dq = exp(b - r) (dA (k exp(r - b))),
@@ -814,3 +429,107 @@ def gla_state_grad_kernel(k, v, g, dht, h0, dgx, dkx, dh0, cu, T,
         W = tl.sum(tl.where((offs_t == 0)[:, None], w * a0, 0.), axis=0)
     if HAS_H0:
         tl.store(dh0 + hp, tl.load(dh0 + hp, mask=hmask, other=0.) + W[:, None] * dS, mask=hmask)
+
+
+# ----------------------------------------------------------------------------------------------------
+# chunks that are not tame (flag 0): the pairs by levels
+# ----------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _level(b, bc, bos, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask, l, BT: tl.constexpr):
+    """Level l of a chunk's pairs i > j: those whose highest differing bit (of their positions in the
+    chunk) is l, i.e. i in the upper and j in the lower half of one aligned block of 2^(l+1) rows. With
+    rho = that lower half's last row, exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j), both exponents
+    <= 0 for any gates. Returns the query-side factors (rows of upper halves; 0 on the others), the
+    key-side factors (rows of lower halves; 0 on the others), one exp per element, and the [BT, BT] mask
+    of the pairs within one block (symmetric). Rows past the end load b = 0: clamped, their q, k, dA are 0."""
+    idx = tl.arange(0, BT)
+    rho = ((idx >> (l + 1)) << (l + 1)) + (1 << l) - 1
+    d = b - _tile(bc, bos, t0 + rho, L, i_h, H, K, offs_k, kmask)
+    upper = (((idx >> l) & 1) == 1)[:, None]
+    e = tl.exp(tl.minimum(tl.where(upper, d, -d), 0.))
+    return tl.where(upper, e, 0.), tl.where(upper, 0., e), (idx[:, None] >> (l + 1)) == (idx[None, :] >> (l + 1))
+
+
+@triton.jit
+def _tf32(x, PREC: tl.constexpr):
+    """x as a tensor-core operand of `dot32` (rounded to tf32 for PREC 'tf32'), for operands used by several
+    products."""
+    if PREC == "tf32":
+        return tf32_round(x)
+    return x
+
+
+@triton.jit
+def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr, LOG_BT: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, H); only for chunks that are not tame (flag 0; `gla_A_tame_kernel` does the others).
+    A of the whole chunk by levels: the pairs i > j split by the highest bit in which their positions in
+    the chunk differ (LOG_BT levels); a pair of level l has i in the upper and j in the lower half of one
+    aligned block of 2^(l+1) rows, and with rho that lower half's last row
+        exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j),
+    both factors <= 1 for any gates (`_level`), so each level is one [BT, BK] x [BK, BT] tensor-core
+    product of factor-scaled q and k per key block, kept on its own pairs; i == j has weight 1 (an fp32
+    row sum). One program per chunk keeps the products large; every entry is written (0 above the
+    diagonal, where no level has pairs)."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_h = tl.program_id(1)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
+    if _tame_flag(tame, bos, i_c * BT, i_h, H) == 0:
+        L = eos - bos
+        t0 = i_c * BT
+        rows = t0 + tl.arange(0, BT)
+        idx = tl.arange(0, BT)
+        acc = tl.zeros([BT, BT], dtype=tl.float32)
+        diag = tl.zeros([BT], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            offs_k = kb * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
+            diag += tl.sum(b_q * b_k, axis=1)
+            for l in range(0, LOG_BT):  # a loop, not unrolled: unrolled, the levels' tiles stay live at once
+                f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
+                acc += tl.where(same, dot32(b_q * f_q, tl.trans(b_k * f_k), PREC), 0.)
+        acc += tl.where(idx[:, None] == idx[None, :], diag[:, None], 0.)
+        p = A + ((bos + rows) * H + i_h)[:, None] * BT + idx[None, :]
+        tl.store(p, acc, mask=(rows < L)[:, None])
+
+
+@triton.jit
+def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
+                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       BV: tl.constexpr, LOG_BT: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, cdiv(K, BK), H); only for chunks that are not tame. The intra-chunk dq, dk (fp32) of
+    the chunk in one key block, by the levels of `gla_A_sub_kernel`: with dA = do v^T strictly below the
+    diagonal (the i == j terms: see gla_dg_kernel), per level l (dA_l: dA on the level's pairs)
+        dq += f_q (dA_l (k f_k))        dk += f_k (dA_l^T (q f_q))
+    two tensor-core products per level sharing its factors, every factor <= 1 whatever the gates. dA is
+    formed here per key block (a bf16 product, [BT, BT]) rather than read back from memory."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_kb = tl.program_id(1)
+    i_h = tl.program_id(2)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
+    if _tame_flag(tame, bos, i_c * BT, i_h, H) == 0:
+        L = eos - bos
+        t0 = i_c * BT
+        rows = t0 + tl.arange(0, BT)
+        idx = tl.arange(0, BT)
+        dA = tl.zeros([BT, BT], dtype=tl.float32)
+        for vb in range(0, tl.cdiv(V, BV)):
+            offs_v = vb * BV + tl.arange(0, BV)
+            vmask = offs_v < V
+            dA += tl.dot(_tile(do, bos, rows, L, i_h, H, V, offs_v, vmask),
+                         tl.trans(_tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)), input_precision=PREC)
+        dA = _tf32(tl.where(idx[:, None] > idx[None, :], dA, 0.), PREC)  # rounded once for every level
+        dAt = tl.trans(dA)  # the level masks are symmetric: one transpose serves them all
+        offs_k = i_kb * BK + tl.arange(0, BK)
+        kmask = offs_k < K
+        b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
+        acc_q = tl.zeros([BT, BK], dtype=tl.float32)
+        acc_k = tl.zeros([BT, BK], dtype=tl.float32)
+        for l in range(0, LOG_BT):
+            f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
+            acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * f_k, PREC), input_precision=PREC) * f_q
+            acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * f_q, PREC), input_precision=PREC) * f_k
+        _store_half(dq, acc_q, bos, rows, L, i_h, H, K, offs_k, kmask)
+        _store_half(dk, acc_k, bos, rows, L, i_h, H, K, offs_k, kmask)

@@ -20,21 +20,13 @@ from torch import Tensor
 from ops import tuning
 from ops.config import get_config
 from ops.linear_attention import register_impl
-from ops.triton_gla_intra import (TAME_SPAN, gla_A_kernel, gla_A_rows_kernel, gla_A_tame_kernel, gla_cumsum_kernel,
-                                  gla_dA_kernel, gla_dg_kernel, gla_dqk_intra_kernel, gla_dqk_rows_kernel,
-                                  gla_dqk_tame_kernel, gla_intra_out_kernel, gla_state_grad_kernel)
+from ops.triton_gla_intra import (TAME_SPAN, gla_A_sub_kernel, gla_A_tame_kernel, gla_cumsum_kernel, gla_dg_kernel,
+                                  gla_dqk_sub_kernel, gla_dqk_tame_kernel, gla_intra_out_kernel, gla_state_grad_kernel)
 from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel,
                              seg_combine_kernel, seg_local_kernel)
 
 BT = tuning.BT  # chunk length
-BC = 16  # sub-chunk length of the GLA intra-chunk products of chunks that are not tame
-LOG_BC = BC.bit_length() - 1
-BK_INTRA = 32  # key block of their element-wise [BC, BC, BK] tiles
-# the form of the sub-chunk kernels: "tile" (gla_A_kernel, gla_dqk_intra_kernel), or, experimental until
-# tests/test_kernels_gpu.py's cases of them pass on a GPU, "levels" or "rows" (dA formed once per chunk
-# by gla_dA_kernel; gla_A_rows_kernel, gla_dqk_rows_kernel with the diagonal blocks by level products or
-# one row at a time: docs/kernels.md)
-SUB_FORM = "tile"
+LOG_BT = BT.bit_length() - 1  # the levels of the intra-chunk pairs of chunks that are not tame
 # GLA d log_f: anchored every this many chunks (gla_dg_kernel). Its error is that of a sum over one run of
 # ANCHOR_CHUNKS * BT tokens at any T; the anchor states cost 2 * K * V * 4 bytes per run and head
 # (fp32, transient in the backward): at K = V = 128, 256 bytes per token and head.
@@ -379,16 +371,10 @@ def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
 # ----------------------------------------------------------------------------------------------------
 
 def _tame_span() -> float:
-    # chunks whose 32-row halves decay by at most exp(-span) take the tame kernels' half-block products,
-    # and the others' 16-row sub-chunks within that span take a diagonal-block product; the test-only seam
-    # (ops.testing.force_plan(tame_span=-1)) sends every chunk through the sub-chunk kernels with
-    # element-wise diagonal blocks instead
+    # chunks whose 32-row halves decay by at most exp(-span) take the tame kernels' products, the others
+    # the level kernels; the test-only seam (ops.testing.force_plan(tame_span=-1)) sends every chunk through
+    # the level kernels
     return min(tuning._FORCED.get("tame_span", TAME_SPAN), TAME_SPAN)
-
-
-def _sub_form() -> str:
-    # the test-only seam (ops.testing.force_plan(gla_sub=...)) runs the other form
-    return tuning._FORCED.get("gla_sub", SUB_FORM)
 
 
 def _anchor_chunks() -> int:
@@ -435,12 +421,9 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
     gla_A_tame_kernel[(n_chunks, H)](
         q, k, bc, A, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)),
         VARLEN=vl, PREC=_prec(q), **_kw(ca))
-    form = _sub_form()
-    sub = gla_A_kernel if form == "tile" else gla_A_rows_kernel
-    extra = {} if form == "tile" else {"KP": _np2(K), "LEVELS": form == "levels", "LOG_BC": LOG_BC}
-    sub[(n_chunks, BT // BC, H)](
-        q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BC=BC, BK=min(cs["block"], _np2(K)),
-        SUB_SPAN=_tame_span(), VARLEN=vl, PREC=_prec(q), **extra, **_kw(cs))
+    gla_A_sub_kernel[(n_chunks, H)](
+        q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BK=min(cs["block"], _np2(K)), LOG_BT=LOG_BT,
+        VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # the walks read b (not log f) and the intra-chunk part A v (not A)
     o, ht, Hs = _fwd(q, k, v, bc, None, _intra_out(A, v, cu, T, chunks, False), h0, cu, N, T, True, plan)
     return o, ht, A, tame, Hs
@@ -460,21 +443,9 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
         q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
         BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
     bks = min(cs["block"], _np2(K))
-    form = _sub_form()
-    if form != "tile":  # dA = do v^T once per chunk, then (sub-chunk, key block) programs read it
-        dA = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
-        cd = plan.launch["dA"]
-        gla_dA_kernel[(n_chunks, H)](
-            v, do, dA, tame, cu, tab, T, NT, H=H, V=V, BT=BT, BV=min(cd["block"], _np2(V)), VARLEN=vl,
-            PREC=_prec(q), **_kw(cd))
-        gla_dqk_rows_kernel[(n_chunks, (BT // BC) * triton.cdiv(K, bks), H)](
-            q, k, bc, dA, dq, dk, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BC=BC, BK=bks, SUB_SPAN=_tame_span(),
-            LEVELS=form == "levels", LOG_BC=LOG_BC, VARLEN=vl, PREC=_prec(q), **_kw(cs))
-        del dA
-    else:
-        gla_dqk_intra_kernel[(n_chunks, BT // BC, H)](
-            q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=bks, BV=_np2(V),
-            SUB_SPAN=_tame_span(), VARLEN=vl, PREC=_prec(q), **_kw(cs))
+    gla_dqk_sub_kernel[(n_chunks, triton.cdiv(K, bks), H)](
+        q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BK=bks, BV=min(64, _np2(V)),
+        LOG_BT=LOG_BT, VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # d log_f's anchors: the state and its gradient at every AC-th chunk boundary, stored by the dq / dk
     # walks (one slot per AC * BT tokens of the whole batch; see anchor_block)
     AC = _anchor_chunks()

@@ -97,14 +97,12 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
         "local": {"block": min(32 if gated else 64, Kp), "block_v": min(64, Vp), "num_warps": 4, "num_stages": 2},
         "combine": {"block": min(16, Kp), "block_v": Vp, "num_warps": 4, "num_stages": 1},
         # GLA intra-chunk kernels (H200 sweep at T = 8192, each GPU-tested): tame chunks' A at 32-wide key
-        # blocks, 4 warps; their dq / dk at 16-wide blocks, 4 warps; the sub-chunk kernels 32 / 4 (the
-        # `levels` form's too: 64-wide, 16-wide or 2 warps for dq / dk and 8 warps for A were slower on
-        # an H100, docs/kernels.md); gla_dA_kernel at 32-wide value blocks (wider ones spill at V = 256)
+        # blocks, 4 warps; their dq / dk at 16-wide blocks, 4 warps; the level kernels (flag 0) at 32-wide
+        # key blocks, A with 8 warps (at 4 it spills), dq / dk with 4 (8 were slower; docs/kernels.md)
         "A": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dqk": {"block": min(16, Kp), "num_warps": 4, "num_stages": 1},
-        "A_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
+        "A_sub": {"block": min(32, Kp), "num_warps": 8, "num_stages": 1},
         "dqk_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
-        "dA": {"block": min(32, Vp), "num_warps": 4, "num_stages": 1},
         "dg": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
     }
 

@@ -190,57 +190,39 @@ def test_gla_dlogf_error_does_not_grow_with_T():
     assert dg_long > 2 * dg, (dg_long, dg)
 
 
-@pytest.mark.parametrize("layout,form", [("scan", "levels"), ("split1", "levels"), ("scan", "rows"),
-                                         ("scan", "tile")])
-def test_gla_subchunk_path(layout, form):
-    """Every chunk through the sub-chunk kernels (the path of chunks that are not tame), forced with mild
-    gates, so that both paths are checked on the same inputs; both forms of the sub-chunk kernels."""
+@pytest.mark.parametrize("layout", ["scan", "split1"])
+def test_gla_level_path(layout):
+    """Every chunk through the level kernels (the path of chunks that are not tame), forced with mild
+    gates, so that both paths are checked on the same inputs."""
     q, k, v, x = _make("gla", 130, 2, 24, 16, seed=11)
-    with force_plan(tame_span=-1, gla_sub=form):
+    with force_plan(tame_span=-1):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout=layout)
 
 
-@pytest.mark.parametrize("layout,gates,form", [("scan", "uniform", "levels"), ("split1", "-20", "levels"),
-                                               ("split2", "uniform", "levels"), ("scan", "uniform", "rows"),
-                                               ("split1", "-20", "rows")])
-def test_gla_subchunk_packed(layout, gates, form):
-    """The sub-chunk kernels with dA formed once per chunk, their diagonal blocks by levels or one row at
-    a time, on packed documents of 5, 40, 101 and 3 tokens (boundaries inside sub-chunks, a document
-    shorter than a sub-chunk, a last chunk of 37 rows), gates uniform in [-20, 0] or in [-20, -19], every
-    chunk forced onto the sub-chunk path (diagonal blocks never by the mid-range product); 16-wide key
-    blocks over Dk = 24, so that the (sub-chunk, key block) programs include a partly masked block."""
+@pytest.mark.parametrize("layout,gates", [("scan", "uniform"), ("split1", "-20"), ("split2", "uniform")])
+def test_gla_level_path_packed(layout, gates):
+    """The level kernels on packed documents of 5, 40, 101 and 3 tokens (boundaries inside the levels'
+    blocks, a document shorter than a level-4 block, a last chunk of 37 rows), gates uniform in [-20, 0]
+    or in [-20, -19], every chunk forced onto the level path; 16-wide key blocks over Dk = 24, so that the
+    (chunk, key block) programs include a partly masked block."""
     T = 149
     q, k, v, _ = _make("gla", T, 2, 24, 16, seed=37)
     g = torch.Generator().manual_seed(38)
     u = torch.rand(1, T, 2, 24, generator=g)
     x = -20.0 * u if gates == "uniform" else -20.0 + u
     cu = torch.tensor([0, 5, 45, 146, 149])
-    with force_plan(tame_span=-1, gla_sub=form, launch={"A_sub": {"block": 16}, "dqk_sub": {"block": 16}}):
+    with force_plan(tame_span=-1, launch={"A_sub": {"block": 16}, "dqk_sub": {"block": 16}}):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(4, 2, 24, 16) * 0.5, cu=cu, layout=layout)
 
 
-@pytest.mark.parametrize("layout", ["scan", "split1"])
-def test_gla_subchunk_diagonal_by_product(layout):
-    """Chunks on the sub-chunk path whose 16-row sub-chunks are mild enough for the diagonal block's
-    tensor-core product (head 0: log f = -1, span 16 per sub-chunk) next to ones that are not (head 1:
-    log f = -3, span 48), with the threshold forced to 30: both diagonal forms in one launch, and every
-    chunk off the direct path (chunk spans 64 and 192)."""
-    q, k, v, _ = _make("gla", 100, 2, 24, 16, seed=17)
-    x = torch.empty(1, 100, 2, 24)
-    x[:, :, 0] = -1.0 + 0.2 * torch.rand(1, 100, 24)
-    x[:, :, 1] = -3.0 + 0.2 * torch.rand(1, 100, 24)
-    with force_plan(tame_span=30):
-        _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout=layout)
-
-
-def test_gla_mixed_tame_and_subchunk_chunks():
+def test_gla_mixed_tame_and_level_chunks():
     """One sequence whose first chunk is tame and whose second is not (and the reverse in the other
     head): both paths in one launch."""
     import ops.triton_linear_attn as TL
     T = 120
     q, k, v, _ = _make("gla", T, 2, 16, 16, seed=13)
     x = torch.full((1, T, 2, 16), -0.05)
-    x[:, 64:, 0] = -5.0  # head 0: chunk 1's first half decays by e^-155 -> sub-chunk path
+    x[:, 64:, 0] = -5.0  # head 0: chunk 1's first half decays by e^-155 -> level path
     x[:, :64, 1] = -5.0  # head 1: chunk 0
     _, flags = TL._gla_cumsum(x, torch.zeros(1, dtype=torch.int32), T, (2, None))
     assert flags[0, [0, 64]].tolist() == [[2, 0], [0, 2]]

@@ -153,31 +153,6 @@ def test_packed_vs_float64(kind, layout):
     assert finite and all(e <= BAR for e in errs.values()), errs
 
 
-@pytest.mark.parametrize("form", ["levels", "rows"])
-@pytest.mark.parametrize("case", ["1037-scan", "1037-split", "64K-wide", "64K--20", "packed"])
-def test_subchunk_forms_vs_float64(form, case):
-    """The experimental forms of the sub-chunk kernels (ops.testing.force_plan(gla_sub=...)), every chunk
-    on the sub-chunk path (gates uniform in [-20, 0] or at -20): T = 1037 in both layouts, T = 64K in the
-    shape rule's layout, packed documents in the scan layout."""
-    if case == "packed":
-        lens = [1500, 77, 2600, 64, 4100]
-        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=DEV)
-        q, k, v, x = _inputs(1, sum(lens), 4, 128, 128, "gla", "wide")
-        h0, layout, state_loss = torch.randn(len(lens), 4, 128, 128, device=DEV) * 0.1, "scan", True
-    elif case.startswith("1037"):
-        cu = None
-        q, k, v, x = _inputs(2, 1037, 4, 128, 128, "gla", "wide")
-        h0, layout, state_loss = torch.randn(2, 4, 128, 128, device=DEV) * 0.1, case[5:], True
-    else:
-        cu = None
-        q, k, v, x = _inputs(1, 65536, 2, 128, 128, "gla", case[4:])
-        h0, layout, state_loss = None, "auto", False
-    with force_plan(gla_sub=form):
-        errs, finite = _compare("gla", q, k, v, x, h0, layout, cu=cu, state_loss=state_loss)
-    print(form, case, {n: f"{e:.1e}" for n, e in errs.items()})
-    assert finite and all(e <= BAR for e in errs.values()), errs
-
-
 def test_rms_norm_bf16():
     from ops.norm import rms_norm, rms_norm_reference
     x = torch.randn(4096, 2048, device=DEV).to(torch.bfloat16).requires_grad_(True)
