@@ -13,6 +13,8 @@ time the candidates. Production code never calls it: the plan comes from `ops.tu
         ...
     with force_plan(anchor_chunks=1):        # GLA: d log_f anchored at every chunk boundary
         ...
+    with force_plan(walk_split=True):        # GLA, bf16: the dq / dk walks on bf16 hi + lo pairs
+        ...
 """
 from __future__ import annotations
 
@@ -26,11 +28,14 @@ SCAN = 1 << 30  # a segment length no sequence reaches: the scan layout
 
 @contextmanager
 def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
-               tame_span: float | None = None, anchor_chunks: int | None = None) -> Iterator[None]:
+               tame_span: float | None = None, anchor_chunks: int | None = None,
+               walk_split: bool | None = None) -> Iterator[None]:
     """seg_chunks: segment length in chunks (SCAN: the scan layout); launch: per-kernel overrides;
     tame_span: GLA chunks decaying by at most exp(-tame_span) take the direct intra-chunk products
     (-1: none does, every chunk goes through the level kernels); anchor_chunks: GLA d log_f anchored
-    every this many chunks (SCAN: never, one reverse sum over the whole sequence)."""
+    every this many chunks (SCAN: never, one reverse sum over the whole sequence); walk_split: GLA's bf16
+    dq / dk walks on bf16 hi + lo pairs (True) or tf32 operands (False) instead of the default
+    (`ops.triton_linear_attn.WALK_PAIRS`, `ops.triton_scan.dot_exact`)."""
     old = dict(tuning._FORCED)
     # nested calls add to the enclosing one's settings (a test forcing tame_span around a helper that
     # forces the layout keeps both)
@@ -50,6 +55,8 @@ def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
         if anchor_chunks < 1:
             raise ValueError(f"anchor_chunks must be >= 1, got {anchor_chunks}")
         tuning._FORCED["anchor_chunks"] = int(anchor_chunks)
+    if walk_split is not None:
+        tuning._FORCED["walk_split"] = bool(walk_split)
     try:
         yield
     finally:

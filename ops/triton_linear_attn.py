@@ -14,12 +14,12 @@ import contextlib
 import os
 
 import torch
-import triton
 from torch import Tensor
 
 from ops import tuning
 from ops.config import get_config
 from ops.linear_attention import register_impl
+from ops.triton_launch import launch
 from ops.triton_gla_intra import (TAME_SPAN, gla_A_sub_kernel, gla_A_tame_kernel, gla_cumsum_kernel, gla_dg_kernel,
                                   gla_dqk_sub_kernel, gla_dqk_tame_kernel, gla_intra_out_kernel, gla_state_grad_kernel)
 from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel,
@@ -31,12 +31,22 @@ LOG_BT = BT.bit_length() - 1  # the levels of the intra-chunk pairs of chunks th
 # ANCHOR_CHUNKS * BT tokens at any T; the anchor states cost 2 * K * V * 4 bytes per run and head
 # (fp32, transient in the backward): at K = V = 128, 256 bytes per token and head.
 ANCHOR_CHUNKS = 8
+# GLA's dq / dk walks for bf16 inputs: their fp32 operand as a bf16 hi + lo pair and two bf16 products
+# (ops.triton_scan.dot_exact; 3-13% faster per walk than tf32 operands on an H100, docs/kernels.md), or
+# tf32 operands (False). The pairs become the default once tests/test_kernels_gpu.py's cases of them
+# (test_gla_walks_on_bf16_pairs_vs_float64: T = 1037 in both layouts, T = 64K, packed) all pass on a GPU.
+WALK_PAIRS = False
 
 
 def _np2(x: int) -> int:
     # plain Python: triton.next_power_of_2 is a constexpr function in newer Triton releases, whose wrapper
     # costs microseconds per call, and a fwd+bwd calls this a dozen times
     return 1 << max(4, (int(x) - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    # plain Python for the same reason: triton.cdiv is a constexpr function too (Triton 3.6, 3.9)
+    return -(-int(a) // int(b))
 
 
 def _prec(x: Tensor) -> str:
@@ -72,9 +82,9 @@ def _layout(q: Tensor, cu_seqlens: Tensor | None) -> tuple[int, int, Tensor]:
 def _chunk_table(cu_seqlens: Tensor | None, N: int, T: int) -> tuple[int, Tensor | None]:
     """Number of chunks and, for packed input, the (sequence, chunk) pair of each (one host sync)."""
     if cu_seqlens is None:
-        return N * triton.cdiv(T, BT), None
+        return N * _cdiv(T, BT), None
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-    pairs = [(n, c) for n, ln in enumerate(lens) for c in range(triton.cdiv(ln, BT))]
+    pairs = [(n, c) for n, ln in enumerate(lens) for c in range(_cdiv(ln, BT))]
     table = torch.tensor(pairs, dtype=torch.int32, device=cu_seqlens.device).reshape(-1, 2).contiguous()
     return len(pairs), table
 
@@ -118,16 +128,16 @@ def _two_level(a, x, g, log_lam, init, cu, N, T, plan, gated, reverse, extra_pla
     cl, cc = plan.launch["local"], plan.launch["combine"]
     bk, bv = min(cl["block"], _np2(K)), min(cl["block_v"], _np2(V))
     common = dict(H=H, K=K, V=V, BT=BT, VARLEN=cu.numel() > 1)
-    seg_local_kernel[(triton.cdiv(K, bk) * triton.cdiv(V, bv), N * H, S - 1)](
+    launch(seg_local_kernel, (_cdiv(K, bk) * _cdiv(V, bv), N * H, S - 1),
         a, x, g, log_lam, slots, dec, cu, T, SC, S - 1, BK=bk, BV=bv, GATED=gated,
         HAS_DECAY=gated or log_lam is not None, REVERSE=reverse, F32=gated, PREC=_prec(a), **common, **_kw(cl))
     plain = slots.clone() if extra_plain else None
     bk, bv = min(cc["block"], _np2(K)), min(cc["block_v"], _np2(V))
-    grid = (triton.cdiv(K, bk) * triton.cdiv(V, bv), N * H)
-    seg_combine_kernel[grid](slots, dec, init if init is not None else slots, cu, T, SC, S - 1, BK=bk, BV=bv,
+    grid = (_cdiv(K, bk) * _cdiv(V, bv), N * H)
+    launch(seg_combine_kernel, grid, slots, dec, init if init is not None else slots, cu, T, SC, S - 1, BK=bk, BV=bv,
                              REVERSE=reverse, HAS_INIT=init is not None, **common, **_kw(cc))
     if plain is not None:
-        seg_combine_kernel[grid](plain, dec, plain, cu, T, SC, S - 1, BK=bk, BV=bv, REVERSE=reverse,
+        launch(seg_combine_kernel, grid, plain, dec, plain, cu, T, SC, S - 1, BK=bk, BV=bv, REVERSE=reverse,
                                  HAS_INIT=False, **common, **_kw(cc))
     return slots, plain
 
@@ -140,7 +150,7 @@ def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated, plan):
     c = plan.launch["fwd"]
     o = torch.empty_like(v)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
-    fwd_scan_kernel[(triton.cdiv(V, c["block"]), N * H, S)](
+    launch(fwd_scan_kernel, (_cdiv(V, c["block"]), N * H, S),
         q, k, v, g, log_lam, A, o, h0 if h0 is not None else ht, ht, Hs if Hs is not None else ht, cu, T,
         SC, max(S - 1, 1), H=H, K=K, V=V, BT=BT, BK=_np2(K), BV=c["block"], GATED=gated,
         HAS_DECAY=log_lam is not None or gated, HAS_H0=h0 is not None, VARLEN=cu.numel() > 1,
@@ -167,15 +177,17 @@ def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, d
     dht_k = None if gated else dht
     Hs = Hs.view(N * H, S - 1, K, V) if S > 1 else _dummy(q)
     anc_h, anc_dh, AC = anchors if anchors is not None else (_dummy(q), _dummy(q), 1)
+    split = gated and q.dtype == torch.bfloat16 and tuning._FORCED.get("walk_split", WALK_PAIRS)
     # the three walks are independent: on CUDA, dq and dk run on side streams next to dv
     side = _side_streams(q.device)
     cur = torch.cuda.current_stream(q.device) if side else None
     if side:
         side[0].wait_stream(cur)
     with _on(side, 0):
-        dq_scan_kernel[(triton.cdiv(K, cq["block"]), N * H, S)](
+        launch(dq_scan_kernel, (_cdiv(K, cq["block"]), N * H, S),
             k, v, g, log_lam, do, dq, h0 if h0 is not None else dq, Hs, anc_h, cu, T, SC, SM1, AC,
-            BK=cq["block"], BV=_np2(V), HAS_H0=h0 is not None, ANCHOR=anchors is not None, **common, **_kw(cq))
+            BK=cq["block"], BV=_np2(V), HAS_H0=h0 is not None, ANCHOR=anchors is not None, SPLIT=split, **common,
+            **_kw(cq))
     if S > 1:
         Es, Es_plain = _two_level(q, do, g, log_lam, dht, cu, N, T, plan, gated, reverse=True,
                                   extra_plain=gated and dht is not None)
@@ -185,11 +197,11 @@ def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, d
     if side:
         side[1].wait_stream(cur)
     with _on(side, 1):
-        dk_scan_kernel[(triton.cdiv(K, ck["block"]), N * H, S)](
+        launch(dk_scan_kernel, (_cdiv(K, ck["block"]), N * H, S),
             q, v, g, log_lam, do, dk, dht_k if dht_k is not None else dk, dh0 if dh0 is not None else dk, Es_k,
             anc_dh, cu, T, SC, SM1, AC, BK=ck["block"], BV=_np2(V), HAS_DHT=dht_k is not None,
-            STORE_DH0=dh0 is not None, ANCHOR=anchors is not None, **common, **_kw(ck))
-    dv_scan_kernel[(triton.cdiv(V, cv["block"]), N * H, S)](
+            STORE_DH0=dh0 is not None, ANCHOR=anchors is not None, SPLIT=split, **common, **_kw(ck))
+    launch(dv_scan_kernel, (_cdiv(V, cv["block"]), N * H, S),
         q, k, g, log_lam, A, do, dv, dht if dht is not None else dv, Es, cu, T, SC, SM1,
         BK=_np2(K), BV=cv["block"], HAS_DHT=dht is not None, **common, **_kw(cv))
     for st in side:
@@ -291,8 +303,8 @@ def _replan(op, q, v, N, T, cu_seqlens, seg) -> tuning.Plan:
     """The backward's plan: the forward's segment length (it owns the chained states), the launch configs
     of the shape."""
     p = _plan(op, q, v, N, T, cu_seqlens is not None)
-    nc = triton.cdiv(T, BT)
-    return tuning.Plan(seg_chunks=seg.shape[0], segments=triton.cdiv(nc, seg.shape[0]), launch=p.launch,
+    nc = _cdiv(T, BT)
+    return tuning.Plan(seg_chunks=seg.shape[0], segments=_cdiv(nc, seg.shape[0]), launch=p.launch,
                        source=p.source)
 
 
@@ -392,7 +404,7 @@ def _gla_cumsum(g, cu, T, chunks, tame=None):
     set_flags = tame is None
     if set_flags:
         tame = torch.empty(g.shape[:3], dtype=torch.int32, device=g.device)
-    gla_cumsum_kernel[(n_chunks, H)](g, bc, tame, cu, table if table is not None else cu, T, triton.cdiv(T, BT),
+    launch(gla_cumsum_kernel, (n_chunks, H), g, bc, tame, cu, table if table is not None else cu, T, _cdiv(T, BT),
                                      H=H, K=K, BT=BT, BK=_np2(K), TAME_SPAN=_tame_span(),
                                      SET_FLAGS=set_flags, VARLEN=table is not None)
     return bc, tame
@@ -404,8 +416,8 @@ def _intra_out(A, x, cu, T, chunks, transposed):
     H, V = x.shape[2], x.shape[3]
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     bv = min(64, _np2(V))
-    gla_intra_out_kernel[(n_chunks, triton.cdiv(V, bv), H)](
-        A, x, out, cu, table if table is not None else cu, T, triton.cdiv(T, BT), H=H, V=V, BT=BT, BV=bv,
+    launch(gla_intra_out_kernel, (n_chunks, _cdiv(V, bv), H),
+        A, x, out, cu, table if table is not None else cu, T, _cdiv(T, BT), H=H, V=V, BT=BT, BV=bv,
         TRANSPOSED=transposed, VARLEN=table is not None, PREC=_prec(x), num_warps=4, num_stages=1)
     return out
 
@@ -417,11 +429,11 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
     bc, tame = _gla_cumsum(g, cu, T, chunks)
     A = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
     ca, cs = plan.launch["A"], plan.launch["A_sub"]
-    tab, NT, vl = table if table is not None else cu, triton.cdiv(T, BT), table is not None
-    gla_A_tame_kernel[(n_chunks, H)](
+    tab, NT, vl = table if table is not None else cu, _cdiv(T, BT), table is not None
+    launch(gla_A_tame_kernel, (n_chunks, H),
         q, k, bc, A, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)),
         VARLEN=vl, PREC=_prec(q), **_kw(ca))
-    gla_A_sub_kernel[(n_chunks, H)](
+    launch(gla_A_sub_kernel, (n_chunks, H),
         q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BK=min(cs["block"], _np2(K)), LOG_BT=LOG_BT,
         VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # the walks read b (not log f) and the intra-chunk part A v (not A)
@@ -437,21 +449,21 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
     ct, cs = plan.launch["dqk"], plan.launch["dqk_sub"]
-    tab, NT, vl = table if table is not None else cu, triton.cdiv(T, BT), table is not None
+    tab, NT, vl = table if table is not None else cu, _cdiv(T, BT), table is not None
     bc, _ = _gla_cumsum(g, cu, T, chunks, tame)
-    gla_dqk_tame_kernel[(n_chunks, H)](
+    launch(gla_dqk_tame_kernel, (n_chunks, H),
         q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
         BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
     bks = min(cs["block"], _np2(K))
-    gla_dqk_sub_kernel[(n_chunks, triton.cdiv(K, bks), H)](
+    launch(gla_dqk_sub_kernel, (n_chunks, _cdiv(K, bks), H),
         q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BK=bks, BV=min(64, _np2(V)),
         LOG_BT=LOG_BT, VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # d log_f's anchors: the state and its gradient at every AC-th chunk boundary, stored by the dq / dk
     # walks (one slot per AC * BT tokens of the whole batch; see anchor_block)
     AC = _anchor_chunks()
     anchors = None
-    if triton.cdiv(T, BT) > AC:
-        slots = triton.cdiv(q.shape[0] * T, AC * BT)
+    if _cdiv(T, BT) > AC:
+        slots = _cdiv(q.shape[0] * T, AC * BT)
         anchors = tuple(torch.empty(slots, H, K, V, dtype=torch.float32, device=q.device) for _ in range(2)) + (AC,)
     dq, dk, dv, dh0 = _bwd_walks(q, k, v, bc, None, _intra_out(A, do, cu, T, chunks, True), do, h0, dht, Hs,
                                  cu, N, T, True, plan, dq=dq, dk=dk, anchors=anchors)
@@ -460,7 +472,7 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
         dgx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
         dkx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
         bks = min(32, _np2(K))
-        gla_state_grad_kernel[(triton.cdiv(K, bks), N * H)](
+        launch(gla_state_grad_kernel, (_cdiv(K, bks), N * H),
             k, v, g, dht, h0 if h0 is not None else dht, dgx, dkx, dh0 if dh0 is not None else dht, cu, T,
             H=H, K=K, V=V, BT=BT, BK=bks, BV=_np2(V), HAS_H0=h0 is not None, VARLEN=cu.numel() > 1,
             num_warps=4)
@@ -469,8 +481,8 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     cg = plan.launch["dg"]
     bkg = min(cg["block"], _np2(K))
     anc_h, anc_dh = anchors[:2] if anchors is not None else (_dummy(q), _dummy(q))
-    NA = triton.cdiv(triton.cdiv(T, BT), AC)  # runs per sequence (dense input)
-    gla_dg_kernel[(triton.cdiv(K, bkg), H, N * NA if table is None else n_chunks)](
+    NA = _cdiv(_cdiv(T, BT), AC)  # runs per sequence (dense input)
+    launch(gla_dg_kernel, (_cdiv(K, bkg), H, N * NA if table is None else n_chunks),
         q, k, v, do, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
         dq_out, dk_out, anc_h, anc_dh, cu, table if table is not None else cu, T, AC, NA, H=H, K=K, V=V,
         BT=BT, BK=bkg, BV=_np2(V), HAS_DS=dgx is not None, ANCHOR=anchors is not None,
@@ -519,7 +531,7 @@ def _gla_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, h0, do, dht = _contig(q, k, v, g, h0, do, dht)
     N, T, cu = _layout(q, cu_seqlens)
-    chunks = (N * triton.cdiv(T, BT), None) if cu_seqlens is None else (table.shape[0], table)
+    chunks = (N * _cdiv(T, BT), None) if cu_seqlens is None else (table.shape[0], table)
     plan = _replan("gla", q, v, N, T, cu_seqlens, seg)
     dq, dk, dv, dg, dh0 = _gla_backward(q, k, v, g, h0, A, tame, Hs, do.to(v.dtype), dht, cu, N, T, chunks, plan)
     return dq, dk, dv, dg, dh0 if dh0 is not None else _empty(q)

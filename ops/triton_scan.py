@@ -25,9 +25,11 @@ or NaN, however long the sequence. Two decay kinds share the code (constexpr GAT
     parallel over chunks), so a gated walk step holds no cumsum and no intra-chunk product but A v;
     the gated dq / dk walks add their inter-chunk terms onto the intra-chunk parts.
 
-Precision (GLA): the gated dq / dk walks' products take fp32 operands (tf32 on tensor cores for bf16
-inputs): d log_f is a cancelling sum of q dq - k dk, and bf16 rounding of the decayed q, k there was its
-largest error. The scalar decay keeps bf16 operands. The gated dq / dk walks also store the state and its
+Precision (GLA): the gated walks keep the fp32 state and the decayed q, k to more than bf16 precision in
+their products: d log_f is a cancelling sum of q dq - k dk, and bf16 rounding of those operands was its
+largest error. The forward and dv walks take tf32 operands rounded to nearest (`dot32`); the dq / dk
+walks, whose other operand is an input as loaded (v, do), take the fp32 one as a bf16 hi + lo pair and
+two bf16 products for bf16 inputs (`dot_exact`), else tf32. The scalar decay keeps bf16 operands. The gated dq / dk walks also store the state and its
 gradient every few chunks (`anchor_block`): d log_f's sum starts from their product there.
 
 Backward is three independent walks: dq walks forward (state h), dk and dv walk backward (state dh, the
@@ -143,6 +145,39 @@ def dot32(a, b, PREC: tl.constexpr):
     if PREC == "tf32":
         return tl.dot(tf32_round(a), tf32_round(b), input_precision="tf32")
     return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def split_bf16(x):
+    """x (fp32) as hi + lo, both bf16 (each rounded to nearest): hi + lo equals x to about 2^-17 relative,
+    finer than a tf32 operand's 2^-11, with errors of either sign."""
+    hi = x.to(tl.bfloat16)  # cvt.rn.bf16.f32 on the GPU (the CPU interpreter truncates instead)
+    return hi, (x - hi.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
+def dot_exact(a, b, acc, SPLIT: tl.constexpr, PREC: tl.constexpr):
+    """acc + a @ b where a holds 16-bit input values (exact in tf32 and in bf16) and b is fp32.
+    SPLIT (bf16 inputs): b as hi + lo bf16 (`split_bf16`), two bf16 tensor-core products on a as loaded:
+    no conversion of a, half the operand bytes of tf32, and b kept to ~2^-17 instead of tf32's 2^-11.
+    Else fp32 operands: tf32 with only b rounded (a is already a tf32 value), or exact fp32 ('ieee')."""
+    if SPLIT:
+        hi, lo = split_bf16(b)
+        return tl.dot(a, lo, tl.dot(a, hi, acc))
+    if PREC == "tf32":
+        return tl.dot(a.to(tl.float32), tf32_round(b), acc, input_precision="tf32")
+    return tl.dot(a.to(tl.float32), b, acc, input_precision=PREC)
+
+
+@triton.jit
+def dot_exact_rhs(a, b, acc, SPLIT: tl.constexpr, PREC: tl.constexpr):
+    """acc + a @ b with a fp32 and b 16-bit input values: `dot_exact` with the roles swapped."""
+    if SPLIT:
+        hi, lo = split_bf16(a)
+        return tl.dot(lo, b, tl.dot(hi, b, acc))
+    if PREC == "tf32":
+        return tl.dot(tf32_round(a), b.to(tl.float32), acc, input_precision="tf32")
+    return tl.dot(a, b.to(tl.float32), acc, input_precision=PREC)
 
 
 @triton.jit
@@ -342,7 +377,7 @@ def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, anc, cu, T, SC, SM1, AC,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
-                   ANCHOR: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                   ANCHOR: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
     """grid (cdiv(K, BK), N * H, segments); BV >= V. dq = (do h^T) * exp(b) + intra: (do v^T * D) k formed
     here when scalar, read from dq when gated. Segment s > 0 starts from the forward's chained state.
     ANCHOR (GLA): also stores the state before every AC-th chunk into `anc` (see `anchor_block`), one
@@ -369,13 +404,15 @@ def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, anc, cu, T, SC, SM1, AC,
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
-        if GATED:  # GLA: fp32 operands (tf32 for bf16 inputs): d log_f is a cancelling sum of q dq - k dk
-            b_dq = dot32(b_do.to(tl.float32), tl.trans(h), PREC)
+        if GATED:  # GLA: the state kept to fp32 precision: d log_f is a cancelling sum of q dq - k dk
+            b_dq = dot_exact(b_do, tl.trans(h), None, SPLIT, PREC) * tl.exp(b)
+            kw = tl.trans(b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.)))
+            h = dot_exact_rhs(kw, b_v, h * tl.exp(tl.trans(b_last)), SPLIT, PREC)
         else:
             b_dq = tl.dot(b_do, tl.trans(h.to(dt)), input_precision=PREC)
-        if GATED or HAS_DECAY:
-            b_dq = b_dq * tl.exp(b)
-        h = _step(h, b_k, b_v, tl.exp(tl.minimum(b_last - b, 0.)), b_last, GATED, GATED or HAS_DECAY, PREC)
+            if HAS_DECAY:
+                b_dq = b_dq * tl.exp(b)
+            h = _step(h, b_k, b_v, tl.exp(tl.minimum(b_last - b, 0.)), b_last, False, HAS_DECAY, PREC)
         if GATED:  # onto the intra-chunk part, already in dq (ops.triton_gla_intra)
             b_dq += _load_rows(dq, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         else:
@@ -389,7 +426,8 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, anc, cu, T, SC, SM1, 
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
-                   STORE_DH0: tl.constexpr, ANCHOR: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                   STORE_DH0: tl.constexpr, ANCHOR: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
+                   SPLIT: tl.constexpr):
     """grid (cdiv(K, BK), N * H, segments); BV >= V; walks backward. dk = (v dh^T) * exp(b_L - b) + intra:
     (do v^T * D)^T q formed here when scalar, read from dk when gated. The sequence's last segment starts
     from d(final state), the others from slot s of Es (the chained state gradients); segment 0 writes
@@ -419,12 +457,14 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, anc, cu, T, SC, SM1, 
         b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # see the dq walk
-            b_dk = dot32(b_v.to(tl.float32), tl.trans(dh), PREC)
+            b_dk = dot_exact(b_v, tl.trans(dh), None, SPLIT, PREC) * tl.exp(tl.minimum(b_last - b, 0.))
+            qw = tl.trans(b_q.to(tl.float32) * tl.exp(b))
+            dh = dot_exact_rhs(qw, b_do, dh * tl.exp(tl.trans(b_last)), SPLIT, PREC)
         else:
             b_dk = tl.dot(b_v, tl.trans(dh.to(dt)), input_precision=PREC)
-        if GATED or HAS_DECAY:
-            b_dk = b_dk * tl.exp(tl.minimum(b_last - b, 0.))
-        dh = _step(dh, b_q, b_do, tl.exp(b), b_last, GATED, GATED or HAS_DECAY, PREC)  # gated: fp32, as dq
+            if HAS_DECAY:
+                b_dk = b_dk * tl.exp(tl.minimum(b_last - b, 0.))
+            dh = _step(dh, b_q, b_do, tl.exp(b), b_last, False, HAS_DECAY, PREC)
         if GATED:  # as dq
             b_dk += _load_rows(dk, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         else:

@@ -14,7 +14,7 @@ import ops  # noqa: E402
 from ops import gated_linear_attn, lightning_attn  # noqa: E402
 from ops import reference as R  # noqa: E402
 from ops.testing import SCAN, force_plan  # noqa: E402
-from ops.triton_scan import dot32, tf32_round  # noqa: E402
+from ops.triton_scan import dot32, split_bf16, tf32_round  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -370,3 +370,27 @@ def test_tf32_operands_round_to_nearest():
         ((((t.numpy().view(np.uint32).astype(np.uint64) + 0xFFF + ((t.numpy().view(np.uint32) >> 13) & 1))
            & 0xFFFFE000)).astype(np.uint32)).view(np.float32))
     torch.testing.assert_close(c, rounded(a).double().mm(rounded(b).double()).float(), rtol=1e-5, atol=1e-5)
+
+
+@triton.jit
+def _split_kernel(x, hi, lo, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    h, low = split_bf16(tl.load(x + offs))
+    tl.store(hi + offs, h)
+    tl.store(lo + offs, low)
+
+
+def test_bf16_pairs_keep_fp32_operands():
+    """GLA's bf16 dq / dk walks take the fp32 state (and the decayed q, k) as a bf16 hi + lo pair in their
+    products: hi is x in bf16, lo the rest x - hi in bf16. On the GPU both round to nearest (within 2^-17
+    of x, relative; tests/test_kernels_gpu.py checks the walks' accuracy); the CPU interpreter truncates
+    both, which still keeps hi + lo within 2^-14, against 2^-7 for bf16 alone."""
+    g = torch.Generator().manual_seed(0)
+    n = 4096
+    x = torch.randn(n, generator=g) * 10 ** torch.randint(-30, 30, (n,), generator=g).float()
+    hi, lo = torch.empty(n, dtype=torch.bfloat16), torch.empty(n, dtype=torch.bfloat16)
+    _split_kernel[(1,)](x, hi, lo, N=n)
+    assert ((hi.double() - x.double()).abs() <= 2 ** -7 * x.double().abs()).all()
+    err = (hi.double() + lo.double() - x.double()) / x.double().abs()
+    assert err.abs().max() <= 2 ** -14
+    assert (lo != 0).float().mean() > 0.9  # lo carries the bits bf16 drops

@@ -122,6 +122,73 @@ def test_bf16_vs_float64(kind, Dk, Dv, gates, layout):
     assert finite and all(e <= BAR for e in errs.values()), errs
 
 
+@pytest.mark.parametrize("case,gates,layout,D", [
+    ("short", "mixed", "scan", 128), ("short", "mixed", "split", 128), ("short", "wide", "scan", 128),
+    ("short", "wide", "split", 128), ("short", "mixed", "split", 96), ("short", "wide", "scan", 48),
+    ("long", "wide", "auto", 128), ("long", "mixed", "auto", 128), ("long", "-20", "scan", 128),
+    ("packed", "wide", "scan", 128), ("packed", "wide", "split", 128),
+])
+def test_gla_walks_on_bf16_pairs_vs_float64(case, gates, layout, D):
+    """GLA's dq / dk walks with their fp32 operand as a bf16 hi + lo pair (`ops.triton_scan.dot_exact`)
+    forced on, whichever form is the default (`ops.triton_linear_attn.WALK_PAIRS`): T = 1037 with an
+    initial state and a loss on the final state, T = 64K, packed documents."""
+    with force_plan(walk_split=True):
+        if case == "long":
+            q, k, v, x = _inputs(1, 65536, 2, D, D, "gla", gates)
+            errs, finite = _compare("gla", q, k, v, x, None, layout, state_loss=False)
+        elif case == "packed":
+            lens = [1500, 77, 2600, 64, 4100]
+            cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=DEV)
+            q, k, v, x = _inputs(1, sum(lens), 4, D, D, "gla", gates)
+            h0 = torch.randn(len(lens), 4, D, D, device=DEV) * 0.1
+            errs, finite = _compare("gla", q, k, v, x, h0, layout, cu=cu)
+        else:
+            q, k, v, x = _inputs(2, 1037, 4, D, D, "gla", gates)
+            h0 = torch.randn(2, 4, D, D, device=DEV) * 0.1
+            errs, finite = _compare("gla", q, k, v, x, h0, layout)
+    print("gla bf16-pair walks", case, gates, layout, D, {n: f"{e:.1e}" for n, e in errs.items()})
+    assert finite and all(e <= BAR for e in errs.values()), errs
+
+
+@pytest.mark.parametrize("layout", ["scan", "split"])
+@pytest.mark.parametrize("kind", ["la", "gla"])
+def test_cached_launches_match_the_jit(kind, layout):
+    """ops.triton_launch's cached launches against JITFunction.run: bit-identical outputs and gradients,
+    with aligned inputs, then 2-byte-offset (misaligned) views of the same values, then packed input."""
+    from ops import triton_launch
+    H, D, T = 4, 128, 1037
+    q, k, v, x = _inputs(1, T, H, D, D, kind, "mixed")
+
+    def offset(t):  # the same values at a 2-byte offset: contiguous, not 16-byte aligned
+        buf = torch.empty(t.numel() + 8, dtype=t.dtype, device=DEV)
+        view = buf[1:1 + t.numel()].view(t.shape)
+        view.copy_(t)
+        return view
+    cu = torch.tensor([0, 300, 337, T], device=DEV)
+    cases = [(q, k, v, x, None), (offset(q), offset(k), offset(v), x, None), (q, k, v, x, cu)]
+    outs = {}
+    for enabled in (False, True, True):  # the second True run takes the cached kernels throughout
+        triton_launch.ENABLED = enabled
+        try:
+            res = []
+            for qq, kk, vv, xx, cc in cases:
+                ins = [t.detach().clone().requires_grad_(True) for t in (qq, kk, vv)]
+                xi = xx.detach().clone().requires_grad_(True) if kind == "gla" else xx
+                with force_plan(seg_chunks=LAYOUTS[layout]):
+                    o, S = _run(kind, *ins, xi, None, cc)
+                    grads = torch.autograd.grad((o.float() * o.float().sin()).sum() + S.sum(),
+                                                ins + ([xi] if kind == "gla" else []))
+                res.append([o, S, *grads])
+            outs.setdefault(enabled, []).append(res)
+        finally:
+            triton_launch.ENABLED = True
+    ref = outs[False][0]
+    for run in outs[True]:
+        for got_case, ref_case in zip(run, ref):
+            for a, b in zip(got_case, ref_case):
+                assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("kind,gates,layout", [
     ("la", None, "auto"), ("nodecay", None, "auto"), ("gla", "wide", "auto"), ("gla", "mixed", "auto"),
     ("gla", "-20", "auto"), ("gla", "near1", "auto"), ("gla", "wide", "scan"), ("gla", "-20", "scan"),
