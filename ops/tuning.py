@@ -98,10 +98,10 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
         "combine": {"block": min(16, Kp), "block_v": Vp, "num_warps": 4, "num_stages": 1},
         # GLA intra-chunk kernels (H200 sweep at T = 8192, each GPU-tested): tame chunks' A at 32-wide key
         # blocks, 4 warps; their dq / dk at 16-wide blocks, 4 warps; the level kernels (flag 0) at 32-wide
-        # key blocks, A with 8 warps (at 4 it spills), dq / dk with 4 (8 were slower; docs/kernels.md)
+        # key blocks, 4 warps (H100 at T = 8192: A as fast as with 8, dq / dk faster; docs/kernels.md)
         "A": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dqk": {"block": min(16, Kp), "num_warps": 4, "num_stages": 1},
-        "A_sub": {"block": min(32, Kp), "num_warps": 8, "num_stages": 1},
+        "A_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dqk_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dg": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
     }
