@@ -38,6 +38,57 @@ class HgrnLowerBounds(ModelExtra):
         return [{"lower_bound": betas[i]} for i in range(n_layers)]
 
 
+class _ForgetGate(torch.autograd.Function):
+    """log(lambda) and k = 1 - lambda of lambda = beta' + (1 - beta) sigmoid(f), beta' = max(beta, tiny).
+
+    The same function as log(lambda) = logaddexp(log beta', log1p(-beta) + logsigmoid(f)), k = -expm1(log
+    lambda), but from one exp per element instead of seven transcendentals, and with a hand-written
+    backward that recomputes the same few values (the gate is a large elementwise kernel of every HGRN2
+    block, compute-bound in the log-space form). beta' keeps log(lambda) finite at layer 0 (beta = 0
+    exactly) when sigmoid(f) underflows, as clamping log(beta) did. Accuracy: k comes from sigmoid(-f)
+    directly (exact for lambda near 1), and log(lambda) from log1p(-k) where k < 1/2, else from log(lambda)."""
+
+    @staticmethod
+    def _parts(f: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        e = torch.exp(-f.abs())
+        inv = 1 / (1 + e)
+        pos = f >= 0
+        s = torch.where(pos, inv, e * inv)        # sigmoid(f)
+        sbar = torch.where(pos, e * inv, inv)     # sigmoid(-f) = 1 - s, without cancellation
+        k = (1 - beta) * sbar
+        lam = beta.clamp_min(TINY) + (1 - beta) * s
+        return s, sbar, k, lam
+
+    @staticmethod
+    def forward(ctx, f: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+        _, _, k, lam = _ForgetGate._parts(f, beta)
+        ctx.save_for_backward(f, beta)
+        return torch.where(k < 0.5, torch.log1p(-k), torch.log(lam)), k
+
+    @staticmethod
+    def backward(ctx, g_log: Tensor | None, g_k: Tensor | None) -> tuple[Tensor, Tensor]:
+        f, beta = ctx.saved_tensors
+        s, _, k, lam = _ForgetGate._parts(f, beta)
+        g_log = torch.zeros_like(f) if g_log is None else g_log
+        g_k = torch.zeros_like(f) if g_k is None else g_k
+        # d log(lambda)/df = k s / lambda, dk/df = -k s; d log(lambda)/d beta = (m - s) / lambda and
+        # dk/d beta = s - m, with m = [beta >= tiny] (the floor passes no gradient below tiny)
+        m = (beta >= TINY).to(f.dtype)
+        g_f = k * ((s / lam) * g_log - s * g_k)
+        g_beta = (m - s) * (g_log / lam - g_k)
+        return g_f, g_beta.reshape(-1, beta.shape[-1]).sum(0)
+
+
+TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32: the floor of beta in log(lambda)
+
+
+def forget_gate(f: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    """HGRN2's forget gate. Args: f [..., d] the gate's pre-activation (fp32), beta [d] the layer's lower
+    bound in [0, 1). Returns (log lambda, k = 1 - lambda), both shaped like f, with lambda = beta + (1 -
+    beta) sigmoid(f) (beta floored at the smallest normal float32 inside the log)."""
+    return _ForgetGate.apply(f, beta)
+
+
 class Hgrn2TokenMixer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -54,12 +105,7 @@ class Hgrn2TokenMixer(nn.Module):
         og = F.silu(self.og_proj(x))
         f = self.fg_proj(x).float()
         i = self.i_proj(x)
-        beta = lower_bound.float()
-        # log(beta + (1-beta) sigmoid(f)) without leaving log space. Layer 0 has beta = 0 exactly: clamping
-        # to the smallest normal keeps log(beta) finite, so its gradient is 0 instead of 0 * inf = NaN.
-        log_beta = beta.clamp_min(torch.finfo(torch.float32).tiny).log()
-        log_lam = torch.logaddexp(log_beta, torch.log1p(-beta) + F.logsigmoid(f))
-        k = -torch.expm1(log_lam)  # 1 - lambda, exact for lambda near 1
+        log_lam, k = forget_gate(f, lower_bound.float())
         og, k, i, log_lam = (split_heads(t, self.n_heads) for t in (og, k.to(i.dtype), i, log_lam))
         h0 = None if state is None else state.get("S")
         o, S = gated_linear_attn(og, k, i, log_lam, initial_state=h0, output_final_state=True,

@@ -1,0 +1,68 @@
+"""Closed-form elementwise pieces of the models against the formulas they replace, in float64 and fp32."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.hgrn2 import TINY, forget_gate
+
+F_VALUES = [-120, -90, -60, -30, -5, -1, -0.1, 0, 0.1, 1, 5, 17, 30, 60, 120.0]
+BETAS = [0, 1e-30, 1e-3, 0.3, 0.5, 0.9, 0.999, 0.9999999]
+
+
+def log_space_gate(f, beta):
+    """HGRN2's gate as written in log space: log(lambda) = logaddexp(log max(beta, tiny), log1p(-beta) +
+    logsigmoid(f)), k = -expm1(log lambda)."""
+    log_lam = torch.logaddexp(beta.clamp_min(TINY).log(), torch.log1p(-beta) + F.logsigmoid(f))
+    return log_lam, -torch.expm1(log_lam)
+
+
+def grid(dtype):
+    f = torch.tensor(F_VALUES, dtype=dtype)[:, None].expand(len(F_VALUES), len(BETAS)).clone()
+    return f, torch.tensor(BETAS, dtype=dtype)
+
+
+def test_forget_gate_matches_the_log_space_formula_in_float64():
+    f, beta = grid(torch.float64)
+    f1, b1 = f.clone().requires_grad_(), beta.clone().requires_grad_()
+    f0, b0 = f.clone().requires_grad_(), beta.clone().requires_grad_()
+    log_lam, k = forget_gate(f1, b1)
+    log_lam0, k0 = log_space_gate(f0, b0)
+    torch.testing.assert_close(log_lam, log_lam0, rtol=1e-12, atol=1e-13)
+    # k where the log-space form still has digits left (it cancels for lambda near 1)
+    ok = k0 > 1e-6
+    torch.testing.assert_close(k[ok], k0[ok], rtol=1e-9, atol=0)
+    g_log, g_k = torch.randn_like(log_lam), torch.randn_like(k)
+    (log_lam * g_log + k * g_k).sum().backward()
+    (log_lam0 * g_log + k0 * g_k).sum().backward()
+    torch.testing.assert_close(f1.grad, f0.grad, rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(b1.grad, b0.grad, rtol=1e-10, atol=0)
+
+
+def test_forget_gate_k_is_exact_where_lambda_is_near_one():
+    # lambda = beta + (1 - beta) sigmoid(f): 1 - lambda = (1 - beta) sigmoid(-f), e.g. 1e-3 * e^-30
+    f, beta = torch.tensor([30.0, 60.0]), torch.tensor([0.999, 0.999])
+    _, k = forget_gate(f, beta)
+    exact = (1 - beta.double()) * torch.sigmoid(-f.double())
+    torch.testing.assert_close(k.double(), exact, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32])
+def test_forget_gate_fp32_against_float64(dtype):
+    f, beta = grid(dtype)
+    log_lam, k = forget_gate(f, beta)
+    ref_log, ref_k = forget_gate(f.double(), beta.double())
+    assert torch.isfinite(log_lam).all() and (log_lam <= 0).all()
+    torch.testing.assert_close(log_lam.double(), ref_log, rtol=0, atol=4e-6)
+    big = ref_k > 1e-30
+    torch.testing.assert_close(k.double()[big], ref_k[big], rtol=2e-6, atol=0)
+    fg, bg = f.clone().requires_grad_(), beta.clone().requires_grad_()
+    out = forget_gate(fg, bg)
+    (out[0].sum() + out[1].sum()).backward()
+    assert torch.isfinite(fg.grad).all() and torch.isfinite(bg.grad).all()
+
+
+def test_forget_gate_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    f = (torch.randn(3, 5, generator=g, dtype=torch.float64) * 4).requires_grad_()
+    beta = torch.tensor([0.01, 0.1, 0.5, 0.9, 0.99], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(forget_gate, (f, beta))
