@@ -75,6 +75,42 @@ class Tpe(ModelExtra):
         return y.to(x.dtype)
 
 
+class _Lrpe(torch.autograd.Function):
+    """phi(z)_t = [z cos(t theta), z sin(t theta)], with sin(x) written as cos(x - pi/2): one cosine per
+    output element and no concatenation (a concatenation is one select per output element that evaluates
+    both halves, i.e. both silu'd inputs and both cos and sin). The angles t theta - phase are formed in
+    float64 and rounded once to the compute precision (fp32 under bf16 autocast: t theta reaches 8192 rad
+    at 8K tokens). The backward evaluates cos and sin once per (token, head, channel) for dz and dtheta."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, theta: Tensor, t: Tensor) -> Tensor:
+        acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+        phase = torch.tensor([0.0, math.pi / 2], device=z.device, dtype=torch.float64)
+        ang = (t.to(torch.float64)[:, None, None] * theta.to(torch.float64))[:, :, None, :] - phase[:, None]
+        ctx.save_for_backward(z, theta, t)
+        return (z.to(acc)[..., None, :] * ang.to(acc).cos()).flatten(-2).to(z.dtype)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, None]:
+        z, theta, t = ctx.saved_tensors
+        acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+        tf = t.to(acc)[:, None, None]
+        ang = tf * theta.to(acc)
+        c, s = ang.cos(), ang.sin()
+        e = z.shape[-1]
+        gc, gs = g[..., :e].to(acc), g[..., e:].to(acc)
+        dz = (gc * c + gs * s).to(z.dtype)
+        dtheta = (tf * z.to(acc) * (gs * c - gc * s)).sum(dim=tuple(range(z.dim() - 2)))  # over batch and time
+        return dz, dtheta.to(theta.dtype), None
+
+
+def lrpe(z: Tensor, theta: Tensor, t: Tensor) -> Tensor:
+    """cosFormer2's LRPE. Args: z [B, T, H, e]; theta [H, e] the angles; t [T] the tokens' positions
+    (integers). Returns [B, T, H, 2e] = [z cos(t theta), z sin(t theta)] in z's dtype (computed in fp32,
+    float64 for a float64 z)."""
+    return _Lrpe.apply(z, theta, t)
+
+
 class Cos2TokenMixer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -95,14 +131,10 @@ class Cos2TokenMixer(nn.Module):
         self.theta.copy_(10000.0 ** (-torch.arange(e, dtype=torch.float32, device=self.theta.device) / e))
 
     def lrpe(self, z: Tensor, pos: int | Tensor) -> Tensor:
-        """[B, T, H, e] -> [B, T, H, 2e]; angles in fp32 (t * theta reaches 8192 rad). `pos`: the first
-        token's position, or the T tokens' positions (a segment of a longer sequence)."""
-        acc = torch.float64 if z.dtype == torch.float64 else torch.float32
-        t = (pos.to(device=z.device, dtype=acc) if isinstance(pos, Tensor)
-             else torch.arange(pos, pos + z.shape[1], device=z.device, dtype=acc))
-        ang = t[:, None, None] * self.theta.to(acc)[None]                       # [T, H, e]
-        zf = z.to(acc)
-        return torch.cat([zf * ang.cos(), zf * ang.sin()], dim=-1).to(z.dtype)
+        """[B, T, H, e] -> [B, T, H, 2e]. `pos`: the first token's position, or the T tokens' positions (a
+        segment of a longer sequence)."""
+        t = pos.to(z.device) if isinstance(pos, Tensor) else torch.arange(pos, pos + z.shape[1], device=z.device)
+        return lrpe(z, self.theta, t)
 
     def forward(self, x: Tensor, state: dict | None = None, pos: int | Tensor = 0,
                 cu_seqlens: Tensor | None = None) -> Tensor:

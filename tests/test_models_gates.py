@@ -66,3 +66,59 @@ def test_forget_gate_gradcheck():
     f = (torch.randn(3, 5, generator=g, dtype=torch.float64) * 4).requires_grad_()
     beta = torch.tensor([0.01, 0.1, 0.5, 0.9, 0.99], dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(forget_gate, (f, beta))
+
+
+# ---------------------------------------------------------------------------------------------------
+# cosFormer2's LRPE
+# ---------------------------------------------------------------------------------------------------
+
+def lrpe_concat(z, theta, t):
+    """The LRPE as its definition reads: [z cos(t theta), z sin(t theta)], angles in z's precision."""
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    ang = t.to(acc)[:, None, None] * theta.to(acc)[None]
+    zf = z.to(acc)
+    return torch.cat([zf * ang.cos(), zf * ang.sin()], dim=-1).to(z.dtype)
+
+
+@pytest.mark.parametrize("start", [0, 7, 8000])
+def test_lrpe_matches_the_concatenated_form_in_float64(start):
+    from models.cosformer2 import lrpe
+    g = torch.Generator().manual_seed(start)
+    B, T, H, e = 2, 37, 3, 8
+    theta = (10000.0 ** (-torch.arange(e, dtype=torch.float64) / e)).repeat(H, 1) * (1 + torch.rand(H, 1, generator=g, dtype=torch.float64))
+    t = torch.arange(start, start + T)
+    z = torch.randn(B, T, H, e, generator=g, dtype=torch.float64)
+    z1, th1 = z.clone().requires_grad_(), theta.clone().requires_grad_()
+    z0, th0 = z.clone().requires_grad_(), theta.clone().requires_grad_()
+    out, ref = lrpe(z1, th1, t), lrpe_concat(z0, th0, t)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-11)
+    gout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    (out * gout).sum().backward()
+    (ref * gout).sum().backward()
+    torch.testing.assert_close(z1.grad, z0.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(th1.grad, th0.grad, rtol=1e-10, atol=1e-9)
+
+
+def test_lrpe_fp32_is_as_close_to_float64_as_the_concatenated_form():
+    # t theta reaches 8000 rad: in fp32 its rounding (~5e-4 rad) dominates either way; the angles here are
+    # rounded once, from float64
+    from models.cosformer2 import lrpe
+    g = torch.Generator().manual_seed(1)
+    theta = torch.rand(4, 16, generator=g) + 0.1
+    t = torch.arange(8000, 8100)
+    z = torch.randn(1, 100, 4, 16, generator=g)
+    exact = lrpe_concat(z.double(), theta.double(), t)
+    err_new = (lrpe(z, theta, t).double() - exact).abs().max()
+    err_old = (lrpe_concat(z, theta, t).double() - exact).abs().max()
+    assert err_new <= 1.5 * err_old + 1e-6, (err_new, err_old)
+    # bf16 in, bf16 out, as under autocast
+    assert lrpe(z.bfloat16(), theta, t).dtype == torch.bfloat16
+
+
+def test_lrpe_takes_positions_of_a_segment():
+    from models.cosformer2 import Cos2TokenMixer
+    from models import model_config
+    mixer = Cos2TokenMixer(model_config("cos2", "tiny"), 0).double()
+    z = torch.randn(1, 10, mixer.n_heads, mixer.theta.shape[1], dtype=torch.float64)
+    torch.testing.assert_close(mixer.lrpe(z, 5), mixer.lrpe(z, torch.arange(5, 15)))
+    torch.testing.assert_close(mixer.lrpe(z, torch.arange(5, 15)), lrpe_concat(z, mixer.theta, torch.arange(5, 15)))
