@@ -1,4 +1,5 @@
 """launch/bench_block.py without a GPU: the per-layer inputs it hands a block, and its refusal on CPU."""
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -7,12 +8,19 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "launch"))
+
+
+def load_bench_block():
+    # by file, not through sys.path: launch/ also holds pretrain.py, which would shadow the package
+    spec = importlib.util.spec_from_file_location("bench_block", ROOT / "launch" / "bench_block.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("arch,keys", [("tnl", {"decay"}), ("hgrn2", {"lower_bound"}), ("cos2", set()), ("llama", set())])
 def test_block_gets_the_layer_inputs_of_the_language_model(arch, keys):
-    import bench_block
+    bench_block = load_bench_block()
     from models import build_model, model_config
     cfg = model_config(arch, "tiny")
     kwargs = bench_block.layer_kwargs(arch, cfg, 1, torch.device("cpu"))
