@@ -88,15 +88,20 @@ def measure(arch: str, size: str, batch: int, seq: int, layer: int = 1, repeat: 
             "kernels": [{"name": k, "ms": v[0], "calls": v[1]} for k, v in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]]}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None) -> int:
+    from models import model_config
+    from pretrain.argtypes import positive_int, ranged
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="tnl")
     p.add_argument("--size", default="1b")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq", type=int, default=8192)
-    p.add_argument("--layer", type=int, default=1, help="which block (its per-layer inputs)")
-    p.add_argument("--repeat", type=int, default=25)
+    p.add_argument("--batch", type=positive_int, default=2, help="sequences (>= 1)")
+    p.add_argument("--seq", type=positive_int, default=8192, help="tokens per sequence (>= 1)")
+    p.add_argument("--layer", type=ranged(int, ge=0), default=1, help="which block (its per-layer inputs)")
+    p.add_argument("--repeat", type=positive_int, default=25, help="timed calls (>= 1)")
     args = p.parse_args(argv)
+    n_layers = model_config(args.arch, args.size).n_layers  # an unknown size ends in one error line here
+    if args.layer >= n_layers:
+        p.error(f"--layer {args.layer}: {args.arch} {args.size} has blocks 0..{n_layers - 1}")
     import torch
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (it times compiled GPU kernels)")
@@ -107,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     for k in r["kernels"]:
         print(f"  {k['ms']:7.3f} ms  x{k['calls']:4.1f}  {k['name'][:110]}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Errors in the input end in one `error:` line and exit code 2 (docs/errors.md)."""
+    from pretrain.errors import run_cli
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":
