@@ -427,6 +427,7 @@ def resources(a) -> None:
     D = a.D
     for gated, K, V in [(False, D, D), (False, 2 * D, D), (True, D, D)]:
         L = tuning.default_launch("gla" if gated else "lightning", K, V, torch.device("cuda"))
+        L = {name: {**c, **a.launch.get(name, {})} for name, c in L.items()}
         Kp, Vp = tuning._np2(K), tuning._np2(V)
         base = dict(H=16, K=K, V=V, BT=64, VARLEN=False)
         walk = dict(base, GATED=gated, HAS_DECAY=True, PREC="tf32")
@@ -452,8 +453,12 @@ def resources(a) -> None:
                  dict(TAME_SPAN=120.0, H=16, K=K, BT=64, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
                 ("A_sub", G.gla_A_sub_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
                  dict(H=16, K=K, BT=64, BK=L["A_sub"]["block"], LOG_BT=6, VARLEN=False, PREC="tf32")),
-                ("dqk_sub", G.gla_dqk_sub_kernel, "q k v bc do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
-                 dict(base, BK=L["dqk_sub"]["block"], BV=min(64, Vp), LOG_BT=6, PREC="tf32")),
+            ] + [
+                (f"dqk_sub[{out}]", G.gla_dqk_sub_kernel, "q k v bc do dq dk tame cu chunks T NT",
+                 [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
+                 dict(base, BK=L["dqk_sub"]["block"], BV=min(64, Vp), LOG_BT=6, PREC="tf32", OUT=out))
+                for out in (("dq", "dk") if L["dqk_sub"].get("sides", 1) == 2 else ("both",))
+            ] + [
                 ("dqk", G.gla_dqk_tame_kernel, "q k v bc do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
                  dict(base, TAME_SPAN=120.0, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
                 ("intra_out", G.gla_intra_out_kernel, "A x out cu chunks T NT", [F32, P, F32, I, I, i32, i32],
@@ -463,7 +468,7 @@ def resources(a) -> None:
                  dict(base, BK=L["dg"]["block"], BV=Vp, HAS_DS=False, ANCHOR=True)),
             ]
         for name, fn, names, types, consts in rows:
-            c = L.get(name, {"num_warps": 4, "num_stages": 1})
+            c = L.get(name.split("[")[0], {"num_warps": 4, "num_stages": 1})
             try:
                 res = usage(fn, names, types, consts, c)
             except Exception as e:  # out of resources etc.
@@ -491,7 +496,7 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], help="fla and/or sdpa: leave those anchors out")
     ap.add_argument("--rep", type=int, default=60, help="do_bench time budget per measurement, ms")
     ap.add_argument("--max-segments", type=int, default=32, help="--sweep: largest segment count tried")
-    ap.add_argument("--launch", type=json.loads, default={}, help="--sweep/--warmup: launch overrides, JSON "
+    ap.add_argument("--launch", type=json.loads, default={}, help="--sweep/--warmup/--resources: launch overrides, JSON "
                     "{kernel: {key: value}} (through the test-only seam ops.testing.force_plan)")
     ap.add_argument("--json", default=None, help="write the results here (rewritten after every cell)")
     ap.add_argument("--resume", default=None, help="--matrix: an earlier --json file; its cells are kept, not re-run")
