@@ -453,12 +453,8 @@ def resources(a) -> None:
                  dict(TAME_SPAN=120.0, H=16, K=K, BT=64, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
                 ("A_sub", G.gla_A_sub_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
                  dict(H=16, K=K, BT=64, BK=L["A_sub"]["block"], LOG_BT=6, VARLEN=False, PREC="tf32")),
-            ] + [
-                (f"dqk_sub[{out}]", G.gla_dqk_sub_kernel, "q k v bc do dq dk tame cu chunks T NT",
-                 [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
-                 dict(base, BK=L["dqk_sub"]["block"], BV=min(64, Vp), LOG_BT=6, PREC="tf32", OUT=out))
-                for out in (("dq", "dk") if L["dqk_sub"].get("sides", 1) == 2 else ("both",))
-            ] + [
+                ("dqk_sub", G.gla_dqk_sub_kernel, "q k v bc do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
+                 dict(base, BK=L["dqk_sub"]["block"], BV=min(64, Vp), LOG_BT=6, PREC="tf32")),
                 ("dqk", G.gla_dqk_tame_kernel, "q k v bc do dq dk tame cu chunks T NT", [P, P, P, F32, P, F32, F32, I, I, I, i32, i32],
                  dict(base, TAME_SPAN=120.0, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
                 ("intra_out", G.gla_intra_out_kernel, "A x out cu chunks T NT", [F32, P, F32, I, I, i32, i32],
@@ -468,7 +464,7 @@ def resources(a) -> None:
                  dict(base, BK=L["dg"]["block"], BV=Vp, HAS_DS=False, ANCHOR=True)),
             ]
         for name, fn, names, types, consts in rows:
-            c = L.get(name.split("[")[0], {"num_warps": 4, "num_stages": 1})
+            c = L.get(name, {"num_warps": 4, "num_stages": 1})
             try:
                 res = usage(fn, names, types, consts, c)
             except Exception as e:  # out of resources etc.

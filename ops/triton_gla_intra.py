@@ -498,16 +498,13 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: t
 @triton.jit
 def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                       BV: tl.constexpr, LOG_BT: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
-                       OUT: tl.constexpr):
+                       BV: tl.constexpr, LOG_BT: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, cdiv(K, BK), H); only for chunks that are not tame. The intra-chunk dq, dk (fp32) of
     the chunk in one key block, by the levels of `gla_A_sub_kernel`: with dA = do v^T strictly below the
     diagonal (the i == j terms: see gla_dg_kernel), per level l (dA_l: dA on the level's pairs)
         dq += f_q (dA_l (k f_k))        dk += f_k (dA_l^T (q f_q))
     two tensor-core products per level sharing its factors, every factor <= 1 whatever the gates. dA is
-    formed here per key block (a bf16 product, [BT, BT]) rather than read back from memory. OUT: "both"
-    (one program writes dq and dk), "dq" or "dk" (one of them: the launcher runs the kernel twice; each
-    program holds half the tiles, which at 4 warps and 32-wide key blocks keeps it out of local memory)."""
+    formed here per key block (a bf16 product, [BT, BT]) rather than read back from memory."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_kb = tl.program_id(1)
     i_h = tl.program_id(2)
@@ -524,33 +521,15 @@ def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
             dA += tl.dot(_tile(do, bos, rows, L, i_h, H, V, offs_v, vmask),
                          tl.trans(_tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)), input_precision=PREC)
         dA = _tf32(tl.where(idx[:, None] > idx[None, :], dA, 0.), PREC)  # rounded once for every level
+        dAt = tl.trans(dA)  # the level masks are symmetric: one transpose serves them all
         offs_k = i_kb * BK + tl.arange(0, BK)
         kmask = offs_k < K
-        b = _tile(bc, bos, rows, L, i_h, H, K, offs_k, kmask)
-        if OUT == "dq":
-            b_k = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            acc_q = tl.zeros([BT, BK], dtype=tl.float32)
-            for l in range(0, LOG_BT):
-                f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
-                acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * f_k, PREC), input_precision=PREC) * f_q
-            _store_half(dq, acc_q, bos, rows, L, i_h, H, K, offs_k, kmask)
-        elif OUT == "dk":
-            dAt = tl.trans(dA)
-            b_q = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            acc_k = tl.zeros([BT, BK], dtype=tl.float32)
-            for l in range(0, LOG_BT):
-                f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
-                acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * f_q, PREC), input_precision=PREC) * f_k
-            _store_half(dk, acc_k, bos, rows, L, i_h, H, K, offs_k, kmask)
-        else:
-            dAt = tl.trans(dA)  # the level masks are symmetric: one transpose serves them all
-            b_q = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            b_k = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-            acc_q = tl.zeros([BT, BK], dtype=tl.float32)
-            acc_k = tl.zeros([BT, BK], dtype=tl.float32)
-            for l in range(0, LOG_BT):
-                f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
-                acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * f_k, PREC), input_precision=PREC) * f_q
-                acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * f_q, PREC), input_precision=PREC) * f_k
-            _store_half(dq, acc_q, bos, rows, L, i_h, H, K, offs_k, kmask)
-            _store_half(dk, acc_k, bos, rows, L, i_h, H, K, offs_k, kmask)
+        b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
+        acc_q = tl.zeros([BT, BK], dtype=tl.float32)
+        acc_k = tl.zeros([BT, BK], dtype=tl.float32)
+        for l in range(0, LOG_BT):
+            f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
+            acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * f_k, PREC), input_precision=PREC) * f_q
+            acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * f_q, PREC), input_precision=PREC) * f_k
+        _store_half(dq, acc_q, bos, rows, L, i_h, H, K, offs_k, kmask)
+        _store_half(dk, acc_k, bos, rows, L, i_h, H, K, offs_k, kmask)

@@ -455,10 +455,9 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
         q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
         BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
     bks = min(cs["block"], _np2(K))
-    for out in ("dq", "dk") if cs.get("sides", 1) == 2 else ("both",):
-        launch(gla_dqk_sub_kernel, (n_chunks, _cdiv(K, bks), H),
-            q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BK=bks, BV=min(64, _np2(V)),
-            LOG_BT=LOG_BT, VARLEN=vl, PREC=_prec(q), OUT=out, **_kw(cs))
+    launch(gla_dqk_sub_kernel, (n_chunks, _cdiv(K, bks), H),
+        q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BK=bks, BV=min(64, _np2(V)),
+        LOG_BT=LOG_BT, VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # d log_f's anchors: the state and its gradient at every AC-th chunk boundary, stored by the dq / dk
     # walks (one slot per AC * BT tokens of the whole batch; see anchor_block)
     AC = _anchor_chunks()

@@ -102,8 +102,7 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
         "A": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dqk": {"block": min(16, Kp), "num_warps": 4, "num_stages": 1},
         "A_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
-        # sides: 1 = one program writes a key block's dq and dk, 2 = dq and dk by separate programs
-        "dqk_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1, "sides": 1},
+        "dqk_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dg": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
     }
 

@@ -199,20 +199,19 @@ def test_gla_level_path(layout):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout=layout)
 
 
-@pytest.mark.parametrize("layout,gates,sides", [("scan", "uniform", 1), ("split1", "-20", 1), ("split2", "uniform", 1),
-                                                ("split1", "-20", 2)])
-def test_gla_level_path_packed(layout, gates, sides):
+@pytest.mark.parametrize("layout,gates", [("scan", "uniform"), ("split1", "-20"), ("split2", "uniform")])
+def test_gla_level_path_packed(layout, gates):
     """The level kernels on packed documents of 5, 40, 101 and 3 tokens (boundaries inside the levels'
     blocks, a document shorter than a level-4 block, a last chunk of 37 rows), gates uniform in [-20, 0]
     or in [-20, -19], every chunk forced onto the level path; 16-wide key blocks over Dk = 24, so that the
-    (chunk, key block) programs include a partly masked block; dq and dk by one program or by two."""
+    (chunk, key block) programs include a partly masked block."""
     T = 149
     q, k, v, _ = _make("gla", T, 2, 24, 16, seed=37)
     g = torch.Generator().manual_seed(38)
     u = torch.rand(1, T, 2, 24, generator=g)
     x = -20.0 * u if gates == "uniform" else -20.0 + u
     cu = torch.tensor([0, 5, 45, 146, 149])
-    with force_plan(tame_span=-1, launch={"A_sub": {"block": 16}, "dqk_sub": {"block": 16, "sides": sides}}):
+    with force_plan(tame_span=-1, launch={"A_sub": {"block": 16}, "dqk_sub": {"block": 16}}):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(4, 2, 24, 16) * 0.5, cu=cu, layout=layout)
 
 
