@@ -83,8 +83,8 @@ def _table(gpu: str) -> tuple[dict, int]:
 
 def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, dict]:
     """Launch configs of every kernel (tile of the split dimension, warps, stages). The walks hold whole
-    the dimension they reduce over and split the other; chosen by sweeps on H100/H200 at D = 128 for the
-    register budget (an sm_90 compile at these configs spills little or nothing, `--resources`)."""
+    the dimension they reduce over and split the other; chosen by sweeps on H100/H200 at D = 128 (their
+    registers and spills at these configs: `launch/bench_kernels.py --resources`, docs/kernels.md)."""
     gated = op == "gla"
     Kp, Vp = _np2(K), _np2(V)
     wide = max(Kp, Vp) >= 128
