@@ -452,6 +452,17 @@ def _level(b, bc, bos, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kma
 
 
 @triton.jit
+def _level_chunk(chunks, tame, cu, T, NT, H: tl.constexpr, BT: tl.constexpr, VARLEN: tl.constexpr,
+                 HEAD_AXIS: tl.constexpr):
+    """The chunk (grid axis 0) and head (axis HEAD_AXIS) of a level kernel's program: whether the chunk is
+    one of theirs (not tame), the head, the sequence's start and length, the chunk's first row in it."""
+    i_h = tl.program_id(HEAD_AXIS)
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
+    return _tame_flag(tame, bos, i_c * BT, i_h, H) == 0, i_h, bos, eos - bos, i_c * BT
+
+
+@triton.jit
 def _tf32(x, PREC: tl.constexpr):
     """x as a tensor-core operand of `dot32` (rounded to tf32 for PREC 'tf32'), for operands used by several
     products."""
@@ -472,12 +483,8 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: t
     product of factor-scaled q and k per key block, kept on its own pairs; i == j has weight 1 (an fp32
     row sum). One program per chunk keeps the products large; every entry is written (0 above the
     diagonal, where no level has pairs)."""
-    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
-    i_h = tl.program_id(1)
-    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
-    if _tame_flag(tame, bos, i_c * BT, i_h, H) == 0:
-        L = eos - bos
-        t0 = i_c * BT
+    level, i_h, bos, L, t0 = _level_chunk(chunks, tame, cu, T, NT, H, BT, VARLEN, 1)
+    if level:
         rows = t0 + tl.arange(0, BT)
         idx = tl.arange(0, BT)
         acc = tl.zeros([BT, BT], dtype=tl.float32)
@@ -505,13 +512,9 @@ def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
         dq += f_q (dA_l (k f_k))        dk += f_k (dA_l^T (q f_q))
     two tensor-core products per level sharing its factors, every factor <= 1 whatever the gates. dA is
     formed here per key block (a bf16 product, [BT, BT]) rather than read back from memory."""
-    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_kb = tl.program_id(1)
-    i_h = tl.program_id(2)
-    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
-    if _tame_flag(tame, bos, i_c * BT, i_h, H) == 0:
-        L = eos - bos
-        t0 = i_c * BT
+    level, i_h, bos, L, t0 = _level_chunk(chunks, tame, cu, T, NT, H, BT, VARLEN, 2)
+    if level:
         rows = t0 + tl.arange(0, BT)
         idx = tl.arange(0, BT)
         dA = tl.zeros([BT, BT], dtype=tl.float32)
