@@ -117,7 +117,8 @@ def stream_sizes(cfg: DataConfig) -> dict[str, float]:
     sizes: dict[str, float | None] = {}
     for s in cfg.sources:
         if s.type == "hf":
-            sizes[s.name] = cfg.hf_local_bytes(s) or _hf_card_bytes(s)
+            local = cfg.hf_local_bytes(s)  # 0 for empty local files: known, not unknown
+            sizes[s.name] = float(local) if local is not None else _hf_card_bytes(s, cfg.hf_data_files(s))
         else:
             files, _ = cfg.files(s)
             sizes[s.name] = float(sum(f.stat().st_size for f in files))
@@ -133,10 +134,13 @@ def stream_sizes(cfg: DataConfig) -> dict[str, float]:
     return out
 
 
-def _hf_card_bytes(src: SourceConfig) -> float | None:
+def _hf_card_bytes(src: SourceConfig, data_files: list[str] | None) -> float | None:
+    # data_files go with the builder: without them a file-backed builder ("json", "parquet", ...) resolves
+    # its files from the working directory, which it walks whole
     try:
         import datasets
-        info = datasets.load_dataset_builder(src.dataset, src.subset).info
+        kwargs = {"data_files": data_files} if data_files else {}
+        info = datasets.load_dataset_builder(src.dataset, src.subset, **kwargs).info
         split = (info.splits or {}).get(src.split)
         return float(split.num_bytes) if split is not None and split.num_bytes else None
     except Exception:  # no card, no network, or a builder that cannot say: size unknown

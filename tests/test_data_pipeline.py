@@ -337,6 +337,29 @@ def test_hf_source_without_records_is_a_clear_error(tmp_path):
     assert stats["sources"][0]["skipped_input"] == {"empty_datasets": 1}
 
 
+def test_hf_sizes_never_ask_a_file_builder_without_its_files(tmp_path, monkeypatch):
+    """Streaming sizes of `hf` sources: an empty local data file is a known size of 0 (asking the
+    dataset card instead called `load_dataset_builder("json")` without data_files, which resolves files
+    from the working directory by walking all of it: a minute in a checkout with its virtualenv); a
+    remote data file goes to the card lookup together with its data_files."""
+    datasets = pytest.importorskip("datasets")
+    from data_pipeline.config import load_data_config
+    from data_pipeline.streaming import stream_sizes
+    calls = []
+
+    def builder(name, subset=None, **kwargs):
+        calls.append((name, kwargs.get("data_files")))
+        raise FileNotFoundError("offline")
+    monkeypatch.setattr(datasets, "load_dataset_builder", builder)
+    cfg = load_data_config(_hf_config(tmp_path / "cfg", []))
+    assert stream_sizes(cfg) == {"hub": 0.0} and calls == []
+    raw = json.loads((tmp_path / "cfg" / "c.yaml").read_text())
+    raw["sources"][0]["data_files"] = ["hf://datasets/someone/corpus/train.jsonl"]
+    (tmp_path / "cfg" / "c.yaml").write_text(json.dumps(raw))
+    sizes = stream_sizes(load_data_config(tmp_path / "cfg" / "c.yaml"))
+    assert calls == [("json", ["hf://datasets/someone/corpus/train.jsonl"])] and sizes == {"hub": 1.0}
+
+
 def test_weightless_hf_source_gets_its_share_in_streaming(tmp_path):
     """An hf source without a weight next to a file source of the same language: the language's share
     is split by bytes on disk, the hf source's bytes being those of its data_files."""
