@@ -84,11 +84,8 @@ class _Lrpe(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z: Tensor, theta: Tensor, t: Tensor) -> Tensor:
-        acc = torch.float64 if z.dtype == torch.float64 else torch.float32
-        phase = torch.tensor([0.0, math.pi / 2], device=z.device, dtype=torch.float64)
-        ang = (t.to(torch.float64)[:, None, None] * theta.to(torch.float64))[:, :, None, :] - phase[:, None]
         ctx.save_for_backward(z, theta, t)
-        return (z.to(acc)[..., None, :] * ang.to(acc).cos()).flatten(-2).to(z.dtype)
+        return _lrpe_ops(z, theta, t)
 
     @staticmethod
     def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, None]:
@@ -104,11 +101,20 @@ class _Lrpe(torch.autograd.Function):
         return dz, dtheta.to(theta.dtype), None
 
 
-def lrpe(z: Tensor, theta: Tensor, t: Tensor) -> Tensor:
+def _lrpe_ops(z: Tensor, theta: Tensor, t: Tensor) -> Tensor:
+    """_Lrpe's forward as plain ops (autograd derives their backward)."""
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    phase = torch.tensor([0.0, math.pi / 2], device=z.device, dtype=torch.float64)
+    ang = (t.to(torch.float64)[:, None, None] * theta.to(torch.float64))[:, :, None, :] - phase[:, None]
+    return (z.to(acc)[..., None, :] * ang.to(acc).cos()).flatten(-2).to(z.dtype)
+
+
+def lrpe(z: Tensor, theta: Tensor, t: Tensor, recomputed: bool = False) -> Tensor:
     """cosFormer2's LRPE. Args: z [B, T, H, e]; theta [H, e] the angles; t [T] the tokens' positions
-    (integers). Returns [B, T, H, 2e] = [z cos(t theta), z sin(t theta)] in z's dtype (computed in fp32,
-    float64 for a float64 z)."""
-    return _Lrpe.apply(z, theta, t)
+    (integers); recomputed: inside a fully checkpointed block (plain ops, whose inputs the checkpoint can
+    drop; see `Cos2TokenMixer.recomputed`). Returns [B, T, H, 2e] = [z cos(t theta), z sin(t theta)] in z's
+    dtype (computed in fp32, float64 for a float64 z)."""
+    return _lrpe_ops(z, theta, t) if recomputed else _Lrpe.apply(z, theta, t)
 
 
 class Cos2TokenMixer(nn.Module):
@@ -124,6 +130,10 @@ class Cos2TokenMixer(nn.Module):
         self.gate = LowRankGate(d, cfg.gate_rank)
         self.norm = Norm(d, cfg.norm_type, cfg.norm_eps)
         self.out_proj = nn.Linear(d, d, bias=False)
+        # set by the block: True in a fully checkpointed block, where the LRPE runs as plain ops. A compiled
+        # checkpointed block keeps the inputs of a hand-written autograd.Function instead of recomputing
+        # them (here q and k: 8 d bytes a token, measured on an H100), which plain ops do not need.
+        self.recomputed = False
 
     @torch.no_grad()
     def init_extra(self) -> None:
@@ -134,7 +144,7 @@ class Cos2TokenMixer(nn.Module):
         """[B, T, H, e] -> [B, T, H, 2e]. `pos`: the first token's position, or the T tokens' positions (a
         segment of a longer sequence)."""
         t = pos.to(z.device) if isinstance(pos, Tensor) else torch.arange(pos, pos + z.shape[1], device=z.device)
-        return lrpe(z, self.theta, t)
+        return lrpe(z, self.theta, t, self.recomputed and self.training)
 
     def forward(self, x: Tensor, state: dict | None = None, pos: int | Tensor = 0,
                 cu_seqlens: Tensor | None = None) -> Tensor:

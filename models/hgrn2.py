@@ -50,9 +50,9 @@ class _ForgetGate(torch.autograd.Function):
 
     @staticmethod
     def _parts(f: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        e = torch.exp(-f.abs())
-        inv = 1 / (1 + e)
         pos = f >= 0
+        e = torch.exp(torch.where(pos, -f, f))   # exp(-|f|), with the right one-sided derivative at f = 0
+        inv = 1 / (1 + e)
         s = torch.where(pos, inv, e * inv)        # sigmoid(f)
         sbar = torch.where(pos, e * inv, inv)     # sigmoid(-f) = 1 - s, without cancellation
         k = (1 - beta) * sbar
@@ -61,9 +61,8 @@ class _ForgetGate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, f: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
-        _, _, k, lam = _ForgetGate._parts(f, beta)
         ctx.save_for_backward(f, beta)
-        return torch.where(k < 0.5, torch.log1p(-k), torch.log(lam)), k
+        return _forget_gate_ops(f, beta)
 
     @staticmethod
     def backward(ctx, g_log: Tensor | None, g_k: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -82,11 +81,20 @@ class _ForgetGate(torch.autograd.Function):
 TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32: the floor of beta in log(lambda)
 
 
-def forget_gate(f: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+def _forget_gate_ops(f: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    """_ForgetGate's forward as plain ops (autograd derives their backward). Each branch of the select
+    sees only the values it is chosen for, so the other branch passes a zero gradient, not 0 * inf."""
+    _, _, k, lam = _ForgetGate._parts(f, beta)
+    small = k < 0.5
+    return torch.where(small, torch.log1p(-torch.where(small, k, 0.0)), torch.log(torch.where(small, 1.0, lam))), k
+
+
+def forget_gate(f: Tensor, beta: Tensor, recomputed: bool = False) -> tuple[Tensor, Tensor]:
     """HGRN2's forget gate. Args: f [..., d] the gate's pre-activation (fp32), beta [d] the layer's lower
-    bound in [0, 1). Returns (log lambda, k = 1 - lambda), both shaped like f, with lambda = beta + (1 -
-    beta) sigmoid(f) (beta floored at the smallest normal float32 inside the log)."""
-    return _ForgetGate.apply(f, beta)
+    bound in [0, 1); recomputed: inside a fully checkpointed block (plain ops, whose inputs the checkpoint
+    can drop; see `Hgrn2TokenMixer.recomputed`). Returns (log lambda, k = 1 - lambda), both shaped like f,
+    with lambda = beta + (1 - beta) sigmoid(f) (beta floored at the smallest normal float32 inside the log)."""
+    return _forget_gate_ops(f, beta) if recomputed else _ForgetGate.apply(f, beta)
 
 
 class Hgrn2TokenMixer(nn.Module):
@@ -99,13 +107,17 @@ class Hgrn2TokenMixer(nn.Module):
         self.i_proj = nn.Linear(d, d, bias=False)    # input, the "value"
         self.norm = Norm(d, cfg.norm_type, cfg.norm_eps)
         self.out_proj = nn.Linear(d, d, bias=False)
+        # set by the block: True in a fully checkpointed block, where the forget gate runs as plain ops. A
+        # compiled checkpointed block keeps the inputs of a hand-written autograd.Function instead of
+        # recomputing them (here the fp32 pre-activation: 4 d bytes a token, measured on an H100).
+        self.recomputed = False
 
     def forward(self, x: Tensor, lower_bound: Tensor, state: dict | None = None, pos: int = 0,
                 cu_seqlens: Tensor | None = None) -> Tensor:
         og = F.silu(self.og_proj(x))
         f = self.fg_proj(x).float()
         i = self.i_proj(x)
-        log_lam, k = forget_gate(f, lower_bound.float())
+        log_lam, k = forget_gate(f, lower_bound.float(), self.recomputed and self.training)
         og, k, i, log_lam = (split_heads(t, self.n_heads) for t in (og, k.to(i.dtype), i, log_lam))
         h0 = None if state is None else state.get("S")
         o, S = gated_linear_attn(og, k, i, log_lam, initial_state=h0, output_final_state=True,

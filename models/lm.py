@@ -52,6 +52,13 @@ class Block(nn.Module):
         # GLU's two [tokens, g] intermediates and their product, the largest activations of a block)
         self.recompute = "none"
 
+    def set_recompute(self, mode: str) -> None:
+        """What this block recomputes in its backward (AC_MODES). A token mixer with an attribute
+        `recomputed` learns whether it runs inside a fully checkpointed block."""
+        self.recompute = mode
+        if hasattr(self.token_mixer, "recomputed"):
+            self.token_mixer.recomputed = mode == "full"
+
     def forward(self, x: Tensor, **mixer_kwargs) -> Tensor:
         if self.recompute == "full" and self._checkpointing(mixer_kwargs):
             return torch.utils.checkpoint.checkpoint(self._forward, x, use_reentrant=False, **mixer_kwargs)
@@ -98,7 +105,7 @@ class LanguageModel(nn.Module):
         n = len(self.blocks)
         chosen = [] if mode == "none" else [i for i in range(n) if math.floor((i + 1) * fraction) > math.floor(i * fraction)]
         for i, block in enumerate(self.blocks):
-            block.recompute = mode if i in chosen else "none"
+            block.set_recompute(mode if i in chosen else "none")
         return chosen
 
     @property

@@ -122,3 +122,51 @@ def test_lrpe_takes_positions_of_a_segment():
     z = torch.randn(1, 10, mixer.n_heads, mixer.theta.shape[1], dtype=torch.float64)
     torch.testing.assert_close(mixer.lrpe(z, 5), mixer.lrpe(z, torch.arange(5, 15)))
     torch.testing.assert_close(mixer.lrpe(z, torch.arange(5, 15)), lrpe_concat(z, mixer.theta, torch.arange(5, 15)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the plain-op forms that fully checkpointed blocks run
+# ---------------------------------------------------------------------------------------------------
+
+def _grads(fn, *args):
+    leaves = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
+    outs = fn(*leaves)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    g = torch.Generator().manual_seed(1)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in outs)
+    wrt = [x for x in leaves if x.requires_grad]
+    return outs, torch.autograd.grad(loss, wrt)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_forget_gate_plain_ops_equal_the_function(dtype):
+    """Values bitwise equal to the autograd.Function's (a checkpointed block must not change the loss),
+    gradients equal to its hand-written backward (float64: to 1e-12; fp32: to rounding) and finite where
+    one branch of the select is infinite (beta = 0, f = -120: k = 1, log1p(-k) = -inf unselected).
+    Below the floor (beta < tiny) d k / d beta differs: the Function differentiates k as 1 - lambda with
+    lambda floored, the plain ops k = (1 - beta) sigmoid(-f) itself; beta is below tiny only at layer 0,
+    where beta = 0 by construction and its gradient reaches no parameter."""
+    f, beta = grid(dtype)
+    (o1, k1), g1 = _grads(lambda a, b: forget_gate(a, b, recomputed=True), f, beta)
+    (o0, k0), g0 = _grads(lambda a, b: forget_gate(a, b), f, beta)
+    assert torch.equal(o1, o0) and torch.equal(k1, k0)
+    tol = dict(rtol=1e-12, atol=1e-14) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-30)
+    assert all(torch.isfinite(g).all() for g in g1)
+    floored = beta >= TINY
+    torch.testing.assert_close(g1[0], g0[0], **tol)
+    torch.testing.assert_close(g1[1][floored], g0[1][floored], **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_lrpe_plain_ops_equal_the_function(dtype):
+    from models.cosformer2 import lrpe
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(2, 33, 3, 8, generator=g, dtype=dtype)
+    theta = 10000.0 ** (-torch.arange(8, dtype=dtype) / 8)[None].repeat(3, 1)
+    t = torch.arange(5000, 5033)
+    o1, g1 = _grads(lambda a, b: lrpe(a, b, t, recomputed=True), z, theta)
+    o0, g0 = _grads(lambda a, b: lrpe(a, b, t), z, theta)
+    assert torch.equal(o1[0], o0[0])
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, **tol)

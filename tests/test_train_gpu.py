@@ -105,3 +105,38 @@ def test_out_of_memory_is_recognised():
     assert is_out_of_memory(info.value)
     del model
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("arch", ["tnl", "hgrn2", "cos2", "llama"])
+def test_compiled_checkpointed_block_keeps_only_its_input(arch):
+    """A fully checkpointed block, compiled as the trainer compiles it, under bf16 autocast: the tensors it
+    saves for the backward are its fp32 input and the weights, nothing that grows with the tokens beyond
+    4 d bytes a token (a hand-written autograd.Function inside would keep its inputs too: cos2's LRPE
+    8 d, HGRN2's forget gate 4 d more)."""
+    from models import build_model
+    from pretrain.train_module import allow_data_dependent_outputs
+    allow_data_dependent_outputs()
+    saved_per_len = {}
+    for T in (4096, 8192):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = build_model(arch, "410m", n_layers=3, max_seq_len=T).to(DEV)
+        model.set_activation_checkpointing("full", 1.0)
+        for block in model.blocks:
+            block.compile()
+        params = {p.data_ptr() for p in model.parameters()}
+        saved, inside = [0], [False]
+
+        def pack(t):
+            if inside[0] and t.data_ptr() not in params:
+                saved[0] += t.numel() * t.element_size()
+            return t
+        model.blocks[1].register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+        model.blocks[1].register_forward_hook(lambda *a: inside.__setitem__(0, False))
+        ids = torch.randint(0, 50_000, (1, T), device=DEV)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(ids, targets=ids)
+        loss.backward()
+        saved_per_len[T] = saved[0]
+    d = model.config.d_model
+    assert (saved_per_len[8192] - saved_per_len[4096]) / 4096 <= 4 * d, saved_per_len
