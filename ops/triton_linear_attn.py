@@ -33,9 +33,9 @@ LOG_BT = BT.bit_length() - 1  # the levels of the intra-chunk pairs of chunks th
 ANCHOR_CHUNKS = 8
 # GLA's dq / dk walks for bf16 inputs: their fp32 operand as a bf16 hi + lo pair and two bf16 products
 # (ops.triton_scan.dot_exact; 3-13% faster per walk than tf32 operands on an H100, docs/kernels.md), or
-# tf32 operands (False). The pairs become the default once tests/test_kernels_gpu.py's cases of them
-# (test_gla_walks_on_bf16_pairs_vs_float64: T = 1037 in both layouts, T = 64K, packed) all pass on a GPU.
-WALK_PAIRS = False
+# tf32 operands (False). The accuracy cases of the pairs (tests/test_kernels_gpu.py,
+# test_gla_walks_on_bf16_pairs_vs_float64 and, with this default, test_bf16_vs_float64) pass on an H100.
+WALK_PAIRS = True
 
 
 def _np2(x: int) -> int:

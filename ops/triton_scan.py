@@ -29,7 +29,7 @@ Precision (GLA): the gated walks keep the fp32 state and the decayed q, k to mor
 their products: d log_f is a cancelling sum of q dq - k dk, and bf16 rounding of those operands was its
 largest error. The forward and dv walks take tf32 operands rounded to nearest (`dot32`); in the dq / dk
 walks the other operand is an input as loaded (v, do, already a tf32 value), so only the fp32 one is
-rounded, or, with SPLIT (bf16 inputs, `ops.triton_linear_attn.WALK_PAIRS`), taken as a bf16 hi + lo pair
+rounded, or, with SPLIT (bf16 inputs, `ops.triton_linear_attn.WALK_PAIRS`, the default), taken as a bf16 hi + lo pair
 in two bf16 products (`dot_exact`). The scalar decay keeps bf16 operands. The gated dq / dk walks also store the state and its
 gradient every few chunks (`anchor_block`): d log_f's sum starts from their product there.
 

@@ -110,7 +110,7 @@ def test_out_of_memory_is_recognised():
 @pytest.mark.parametrize("arch", ["tnl", "hgrn2", "cos2", "llama"])
 def test_compiled_checkpointed_block_keeps_only_its_input(arch):
     """A fully checkpointed block, compiled as the trainer compiles it, under bf16 autocast: the tensors it
-    saves for the backward are its fp32 input and the weights, nothing that grows with the tokens beyond
+    saves for the backward are its fp32 input, the weights and buffers, nothing that grows with the tokens beyond
     4 d bytes a token (a hand-written autograd.Function inside would keep its inputs too: cos2's LRPE
     8 d, HGRN2's forget gate 4 d more)."""
     from models import build_model
@@ -120,15 +120,16 @@ def test_compiled_checkpointed_block_keeps_only_its_input(arch):
     for T in (4096, 8192):
         torch._dynamo.reset()
         torch.manual_seed(0)
-        model = build_model(arch, "410m", n_layers=3, max_seq_len=T).to(DEV)
+        model = build_model(arch, "410m", n_layers=3, max_seq_len=8192).to(DEV)
         model.set_activation_checkpointing("full", 1.0)
         for block in model.blocks:
             block.compile()
-        params = {p.data_ptr() for p in model.parameters()}
+        # weights and LLaMA's RoPE tables (views of buffers sized by max_seq_len) are not activations
+        held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
         saved, inside = [0], [False]
 
         def pack(t):
-            if inside[0] and t.data_ptr() not in params:
+            if inside[0] and t.untyped_storage().data_ptr() not in held:
                 saved[0] += t.numel() * t.element_size()
             return t
         model.blocks[1].register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
