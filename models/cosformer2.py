@@ -130,9 +130,7 @@ class Cos2TokenMixer(nn.Module):
         self.gate = LowRankGate(d, cfg.gate_rank)
         self.norm = Norm(d, cfg.norm_type, cfg.norm_eps)
         self.out_proj = nn.Linear(d, d, bias=False)
-        # set by the block: True in a fully checkpointed block, where the LRPE runs as plain ops. A compiled
-        # checkpointed block keeps the inputs of a hand-written autograd.Function instead of recomputing
-        # them (here q and k: 8 d bytes a token, measured on an H100), which plain ops do not need.
+        # True in a fully checkpointed block: the LRPE runs as plain ops there (models.lm.Block.set_recompute)
         self.recomputed = False
 
     @torch.no_grad()

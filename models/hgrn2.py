@@ -107,9 +107,7 @@ class Hgrn2TokenMixer(nn.Module):
         self.i_proj = nn.Linear(d, d, bias=False)    # input, the "value"
         self.norm = Norm(d, cfg.norm_type, cfg.norm_eps)
         self.out_proj = nn.Linear(d, d, bias=False)
-        # set by the block: True in a fully checkpointed block, where the forget gate runs as plain ops. A
-        # compiled checkpointed block keeps the inputs of a hand-written autograd.Function instead of
-        # recomputing them (here the fp32 pre-activation: 4 d bytes a token, measured on an H100).
+        # True in a fully checkpointed block: the forget gate runs as plain ops there (models.lm.Block.set_recompute)
         self.recomputed = False
 
     def forward(self, x: Tensor, lower_bound: Tensor, state: dict | None = None, pos: int = 0,

@@ -54,7 +54,10 @@ class Block(nn.Module):
 
     def set_recompute(self, mode: str) -> None:
         """What this block recomputes in its backward (AC_MODES). A token mixer with an attribute
-        `recomputed` learns whether it runs inside a fully checkpointed block."""
+        `recomputed` learns whether it runs inside a fully checkpointed block, and while training there runs
+        its hand-written autograd.Functions as plain ops: a compiled checkpointed block keeps the inputs of
+        such a Function instead of recomputing them (cos2's LRPE 8 d, HGRN2's forget gate 4 d bytes a token
+        on an H100), plain ops it recomputes."""
         self.recompute = mode
         if hasattr(self.token_mixer, "recomputed"):
             self.token_mixer.recomputed = mode == "full"

@@ -182,7 +182,8 @@ def test_activation_checkpointing_same_gradients_fewer_saved_bytes(arch):
         torch.testing.assert_close(loss, base_loss, rtol=0, atol=0)
         # a fully checkpointed cos2 / HGRN2 block takes autograd's backward of the same forward ops
         # instead of the hand-written one: equal up to fp32 rounding
-        tol = dict(rtol=1e-6, atol=1e-7) if key[0] != "full" else dict(rtol=1e-4, atol=1e-6)
+        plain = key[0] == "full" and arch in ("cos2", "hgrn2")
+        tol = dict(rtol=1e-4, atol=1e-6) if plain else dict(rtol=1e-6, atol=1e-7)
         for a, b in zip(grads, base_grads):
             torch.testing.assert_close(a, b, **tol)
     b = {k: v[0] for k, v in results.items()}
