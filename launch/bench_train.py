@@ -109,11 +109,12 @@ def run_cell(spec: dict) -> dict:
 
     from models import build_model, flops_per_step, get_arch, model_config
     from pretrain.config import OptimConfig
-    from pretrain.memory import choose_checkpointing, estimate_peak_gib
+    from pretrain.memory import choose_checkpointing, configure_allocator, estimate_peak_gib
     from pretrain.metrics import peak_flops
     from pretrain.trainer import is_out_of_memory
     from pretrain.train_module import TorchTrainModule
 
+    alloc_conf = configure_allocator()  # as launch/pretrain.py runs
     arch, size, seq = spec["arch"], spec["size"], spec["seq"]
     micro_tokens, tokens_per_step = spec["micro_tokens"], spec["tokens_per_step"]
     mb, accum = micro_tokens // seq, tokens_per_step // micro_tokens
@@ -129,7 +130,7 @@ def run_cell(spec: dict) -> dict:
     else:
         settings = [(spec["ac"], spec["ac_fraction"])]
     out = {**spec, "micro_batch": mb, "accumulation": accum, "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
-           "device_gib": round(total_gib, 1), "torch": torch.__version__, "attempts": []}
+           "device_gib": round(total_gib, 1), "torch": torch.__version__, "alloc_conf": alloc_conf, "attempts": []}
     try:
         import triton
         out["triton"] = triton.__version__

@@ -193,6 +193,6 @@ SPEC = ArchSpec(
     paper_params=paper_params, extra_params=extra_params, layer_flops=layer_flops, model_flops=model_flops,
     extras={"tpe": tpe}, aliases=("cosformer2",), layer_overrides={"410m": 25}, sequence_parallel=True,
     sp_positions=True, sp_carries={"tpe": tpe_sp_carry},
-    act_bytes_per_d=62,
+    act_bytes_per_d=51,
     paper_law={"L": (3.5877, -0.0756), "N_opt": (2.65e8, 0.6516), "D_opt": (4.23e10, 0.4529)},
     color="#d62728")

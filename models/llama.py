@@ -86,7 +86,7 @@ def layer_flops(cfg: ModelConfig, n: int) -> int:
 
 SPEC = ArchSpec(
     name="llama", title="LLaMA", token_mixer=LlamaAttention, channel_mixer=swiglu, default_norm="rmsnorm",
-    paper_params=paper_params, layer_flops=layer_flops, context_limited=True, act_bytes_per_d=44,
+    paper_params=paper_params, layer_flops=layer_flops, context_limited=True, act_bytes_per_d=36,
     rebuild_buffers=rebuild_rope,
     paper_law={"L": (3.7087, -0.0798), "N_opt": (1.82e8, 0.7118), "D_opt": (2.56e10, 0.5102)},
     color="#1f77b4")

@@ -81,6 +81,14 @@ class Block(nn.Module):
         return self.training and torch.is_grad_enabled() and mixer_kwargs.get("state") is None
 
 
+
+def checkpointed_blocks(n_layers: int, fraction: float) -> list[int]:
+    """The blocks a share `fraction` of `n_layers` checkpoints, spread evenly over the depth (0.5: every
+    second block; k / n_layers: exactly k blocks). The memory estimate counts the same blocks."""
+    # the tolerance keeps k / n_layers * n_layers at k where the float product lands just below it
+    cut = [math.floor(i * fraction + 1e-9) for i in range(n_layers + 1)]
+    return [i for i in range(n_layers) if cut[i + 1] > cut[i]]
+
 class LanguageModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -105,8 +113,7 @@ class LanguageModel(nn.Module):
             raise ValueError(f"activation checkpointing {mode!r}; choose from {', '.join(AC_MODES)}")
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"activation-checkpointing fraction must lie in [0, 1], got {fraction}")
-        n = len(self.blocks)
-        chosen = [] if mode == "none" else [i for i in range(n) if math.floor((i + 1) * fraction) > math.floor(i * fraction)]
+        chosen = [] if mode == "none" else checkpointed_blocks(len(self.blocks), fraction)
         for i, block in enumerate(self.blocks):
             block.set_recompute(mode if i in chosen else "none")
         return chosen

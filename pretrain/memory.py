@@ -1,39 +1,58 @@
 """Peak memory of a training step on one GPU, estimated, and the activation checkpointing that fits.
 
-The estimate: fp32 weights, gradients and AdamW state (16 bytes a parameter), the fused loss's buffers,
-and the activations each block keeps per token (the architecture's `act_bytes_per_d` x d bytes without checkpointing,
-measured compiled on an H100 at 1B, seq 8192; 4 d bytes -- its fp32 input -- for a fully checkpointed
-block, plus one block's activations while it is recomputed). It errs on the high side (a half-checkpointed
-TNL 1B at 32K: 68.8 GiB estimated, 55.1 GiB measured); docs/training.md, Long context, has the numbers.
+The estimate, in bytes: 16.5 a parameter (fp32 weights, gradients and the two AdamW moments; the half
+byte is what the compiled step keeps beyond them, bf16 weight copies among it), the fused loss's buffers,
+the activations each block keeps per token (the architecture's `act_bytes_per_d` x d without
+checkpointing; 4 d, its fp32 input, for a fully checkpointed block), and 1.5 GiB. The per-block bytes are
+the slopes of measured peaks over the tokens of a micro-batch (compiled, bf16 autocast, on an H100), the
+constants the least that keeps the estimate at or above every measured peak of 410m and 1B from 8K to 64K
+tokens. A recomputed block's activations add nothing to the peak: the backward reaches the checkpointed
+blocks after it has freed the kept activations above them and the loss's buffers. tests/test_memory.py
+holds the measured peaks and checks the estimate against them; docs/training.md, Long context, the method.
 """
 from __future__ import annotations
 
-from models import ModelConfig, exact_params, get_arch
+import os
 
-FRACTIONS = [k / 8 for k in range(1, 9)]  # the shares of checkpointed blocks `auto` considers
+from models import ModelConfig, exact_params, get_arch
+from models.lm import checkpointed_blocks
+
+STATE_BYTES_PER_PARAM = 16.5
+OVERHEAD_GIB = 1.5
+ALLOCATOR = "expandable_segments:True"
+
+
+def configure_allocator() -> str:
+    """Let PyTorch's CUDA allocator grow its segments in place unless PYTORCH_CUDA_ALLOC_CONF is set; call it
+    before the first CUDA allocation. Without it the memory reserved at 64K tokens per micro-batch ran up
+    to 7 GiB above the memory in use (blocks of many sizes, freed and reallocated each step), which the
+    budget of `auto` would have to leave spare. Returns the setting in force."""
+    return os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOCATOR)
 
 
 def estimate_peak_gib(cfg: ModelConfig, micro_tokens: int, mode: str = "none", fraction: float = 1.0) -> float:
-    """Estimated peak GiB of one training step with `micro_tokens` tokens per micro-batch."""
+    """Estimated peak GiB of one training step with `micro_tokens` tokens per micro-batch, `mode`
+    ('none', 'mlp' or 'full') on the share `fraction` of the blocks (models.lm.checkpointed_blocks)."""
     d, g, l, v = cfg.d_model, cfg.d_glu, cfg.n_layers, cfg.vocab_size
-    # activation bytes a block keeps per token, in units of d (compiled, bf16 autocast, fp32 residual stream)
+    # activation bytes a block keeps per token (compiled, bf16 autocast, fp32 residual stream)
     per_block = get_arch(cfg.arch).act_bytes_per_d * d
     kept = {"none": per_block, "mlp": per_block - 6 * g, "full": 4 * d}[mode]
-    n_ckpt = 0 if mode == "none" else round(l * fraction)
-    act = micro_tokens * ((l - n_ckpt) * per_block + n_ckpt * kept + (per_block if n_ckpt else 0))
-    state = 16 * exact_params(cfg)["total"]
+    n_ckpt = 0 if mode == "none" else len(checkpointed_blocks(l, fraction))
+    act = micro_tokens * ((l - n_ckpt) * per_block + n_ckpt * kept)
+    state = STATE_BYTES_PER_PARAM * exact_params(cfg)["total"]
     loss = 4096 * v * 2 + v * d * 8 + micro_tokens * d * 4
-    return (act + state + loss) / 2**30 + 1.5
+    return (act + state + loss) / 2**30 + OVERHEAD_GIB
 
 
 def choose_checkpointing(cfg: ModelConfig, micro_tokens: int, budget_gib: float) -> tuple[str, float]:
-    """The cheapest setting whose estimate fits in `budget_gib`: none, else full checkpointing of the
-    smallest share of blocks (eighths) that fits, else every block."""
+    """The cheapest setting whose estimate fits in `budget_gib`: none, else full checkpointing of the fewest
+    blocks that fit (fraction k / n_layers), else every block."""
+    l = cfg.n_layers
     if estimate_peak_gib(cfg, micro_tokens) <= budget_gib:
         return "none", 1.0
-    for f in FRACTIONS:
-        if estimate_peak_gib(cfg, micro_tokens, "full", f) <= budget_gib:
-            return "full", f
+    for k in range(1, l + 1):
+        if estimate_peak_gib(cfg, micro_tokens, "full", k / l) <= budget_gib:
+            return "full", (1.0 if k == l else k / l)
     return "full", 1.0
 
 
@@ -54,21 +73,23 @@ def larger_micro_batch(cfg: ModelConfig, seq_tokens: int, micro_batch: int, accu
     return best
 
 
-def _setting(mode: str, fraction: float) -> str:
+def describe_setting(mode: str, fraction: float, n_layers: int) -> str:
+    """'off', 'full', or 'full on 10 of 32 blocks': activation checkpointing as a log line says it."""
     if mode == "none":
         return "off"
-    return mode + ("" if fraction >= 1 else f" on {fraction:.0%} of the blocks")
+    return mode + ("" if fraction >= 1 else f" on {len(checkpointed_blocks(n_layers, fraction))} of {n_layers} blocks")
 
 
 def fit_warning(cfg: ModelConfig, micro_tokens: int, mode: str, fraction: float, device_gib: float) -> str | None:
     """A warning when the estimated peak of this setting exceeds the device's memory (None: it fits), with
-    the settings that would fit. The estimate errs high (up to about a quarter), so this is a warning, not
-    a refusal; a step that really runs out of memory stops the run with its own message."""
+    the settings that would fit. The estimate is fitted to measured peaks and may err either way on a model
+    or GPU it was not measured on, so this is a warning, not a refusal; a step that really runs out of
+    memory stops the run with its own message."""
     est = estimate_peak_gib(cfg, micro_tokens, mode, fraction)
     if est <= device_gib:
         return None
     head = (f"{cfg.arch} {cfg.size} at {micro_tokens:,} tokens per micro-batch with activation checkpointing "
-            f"{_setting(mode, fraction)}: estimated peak {est:.0f} GiB, more than the {device_gib:.0f} GiB of "
+            f"{describe_setting(mode, fraction, cfg.n_layers)}: estimated peak {est:.0f} GiB, more than the {device_gib:.0f} GiB of "
             f"this GPU; the first step will probably run out of memory. ")
     full = estimate_peak_gib(cfg, micro_tokens, "full", 1.0)
     if full > 0.9 * device_gib:
@@ -76,5 +97,5 @@ def fit_warning(cfg: ModelConfig, micro_tokens: int, mode: str, fraction: float,
         return head + (f"Even with every block checkpointed the estimate is {full:.0f} GiB: use fewer tokens per "
                        f"micro-batch (a smaller --micro-batch or a shorter --seq-len){sp}")
     m, f = choose_checkpointing(cfg, micro_tokens, 0.9 * device_gib)
-    return head + (f"Use --activation-checkpointing auto (here: {_setting(m, f)}, estimated "
+    return head + (f"Use --activation-checkpointing auto (here: {describe_setting(m, f, cfg.n_layers)}, estimated "
                    f"{estimate_peak_gib(cfg, micro_tokens, m, f):.0f} GiB) or a smaller --micro-batch")

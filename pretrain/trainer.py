@@ -259,14 +259,15 @@ class Trainer:
         mode = ac_mode(t)
         if device.type != "cuda":
             return ("none", 1.0) if mode == "auto" else (mode, t.ac_fraction)
-        from pretrain.memory import choose_checkpointing, estimate_peak_gib, fit_warning, larger_micro_batch
+        from pretrain.memory import (choose_checkpointing, describe_setting, estimate_peak_gib, fit_warning,
+                                     larger_micro_batch)
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        logger.info(f"CUDA allocator: PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}")
         tokens = t.micro_batch * t.seq_len // self.cfg.dist.sp  # a rank holds its segment of each sequence
         if mode == "auto":
             mode, frac = choose_checkpointing(self.model_cfg, tokens, 0.9 * total)
-            logger.info(f"--activation-checkpointing auto: {mode}" + (f" on {frac:.0%} of the blocks" if mode != "none" else "")
-                + f" (estimated peak {estimate_peak_gib(self.model_cfg, tokens, mode, frac):.0f} "
-                f"of {total:.0f} GiB)")
+            logger.info(f"--activation-checkpointing auto: {describe_setting(mode, frac, self.model_cfg.n_layers)}"
+                        f" (estimated peak {estimate_peak_gib(self.model_cfg, tokens, mode, frac):.0f} of {total:.0f} GiB)")
         else:
             frac = t.ac_fraction
         # the estimate counts the whole optimizer state on every rank: under ZeRO it would warn too early
@@ -471,6 +472,8 @@ class Trainer:
 
 def _main(argv: list[str] | None = None) -> int:
     from pretrain.config import parse_config
+    from pretrain.memory import configure_allocator
+    configure_allocator()  # before the first CUDA allocation
     trainer = Trainer(parse_config(argv))
     trainer.fit()
     return 0
