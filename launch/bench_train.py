@@ -290,7 +290,14 @@ def load_results(out: Path) -> list[dict]:
 
 
 def _ac_label(r: dict) -> str:
-    return r["ac"] + ("" if r.get("ac_fraction", 1.0) == 1.0 else f" {r['ac_fraction']:g}")
+    """'none', 'full', or 'full 11/32' (checkpointed blocks of all blocks)."""
+    f = r.get("ac_fraction", 1.0)
+    if r["ac"] == "none" or f == 1.0:
+        return r["ac"]
+    from models import model_config
+    from models.lm import checkpointed_blocks
+    n = model_config(r["arch"], r["size"]).n_layers
+    return f"{r['ac']} {len(checkpointed_blocks(n, f))}/{n}"
 
 
 def _pct(x: float | None) -> str:
