@@ -7,6 +7,7 @@ single decoding step.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 from torch import Tensor
@@ -44,18 +45,46 @@ def _auto_triton(op: str) -> bool:
     return op == "lightning_attn" or get_config().gla_triton
 
 
-def _resolve(op: str, impl: str | None, q: Tensor) -> Impl:
+def triton_fits(op: str, k_width: int, v_width: int) -> bool:
+    """Whether the Triton kernels take heads this wide (key width Dk, value width Dv). The walks hold a
+    whole head's key or value dimension in one program's tiles: measured on an H100 (fwd+bwd, bf16,
+    against the chunked twin), lightning runs up to Dk = Dv = 256 and gated_linear_attn up to Dk = 512 at
+    Dv <= 128 and Dk = Dv = 256; wider heads ask for more than the 227 KiB of shared memory a block may
+    use there (docs/kernels.md, Head widths)."""
+    if op == "lightning_attn":
+        return k_width <= 256 and v_width <= 256
+    return v_width <= 256 and k_width <= (512 if v_width <= 128 else 256)
+
+
+_WARNED: set[tuple[str, int, int]] = set()
+
+
+def _too_wide(op: str, q: Tensor, v: Tensor) -> str:
+    K, V = q.shape[-1], v.shape[-1]
+    return (f"{op}: heads of Dk = {K}, Dv = {V} are wider than the Triton kernels take (lightning_attn: "
+            f"Dk, Dv <= 256; gated_linear_attn: Dv <= 256, Dk <= 256, or 512 with Dv <= 128; docs/kernels.md, "
+            f"Head widths). Use more, narrower heads (n_heads, so that d_model / n_heads fits), or "
+            f"impl='chunked' (the PyTorch twin: runs at any width, tens of times slower)")
+
+
+def _resolve(op: str, impl: str | None, q: Tensor, v: Tensor) -> Impl:
     name = impl or get_config().impl
+    fits = triton_fits(op, q.shape[-1], v.shape[-1])
     if name == "auto":
         if q.shape[1] == 1:
             name = "recurrent"
         elif q.is_cuda and "triton" in _IMPLS[op] and _auto_triton(op):
-            name = "triton"
+            name = "triton" if fits else "chunked"
+            if not fits and (key := (op, q.shape[-1], v.shape[-1])) not in _WARNED:
+                _WARNED.add(key)
+                warnings.warn(_too_wide(op, q, v) + "; auto takes the chunked twin", stacklevel=3)
         else:
             name = "chunked"
     if name not in _IMPLS[op]:
         raise ValueError(f"{op}: implementation {name!r} is not available; choose from auto, "
                          f"{', '.join(available_impls(op))}")
+    if name == "triton" and not fits:
+        raise ValueError(_too_wide(op, q, v))
     return _IMPLS[op][name]
 
 
@@ -86,7 +115,7 @@ def lightning_attn(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None = None,
     check_qkv("lightning_attn", q, k, v)
     check_decay("lightning_attn", q, decay, check_values)
     check_state_and_lengths("lightning_attn", q, v, initial_state, cu_seqlens, check_values)
-    o, state = _sp.run("lightning_attn", _resolve("lightning_attn", impl, q), q, k, v, decay, initial_state,
+    o, state = _sp.run("lightning_attn", _resolve("lightning_attn", impl, q, v), q, k, v, decay, initial_state,
                        cu_seqlens)
     return (o, state) if output_final_state else o
 
@@ -100,6 +129,6 @@ def gated_linear_attn(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
     check_qkv("gated_linear_attn", q, k, v)
     check_log_f("gated_linear_attn", q, log_f, check_values)
     check_state_and_lengths("gated_linear_attn", q, v, initial_state, cu_seqlens, check_values)
-    o, state = _sp.run("gated_linear_attn", _resolve("gated_linear_attn", impl, q), q, k, v, log_f, initial_state,
+    o, state = _sp.run("gated_linear_attn", _resolve("gated_linear_attn", impl, q, v), q, k, v, log_f, initial_state,
                        cu_seqlens)
     return (o, state) if output_final_state else o

@@ -322,15 +322,53 @@ def test_auto_on_cuda_follows_the_ops_config():
     impls = LA._IMPLS
     old = ops.get_config()
     try:
-        assert LA._resolve("lightning_attn", None, q) is impls["lightning_attn"]["triton"]
+        assert LA._resolve("lightning_attn", None, q, q) is impls["lightning_attn"]["triton"]
         ops.set_config(gla_triton=False)
-        assert LA._resolve("gated_linear_attn", None, q) is impls["gated_linear_attn"]["chunked"]
+        assert LA._resolve("gated_linear_attn", None, q, q) is impls["gated_linear_attn"]["chunked"]
         ops.set_config(gla_triton=True)
-        assert LA._resolve("gated_linear_attn", None, q) is impls["gated_linear_attn"]["triton"]
+        assert LA._resolve("gated_linear_attn", None, q, q) is impls["gated_linear_attn"]["triton"]
         ops.set_config(impl="chunked")
-        assert LA._resolve("lightning_attn", None, q) is impls["lightning_attn"]["chunked"]
+        assert LA._resolve("lightning_attn", None, q, q) is impls["lightning_attn"]["chunked"]
     finally:
         ops.set_config(old)
+
+
+def test_head_widths_the_triton_kernels_take():
+    """The measured limits (docs/kernels.md, Head widths): what ran on an H100 fits, what asked for more
+    shared memory than a block may use does not."""
+    from ops.linear_attention import triton_fits
+    for K, V in [(16, 16), (128, 128), (256, 128), (128, 256), (256, 256)]:
+        assert triton_fits("lightning_attn", K, V) and triton_fits("gated_linear_attn", K, V)
+    for K, V in [(320, 128), (384, 128), (512, 128), (128, 512), (512, 512)]:
+        assert not triton_fits("lightning_attn", K, V)
+    for K in (320, 384, 512):
+        assert triton_fits("gated_linear_attn", K, 128)
+    for K, V in [(128, 512), (512, 512), (512, 256), (1024, 64)]:
+        assert not triton_fits("gated_linear_attn", K, V)
+
+
+def test_too_wide_heads_name_the_fix():
+    """impl='triton' on heads wider than the kernels take: a ValueError that names the widths and the
+    fixes, before any kernel is launched; `auto` on CUDA takes the chunked twin instead, warning once per
+    width."""
+    import warnings
+    from types import SimpleNamespace
+    from ops import linear_attention as LA
+    q = torch.randn(1, 9, 2, 320)
+    with pytest.raises(ValueError, match=r"Dk = 320, Dv = 320 .*more, narrower heads.*impl='chunked'"):
+        lightning_attn(q, q, q, None, impl="triton")
+    v = torch.randn(1, 9, 2, 512)
+    with pytest.raises(ValueError, match=r"gated_linear_attn: heads of Dk = 320, Dv = 512"):
+        gated_linear_attn(q, q, v, -torch.rand(1, 9, 2, 320), impl="triton")
+    wide_q, wide_v = SimpleNamespace(is_cuda=True, shape=(1, 64, 2, 384)), SimpleNamespace(shape=(1, 64, 2, 128))
+    LA._WARNED.clear()
+    with pytest.warns(UserWarning, match="auto takes the chunked twin"):
+        assert LA._resolve("lightning_attn", None, wide_q, wide_v) is LA._IMPLS["lightning_attn"]["chunked"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per width
+        assert LA._resolve("lightning_attn", None, wide_q, wide_v) is LA._IMPLS["lightning_attn"]["chunked"]
+        # GLA takes Dk = 384 at Dv = 128 on the kernels
+        assert LA._resolve("gated_linear_attn", None, wide_q, wide_v) is LA._IMPLS["gated_linear_attn"]["triton"]
 
 
 @triton.jit

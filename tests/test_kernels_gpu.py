@@ -122,6 +122,35 @@ def test_bf16_vs_float64(kind, Dk, Dv, gates, layout):
     assert finite and all(e <= BAR for e in errs.values()), errs
 
 
+@pytest.mark.parametrize("layout", ["scan", "split"])
+@pytest.mark.parametrize("kind,Dk,Dv,gates", [
+    ("la", 256, 256, None), ("nodecay", 256, 256, None), ("gla", 256, 256, "mixed"), ("gla", 512, 128, "wide"),
+])
+def test_widest_heads_vs_float64(kind, Dk, Dv, gates, layout):
+    """The widest heads `ops.linear_attention.triton_fits` admits compile (within the GPU's shared memory)
+    and keep the accuracy bar."""
+    from ops.linear_attention import triton_fits
+    assert triton_fits("gated_linear_attn" if kind == "gla" else "lightning_attn", Dk, Dv)
+    q, k, v, x = _inputs(1, 1000 + 37, 2, Dk, Dv, kind, gates or "mixed")
+    h0 = torch.randn(1, 2, Dk, Dv, device=DEV) * 0.1
+    errs, finite = _compare(kind, q, k, v, x, h0, layout)
+    assert finite and all(e <= BAR for e in errs.values()), errs
+
+
+def test_auto_runs_too_wide_heads_on_the_twin():
+    """Heads wider than the kernels take run under `auto` (the chunked twin, with a warning) and match
+    the float64 reference; impl='triton' refuses them with the fix."""
+    from ops import linear_attention as LA
+    LA._WARNED.clear()  # a width warns once per process
+    q, k, v, x = _inputs(1, 300, 2, 384, 128, "la")
+    with pytest.warns(UserWarning, match="auto takes the chunked twin"):
+        o = lightning_attn(q, k, v, x)
+    ref, _ = R.lightning_attn_chunked(q.double(), k.double(), v.double(), x.double())
+    assert rel(o, ref) <= BAR
+    with pytest.raises(ValueError, match="more, narrower heads"):
+        lightning_attn(q, k, v, x, impl="triton")
+
+
 @pytest.mark.parametrize("case,gates,layout,D", [
     ("short", "mixed", "scan", 128), ("short", "mixed", "split", 128), ("short", "wide", "scan", 128),
     ("short", "wide", "split", 128), ("short", "mixed", "split", 96), ("short", "wide", "scan", 48),
