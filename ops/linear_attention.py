@@ -47,13 +47,13 @@ def _auto_triton(op: str) -> bool:
 
 def triton_fits(op: str, k_width: int, v_width: int) -> bool:
     """Whether the Triton kernels take heads this wide (key width Dk, value width Dv). The walks hold a
-    whole head's key or value dimension in one program's tiles: measured on an H100 (fwd+bwd, bf16,
-    against the chunked twin), lightning runs up to Dk = Dv = 256 and gated_linear_attn up to Dk = 512 at
-    Dv <= 128 and Dk = Dv = 256; wider heads ask for more than the 227 KiB of shared memory a block may
-    use there (docs/kernels.md, Head widths)."""
+    whole head's key or value dimension in one program's tiles: measured on an H100 (fwd+bwd, bf16, with
+    an initial state, against the float64 twin), lightning runs up to Dk = Dv = 256 and gated_linear_attn
+    up to Dk = 512 at Dv <= 128; wider heads ask for more than the 227 KiB of shared memory a block may
+    use there (GLA at Dk = Dv = 256: 228 KiB; docs/kernels.md, Head widths)."""
     if op == "lightning_attn":
         return k_width <= 256 and v_width <= 256
-    return v_width <= 256 and k_width <= (512 if v_width <= 128 else 256)
+    return v_width <= 128 and k_width <= 512
 
 
 _WARNED: set[tuple[str, int, int]] = set()
@@ -62,7 +62,7 @@ _WARNED: set[tuple[str, int, int]] = set()
 def _too_wide(op: str, q: Tensor, v: Tensor) -> str:
     K, V = q.shape[-1], v.shape[-1]
     return (f"{op}: heads of Dk = {K}, Dv = {V} are wider than the Triton kernels take (lightning_attn: "
-            f"Dk, Dv <= 256; gated_linear_attn: Dv <= 256, Dk <= 256, or 512 with Dv <= 128; docs/kernels.md, "
+            f"Dk, Dv <= 256; gated_linear_attn: Dk <= 512, Dv <= 128; docs/kernels.md, "
             f"Head widths). Use more, narrower heads (n_heads, so that d_model / n_heads fits), or "
             f"impl='chunked' (the PyTorch twin: runs at any width, tens of times slower)")
 

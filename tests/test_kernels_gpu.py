@@ -124,7 +124,7 @@ def test_bf16_vs_float64(kind, Dk, Dv, gates, layout):
 
 @pytest.mark.parametrize("layout", ["scan", "split"])
 @pytest.mark.parametrize("kind,Dk,Dv,gates", [
-    ("la", 256, 256, None), ("nodecay", 256, 256, None), ("gla", 256, 256, "mixed"), ("gla", 512, 128, "wide"),
+    ("la", 256, 256, None), ("nodecay", 256, 256, None), ("gla", 512, 128, "wide"), ("gla", 512, 128, "mixed"),
 ])
 def test_widest_heads_vs_float64(kind, Dk, Dv, gates, layout):
     """The widest heads `ops.linear_attention.triton_fits` admits compile (within the GPU's shared memory)
