@@ -81,13 +81,13 @@ class Block(nn.Module):
         return self.training and torch.is_grad_enabled() and mixer_kwargs.get("state") is None
 
 
-
 def checkpointed_blocks(n_layers: int, fraction: float) -> list[int]:
     """The blocks a share `fraction` of `n_layers` checkpoints, spread evenly over the depth (0.5: every
     second block; k / n_layers: exactly k blocks). The memory estimate counts the same blocks."""
     # the tolerance keeps k / n_layers * n_layers at k where the float product lands just below it
     cut = [math.floor(i * fraction + 1e-9) for i in range(n_layers + 1)]
     return [i for i in range(n_layers) if cut[i + 1] > cut[i]]
+
 
 class LanguageModel(nn.Module):
     def __init__(self, cfg: ModelConfig):

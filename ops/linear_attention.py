@@ -69,21 +69,22 @@ def _too_wide(op: str, q: Tensor, v: Tensor) -> str:
 
 def _resolve(op: str, impl: str | None, q: Tensor, v: Tensor) -> Impl:
     name = impl or get_config().impl
-    fits = triton_fits(op, q.shape[-1], v.shape[-1])
     if name == "auto":
         if q.shape[1] == 1:
             name = "recurrent"
         elif q.is_cuda and "triton" in _IMPLS[op] and _auto_triton(op):
-            name = "triton" if fits else "chunked"
-            if not fits and (key := (op, q.shape[-1], v.shape[-1])) not in _WARNED:
-                _WARNED.add(key)
-                warnings.warn(_too_wide(op, q, v) + "; auto takes the chunked twin", stacklevel=3)
+            name = "triton"
+            if not triton_fits(op, q.shape[-1], v.shape[-1]):
+                name = "chunked"
+                if (key := (op, q.shape[-1], v.shape[-1])) not in _WARNED:
+                    _WARNED.add(key)
+                    warnings.warn(_too_wide(op, q, v) + "; auto takes the chunked twin", stacklevel=3)
         else:
             name = "chunked"
     if name not in _IMPLS[op]:
         raise ValueError(f"{op}: implementation {name!r} is not available; choose from auto, "
                          f"{', '.join(available_impls(op))}")
-    if name == "triton" and not fits:
+    if name == "triton" and not triton_fits(op, q.shape[-1], v.shape[-1]):
         raise ValueError(_too_wide(op, q, v))
     return _IMPLS[op][name]
 

@@ -7,8 +7,8 @@ checkpointing; 4 d, its fp32 input, for a fully checkpointed block), and 1.5 GiB
 the slopes of measured peaks over the tokens of a micro-batch (compiled, bf16 autocast, on an H100), the
 constants the least that keeps the estimate at or above every measured peak of 410m and 1B from 8K to 64K
 tokens. A recomputed block's activations add nothing to the peak: the backward reaches the checkpointed
-blocks after it has freed the kept activations above them and the loss's buffers. tests/test_memory.py
-holds the measured peaks and checks the estimate against them; docs/training.md, Long context, the method.
+blocks after it has freed the kept activations above them and the loss's buffers.
+tests/test_train_long_context.py holds the measured peaks and checks the estimate against them; docs/training.md, Long context, the method.
 """
 from __future__ import annotations
 

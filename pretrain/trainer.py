@@ -25,6 +25,8 @@ from pretrain.distributed import barrier, dist_env, init_process_group
 from pretrain.errors import ConfigError, OutputFailed, UserError, run_cli
 from pretrain.faults import injected_nonfinite_steps
 from pretrain.logs import get_logger
+from pretrain.memory import (choose_checkpointing, configure_allocator, describe_setting, estimate_peak_gib,
+                             fit_warning, larger_micro_batch)
 from pretrain.metrics import MetricsLogger, Progress, peak_flops
 from pretrain.monitors import MemoryMonitor, SpeedMonitor, StabilityMonitor, TrainingStopped
 from pretrain.train_module import TorchTrainModule, TrainModule, lr_at
@@ -81,7 +83,7 @@ def out_of_memory_message(cfg: RunConfig, device: torch.device, step: int, mode:
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
         where = f"the {total:.0f} GiB of {torch.cuda.get_device_name(device)}"
-    ac = "off" if mode == "none" else f"{mode}" + (f" on {fraction:.0%} of the blocks" if fraction < 1 else "")
+    ac = describe_setting(mode, fraction, cfg.model().n_layers)
     fixes = []
     if t.micro_batch > 1:
         fixes.append(f"a smaller --micro-batch (e.g. {max(1, t.micro_batch // 2)}; gradient accumulation keeps the "
@@ -259,8 +261,6 @@ class Trainer:
         mode = ac_mode(t)
         if device.type != "cuda":
             return ("none", 1.0) if mode == "auto" else (mode, t.ac_fraction)
-        from pretrain.memory import (choose_checkpointing, describe_setting, estimate_peak_gib, fit_warning,
-                                     larger_micro_batch)
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
         logger.info(f"CUDA allocator: PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}")
         tokens = t.micro_batch * t.seq_len // self.cfg.dist.sp  # a rank holds its segment of each sequence
@@ -472,7 +472,6 @@ class Trainer:
 
 def _main(argv: list[str] | None = None) -> int:
     from pretrain.config import parse_config
-    from pretrain.memory import configure_allocator
     configure_allocator()  # before the first CUDA allocation
     trainer = Trainer(parse_config(argv))
     trainer.fit()

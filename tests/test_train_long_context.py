@@ -353,6 +353,12 @@ def test_out_of_memory_names_the_settings(tmp_path, monkeypatch, capsys):
     assert "out of memory in step 1" in err and "--seq-len 16 x --micro-batch 4 = 64 tokens" in err
     assert "--micro-batch (e.g. 2" in err and "--activation-checkpointing full" in err
     assert "Tried to allocate 24.00 GiB" in err and "Traceback" not in err
+    # a share of the blocks is named by its blocks, as the auto log line names them
+    from pretrain.config import parse_config
+    from pretrain.trainer import out_of_memory_message
+    cfg = parse_config(_flags(tmp_path, "tnl") + ["--no-compile"])
+    msg = out_of_memory_message(cfg, torch.device("cpu"), 0, "full", 0.5)
+    assert "(activation checkpointing full on 1 of 2 blocks)" in msg
 
 
 # ----------------------------------------------------------------------------------------------------
