@@ -130,7 +130,7 @@ def _case(op: str, B: int, T: int, H: int):
     return mk, ours, fla, flops, io + 4 * el * D + 8 * el * D
 
 
-TIMING = ["wall"]  # --timing: "wall" (do_bench) or "gpu" (queued behind a sleep, _gpu_ms)
+TIMING = ["wall"]  # --timing: "wall" (do_bench) or "gpu" (ops.tuning.gpu_ms: queued behind a sleep)
 
 
 def _fwd_bwd_ms(fn, inputs, rep: int) -> float:
@@ -139,53 +139,18 @@ def _fwd_bwd_ms(fn, inputs, rep: int) -> float:
     out = fn(*leaves)
     do = torch.randn_like(out)
     if TIMING[0] == "gpu":
-        return _gpu_ms(lambda: torch.autograd.grad(fn(*leaves), leaves, do), rep)
+        from ops.tuning import gpu_ms
+        step = lambda: torch.autograd.grad(fn(*leaves), leaves, do)  # noqa: E731 (no .grad to accumulate)
+        step()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        once = (time.perf_counter() - t0) * 1e3
+        return gpu_ms(step, calls=max(3, min(50, int(rep / max(once, 1e-3)))), reps=5)
 
     def step():
         fn(*leaves).backward(do)
     return do_bench(step, warmup=max(5, rep // 4), rep=rep, return_mode="median", grad_to_none=leaves)
-
-
-_CYCLES_PER_MS: list[float] = []
-
-
-def _gpu_ms(step, rep: int) -> float:
-    """Median GPU time of one call of `step`, with the host's launch work hidden: each batch of calls is
-    enqueued behind a `torch.cuda._sleep` long enough for the host to finish enqueuing first, so the
-    events time only the GPU (as in a training step, where the host runs ahead of the GPU). do_bench's
-    wall time is the larger of this and the host's time per call."""
-    if not _CYCLES_PER_MS:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)
-        s.record()
-        torch.cuda._sleep(10_000_000)
-        e.record()
-        e.synchronize()
-        _CYCLES_PER_MS.append(10_000_000 / s.elapsed_time(e))
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    step()
-    torch.cuda.synchronize()
-    once_ms = (time.perf_counter() - t0) * 1e3
-    n = max(3, min(50, int(rep / max(once_ms, 1e-3))))
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            step()
-        host_ms = (time.perf_counter() - t0) * 1e3
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(_CYCLES_PER_MS[0] * (2 * host_ms + 2)))
-        s.record()
-        for _ in range(n):
-            step()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / n)
-    return statistics.median(times)
 
 
 def _fits(op: str, B: int, T: int, H: int, budget: float) -> bool:

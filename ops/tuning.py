@@ -10,8 +10,10 @@ cut the time almost S-fold; once the programs fill the GPU, splitting only adds 
 
 The rule (`_segments`): a table per GPU of the fastest S measured for each batch x heads count by
 `launch/bench_kernels.py --sweep` (docs/kernels.md has the sweep), scaled between the measured counts,
-capped so that a segment keeps at least `_MIN_SEG` chunks. With `OpsConfig.autotune` the candidates are timed instead, on the first use of each shape, and
-the winner is kept in an on-disk cache keyed by GPU and shape.
+capped so that a segment keeps at least `_MIN_SEG` chunks. With `OpsConfig.autotune` the candidates are
+timed instead, on the first use of each shape, and the winner is kept in an on-disk cache keyed by GPU
+and shape. Either way the criterion is the GPU's time with the host's launch work hidden (`gpu_ms`), the
+time a training step sees.
 """
 from __future__ import annotations
 
@@ -52,11 +54,12 @@ _TABLE = {
     "H100": {"lightning": {12: 12, 24: 8, 32: 6, 64: 1}, "gla": {12: 12, 24: 8, 32: 6, 64: 1}},
 }
 _MIN_SEG = {"lightning": 8, "gla": 8}
-# sequences shorter than this many chunks are never split: there the op takes about as long as its
-# launches, and splitting adds four (lightning at T = 8192: unsplit was faster at 2 x 12 and 1 x 32 heads,
-# 1.25 vs 2.05 and 1.37 vs 1.78 ms; T = 2048 ran fastest unsplit in every swept shape). GLA's walks are
-# several times slower per chunk, so its split pays from shorter sequences on.
-_MIN_SPLIT_CHUNKS = {"lightning": 256, "gla": 64}
+# sequences shorter than this many chunks (T < 4096) are never split: a segment keeps at least
+# `_MIN_SEG` chunks, and at T = 2048 the split's four extra kernels cost more than they save once
+# batch x heads passes about 32 (docs/kernels.md, Layouts). From T = 4096 on the rule is the table's, for
+# the GPU's time: in training the host enqueues kernels ahead of the GPU, so launch work is hidden and a
+# split that shortens the walks pays even where an isolated call is bound by its launches.
+_MIN_SPLIT_CHUNKS = 64
 _SMS_OF_TABLE = {"H100": 132}
 # the split layout's segment-state buffers stay below this (packed input with many sequences)
 _MAX_SEG_BYTES = 1 << 30
@@ -113,7 +116,7 @@ def _segments(gpu: str, sms: int, op: str, NH: int, K: int, V: int, nc_avg: int,
     nh = NH * table_sms / sms  # the same load per SM on this GPU
     near = min(counts, key=lambda c: abs(math.log(c / nh)))
     s = int(round(counts[near] * near / nh)) if nh < max(counts) else 1
-    s = max(1, min(s, nc_avg // _MIN_SEG[op])) if nc_avg >= _MIN_SPLIT_CHUNKS[op] else 1
+    s = max(1, min(s, nc_avg // _MIN_SEG[op])) if nc_avg >= _MIN_SPLIT_CHUNKS else 1
     while s > 1 and NH * (math.ceil(nc_max / math.ceil(nc_avg / s)) - 1) * K * V * 4 > _MAX_SEG_BYTES:
         s -= 1
     return s
@@ -160,7 +163,8 @@ def _plan(op, N, H, T, K, V, device, varlen, measure, cfg, gpu, sms) -> Plan:
     rule = _make(math.ceil(nc_avg / s), nc_max, launch, "rule")
     if not (cfg.autotune and measure is not None and device.type == "cuda"):
         return rule
-    key = f"{op}|N{N}|H{H}|T{T}|K{K}|V{V}|{'varlen' if varlen else 'dense'}"
+    # "gpu": timed by gpu_ms (entries timed by wall time, which favoured fewer launches, are not reused)
+    key = f"{op}|N{N}|H{H}|T{T}|K{K}|V{V}|{'varlen' if varlen else 'dense'}|gpu"
     cache = _load_cache(cfg.tune_cache)
     hit = cache.get(gpu, {}).get(key)
     if hit is not None:
@@ -176,6 +180,42 @@ def _plan(op, N, H, T, K, V, device, varlen, measure, cfg, gpu, sms) -> Plan:
     cache.setdefault(gpu, {})[key] = best[1].seg_chunks
     _save_cache(cfg.tune_cache, cache)
     return best[1]
+
+
+_CYCLES_PER_MS: list[float] = []
+
+
+def gpu_ms(fn: Callable[[], object], calls: int = 1, reps: int = 3) -> float:
+    """Median GPU time (ms) of one call of `fn`, with the host's launch work hidden: each batch of
+    `calls` calls is enqueued behind a `torch.cuda._sleep` long enough for the host to finish first, so
+    the CUDA events around the batch time the GPU only. A training step sees this time (its host runs
+    ahead of the GPU); a lone call's wall time is the larger of it and the host's time per call."""
+    import time
+    if not _CYCLES_PER_MS:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        torch.cuda._sleep(10_000_000)
+        e.record()
+        e.synchronize()
+        _CYCLES_PER_MS.append(10_000_000 / max(s.elapsed_time(e), 1e-3))
+    fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host_ms = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(_CYCLES_PER_MS[0] * (2 * host_ms + 1)))
+        s.record()
+        for _ in range(calls):
+            fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / calls)
+    return sorted(times)[len(times) // 2]
 
 
 def _candidates(nc: int) -> list[int]:

@@ -275,3 +275,24 @@ def test_rms_norm_bf16():
     y6 = rms_norm_reference(x6, w6)
     dx6, dw6 = torch.autograd.grad((y6 * dy.double()).sum(), [x6, w6])
     assert rel(y, y6) < 1e-2 and rel(dx, dx6) < 1e-2 and rel(dw, dw6) < 1e-2
+
+
+def test_gpu_ms_times_the_gpu_not_the_host():
+    """ops.tuning.gpu_ms, the plan's criterion: a host-bound call (5 ms of host work around a short
+    kernel) must time as its short kernel, and a GPU-bound one (a spin of known length) as that spin."""
+    import time
+
+    from ops.tuning import gpu_ms
+    x = torch.zeros(1 << 20, device="cuda")
+
+    def host_bound():
+        time.sleep(0.005)
+        x.add_(1.0)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    torch.cuda._sleep(20_000_000)
+    e.record()
+    e.synchronize()
+    spin_ms = s.elapsed_time(e)
+    assert gpu_ms(host_bound, calls=4) < 1.0
+    assert gpu_ms(lambda: torch.cuda._sleep(20_000_000)) == pytest.approx(spin_ms, rel=0.1)

@@ -114,6 +114,10 @@ def test_shape_rule_splits_only_where_heads_leave_sms_idle(monkeypatch, op):
     assert full.layout == "scan" and full.segments == 1
     short = _plan(monkeypatch, 1, 12, 256, op)  # 4 chunks: too short to split
     assert short.layout == "scan"
+    assert _plan(monkeypatch, 2, 12, 2048, op).layout == "scan"  # 32 chunks: below the split's length
+    # 8K at 1B's micro-batch of two sequences: split by the table (GPU time, host work hidden)
+    mid = _plan(monkeypatch, 2, 12, 8192, op)
+    assert mid.layout == "split" and mid.segments == table[op][24]
     # between measured counts, fewer heads -> more segments; a GPU with half the SMs splits less
     s16, s24 = _plan(monkeypatch, 1, 16, 65536, op).segments, _plan(monkeypatch, 1, 24, 65536, op).segments
     assert few.segments >= s16 >= s24 >= 1
