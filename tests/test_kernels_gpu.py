@@ -7,6 +7,7 @@ Accuracy bar: relative error (norm of the difference / norm of the reference) <=
 state and every gradient (q, k, v, initial state, log_f), including GLA gates anywhere in [-20, 0],
 T = 64K and packed cu_seqlens."""
 import os
+import statistics
 
 import pytest
 import torch
@@ -288,11 +289,18 @@ def test_gpu_ms_times_the_gpu_not_the_host():
     def host_bound():
         time.sleep(0.005)
         x.add_(1.0)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    torch.cuda._sleep(20_000_000)
-    e.record()
-    e.synchronize()
-    spin_ms = s.elapsed_time(e)
-    assert gpu_ms(host_bound, calls=4) < 1.0
-    assert gpu_ms(lambda: torch.cuda._sleep(20_000_000)) == pytest.approx(spin_ms, rel=0.1)
+
+    def spin():
+        torch.cuda._sleep(20_000_000)
+    spins = []
+    for _ in range(5):  # the spin's own length, clocks warmed up by the earlier ones
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        spin()
+        e.record()
+        e.synchronize()
+        spins.append(s.elapsed_time(e))
+    hb, sp = gpu_ms(host_bound, calls=4), gpu_ms(spin)
+    print(f"host-bound call: {hb:.3f} ms of GPU time; spin {sp:.3f} ms against {spins[-3:]}")
+    assert hb < 1.0
+    assert sp == pytest.approx(statistics.median(spins[2:]), rel=0.2)
