@@ -54,12 +54,11 @@ _TABLE = {
     "H100": {"lightning": {12: 12, 24: 8, 32: 6, 64: 1}, "gla": {12: 12, 24: 8, 32: 6, 64: 1}},
 }
 _MIN_SEG = {"lightning": 8, "gla": 8}
-# sequences shorter than this many chunks (T < 4096) are never split: a segment keeps at least
-# `_MIN_SEG` chunks, and at T = 2048 the split's four extra kernels cost more than they save once
-# batch x heads passes about 32 (docs/kernels.md, Layouts). From T = 4096 on the rule is the table's, for
-# the GPU's time: in training the host enqueues kernels ahead of the GPU, so launch work is hidden and a
-# split that shortens the walks pays even where an isolated call is bound by its launches.
-_MIN_SPLIT_CHUNKS = 64
+# sequences shorter than this many chunks (T < 2048) are never split (unmeasured there; a segment keeps
+# at least `_MIN_SEG` chunks anyway). From 32 chunks on the rule is the table's, for the GPU's time: in
+# training the host enqueues kernels ahead of the GPU, so launch work is hidden and a split that shortens
+# the walks pays even where an isolated call is bound by its launches (docs/kernels.md, Layouts).
+_MIN_SPLIT_CHUNKS = 32
 _SMS_OF_TABLE = {"H100": 132}
 # the split layout's segment-state buffers stay below this (packed input with many sequences)
 _MAX_SEG_BYTES = 1 << 30

@@ -114,7 +114,10 @@ def test_shape_rule_splits_only_where_heads_leave_sms_idle(monkeypatch, op):
     assert full.layout == "scan" and full.segments == 1
     short = _plan(monkeypatch, 1, 12, 256, op)  # 4 chunks: too short to split
     assert short.layout == "scan"
-    assert _plan(monkeypatch, 2, 12, 2048, op).layout == "scan"  # 32 chunks: below the split's length
+    assert _plan(monkeypatch, 2, 12, 1024, op).layout == "scan"  # 16 chunks: below the split's length
+    # 2K: two sequences split into segments of the shortest length, eight (2K training) stay whole
+    assert _plan(monkeypatch, 2, 12, 2048, op).seg_chunks == tuning._MIN_SEG[op]
+    assert _plan(monkeypatch, 8, 12, 2048, op).layout == "scan"
     # 8K at 1B's micro-batch of two sequences: split by the table (GPU time, host work hidden)
     mid = _plan(monkeypatch, 2, 12, 8192, op)
     assert mid.layout == "split" and mid.segments == table[op][24]
