@@ -184,19 +184,26 @@ def _plan(op, N, H, T, K, V, device, varlen, measure, cfg, gpu, sms) -> Plan:
 _CYCLES_PER_MS: list[float] = []
 
 
+def _calibrate() -> float:
+    """GPU clock cycles per ms of `torch.cuda._sleep`, after a spin that lifts the clocks from idle."""
+    torch.cuda._sleep(50_000_000)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    torch.cuda._sleep(10_000_000)
+    e.record()
+    e.synchronize()
+    return 10_000_000 / max(s.elapsed_time(e), 1e-3)
+
+
 def gpu_ms(fn: Callable[[], object], calls: int = 1, reps: int = 3) -> float:
     """Median GPU time (ms) of one call of `fn`, with the host's launch work hidden: each batch of
-    `calls` calls is enqueued behind a `torch.cuda._sleep` long enough for the host to finish first, so
-    the CUDA events around the batch time the GPU only. A training step sees this time (its host runs
+    `calls` calls is enqueued behind a `torch.cuda._sleep`, so the CUDA events around the batch time the
+    GPU only. A batch counts only if the GPU was still asleep when the host had enqueued all of it
+    (else the sleep doubles and the batch runs again). A training step sees this time (its host runs
     ahead of the GPU); a lone call's wall time is the larger of it and the host's time per call."""
     import time
     if not _CYCLES_PER_MS:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        torch.cuda._sleep(10_000_000)
-        e.record()
-        e.synchronize()
-        _CYCLES_PER_MS.append(10_000_000 / max(s.elapsed_time(e), 1e-3))
+        _CYCLES_PER_MS.append(_calibrate())
     fn()
     times = []
     for _ in range(reps):
@@ -204,15 +211,23 @@ def gpu_ms(fn: Callable[[], object], calls: int = 1, reps: int = 3) -> float:
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        host_ms = (time.perf_counter() - t0) * 1e3
+        sleep_ms = 2 * (time.perf_counter() - t0) * 1e3 + 1
         torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(_CYCLES_PER_MS[0] * (2 * host_ms + 1)))
-        s.record()
-        for _ in range(calls):
-            fn()
-        e.record()
-        e.synchronize()
+        for _ in range(10):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(int(_CYCLES_PER_MS[0] * sleep_ms))
+            s.record()
+            for _ in range(calls):
+                fn()
+            e.record()
+            hidden = not s.query()  # the GPU had not reached the batch when the host finished it
+            e.synchronize()
+            if hidden:
+                break
+            sleep_ms *= 2
+        else:
+            raise RuntimeError("gpu_ms: the host never finished enqueuing before the GPU woke (a call "
+                               "that synchronises with the GPU cannot be timed this way)")
         times.append(s.elapsed_time(e) / calls)
     return sorted(times)[len(times) // 2]
 
