@@ -1,6 +1,7 @@
 """Benchmark the linear-attention kernels against fla and SDPA in one process (CUDA only).
 
     python launch/bench_kernels.py --matrix [--json out.json] [--T 2048 8192 32768 65536]
+    python launch/bench_kernels.py --matrix --timing gpu --shapes 1x12 --T 2048   # GPU time, host work hidden
     python launch/bench_kernels.py --sweep [--json sweep.json]        # every layout of ours per cell
     python launch/bench_kernels.py --warmup --ops la gla               # compile into the Triton cache
     python launch/bench_kernels.py --profile --shape 1x12 --T 8192 --ops gla1
@@ -14,7 +15,8 @@
                own gate code on random inputs)                                     anchor fla chunk_gla
     glaW       gated_linear_attn with log f uniform in [-20, 0] (every chunk on the sub-chunk path)
 plus torch SDPA (causal, flash) at each shape where it takes under a second. Each cell: median
-fwd+bwd time of `triton.testing.do_bench` (bf16), fla/ours, and the floor max(bytes / bandwidth, FLOPs /
+fwd+bwd time of `triton.testing.do_bench` (bf16; with --timing gpu, `ops.tuning.gpu_ms`: the GPU's time
+alone, as a training step whose host runs ahead sees it), fla/ours, and the floor max(bytes / bandwidth, FLOPs /
 matmul rate) (bytes: inputs read once, outputs written once; FLOPs: the chunked algorithm's tensor-core
 work, backward = 2 x forward). Cells that would not fit in GPU memory are skipped. Ours runs with the
 default plan (`ops.tuning`); --sweep times every candidate layout instead (no anchors). --resume FILE
