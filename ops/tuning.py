@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -201,7 +202,6 @@ def gpu_ms(fn: Callable[[], object], calls: int = 1, reps: int = 3) -> float:
     GPU only. A batch counts only if the GPU was still asleep when the host had enqueued all of it
     (else the sleep doubles and the batch runs again). A training step sees this time (its host runs
     ahead of the GPU); a lone call's wall time is the larger of it and the host's time per call."""
-    import time
     if not _CYCLES_PER_MS:
         _CYCLES_PER_MS.append(_calibrate())
     fn()
