@@ -132,23 +132,17 @@ def _case(op: str, B: int, T: int, H: int):
     return mk, ours, fla, flops, io + 4 * el * D + 8 * el * D
 
 
-TIMING = ["wall"]  # --timing: "wall" (do_bench) or "gpu" (ops.tuning.gpu_ms: queued behind a sleep)
-
-
-def _fwd_bwd_ms(fn, inputs, rep: int) -> float:
+def _fwd_bwd_ms(fn, inputs, rep: int, timing: str = "wall") -> float:
+    """Median ms of one fwd+bwd: wall time (do_bench), or with timing='gpu' the GPU's time alone
+    (`ops.tuning.gpu_ms`, calls for about `rep` ms a batch)."""
     from triton.testing import do_bench
     leaves = [t.requires_grad_(True) for t in inputs]
     out = fn(*leaves)
     do = torch.randn_like(out)
-    if TIMING[0] == "gpu":
+    if timing == "gpu":
         from ops.tuning import gpu_ms
-        step = lambda: torch.autograd.grad(fn(*leaves), leaves, do)  # noqa: E731 (no .grad to accumulate)
-        step()
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        once = (time.perf_counter() - t0) * 1e3
-        return gpu_ms(step, calls=max(3, min(50, int(rep / max(once, 1e-3)))), reps=5)
+        # autograd.grad: no .grad to accumulate between calls
+        return gpu_ms(lambda: torch.autograd.grad(fn(*leaves), leaves, do), reps=5, budget_ms=rep)
 
     def step():
         fn(*leaves).backward(do)
@@ -162,12 +156,12 @@ def _fits(op: str, B: int, T: int, H: int, budget: float) -> bool:
     return el * per * 2 < budget
 
 
-def _header(extra: str = "") -> dict:
+def _header(extra: str = "", timing: str = "wall") -> dict:
     import triton
     mm, bw = _peaks()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": str(datetime.date.today()), "dtype": "bf16", "matmul_peak": mm, "bandwidth": bw,
-            "timing": TIMING[0]}
+            "timing": timing}
     try:
         import fla
         meta["fla"] = getattr(fla, "__version__", "?")
@@ -185,7 +179,7 @@ def _dump(path: str | None, meta: dict, rows: list) -> None:
 
 
 def matrix(a) -> None:
-    meta = _header()
+    meta = _header(timing=a.timing)
     mm, bw = meta["matmul_peak"], meta["bandwidth"]
     budget = torch.cuda.get_device_properties(0).total_memory * 0.8
     rows = _resumed(a.resume)
@@ -206,13 +200,13 @@ def matrix(a) -> None:
                 ins = mk()
                 row = {"B": B, "H": H, "T": T, "op": op, "floor_ms": floor}
                 try:
-                    row["ours_ms"] = _fwd_bwd_ms(ours, [t.clone() for t in ins], a.rep)
+                    row["ours_ms"] = _fwd_bwd_ms(ours, [t.clone() for t in ins], a.rep, a.timing)
                 except Exception as e:
                     row["ours_error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 row["layout"] = _layout_of(op, B, T, H)
                 if fla is not None and "fla" not in a.skip:
                     try:
-                        row["fla_ms"] = _fwd_bwd_ms(fla, [t.clone() for t in ins], a.rep)
+                        row["fla_ms"] = _fwd_bwd_ms(fla, [t.clone() for t in ins], a.rep, a.timing)
                     except Exception as e:  # an anchor failing must not hide our numbers
                         row["fla_error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 del ins
@@ -228,7 +222,7 @@ def matrix(a) -> None:
             if "sdpa" not in a.skip and (B, H, T, "sdpa") not in done and B * H * T * T * 128 * 4 * 3.5 / mm < 1.0:
                 q, k, v = (torch.randn(B, H, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 ms = _fwd_bwd_ms(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                                 [q, k, v], a.rep)
+                                 [q, k, v], a.rep, a.timing)
                 rows.append({"B": B, "H": H, "T": T, "op": "sdpa", "ours_ms": ms})
                 print(f"| {B}x{H} | {T} | sdpa (causal, D=128) | {ms:.3f} ||||| ", flush=True)
                 del q, k, v
@@ -333,7 +327,7 @@ def sweep(a) -> None:
     """Every candidate layout of ours per cell: the measurement behind ops.tuning's rule."""
     from ops import tuning
     from ops.testing import SCAN, force_plan
-    meta = _header("(sweep)")
+    meta = _header("(sweep)", a.timing)
     budget = torch.cuda.get_device_properties(0).total_memory * 0.8
     rows = []
     for op in a.ops:
@@ -353,7 +347,7 @@ def sweep(a) -> None:
                     sc = SCAN if s == 1 else math.ceil(nc / s)
                     with force_plan(seg_chunks=sc, launch=a.launch):
                         try:
-                            res[s] = _fwd_bwd_ms(ours, [t.clone() for t in ins], a.rep)
+                            res[s] = _fwd_bwd_ms(ours, [t.clone() for t in ins], a.rep, a.timing)
                         except Exception as e:
                             print(f"# {op} {B}x{H} T={T} S={s}: {type(e).__name__}: {str(e)[:150]}", flush=True)
                 rule = tuning.plan(kind, B, H, T, 256 if op == "nodecay" else 128, 128, torch.device("cuda"), False)
@@ -517,7 +511,6 @@ def main() -> None:
                          "GPU's time), or the GPU's time alone with the host's launch work hidden (as in a "
                          "training step, where the host runs ahead)")
     a = ap.parse_args()
-    TIMING[0] = a.timing
     if a.resources:
         return resources(a)
     if not torch.cuda.is_available():

@@ -45,15 +45,17 @@ def _auto_triton(op: str) -> bool:
     return op == "lightning_attn" or get_config().gla_triton
 
 
+# the widest heads (Dk, Dv) the Triton kernels take: measured on an H100 (fwd+bwd, bf16, with an initial
+# state, against the float64 twin); wider heads ask for more than the 227 KiB of shared memory a block may
+# use there (GLA at Dk = Dv = 256: 228 KiB; docs/kernels.md, Head widths)
+TRITON_MAX_WIDTHS = {"lightning_attn": (256, 256), "gated_linear_attn": (512, 128)}
+
+
 def triton_fits(op: str, k_width: int, v_width: int) -> bool:
-    """Whether the Triton kernels take heads this wide (key width Dk, value width Dv). The walks hold a
-    whole head's key or value dimension in one program's tiles: measured on an H100 (fwd+bwd, bf16, with
-    an initial state, against the float64 twin), lightning runs up to Dk = Dv = 256 and gated_linear_attn
-    up to Dk = 512 at Dv <= 128; wider heads ask for more than the 227 KiB of shared memory a block may
-    use there (GLA at Dk = Dv = 256: 228 KiB; docs/kernels.md, Head widths)."""
-    if op == "lightning_attn":
-        return k_width <= 256 and v_width <= 256
-    return v_width <= 128 and k_width <= 512
+    """Whether the Triton kernels take heads this wide (key width Dk, value width Dv): the walks hold a
+    whole head's key or value dimension in one program's tiles (`TRITON_MAX_WIDTHS`)."""
+    max_k, max_v = TRITON_MAX_WIDTHS[op]
+    return k_width <= max_k and v_width <= max_v
 
 
 _WARNED: set[tuple[str, int, int]] = set()
@@ -61,10 +63,10 @@ _WARNED: set[tuple[str, int, int]] = set()
 
 def _too_wide(op: str, q: Tensor, v: Tensor) -> str:
     K, V = q.shape[-1], v.shape[-1]
-    return (f"{op}: heads of Dk = {K}, Dv = {V} are wider than the Triton kernels take (lightning_attn: "
-            f"Dk, Dv <= 256; gated_linear_attn: Dk <= 512, Dv <= 128; docs/kernels.md, "
-            f"Head widths). Use more, narrower heads (n_heads, so that d_model / n_heads fits), or "
-            f"impl='chunked' (the PyTorch twin: runs at any width, tens of times slower)")
+    limits = "; ".join(f"{name}: Dk <= {mk}, Dv <= {mv}" for name, (mk, mv) in TRITON_MAX_WIDTHS.items())
+    return (f"{op}: heads of Dk = {K}, Dv = {V} are wider than the Triton kernels take ({limits}; "
+            f"docs/kernels.md, Head widths). Use more, narrower heads (n_heads, so that d_model / n_heads "
+            f"fits), or impl='chunked' (the PyTorch twin: runs at any width, tens of times slower)")
 
 
 def _resolve(op: str, impl: str | None, q: Tensor, v: Tensor) -> Impl:

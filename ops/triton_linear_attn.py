@@ -229,11 +229,6 @@ def _contig(*xs):
     return tuple(None if x is None else x.contiguous() for x in xs)
 
 
-def _timer(fn) -> float:
-    """The autotuner's measure: the GPU's median time of fn, launch work hidden (`tuning.gpu_ms`)."""
-    return tuning.gpu_ms(fn)
-
-
 # ----------------------------------------------------------------------------------------------------
 # lightning attention
 # ----------------------------------------------------------------------------------------------------
@@ -257,9 +252,9 @@ def _lightning_fwd_impl(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None,
 
     def measure(p):
         do = torch.randn_like(v)
-        return _timer(lambda: _lightning_backward(q, k, v, log_lam, h0, None,
-                                                  _lightning_forward(q, k, v, log_lam, h0, cu, N, T, p)[2],
-                                                  do, cu, N, T, p))
+        return tuning.gpu_ms(lambda: _lightning_backward(q, k, v, log_lam, h0, None,
+                                                         _lightning_forward(q, k, v, log_lam, h0, cu, N, T, p)[2],
+                                                         do, cu, N, T, p))
     plan = _plan("lightning", q, v, N, T, cu_seqlens is not None, measure)
     o, ht, Hs = _lightning_forward(q, k, v, log_lam, h0, cu, N, T, plan)
     return o, ht, Hs, _seg_marker(q, plan)
@@ -493,7 +488,7 @@ def _gla_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
         def run():
             _, _, A, tame, Hs = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, p)
             _gla_backward(q, k, v, g, h0, A, tame, Hs, do, None, cu, N, T, chunks, p)
-        return _timer(run)
+        return tuning.gpu_ms(run)
     plan = _plan("gla", q, v, N, T, cu_seqlens is not None, measure)
     o, ht, A, tame, Hs = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan)
     table = chunks[1] if chunks[1] is not None else q.new_empty((0, 2), dtype=torch.int32)

@@ -196,39 +196,43 @@ def _calibrate() -> float:
     return 10_000_000 / max(s.elapsed_time(e), 1e-3)
 
 
-def gpu_ms(fn: Callable[[], object], calls: int = 1, reps: int = 3) -> float:
+def gpu_ms(fn: Callable[[], object], calls: int = 1, reps: int = 3, budget_ms: float | None = None) -> float:
     """Median GPU time (ms) of one call of `fn`, with the host's launch work hidden: each batch of
-    `calls` calls is enqueued behind a `torch.cuda._sleep`, so the CUDA events around the batch time the
-    GPU only. A batch counts only if the GPU was still asleep when the host had enqueued all of it
-    (else the sleep doubles and the batch runs again). A training step sees this time (its host runs
-    ahead of the GPU); a lone call's wall time is the larger of it and the host's time per call."""
+    `calls` calls (with `budget_ms`: as many as take about that long, 3 to 50) is enqueued behind a
+    `torch.cuda._sleep`, so the CUDA events around the batch time the GPU only. A batch counts only if
+    the GPU was still asleep when the host had enqueued all of it (else the sleep doubles and the batch
+    runs again). A training step sees this time (its host runs ahead of the GPU); a lone call's wall time
+    is the larger of it and the host's time per call."""
     if not _CYCLES_PER_MS:
         _CYCLES_PER_MS.append(_calibrate())
+    fn()  # first use: compilation, plans, caches
+    t0 = time.perf_counter()
     fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    once_ms = (time.perf_counter() - t0) * 1e3  # the larger of the host's and the GPU's time
+    if budget_ms is not None:
+        calls = max(3, min(50, int(budget_ms / max(once_ms, 1e-3))))
+    sleep_ms, times, retries = 2 * calls * once_ms + 1, [], 0
+    while len(times) < reps:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(_CYCLES_PER_MS[0] * sleep_ms))
+        s.record()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        sleep_ms = 2 * (time.perf_counter() - t0) * 1e3 + 1
-        torch.cuda.synchronize()
-        for _ in range(10):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(int(_CYCLES_PER_MS[0] * sleep_ms))
-            s.record()
-            for _ in range(calls):
-                fn()
-            e.record()
-            hidden = not s.query()  # the GPU had not reached the batch when the host finished it
-            e.synchronize()
-            if hidden:
-                break
-            sleep_ms *= 2
-        else:
+        host_ms = (time.perf_counter() - t0) * 1e3
+        e.record()
+        hidden = not s.query()  # the GPU had not reached the batch when the host finished it
+        e.synchronize()
+        if hidden:
+            times.append(s.elapsed_time(e) / calls)
+            sleep_ms = 2 * host_ms + 1
+            continue
+        retries += 1
+        if retries > 10:
             raise RuntimeError("gpu_ms: the host never finished enqueuing before the GPU woke (a call "
                                "that synchronises with the GPU cannot be timed this way)")
-        times.append(s.elapsed_time(e) / calls)
+        sleep_ms *= 2
     return sorted(times)[len(times) // 2]
 
 
