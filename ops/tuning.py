@@ -200,8 +200,8 @@ def gpu_ms(fn: Callable[[], object], calls: int = 1, reps: int = 3, budget_ms: f
     """Median GPU time (ms) of one call of `fn`, with the host's launch work hidden: each batch of
     `calls` calls (with `budget_ms`: as many as take about that long, 3 to 50) is enqueued behind a
     `torch.cuda._sleep`, so the CUDA events around the batch time the GPU only. A batch counts only if
-    the GPU was still asleep when the host had enqueued all of it (else the sleep doubles and the batch
-    runs again). A training step sees this time (its host runs ahead of the GPU); a lone call's wall time
+    the GPU was still asleep when the host had enqueued all of it (else the batch runs again behind a sleep
+    twice as long, and every later sleep keeps that factor). A training step sees this time (its host runs ahead of the GPU); a lone call's wall time
     is the larger of it and the host's time per call."""
     if not _CYCLES_PER_MS:
         _CYCLES_PER_MS.append(_calibrate())
@@ -212,10 +212,12 @@ def gpu_ms(fn: Callable[[], object], calls: int = 1, reps: int = 3, budget_ms: f
     once_ms = (time.perf_counter() - t0) * 1e3  # the larger of the host's and the GPU's time
     if budget_ms is not None:
         calls = max(3, min(50, int(budget_ms / max(once_ms, 1e-3))))
-    sleep_ms, times, retries = 2 * calls * once_ms + 1, [], 0
+    # scale: how much longer than nominal a sleep must be to hide the host (a stale clock calibration, a
+    # slow host); it only grows, so a batch run again behind a longer sleep does not fall back afterwards
+    sleep_ms, scale, times, fails = 2 * calls * once_ms + 1, 1.0, [], 0
     while len(times) < reps:
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(_CYCLES_PER_MS[0] * sleep_ms))
+        torch.cuda._sleep(int(_CYCLES_PER_MS[0] * sleep_ms * scale))
         s.record()
         t0 = time.perf_counter()
         for _ in range(calls):
@@ -226,13 +228,13 @@ def gpu_ms(fn: Callable[[], object], calls: int = 1, reps: int = 3, budget_ms: f
         e.synchronize()
         if hidden:
             times.append(s.elapsed_time(e) / calls)
-            sleep_ms = 2 * host_ms + 1
+            sleep_ms, fails = 2 * host_ms + 1, 0
             continue
-        retries += 1
-        if retries > 10:
+        fails += 1
+        if fails > 10:  # 1024 times the nominal sleep in a row
             raise RuntimeError("gpu_ms: the host never finished enqueuing before the GPU woke (a call "
                                "that synchronises with the GPU cannot be timed this way)")
-        sleep_ms *= 2
+        scale *= 2
     return sorted(times)[len(times) // 2]
 
 

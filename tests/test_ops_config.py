@@ -153,3 +153,78 @@ def test_autotune_times_candidates_once_and_caches_per_gpu(monkeypatch, tmp_path
     tuning._PLANS.clear()
     with pytest.raises(ValueError, match="kernel tuning cache"):
         tuning.plan(*args, measure=measure)
+
+
+class _FakeGpu:
+    """A CUDA stream and a host clock in simulated milliseconds, enough for `tuning.gpu_ms`: the GPU runs
+    the enqueued work in order (a `_sleep` of c cycles takes c / cycles_per_ms), an event completes when
+    the GPU reaches it, and the host advances only by the work its calls do (or by waiting on the GPU)."""
+
+    def __init__(self, cycles_per_ms: float):
+        self.cycles_per_ms, self.now, self.free_at = cycles_per_ms, 0.0, 0.0
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = max(fake.free_at, fake.now)
+
+            def query(self):
+                return fake.now >= self.t
+
+            def synchronize(self):
+                fake.now = max(fake.now, self.t)
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+        self.Event = Event
+
+    def _sleep(self, cycles: int) -> None:
+        self.run(cycles / self.cycles_per_ms)
+
+    def run(self, ms: float) -> None:  # enqueue work that takes the GPU ms
+        self.free_at = max(self.free_at, self.now) + ms
+
+    def synchronize(self) -> None:
+        self.now = max(self.now, self.free_at)
+
+    def perf_counter(self) -> float:
+        return self.now / 1e3
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    import types
+    gpu = _FakeGpu(cycles_per_ms=1.98e6)
+    cuda = types.SimpleNamespace(Event=gpu.Event, _sleep=gpu._sleep, synchronize=gpu.synchronize)
+    monkeypatch.setattr(tuning, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(tuning, "time", types.SimpleNamespace(perf_counter=gpu.perf_counter))
+    monkeypatch.setattr(tuning, "_CYCLES_PER_MS", [])
+    return gpu
+
+
+def test_gpu_ms_hides_the_host_even_with_a_stale_clock_calibration(fake_gpu):
+    """gpu_ms on a simulated stream: a call of 5 ms host work around 0.02 ms of GPU work times as 0.02 ms,
+    with the sleep calibrated right and calibrated 50x too low (as at idle clocks: every first sleep too short
+    to hide the host, so those batches must run again behind longer ones, not count); a GPU-bound call
+    times as its GPU work; a call that waits for the GPU can never be hidden and is refused."""
+    def host_bound():
+        fake_gpu.now += 5.0
+        fake_gpu.run(0.02)
+
+    def gpu_bound():
+        fake_gpu.now += 0.01
+        fake_gpu.run(3.0)
+    assert tuning.gpu_ms(host_bound, calls=4) == pytest.approx(0.02)
+    assert tuning._CYCLES_PER_MS == [pytest.approx(1.98e6)]  # calibrated on the stream
+    assert tuning.gpu_ms(gpu_bound) == pytest.approx(3.0)
+    tuning._CYCLES_PER_MS[:] = [1.98e6 / 50]
+    assert tuning.gpu_ms(host_bound, calls=4, reps=5) == pytest.approx(0.02)
+
+    def synchronising():
+        host_bound()
+        fake_gpu.synchronize()
+    with pytest.raises(RuntimeError, match="never finished enqueuing"):
+        tuning.gpu_ms(synchronising)
