@@ -197,13 +197,22 @@ def _store_half(ptr, x, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, off
 
 
 @triton.jit
-def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
+def _store_diag(att, d, bos, rows, L, i_h, H: tl.constexpr):
+    """att[rows] <- the diagonal of the square tile d: do_t . v_t of dA = do v^T, which `gla_dg_kernel`
+    adds to dq and dk (one fp32 per token and head, instead of do and v read again)."""
+    n = tl.arange(0, d.shape[0])
+    tl.store(att + (bos + rows) * H + i_h, tl.sum(tl.where(n[:, None] == n[None, :], d, 0.), axis=1),
+             mask=rows < L)
+
+
+@triton.jit
+def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, H); only for tame chunks (the others return at once: `gla_dqk_sub_kernel`).
     Writes their intra-chunk dq, dk (fp32), to which the dq / dk scans then add the inter-chunk parts,
     in the forms of `gla_A_tame_kernel` (same references), with dA = do v^T strictly below the diagonal
-    (the i == j terms: see gla_dg_kernel). Flag 2: dq = exp(b - r) (dA (k exp(r - b))),
+    (the i == j terms: see gla_dg_kernel; their weights do_t . v_t go to att). Flag 2: dq = exp(b - r) (dA (k exp(r - b))),
     dk = exp(r - b) (dA^T (q exp(b - r))). Flag 1, by half blocks:
         dq0 = exp(b0 - r0) (dA00 (k0 exp(r0 - b0)))
         dq1 = exp(b1 - r1) (dA11 (k1 exp(r1 - b1))) + exp(b1 - rB) (dA10 (k0 exp(rB - b0)))
@@ -225,7 +234,9 @@ def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT, TAME_S
         strict = tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]
         b_do = _tile(do, bos, rows, L, i_h, H, V, offs_v, vmask)
         b_v = _tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)
-        dA = tl.where(strict, tl.dot(b_do, tl.trans(b_v), input_precision=PREC), 0.)
+        dA = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
+        _store_diag(att, dA, bos, rows, L, i_h, H)
+        dA = tl.where(strict, dA, 0.)
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
@@ -243,8 +254,12 @@ def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT, TAME_S
         do1 = _tile(do, bos, rows1, L, i_h, H, V, offs_v, vmask)
         v0 = _tile(v, bos, rows0, L, i_h, H, V, offs_v, vmask)
         v1 = _tile(v, bos, rows1, L, i_h, H, V, offs_v, vmask)
-        dA00 = tl.where(strict, tl.dot(do0, tl.trans(v0), input_precision=PREC), 0.)
-        dA11 = tl.where(strict, tl.dot(do1, tl.trans(v1), input_precision=PREC), 0.)
+        dA00 = tl.dot(do0, tl.trans(v0), input_precision=PREC)
+        dA11 = tl.dot(do1, tl.trans(v1), input_precision=PREC)
+        _store_diag(att, dA00, bos, rows0, L, i_h, H)
+        _store_diag(att, dA11, bos, rows1, L, i_h, H)
+        dA00 = tl.where(strict, dA00, 0.)
+        dA11 = tl.where(strict, dA11, 0.)
         dA10 = tl.dot(do1, tl.trans(v0), input_precision=PREC)
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
@@ -305,7 +320,7 @@ def _dg_x(q, k, dq, dk, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, off
 
 
 @triton.jit
-def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, anc_h, anc_dh, cu, chunks, T, AC, NA,
+def gla_dg_kernel(q, k, att, dq, dk, dg, dgx, dkx, dq_out, dk_out, anc_h, anc_dh, cu, chunks, T, AC, NA,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, HAS_DS: tl.constexpr, ANCHOR: tl.constexpr, VARLEN: tl.constexpr):
     """grid (cdiv(K, BK), H, runs): d log_f of one run of AC chunks, anchored at its end. Dense input:
@@ -320,7 +335,7 @@ def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, anc_h, anc_
     the rest of the sequence, whose terms cancel while their rounding errors add up with T; so the error
     stays that of AC chunks at any T. S_e and G_e come from the dq and dk walks (`anchor_block`; the
     dk walks' gradient holds no part of the final state's). Then adds (do_t . v_t) k_t, (do_t . v_t) q_t
-    and writes dq, dk. With a gradient on the final state (HAS_DS), its terms come from
+    (do_t . v_t from att, stored by the intra-chunk kernels) and writes dq, dk. With a gradient on the final state (HAS_DS), its terms come from
     `gla_state_grad_kernel`: d log_f's directly (dgx) and dk's (dkx), added here after the sum."""
     pid = tl.program_id(2)
     if VARLEN:
@@ -355,11 +370,7 @@ def gla_dg_kernel(q, k, v, do, dq, dk, dg, dgx, dkx, dq_out, dk_out, anc_h, anc_
                 b_dg += tl.load(dgx + p, mask=m, other=0.)
                 b_dk += tl.load(dkx + p, mask=m, other=0.)
             tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
-            rmask = (rows < L)[:, None]
-            pv = ((bos + rows) * H + i_h)[:, None] * V + offs_v[None, :]
-            mv = rmask & vmask[None, :]
-            a_tt = tl.sum(tl.load(do + pv, mask=mv, other=0.).to(tl.float32)
-                          * tl.load(v + pv, mask=mv, other=0.).to(tl.float32), axis=1)[:, None]
+            a_tt = tl.load(att + (bos + rows) * H + i_h, mask=rows < L, other=0.)[:, None]
             tl.store(dq_out + p, (b_dq + a_tt * b_k).to(dq_out.dtype.element_ty), mask=m)
             tl.store(dk_out + p, (b_dk + a_tt * b_q).to(dk_out.dtype.element_ty), mask=m)
 
@@ -503,7 +514,7 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: t
 
 
 @triton.jit
-def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
+def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        BV: tl.constexpr, LOG_BT: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, cdiv(K, BK), H); only for chunks that are not tame. The intra-chunk dq, dk (fp32) of
@@ -511,7 +522,8 @@ def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
     diagonal (the i == j terms: see gla_dg_kernel), per level l (dA_l: dA on the level's pairs)
         dq += f_q (dA_l (k f_k))        dk += f_k (dA_l^T (q f_q))
     two tensor-core products per level sharing its factors, every factor <= 1 whatever the gates. dA is
-    formed here per key block (a bf16 product, [BT, BT]) rather than read back from memory."""
+    formed here per key block (a bf16 product, [BT, BT]) rather than read back from memory; the first key
+    block's programs store its diagonal into att, as `gla_dqk_tame_kernel`."""
     i_kb = tl.program_id(1)
     level, i_h, bos, L, t0 = _level_chunk(chunks, tame, cu, T, NT, H, BT, VARLEN, 2)
     if level:
@@ -523,6 +535,8 @@ def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, tame, cu, chunks, T, NT,
             vmask = offs_v < V
             dA += tl.dot(_tile(do, bos, rows, L, i_h, H, V, offs_v, vmask),
                          tl.trans(_tile(v, bos, rows, L, i_h, H, V, offs_v, vmask)), input_precision=PREC)
+        if i_kb == 0:
+            _store_diag(att, dA, bos, rows, L, i_h, H)
         dA = _tf32(tl.where(idx[:, None] > idx[None, :], dA, 0.), PREC)  # rounded once for every level
         dAt = tl.trans(dA)  # the level masks are symmetric: one transpose serves them all
         offs_k = i_kb * BK + tl.arange(0, BK)

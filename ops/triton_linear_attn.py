@@ -437,12 +437,13 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     ct, cs = plan.launch["dqk"], plan.launch["dqk_sub"]
     tab, NT, vl = table if table is not None else cu, _cdiv(T, BT), table is not None
     bc, _ = _gla_cumsum(g, cu, T, chunks, tame)
+    att = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)  # do_t . v_t
     launch(gla_dqk_tame_kernel, (n_chunks, H),
-        q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
+        q, k, v, bc, do, dq, dk, att, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
         BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
     bks = min(cs["block"], _np2(K))
     launch(gla_dqk_sub_kernel, (n_chunks, _cdiv(K, bks), H),
-        q, k, v, bc, do, dq, dk, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BK=bks, BV=min(64, _np2(V)),
+        q, k, v, bc, do, dq, dk, att, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BK=bks, BV=min(64, _np2(V)),
         LOG_BT=LOG_BT, VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # d log_f's anchors: the state and its gradient at every AC-th chunk boundary, stored by the dq / dk
     # walks (one slot per AC * BT tokens of the whole batch; see anchor_block)
@@ -469,7 +470,7 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     anc_h, anc_dh = anchors[:2] if anchors is not None else (_dummy(q), _dummy(q))
     NA = _cdiv(_cdiv(T, BT), AC)  # runs per sequence (dense input)
     launch(gla_dg_kernel, (_cdiv(K, bkg), H, N * NA if table is None else n_chunks),
-        q, k, v, do, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
+        q, k, att, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
         dq_out, dk_out, anc_h, anc_dh, cu, table if table is not None else cu, T, AC, NA, H=H, K=K, V=V,
         BT=BT, BK=bkg, BV=_np2(V), HAS_DS=dgx is not None, ANCHOR=anchors is not None,
         VARLEN=table is not None, **_kw(cg))
