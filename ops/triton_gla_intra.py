@@ -212,7 +212,8 @@ def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT, T
     """grid (chunks, H); only for tame chunks (the others return at once: `gla_dqk_sub_kernel`).
     Writes their intra-chunk dq, dk (fp32), to which the dq / dk scans then add the inter-chunk parts,
     in the forms of `gla_A_tame_kernel` (same references), with dA = do v^T strictly below the diagonal
-    (the i == j terms: see gla_dg_kernel; their weights do_t . v_t go to att). Flag 2: dq = exp(b - r) (dA (k exp(r - b))),
+    (the i == j terms: see gla_dg_kernel; their weights do_t . v_t go to att).
+    Flag 2: dq = exp(b - r) (dA (k exp(r - b))),
     dk = exp(r - b) (dA^T (q exp(b - r))). Flag 1, by half blocks:
         dq0 = exp(b0 - r0) (dA00 (k0 exp(r0 - b0)))
         dq1 = exp(b1 - r1) (dA11 (k1 exp(r1 - b1))) + exp(b1 - rB) (dA10 (k0 exp(rB - b0)))
@@ -335,7 +336,8 @@ def gla_dg_kernel(q, k, att, dq, dk, dg, dgx, dkx, dq_out, dk_out, anc_h, anc_dh
     the rest of the sequence, whose terms cancel while their rounding errors add up with T; so the error
     stays that of AC chunks at any T. S_e and G_e come from the dq and dk walks (`anchor_block`; the
     dk walks' gradient holds no part of the final state's). Then adds (do_t . v_t) k_t, (do_t . v_t) q_t
-    (do_t . v_t from att, stored by the intra-chunk kernels) and writes dq, dk. With a gradient on the final state (HAS_DS), its terms come from
+    (do_t . v_t from att, stored by the intra-chunk kernels) and writes dq, dk. With a gradient on the
+    final state (HAS_DS), its terms come from
     `gla_state_grad_kernel`: d log_f's directly (dgx) and dk's (dkx), added here after the sum."""
     pid = tl.program_id(2)
     if VARLEN:

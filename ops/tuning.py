@@ -203,8 +203,8 @@ def gpu_ms(fn: Callable[[], object], calls: int = 1, reps: int = 3, budget_ms: f
     `calls` calls (with `budget_ms`: as many as take about that long, 3 to 50) is enqueued behind a
     `torch.cuda._sleep`, so the CUDA events around the batch time the GPU only. A batch counts only if
     the GPU was still asleep when the host had enqueued all of it (else the batch runs again behind a sleep
-    twice as long, and every later sleep keeps that factor). A training step sees this time (its host runs ahead of the GPU); a lone call's wall time
-    is the larger of it and the host's time per call."""
+    twice as long, and every later sleep keeps that factor). A training step sees this time (its host runs
+    ahead of the GPU); a lone call's wall time is the larger of it and the host's time per call."""
     if not _CYCLES_PER_MS:
         _CYCLES_PER_MS.append(_calibrate())
     fn()  # first use: compilation, plans, caches
