@@ -7,6 +7,7 @@
     python launch/bench_kernels.py --profile --shape 1x12 --T 8192 --ops gla1
     python launch/bench_kernels.py --resources                          # no GPU: sm_90 compile of every kernel
     python launch/bench_kernels.py --host --shapes 1x12 --T 2048 8192 --ops gla1 la0   # host (CPU) time per call
+    python launch/bench_kernels.py --launches variants.json --timing gpu --ops gla16   # launch configs vs defaults
 
 --matrix: shapes (batch x heads) 1x12, 2x12, 1x32, 4x16, 16x12 (head width 128; cos2's keys 256) x T x ops
     la0 / laL  lightning_attn with TNL's layer-0 / last-layer decays (32 layers)   anchor fla chunk_lightning_attn
@@ -361,6 +362,33 @@ def sweep(a) -> None:
                 _dump(a.json, meta, rows)
 
 
+def launches(a) -> None:
+    """Launch-config variants against the defaults, in one process: `--launches FILE` holds
+    {name: {kernel: {key: value}}}; every variant (and the defaults, as 'default') is timed per cell with
+    the default layout. Writes {cell: {variant: ms}} to --json."""
+    from ops.testing import force_plan
+    variants = {"default": {}, **json.loads(Path(a.launches).read_text())}
+    meta = _header("(launch variants)", a.timing)
+    budget = torch.cuda.get_device_properties(0).total_memory * 0.8
+    res: dict[str, dict[str, float]] = {}
+    for B, H in a.shapes:
+        for T in a.T:
+            for op in a.ops:
+                if not _fits(op, B, T, H, budget):
+                    continue
+                mk, ours, *_ = _case(op, B, T, H)
+                ins = mk()
+                cell = res.setdefault(f"{B}x{H} T{T} {op}", {})
+                for name, over in variants.items():
+                    with force_plan(launch=over):
+                        cell[name] = _fwd_bwd_ms(ours, [t.clone() for t in ins], a.rep, a.timing)
+                    print(f"| {B}x{H} | {T} | {op} | {name} | {cell[name]:.4f} | "
+                          f"{cell[name] / cell['default']:.3f} |", flush=True)
+                del ins
+                if a.json:
+                    Path(a.json).write_text(json.dumps({"meta": meta, "cells": res}, indent=1))
+
+
 def warmup(a) -> None:
     """Run each op once per layout at a small T, compiling every kernel variant into the Triton cache
     (run several of these in parallel processes: the first compile is what takes long)."""
@@ -497,6 +525,9 @@ def main() -> None:
     mode.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours at the first shape and T")
     mode.add_argument("--resources", action="store_true", help="sm_90 compile of every kernel (no GPU needed)")
     mode.add_argument("--host", action="store_true", help="host (CPU) time per fwd+bwd: launches, Python profile")
+    mode.add_argument("--launches", default=None, metavar="FILE",
+                    help="time the launch-config variants of this JSON file {name: {kernel: {key: value}}} "
+                         "against the defaults, per cell, in one process (ours only)")
     ap.add_argument("--shapes", type=_shape, nargs="+", default=SHAPES, metavar="BxH")
     ap.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 32768, 65536])
     ap.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
@@ -525,6 +556,8 @@ def main() -> None:
         return profile(a)
     if a.host:
         return host(a)
+    if a.launches:
+        return launches(a)
     return matrix(a)
 
 

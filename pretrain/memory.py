@@ -8,7 +8,8 @@ the slopes of measured peaks over the tokens of a micro-batch (compiled, bf16 au
 constants the least that keeps the estimate at or above every measured peak of 410m and 1B from 8K to 64K
 tokens. A recomputed block's activations add nothing to the peak: the backward reaches the checkpointed
 blocks after it has freed the kept activations above them and the loss's buffers.
-tests/test_train_long_context.py holds the measured peaks and checks the estimate against them; docs/training.md, Long context, the method.
+tests/test_train_long_context.py holds the measured peaks and checks the estimate against them;
+docs/training.md, Long context, the method.
 """
 from __future__ import annotations
 
