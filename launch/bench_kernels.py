@@ -4,7 +4,7 @@
     python launch/bench_kernels.py --matrix --timing gpu --shapes 1x12 --T 2048   # GPU time, host work hidden
     python launch/bench_kernels.py --sweep [--json sweep.json]        # every layout of ours per cell
     python launch/bench_kernels.py --warmup --ops la gla               # compile into the Triton cache
-    python launch/bench_kernels.py --profile --shape 1x12 --T 8192 --ops gla1
+    python launch/bench_kernels.py --profile --shapes 1x12 --T 8192 --ops gla1   # per-kernel time, ours and fla
     python launch/bench_kernels.py --resources                          # no GPU: sm_90 compile of every kernel
     python launch/bench_kernels.py --host --shapes 1x12 --T 2048 8192 --ops gla1 la0   # host (CPU) time per call
     python launch/bench_kernels.py --launches variants.json --timing gpu --ops gla16   # launch configs vs defaults
@@ -405,28 +405,44 @@ def warmup(a) -> None:
 
 
 def profile(a) -> None:
+    """Per-kernel CUDA time of one fwd+bwd (torch profiler, mean of 10 calls) for ours and fla, at every
+    shape, T and op given: which kernels take the time, side by side with the anchor's."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof_ctx
-    _header("(profile)")
-    B, H = a.shapes[0]
-    for op in a.ops:
-        mk, ours, *_ = _case(op, B, a.T[0], H)
-        inputs = [t.requires_grad_(True) for t in mk()]
-        out = ours(*inputs)
-        do = torch.randn_like(out)
-        for _ in range(3):
-            ours(*inputs).backward(do)
-        torch.cuda.synchronize()
-        n = 10
-        with prof_ctx(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(n):
-                ours(*inputs).backward(do)
-            torch.cuda.synchronize()
-        print(f"## {op} {B}x{H} T={a.T[0]}: CUDA time per fwd+bwd (mean of {n})")
-        rows = sorted(((e.key, e.self_device_time_total / n / 1e3) for e in prof.key_averages()), key=lambda r: -r[1])
-        for key, ms in rows[:16]:
-            print(f"  {ms:8.3f} ms  {key[:90]}")
-        print(f"  {sum(ms for _, ms in rows):8.3f} ms  total", flush=True)
+    meta = _header("(profile)")
+    out = []
+    for B, H in a.shapes:
+        for T in a.T:
+            for op in a.ops:
+                mk, ours, fla, *_ = _case(op, B, T, H)
+                ins = mk()
+                for name, fn in (("ours", ours), ("fla", fla)):
+                    if fn is None or (name == "fla" and "fla" in a.skip):
+                        continue
+                    inputs = [t.clone().requires_grad_(True) for t in ins]
+                    do = torch.randn_like(fn(*inputs))
+                    for _ in range(3):
+                        torch.autograd.grad(fn(*inputs), inputs, do)
+                    torch.cuda.synchronize()
+                    n = 10
+                    with prof_ctx(activities=[ProfilerActivity.CUDA]) as prof:
+                        for _ in range(n):
+                            torch.autograd.grad(fn(*inputs), inputs, do)
+                        torch.cuda.synchronize()
+                    rows = sorted(((e.key, e.self_device_time_total / n / 1e3, e.count / n)
+                                   for e in prof.key_averages() if e.self_device_time_total > 0), key=lambda r: -r[1])
+                    total = sum(ms for _, ms, _ in rows)
+                    print(f"## {op} {name} {B}x{H} T={T}: CUDA time per fwd+bwd (mean of {n}), "
+                          f"{sum(c for *_, c in rows):.0f} kernels", flush=True)
+                    for key, ms, cnt in rows[:18]:
+                        print(f"  {ms:8.4f} ms  x{cnt:4.1f}  {key[:90]}")
+                    print(f"  {total:8.4f} ms  total", flush=True)
+                    out.append({"op": op, "impl": name, "B": B, "H": H, "T": T, "total_ms": total,
+                                "kernels": [{"name": k, "ms": ms, "calls": c} for k, ms, c in rows]})
+                    del inputs, do
+                    _dump(a.json, meta, out)
+                del ins
+                torch.cuda.empty_cache()
 
 
 def resources(a) -> None:
@@ -522,7 +538,7 @@ def main() -> None:
     mode.add_argument("--matrix", action="store_true", help="the benchmark matrix with fla and SDPA anchors")
     mode.add_argument("--sweep", action="store_true", help="time every candidate layout of ours per cell")
     mode.add_argument("--warmup", action="store_true", help="compile every kernel variant (both layouts), time nothing")
-    mode.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours at the first shape and T")
+    mode.add_argument("--profile", action="store_true", help="per-kernel CUDA time of ours and fla per shape, T and op")
     mode.add_argument("--resources", action="store_true", help="sm_90 compile of every kernel (no GPU needed)")
     mode.add_argument("--host", action="store_true", help="host (CPU) time per fwd+bwd: launches, Python profile")
     mode.add_argument("--launches", default=None, metavar="FILE",
