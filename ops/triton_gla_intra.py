@@ -1,26 +1,24 @@
 """Intra-chunk parts of gated linear attention (per-channel decay), in Triton.
 
 Inside a chunk the weight of key j for query i is sum_d q_id k_jd exp(b_id - b_jd) (b the cumulative
-log-decay from the chunk's start). Two forms, chosen per (chunk, head) by the chunk's gates
-(`_chunk_flag`):
+log-decay). Two forms, chosen per (chunk, head) by the chunk's gates (`gla_cumsum_kernel`):
   * tame chunks (in each 32-row half, no key channel decays by more than exp(-TAME_SPAN)): three
     tensor-core products per key block, one per block of the chunk's 2 x 2 half blocks on or below the
     diagonal. A diagonal half block factors exp(b_i - b_j) = exp(b_i - r) exp(r - b_j) with r per channel
     the middle of b's range over that half, so every factor lies within exp(+-TAME_SPAN / 2), far from
     fp32 overflow; the block of the second half's queries against the first half's keys takes r = b at
     the first half's last row, where both exponents are <= 0 whatever the gates
-    (`gla_A_kernel`, `gla_dqk_tame_kernel`);
+    (`gla_A_tame_kernel`, `gla_dqk_tame_kernel`);
   * the others (gates far below 0, flag 0): the pairs i > j split into levels by the highest bit in which
     their positions differ; a pair of level l has i in the upper and j in the lower half of one aligned
     block of 2^(l+1) rows, and exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j) with rho that lower
     half's last row, both factors <= 1 for any gates: one tensor-core product per level and key block
-    over the whole chunk (`gla_A_kernel`, `gla_dqk_sub_kernel`). Nothing overflows; tiny weights
+    over the whole chunk (`gla_A_sub_kernel`, `gla_dqk_sub_kernel`). Nothing overflows; tiny weights
     underflow to exactly 0.
-The forward's `gla_A_kernel` sums b, sets each chunk's flag and forms A [tokens, H, BT] (row = query,
-column = key position inside the chunk) by the flag's form, one program per chunk and head. In the
-backward each of the two `gla_dqk_*` kernels returns at once for the other kind, so every chunk is
-written by exactly one; they sum b again (bc, which the walks read: an fp32 copy of log f's size is not
-kept from the forward) and write the intra-chunk dq, dk (from dA = do v^T) into fp32 buffers, to which the walks of `ops.triton_scan`
+Each kernel's programs return at once for the other kind, so every chunk is written by exactly one.
+
+`gla_A_*` write A [tokens, H, BT] (row = query, column = key position inside the chunk); `gla_dqk_*`
+write the intra-chunk dq, dk (from dA = do v^T) into fp32 buffers, to which the walks of `ops.triton_scan`
 then add the inter-chunk parts. `gla_dg_kernel` turns dq, dk into d log_f via
 d log_f_s = sum_{t >= s} (q_t dq_t - k_t dk_t) (+ the final state's term), a reverse cumulative sum that
 involves no exponentials at all (the diagonal i == j terms, equal on both sides, are left out of it and
@@ -52,41 +50,40 @@ def _chunk_of(chunks, pid, T, NT, VARLEN: tl.constexpr):
 # A chunk is *tame* when in each of its 32-row halves no key channel decays by more than exp(-TAME_SPAN):
 # then each half's diagonal block of intra-chunk weights exp(b_i - b_j) may be formed as
 # exp(b_i - r) * exp(r - b_j) with r the middle of b's range over the half, every factor inside
-# exp(+-TAME_SPAN / 2), far from fp32 overflow (see _chunk_flag, _mid_range).
+# exp(+-TAME_SPAN / 2), far from fp32 overflow (see gla_cumsum_kernel, _mid_range).
 TAME_SPAN = 120.0
 
 
 @triton.jit
-def _chunk_b(g, bc, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask, base):
-    """b = base + the cumulative sum of log f over `rows` (fp32), stored into bc for the walks of
-    `ops.triton_scan` and returned with the log f tile. Padded rows hold b = 0, as a masked load of bc
-    would give them."""
-    gt = _tile(g, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    b = tl.where((rows < L)[:, None], tl.cumsum(gt, axis=0) + base, 0.)
-    _store_half(bc, b, bos, rows, L, i_h, H, K, offs_k, kmask)
-    return b, gt
-
-
-@triton.jit
-def _chunk_flag(g, bc, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                BK: tl.constexpr, TAME_SPAN: tl.constexpr):
-    """One pass over the chunk's key blocks: stores b (`_chunk_b`) and returns the chunk's flag: 2 when no
-    key channel decays by more than exp(-TAME_SPAN) across the whole chunk (one product per key block),
-    else 1 when that holds in each 32-row half (half-block products; every factor within
-    exp(+-TAME_SPAN / 2) either way), else 0 (the levels). A span is the decay from a block's first row
-    to its last, i.e. the gates of its other rows (padded rows load log f = 0)."""
-    idx = tl.arange(0, BT)[:, None]
-    inner = (idx % (BT // 2)) != 0
-    span_half = 0.
-    span_all = 0.
-    for kb in range(0, tl.cdiv(K, BK)):
-        offs_k = kb * BK + tl.arange(0, BK)
-        _, gt = _chunk_b(g, bc, bos, rows, L, i_h, H, K, offs_k, offs_k < K, 0.)
+def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                      BK: tl.constexpr, TAME_SPAN: tl.constexpr, SET_FLAGS: tl.constexpr, VARLEN: tl.constexpr):
+    """grid (chunks, H): bc = the cumulative log-decay from each chunk's start (fp32), for every chunk:
+    every later kernel (the intra-chunk products, the walks of `ops.triton_scan`, the two-level scan)
+    reads it instead of summing log f itself. Also classifies each (chunk, head) and writes the flag at
+    the chunk's first token (tame[token, head]): 2 when no key channel decays by more than exp(-TAME_SPAN)
+    across the whole chunk (the tame kernels' one product per key block), else 1 when that holds in each
+    32-row half (their half-block products; every factor within exp(+-TAME_SPAN / 2) either way), else 0
+    (the level kernels of flag 0)."""
+    i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
+    i_h = tl.program_id(1)
+    bos, eos = seq_bounds(cu, i_n, T, VARLEN)
+    rows = i_c * BT + tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
+    m = (rows < eos - bos)[:, None] & (offs_k < K)[None, :]
+    p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
+    gt = tl.load(g + p, mask=m, other=0.).to(tl.float32)
+    if SET_FLAGS:  # forward; the backward reads the forward's flags, so both passes agree
+        # a half's span: its decay from its first row to its last, i.e. the gates of its other rows
+        # (padded rows load log f = 0); the largest over the key channels and the two halves
+        idx = tl.arange(0, BT)[:, None]
+        inner = (idx % (BT // 2)) != 0
         s0 = tl.sum(tl.where(inner & (idx < BT // 2), gt, 0.), axis=0)
         s1 = tl.sum(tl.where(inner & (idx >= BT // 2), gt, 0.), axis=0)
-        span_half = tl.maximum(span_half, -tl.min(tl.minimum(s0, s1), axis=0))
-        span_all = tl.maximum(span_all, -tl.min(tl.sum(tl.where(idx > 0, gt, 0.), axis=0), axis=0))
-    return (span_half <= TAME_SPAN).to(tl.int32) + (span_all <= TAME_SPAN).to(tl.int32)
+        s_all = tl.sum(tl.where(idx > 0, gt, 0.), axis=0)  # the whole chunk's span
+        flag = (-tl.min(tl.minimum(s0, s1), axis=0) <= TAME_SPAN).to(tl.int32)
+        flag += (-tl.min(s_all, axis=0) <= TAME_SPAN).to(tl.int32)
+        tl.store(tame + (bos + i_c * BT) * H + i_h, flag)
+    tl.store(bc + p, tl.cumsum(gt, axis=0), mask=m)
 
 
 @triton.jit
@@ -131,44 +128,27 @@ def _qkb_tiles(q, k, bc, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, of
 
 
 @triton.jit
-def _qkg_tiles(q, k, g, bc, bos, rows, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask, base):
-    """As `_qkb_tiles`, with b summed here from log f (and stored into bc for the walks: `_chunk_b`), and
-    the log f tile."""
-    b, gt = _chunk_b(g, bc, bos, rows, L, i_h, H, K, offs_k, kmask, base)
-    b_q = _tile(q, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    b_k = _tile(k, bos, rows, L, i_h, H, K, offs_k, kmask).to(tl.float32)
-    return b, b_q, b_k, gt
-
-
-@triton.jit
-def gla_A_kernel(q, k, g, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr, H: tl.constexpr,
-                 K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, LOG_BT: tl.constexpr,
-                 VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, H): the forward's intra-chunk pass, one program per chunk and head. First b, the
-    cumulative log-decay from the chunk's start (into bc, which the walks read) and the chunk's flag
-    (into tame[chunk's first token, head], which the backward reads, so both passes agree:
-    `_chunk_flag`); then A [tokens, H, BT] (row = query, column = key position in the chunk) in the
-    flag's form. Flag 2: A = (q exp(b - r)) (k exp(r - b))^T on i >= j, r per channel the middle of b's
-    range over the chunk. Flag 1: A on i >= j by half blocks of BT / 2 rows (0: the first half, 1: the
-    second):
+def gla_A_tame_kernel(q, k, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
+                      H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, H); only for tame chunks (the others return at once: `gla_A_sub_kernel` does them).
+    Flag 2: A = (q exp(b - r)) (k exp(r - b))^T on i >= j, r per channel the middle of b's range over the
+    chunk. Flag 1: A on i >= j by half blocks of BT / 2 rows (0: the first half, 1: the second; b the cumulative
+    log-decay from the chunk's start):
         A00 = (q0 exp(b0 - r0)) (k0 exp(r0 - b0))^T     r0: the middle of b's range over half 0
         A11 = (q1 exp(b1 - r1)) (k1 exp(r1 - b1))^T     r1: the same over half 1
         A10 = (q1 exp(b1 - rB)) (k0 exp(rB - b0))^T     rB: b at half 0's last row (exponents <= 0)
     On a tame chunk every factor lies within exp(+-TAME_SPAN / 2) (entries above the diagonal may
-    overflow in a diagonal block's product: the causal mask discards them). Flag 0: by levels (see
-    `_levels_A`). Formed here, in parallel over chunks, the forward and dv walks only read A v / A^T do
-    instead of forming them at every step of their walks (fp32 operands: tf32 for bf16 inputs, as
-    everywhere on the gated path). One launch for the three forms and the cumulative sum: at small
-    shapes the GPU's time per launch is what the op costs."""
+    overflow in a diagonal block's product: the causal mask discards them). Formed here, in parallel over chunks,
+    the forward and dv walks only read A v / A^T do instead of forming them at every step of their walks
+    (fp32 operands: tf32 for bf16 inputs, as everywhere on the gated path)."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
+    flag = _tame_flag(tame, bos, i_c * BT, i_h, H)
     BH: tl.constexpr = BT // 2
     LIM: tl.constexpr = TAME_SPAN / 2
     L = eos - bos
-    flag = _chunk_flag(g, bc, bos, i_c * BT + tl.arange(0, BT), L, i_h, H, K, BT, BK, TAME_SPAN)
-    tl.store(tame + (bos + i_c * BT) * H + i_h, flag)
-    tl.debug_barrier()  # the products below read back the b this program's threads just stored
     if flag == 2:  # the whole chunk in one product per key block, r the middle of b's range over it
         rows = i_c * BT + tl.arange(0, BT)
         acc = tl.zeros([BT, BT], dtype=tl.float32)
@@ -208,8 +188,6 @@ def gla_A_kernel(q, k, g, bc, A, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexp
         tl.store(p0 + BH, tl.zeros([BH, BH], dtype=tl.float32), mask=m0)
         tl.store(p1, a10, mask=m1)
         tl.store(p1 + BH, tl.where(causal, a11, 0.), mask=m1)
-    else:
-        _levels_A(q, k, bc, A, bos, L, i_c * BT, i_h, H, K, BT, BK, LOG_BT, PREC)
 
 
 @triton.jit
@@ -228,13 +206,12 @@ def _store_diag(att, d, bos, rows, L, i_h, H: tl.constexpr):
 
 
 @triton.jit
-def gla_dqk_tame_kernel(q, k, v, g, bc, do, dq, dk, att, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
+def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT, TAME_SPAN: tl.constexpr,
                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, H); only for tame chunks (the others return at once: `gla_dqk_sub_kernel`).
     Writes their intra-chunk dq, dk (fp32), to which the dq / dk scans then add the inter-chunk parts,
-    and b (into bc, which the backward's walks read: summed here from log f rather than in a launch of
-    its own), in the forms of `gla_A_kernel` (same references), with dA = do v^T strictly below the diagonal
+    in the forms of `gla_A_tame_kernel` (same references), with dA = do v^T strictly below the diagonal
     (the i == j terms: see gla_dg_kernel; their weights do_t . v_t go to att).
     Flag 2: dq = exp(b - r) (dA (k exp(r - b))),
     dk = exp(r - b) (dA^T (q exp(b - r))). Flag 1, by half blocks:
@@ -264,7 +241,7 @@ def gla_dqk_tame_kernel(q, k, v, g, bc, do, dq, dk, att, tame, cu, chunks, T, NT
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b, b_q, b_k, _ = _qkg_tiles(q, k, g, bc, bos, rows, L, i_h, H, K, offs_k, kmask, 0.)
+            b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
             eq, ek = _mid_factors(b, _mid_range(b, rows, L), LIM)
             _store_half(dq, dot32(dA, b_k * ek, PREC) * eq, bos, rows, L, i_h, H, K, offs_k, kmask)
             _store_half(dk, dot32(tl.trans(dA), b_q * eq, PREC) * ek, bos, rows, L, i_h, H, K, offs_k, kmask)
@@ -288,9 +265,8 @@ def gla_dqk_tame_kernel(q, k, v, g, bc, do, dq, dk, att, tame, cu, chunks, T, NT
         for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
-            b0, q0, k0, g0 = _qkg_tiles(q, k, g, bc, bos, rows0, L, i_h, H, K, offs_k, kmask, 0.)
-            b1, q1, k1, _ = _qkg_tiles(q, k, g, bc, bos, rows1, L, i_h, H, K, offs_k, kmask,
-                                       tl.sum(g0, axis=0)[None, :])
+            b0, q0, k0 = _qkb_tiles(q, k, bc, bos, rows0, L, i_h, H, K, offs_k, kmask)
+            b1, q1, k1 = _qkb_tiles(q, k, bc, bos, rows1, L, i_h, H, K, offs_k, kmask)
             rB = tl.min(b0, axis=0)[None, :]
             fq1, fk0 = _exp0(b1 - rB), _exp0(rB - b0)  # both <= 1 whatever the gates
             eq0, ek0 = _mid_factors(b0, _mid_range(b0, rows0, L), LIM)
@@ -509,40 +485,42 @@ def _tf32(x, PREC: tl.constexpr):
 
 
 @triton.jit
-def _levels_A(q, k, bc, A, bos, L, t0, i_h, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-              BK: tl.constexpr, LOG_BT: tl.constexpr, PREC: tl.constexpr):
-    """A of a chunk that is not tame (flag 0), by levels: the pairs i > j split by the highest bit in
-    which their positions in the chunk differ (LOG_BT levels); a pair of level l has i in the upper and j
-    in the lower half of one aligned block of 2^(l+1) rows, and with rho that lower half's last row
+def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr, LOG_BT: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (chunks, H); only for chunks that are not tame (flag 0; `gla_A_tame_kernel` does the others).
+    A of the whole chunk by levels: the pairs i > j split by the highest bit in which their positions in
+    the chunk differ (LOG_BT levels); a pair of level l has i in the upper and j in the lower half of one
+    aligned block of 2^(l+1) rows, and with rho that lower half's last row
         exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j),
     both factors <= 1 for any gates (`_level`), so each level is one [BT, BK] x [BK, BT] tensor-core
     product of factor-scaled q and k per key block, kept on its own pairs; i == j has weight 1 (an fp32
     row sum). One program per chunk keeps the products large; every entry is written (0 above the
     diagonal, where no level has pairs)."""
-    rows = t0 + tl.arange(0, BT)
-    idx = tl.arange(0, BT)
-    acc = tl.zeros([BT, BT], dtype=tl.float32)
-    diag = tl.zeros([BT], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
-        offs_k = kb * BK + tl.arange(0, BK)
-        kmask = offs_k < K
-        b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
-        diag += tl.sum(b_q * b_k, axis=1)
-        for l in range(0, LOG_BT):  # a loop, not unrolled: unrolled, the levels' tiles stay live at once
-            f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
-            acc += tl.where(same, dot32(b_q * f_q, tl.trans(b_k * f_k), PREC), 0.)
-    acc += tl.where(idx[:, None] == idx[None, :], diag[:, None], 0.)
-    p = A + ((bos + rows) * H + i_h)[:, None] * BT + idx[None, :]
-    tl.store(p, acc, mask=(rows < L)[:, None])
+    level, i_h, bos, L, t0 = _level_chunk(chunks, tame, cu, T, NT, H, BT, VARLEN, 1)
+    if level:
+        rows = t0 + tl.arange(0, BT)
+        idx = tl.arange(0, BT)
+        acc = tl.zeros([BT, BT], dtype=tl.float32)
+        diag = tl.zeros([BT], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            offs_k = kb * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
+            diag += tl.sum(b_q * b_k, axis=1)
+            for l in range(0, LOG_BT):  # a loop, not unrolled: unrolled, the levels' tiles stay live at once
+                f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
+                acc += tl.where(same, dot32(b_q * f_q, tl.trans(b_k * f_k), PREC), 0.)
+        acc += tl.where(idx[:, None] == idx[None, :], diag[:, None], 0.)
+        p = A + ((bos + rows) * H + i_h)[:, None] * BT + idx[None, :]
+        tl.store(p, acc, mask=(rows < L)[:, None])
 
 
 @triton.jit
-def gla_dqk_sub_kernel(q, k, v, g, bc, do, dq, dk, att, tame, cu, chunks, T, NT,
+def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        BV: tl.constexpr, LOG_BT: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, cdiv(K, BK), H); only for chunks that are not tame. The intra-chunk dq, dk (fp32) of
-    the chunk in one key block (and b there, into bc, as `gla_dqk_tame_kernel`), by the levels of
-    `_levels_A`: with dA = do v^T strictly below the
+    the chunk in one key block, by the levels of `gla_A_sub_kernel`: with dA = do v^T strictly below the
     diagonal (the i == j terms: see gla_dg_kernel), per level l (dA_l: dA on the level's pairs)
         dq += f_q (dA_l (k f_k))        dk += f_k (dA_l^T (q f_q))
     two tensor-core products per level sharing its factors, every factor <= 1 whatever the gates. dA is
@@ -565,8 +543,7 @@ def gla_dqk_sub_kernel(q, k, v, g, bc, do, dq, dk, att, tame, cu, chunks, T, NT,
         dAt = tl.trans(dA)  # the level masks are symmetric: one transpose serves them all
         offs_k = i_kb * BK + tl.arange(0, BK)
         kmask = offs_k < K
-        b, b_q, b_k, _ = _qkg_tiles(q, k, g, bc, bos, rows, L, i_h, H, K, offs_k, kmask, 0.)
-        tl.debug_barrier()  # the levels read back the b this program's threads just stored
+        b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
         acc_q = tl.zeros([BT, BK], dtype=tl.float32)
         acc_k = tl.zeros([BT, BK], dtype=tl.float32)
         for l in range(0, LOG_BT):

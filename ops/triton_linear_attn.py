@@ -20,8 +20,8 @@ from ops import tuning
 from ops.config import get_config
 from ops.linear_attention import register_impl
 from ops.triton_launch import launch
-from ops.triton_gla_intra import (TAME_SPAN, gla_A_kernel, gla_dg_kernel, gla_dqk_sub_kernel, gla_dqk_tame_kernel,
-                                  gla_intra_out_kernel, gla_state_grad_kernel)
+from ops.triton_gla_intra import (TAME_SPAN, gla_A_sub_kernel, gla_A_tame_kernel, gla_cumsum_kernel, gla_dg_kernel,
+                                  gla_dqk_sub_kernel, gla_dqk_tame_kernel, gla_intra_out_kernel, gla_state_grad_kernel)
 from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel,
                              seg_combine_kernel, seg_local_kernel)
 
@@ -380,20 +380,20 @@ def _anchor_chunks() -> int:
     return int(tuning._FORCED.get("anchor_chunks", ANCHOR_CHUNKS))
 
 
-def _gla_intra_fwd(q, k, g, cu, T, chunks, cfg):
-    """(bc, A, tame) of the forward's one intra-chunk launch (`gla_A_kernel`): the chunk-local cumulative
-    log-decay of every chunk (fp32; the walks read it), the intra-chunk weights A of every chunk, and per
-    (chunk, head) the chunk's flag at its first token (the backward reads it, so both passes agree)."""
-    H, K = q.shape[2], q.shape[3]
+def _gla_cumsum(g, cu, T, chunks, tame=None):
+    """(bc, tame): the chunk-local cumulative log-decay of every chunk (fp32; the intra-chunk kernels and
+    the walks read it), and per (chunk, head) the tame flag at the chunk's first token (computed, or the
+    given flags of the forward pass)."""
+    H, K = g.shape[2], g.shape[3]
     n_chunks, table = chunks
     bc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
-    tame = torch.empty(g.shape[:3], dtype=torch.int32, device=g.device)
-    A = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
-    launch(gla_A_kernel, (n_chunks, H),
-        q, k, g, bc, A, tame, cu, table if table is not None else cu, T, _cdiv(T, BT), TAME_SPAN=_tame_span(),
-        H=H, K=K, BT=BT, BK=min(cfg["block"], _np2(K)), LOG_BT=LOG_BT, VARLEN=table is not None, PREC=_prec(q),
-        **_kw(cfg))
-    return bc, A, tame
+    set_flags = tame is None
+    if set_flags:
+        tame = torch.empty(g.shape[:3], dtype=torch.int32, device=g.device)
+    launch(gla_cumsum_kernel, (n_chunks, H), g, bc, tame, cu, table if table is not None else cu, T, _cdiv(T, BT),
+                                     H=H, K=K, BT=BT, BK=_np2(K), TAME_SPAN=_tame_span(),
+                                     SET_FLAGS=set_flags, VARLEN=table is not None)
+    return bc, tame
 
 
 def _intra_out(A, x, cu, T, chunks, transposed):
@@ -410,7 +410,18 @@ def _intra_out(A, x, cu, T, chunks, transposed):
 
 def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
     """o, final state, A (the intra-chunk weights of every chunk), the tame flags, the chained states."""
-    bc, A, tame = _gla_intra_fwd(q, k, g, cu, T, chunks, plan.launch["A"])
+    H, K = q.shape[2], q.shape[3]
+    n_chunks, table = chunks
+    bc, tame = _gla_cumsum(g, cu, T, chunks)
+    A = torch.empty(q.shape[0] * T, H, BT, dtype=torch.float32, device=q.device)
+    ca, cs = plan.launch["A"], plan.launch["A_sub"]
+    tab, NT, vl = table if table is not None else cu, _cdiv(T, BT), table is not None
+    launch(gla_A_tame_kernel, (n_chunks, H),
+        q, k, bc, A, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)),
+        VARLEN=vl, PREC=_prec(q), **_kw(ca))
+    launch(gla_A_sub_kernel, (n_chunks, H),
+        q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BK=min(cs["block"], _np2(K)), LOG_BT=LOG_BT,
+        VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # the walks read b (not log f) and the intra-chunk part A v (not A)
     o, ht, Hs = _fwd(q, k, v, bc, None, _intra_out(A, v, cu, T, chunks, False), h0, cu, N, T, True, plan)
     return o, ht, A, tame, Hs
@@ -425,14 +436,14 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
     ct, cs = plan.launch["dqk"], plan.launch["dqk_sub"]
     tab, NT, vl = table if table is not None else cu, _cdiv(T, BT), table is not None
-    bc = torch.empty(g.shape, dtype=torch.float32, device=g.device)  # b again, stored by the two kernels
+    bc, _ = _gla_cumsum(g, cu, T, chunks, tame)
     att = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)  # do_t . v_t
     launch(gla_dqk_tame_kernel, (n_chunks, H),
-        q, k, v, g, bc, do, dq, dk, att, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
+        q, k, v, bc, do, dq, dk, att, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
         BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
     bks = min(cs["block"], _np2(K))
     launch(gla_dqk_sub_kernel, (n_chunks, _cdiv(K, bks), H),
-        q, k, v, g, bc, do, dq, dk, att, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BK=bks, BV=min(64, _np2(V)),
+        q, k, v, bc, do, dq, dk, att, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BK=bks, BV=min(64, _np2(V)),
         LOG_BT=LOG_BT, VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # d log_f's anchors: the state and its gradient at every AC-th chunk boundary, stored by the dq / dk
     # walks (one slot per AC * BT tokens of the whole batch; see anchor_block)

@@ -194,8 +194,7 @@ def _decay_rows(g, ll, bos, c, rows, rmask, i_h, H: tl.constexpr, K: tl.constexp
                 n_valid, GATED: tl.constexpr, HAS_DECAY: tl.constexpr, BT: tl.constexpr):
     """Inclusive cumulative log-decay inside chunk c: b [BT, BK] (GATED) or [BT, 1], and b_L [1, BK]
     or [1, 1] (its value at the chunk's last valid row). GATED: g is the chunk-local cumulative sum
-    itself, formed for every chunk in parallel (by the intra-chunk kernels of `ops.triton_gla_intra`,
-    which store it while they read log f), so that no walk step waits on a
+    itself, formed for every chunk in parallel (`gla_cumsum_kernel`), so that no walk step waits on a
     cumsum; padded rows load b = 0 (their q, k, v are 0, and every factor formed from b stays <= 1)."""
     if GATED:
         p = g + ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]

@@ -100,12 +100,13 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
         "local": {"block": min(32 if gated else 64, Kp), "block_v": Vp if gated else min(64, Vp), "num_warps": 4,
                   "num_stages": 2},
         "combine": {"block": min(16, Kp), "block_v": Vp, "num_warps": 4, "num_stages": 1},
-        # GLA intra-chunk kernels (each GPU-tested): the forward's A (every form), tame chunks' dq / dk and
-        # the level kernels' (flag 0) at 32-wide key blocks, 4 warps (fwd+bwd GPU time over 9 shapes, H100
+        # GLA intra-chunk kernels (each GPU-tested): tame chunks' A and dq / dk at 32-wide key blocks, 4 warps;
+        # the level kernels (flag 0) at 32-wide key blocks, 4 warps (fwd+bwd GPU time over 9 shapes, H100
         # and H200, docs/kernels.md, Launch configurations; 64-wide d log_f blocks, 1.5% faster there, spill
         # 3.9 KB a thread in Triton 3.9's compile and are not used)
         "A": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dqk": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
+        "A_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dqk_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dg": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
     }

@@ -211,59 +211,8 @@ def test_gla_level_path_packed(layout, gates):
     u = torch.rand(1, T, 2, 24, generator=g)
     x = -20.0 * u if gates == "uniform" else -20.0 + u
     cu = torch.tensor([0, 5, 45, 146, 149])
-    with force_plan(tame_span=-1, launch={"A": {"block": 16}, "dqk_sub": {"block": 16}}):
+    with force_plan(tame_span=-1, launch={"A_sub": {"block": 16}, "dqk_sub": {"block": 16}}):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(4, 2, 24, 16) * 0.5, cu=cu, layout=layout)
-
-
-def _flags(q, k, x, cu, T):
-    """The chunk flags the forward's intra-chunk launch sets (2: one product, 1: half blocks, 0: levels)."""
-    import ops.triton_linear_attn as TL
-    from ops.tuning import default_launch
-    N = q.shape[0] if cu is None else cu.numel() - 1
-    cu32 = torch.zeros(1, dtype=torch.int32) if cu is None else cu.to(torch.int32)
-    cfg = default_launch("gla", q.shape[3], q.shape[3], q.device)["A"]
-    return TL._gla_intra_fwd(q, k, x, cu32, T, TL._chunk_table(cu, N, T), cfg)[2]
-
-
-@pytest.mark.parametrize("gates,cu", [("mixed", None), ("-20", None), ("mixed", [0, 5, 70, 101, 149])])
-def test_gla_chunk_cumsum_stored_for_the_walks(gates, cu):
-    """b, the cumulative log-decay from each chunk's start, as the forward's intra-chunk launch stores it
-    for the walks (summed in the same pass that sets the flags) and as the backward's dq / dk kernels
-    store it again: equal to a float64 cumulative sum per chunk (per document when packed) on every
-    real row, whichever form each chunk took (mild, strong and mixed gates; 16-wide key blocks over
-    Dk = 40, a partly masked last block)."""
-    import ops.triton_linear_attn as TL
-    from ops.tuning import default_launch
-    T, H, K = 149, 3, 40
-    q, k, v, _ = _make("gla", T, H, K, 16, seed=41)
-    g = torch.Generator().manual_seed(42)
-    u = torch.rand(1, T, H, K, generator=g)
-    x = -20.0 * u if gates == "-20" else -u * torch.tensor([0.02, 5.0, 20.0])[None, None, :, None]
-    cu_t = None if cu is None else torch.tensor(cu)
-    N = 1 if cu is None else len(cu) - 1
-    cu32 = torch.zeros(1, dtype=torch.int32) if cu is None else cu_t.to(torch.int32)
-    chunks = TL._chunk_table(cu_t, N, T)
-    cfg = dict(default_launch("gla", K, 16, q.device)["A"], block=16)
-    bc, _, tame = TL._gla_intra_fwd(q, k, x, cu32, T, chunks, cfg)
-    bounds = [0, T] if cu is None else cu
-    want = torch.empty(1, T, H, K, dtype=torch.float64)
-    for s, e in zip(bounds[:-1], bounds[1:]):
-        for c0 in range(s, e, 64):
-            want[:, c0:min(c0 + 64, e)] = x[:, c0:min(c0 + 64, e)].double().cumsum(1)
-    assert set(tame[0, [s for s0, e0 in zip(bounds[:-1], bounds[1:]) for s in range(s0, e0, 64)]].flatten().tolist()) \
-        == ({0, 1, 2} if gates == "mixed" else {0})
-    assert (bc.double() - want).abs().max() < 1e-4 * want.abs().max()
-    # the backward's two kernels store it again, each for its own chunks
-    bc2 = torch.full_like(bc, float("nan"))
-    dq, dk = torch.empty(q.shape), torch.empty(k.shape)
-    att = torch.empty(q.shape[:3])
-    NT, tab = triton.cdiv(T, 64), chunks[1] if chunks[1] is not None else cu32
-    common = dict(H=H, K=K, V=16, BT=64, VARLEN=chunks[1] is not None, PREC="ieee")
-    TL.launch(TL.gla_dqk_tame_kernel, (chunks[0], H), q, k, v, x, bc2, v, dq, dk, att, tame, cu32, tab, T, NT,
-              TAME_SPAN=TL.TAME_SPAN, BK=16, BV=16, **common)
-    TL.launch(TL.gla_dqk_sub_kernel, (chunks[0], triton.cdiv(K, 16), H), q, k, v, x, bc2, v, dq, dk, att, tame,
-              cu32, tab, T, NT, BK=16, BV=16, LOG_BT=TL.LOG_BT, **common)
-    assert (bc2.double() - want).abs().max() < 1e-4 * want.abs().max()
 
 
 def test_gla_mixed_tame_and_level_chunks():
@@ -275,7 +224,7 @@ def test_gla_mixed_tame_and_level_chunks():
     x = torch.full((1, T, 2, 16), -0.05)
     x[:, 64:, 0] = -5.0  # head 0: chunk 1's first half decays by e^-155 -> level path
     x[:, :64, 1] = -5.0  # head 1: chunk 0
-    flags = _flags(q, k, x, None, T)
+    _, flags = TL._gla_cumsum(x, torch.zeros(1, dtype=torch.int32), T, (2, None))
     assert flags[0, [0, 64]].tolist() == [[2, 0], [0, 2]]
     _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16), layout="split1")
 
@@ -291,7 +240,7 @@ def test_gla_tame_by_halves(T, layout, flags0):
     q, k, v, _ = _make("gla", T, 2, 24, 16, seed=23)
     x = -3.0 + 0.1 * torch.rand(1, T, 2, 24, generator=torch.Generator().manual_seed(24))
     x[:, :, 1] *= 0.5
-    flags = _flags(q, k, x, None, T)
+    _, flags = TL._gla_cumsum(x, torch.zeros(1, dtype=torch.int32), T, (triton.cdiv(T, 64), None))
     assert flags[0, ::64, 0].tolist() == flags0, flags[0, ::64]
     assert flags[0, ::64, 1].tolist() == [2] * len(flags0), flags[0, ::64]
     _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 24, 16) * 0.5, layout=layout)
@@ -307,7 +256,7 @@ def test_gla_tame_by_halves_packed(layout):
     q, k, v, _ = _make("gla", T, 2, 24, 16, seed=29)
     x = -3.0 + 0.1 * torch.rand(1, T, 2, 24, generator=torch.Generator().manual_seed(30))
     cu = torch.tensor([0, 30, 130])
-    flags = _flags(q, k, x, cu, T)
+    _, flags = TL._gla_cumsum(x, cu.to(torch.int32), T, TL._chunk_table(cu, 2, T))
     assert flags[0, [0, 30, 94], 0].tolist() == [2, 1, 2], flags[0, [0, 30, 94]]
     _check_against_recurrence("gla", q, k, v, x, torch.randn(2, 2, 24, 16) * 0.5, cu=cu, layout=layout)
 

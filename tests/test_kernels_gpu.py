@@ -184,7 +184,7 @@ def test_gla_walks_on_bf16_pairs_vs_float64(case, gates, layout, D):
 def test_gla_level_launches_vs_float64(block):
     """The level kernels (every chunk of gates uniform in [-20, 0] is not tame) at each launch the tuning
     table may pick (32- or 16-wide key blocks): T = 1037 with initial states, then packed documents."""
-    with force_plan(launch={"A": {"block": block}, "dqk_sub": {"block": block}}):
+    with force_plan(launch={"A_sub": {"block": block}, "dqk_sub": {"block": block}}):
         q, k, v, x = _inputs(2, 1037, 4, 128, 128, "gla", "wide")
         errs, finite = _compare("gla", q, k, v, x, torch.randn(2, 4, 128, 128, device=DEV) * 0.1, "scan")
         lens = [1500, 77, 2600, 64]
