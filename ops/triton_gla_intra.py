@@ -56,10 +56,10 @@ TAME_SPAN = 120.0
 
 @triton.jit
 def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                      BK: tl.constexpr, TAME_SPAN: tl.constexpr, SET_FLAGS: tl.constexpr, VARLEN: tl.constexpr):
-    """grid (chunks, H): bc = the cumulative log-decay from each chunk's start (fp32), for every chunk:
-    every later kernel (the intra-chunk products, the walks of `ops.triton_scan`, the two-level scan)
-    reads it instead of summing log f itself. Also classifies each (chunk, head) and writes the flag at
+                      BK: tl.constexpr, TAME_SPAN: tl.constexpr, VARLEN: tl.constexpr):
+    """grid (chunks, H), in the forward: bc = the cumulative log-decay from each chunk's start (fp32), for
+    every chunk: every later kernel (the intra-chunk products, the walks of `ops.triton_scan`, the
+    two-level scan) reads it instead of summing log f itself, and the backward keeps it in place of log f. Also classifies each (chunk, head) and writes the flag at
     the chunk's first token (tame[token, head]): 2 when no key channel decays by more than exp(-TAME_SPAN)
     across the whole chunk (the tame kernels' one product per key block), else 1 when that holds in each
     32-row half (their half-block products; every factor within exp(+-TAME_SPAN / 2) either way), else 0
@@ -72,17 +72,17 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
     m = (rows < eos - bos)[:, None] & (offs_k < K)[None, :]
     p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
     gt = tl.load(g + p, mask=m, other=0.).to(tl.float32)
-    if SET_FLAGS:  # forward; the backward reads the forward's flags, so both passes agree
-        # a half's span: its decay from its first row to its last, i.e. the gates of its other rows
-        # (padded rows load log f = 0); the largest over the key channels and the two halves
-        idx = tl.arange(0, BT)[:, None]
-        inner = (idx % (BT // 2)) != 0
-        s0 = tl.sum(tl.where(inner & (idx < BT // 2), gt, 0.), axis=0)
-        s1 = tl.sum(tl.where(inner & (idx >= BT // 2), gt, 0.), axis=0)
-        s_all = tl.sum(tl.where(idx > 0, gt, 0.), axis=0)  # the whole chunk's span
-        flag = (-tl.min(tl.minimum(s0, s1), axis=0) <= TAME_SPAN).to(tl.int32)
-        flag += (-tl.min(s_all, axis=0) <= TAME_SPAN).to(tl.int32)
-        tl.store(tame + (bos + i_c * BT) * H + i_h, flag)
+    # a half's span: its decay from its first row to its last, i.e. the gates of its other rows (padded
+    # rows load log f = 0); the largest over the key channels and the two halves. The backward reads
+    # these flags, so both passes agree.
+    idx = tl.arange(0, BT)[:, None]
+    inner = (idx % (BT // 2)) != 0
+    s0 = tl.sum(tl.where(inner & (idx < BT // 2), gt, 0.), axis=0)
+    s1 = tl.sum(tl.where(inner & (idx >= BT // 2), gt, 0.), axis=0)
+    s_all = tl.sum(tl.where(idx > 0, gt, 0.), axis=0)  # the whole chunk's span
+    flag = (-tl.min(tl.minimum(s0, s1), axis=0) <= TAME_SPAN).to(tl.int32)
+    flag += (-tl.min(s_all, axis=0) <= TAME_SPAN).to(tl.int32)
+    tl.store(tame + (bos + i_c * BT) * H + i_h, flag)
     tl.store(bc + p, tl.cumsum(gt, axis=0), mask=m)
 
 
@@ -384,7 +384,18 @@ def _lin_rec(a1, x1, a2, x2):
 
 
 @triton.jit
-def gla_state_grad_kernel(k, v, g, dht, h0, dgx, dkx, dh0, cu, T,
+def _gates_of(bc, bos, rows, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask):
+    """log f on `rows` of the chunk starting at t0, from bc (the chunk-local cumulative log-decay):
+    b_s - b_{s-1}, b_{t0 - 1} = 0; 0 on rows past the end (f = 1)."""
+    m = (rows < L)[:, None] & kmask[None, :]
+    b = tl.load(bc + ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :], mask=m, other=0.)
+    mp = (rows > t0)[:, None] & m
+    b_prev = tl.load(bc + ((bos + rows - 1) * H + i_h)[:, None] * K + offs_k[None, :], mask=mp, other=0.)
+    return tl.where(m, b - b_prev, 0.)
+
+
+@triton.jit
+def gla_state_grad_kernel(k, v, bc, dht, h0, dgx, dkx, dh0, cu, T,
                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                           BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, VARLEN: tl.constexpr):
     """grid (cdiv(K, BK), N * H), only when the loss reads the final state S_T (gradient dS).
@@ -393,7 +404,9 @@ def gla_state_grad_kernel(k, v, g, dht, h0, dgx, dkx, dh0, cu, T,
         d log_f_s += W_s f_s z_{s-1}   (dgx)      dk_s += W_s u_s   (dkx)      dh0 += (prod_t f_t) dS
     The direct form: every term is a product of factors <= 1 and O(1) sums, so it keeps its relative
     precision for gates near 0, where the equivalent 'sum of all minus a suffix' form cancels.
-    Pass 1 walks forward (z; writes f_s z_{s-1} into dgx and u into dkx), pass 2 backward (W)."""
+    Pass 1 walks forward (z; writes f_s z_{s-1} into dgx and u into dkx), pass 2 backward (W). The gates
+    come from bc, the chunk-local cumulative log-decay (`_gates_of`): every use of them here is a factor
+    exp(log f), whose relative error that difference leaves at about |b| * 2^-24."""
     i_h, bos, L, offs_k, offs_v, kmask, vmask, _, hp, hmask = walk_program(
         tl.program_id(0), 0, tl.program_id(1), None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
     offs_t = tl.arange(0, BT)
@@ -409,7 +422,7 @@ def gla_state_grad_kernel(k, v, g, dht, h0, dgx, dkx, dh0, cu, T,
         b_v = tl.load(v + ((bos + rows) * H + i_h)[:, None] * V + offs_v[None, :],
                       mask=(rows < L)[:, None] & vmask[None, :], other=0.).to(tl.float32)
         u = tl.dot(b_v, tl.trans(dS), input_precision="ieee")  # [BT, BK]: u_s = dS v_s
-        a = tl.exp(tl.load(g + p, mask=m, other=0.).to(tl.float32))  # padded rows: f = 1
+        a = tl.exp(_gates_of(bc, bos, rows, c * BT, L, i_h, H, K, offs_k, kmask))  # padded rows: f = 1
         # x of the previous row (0 at the chunk's first row: the carry z stands for it)
         rp = rows - 1
         mp = (rp >= c * BT)[:, None] & (rp < L)[:, None] & kmask[None, :]
@@ -432,13 +445,12 @@ def gla_state_grad_kernel(k, v, g, dht, h0, dgx, dkx, dh0, cu, T,
         m = (rows < L)[:, None] & kmask[None, :]
         p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
         rn = rows + 1  # f of the next row inside the chunk (1 past it: W carries the rest)
-        mn = (rn < (c + 1) * BT)[:, None] & (rn < L)[:, None] & kmask[None, :]
-        a_next = tl.exp(tl.load(g + ((bos + rn) * H + i_h)[:, None] * K + offs_k[None, :], mask=mn,
-                                other=0.).to(tl.float32))
+        a_next = tl.exp(tl.where((rn < (c + 1) * BT)[:, None],
+                                 _gates_of(bc, bos, rn, c * BT, L, i_h, H, K, offs_k, kmask), 0.))
         w = tl.cumprod(a_next, axis=0, reverse=True) * W[None, :]  # W_s
         tl.store(dgx + p, w * tl.load(dgx + p, mask=m, other=0.), mask=m)
         tl.store(dkx + p, w * tl.load(dkx + p, mask=m, other=0.), mask=m)
-        a0 = tl.exp(tl.load(g + p, mask=m, other=0.).to(tl.float32))
+        a0 = tl.exp(_gates_of(bc, bos, rows, c * BT, L, i_h, H, K, offs_k, kmask))
         W = tl.sum(tl.where((offs_t == 0)[:, None], w * a0, 0.), axis=0)
     if HAS_H0:
         tl.store(dh0 + hp, tl.load(dh0 + hp, mask=hmask, other=0.) + W[:, None] * dS, mask=hmask)

@@ -380,19 +380,16 @@ def _anchor_chunks() -> int:
     return int(tuning._FORCED.get("anchor_chunks", ANCHOR_CHUNKS))
 
 
-def _gla_cumsum(g, cu, T, chunks, tame=None):
+def _gla_cumsum(g, cu, T, chunks):
     """(bc, tame): the chunk-local cumulative log-decay of every chunk (fp32; the intra-chunk kernels and
-    the walks read it), and per (chunk, head) the tame flag at the chunk's first token (computed, or the
-    given flags of the forward pass)."""
+    the walks read it, and the backward keeps it in place of log f), and per (chunk, head) the chunk's
+    flag at its first token (the backward reads it, so both passes agree)."""
     H, K = g.shape[2], g.shape[3]
     n_chunks, table = chunks
     bc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
-    set_flags = tame is None
-    if set_flags:
-        tame = torch.empty(g.shape[:3], dtype=torch.int32, device=g.device)
+    tame = torch.empty(g.shape[:3], dtype=torch.int32, device=g.device)
     launch(gla_cumsum_kernel, (n_chunks, H), g, bc, tame, cu, table if table is not None else cu, T, _cdiv(T, BT),
-                                     H=H, K=K, BT=BT, BK=_np2(K), TAME_SPAN=_tame_span(),
-                                     SET_FLAGS=set_flags, VARLEN=table is not None)
+                                     H=H, K=K, BT=BT, BK=_np2(K), TAME_SPAN=_tame_span(), VARLEN=table is not None)
     return bc, tame
 
 
@@ -424,10 +421,12 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
         VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # the walks read b (not log f) and the intra-chunk part A v (not A)
     o, ht, Hs = _fwd(q, k, v, bc, None, _intra_out(A, v, cu, T, chunks, False), h0, cu, N, T, True, plan)
-    return o, ht, A, tame, Hs
+    return o, ht, A, tame, Hs, bc
 
 
-def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
+def _gla_backward(q, k, v, bc, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan, dg_dtype):
+    """dq, dk, dv, d log_f (in dg_dtype), dh0. bc: the forward's chunk-local cumulative log-decay, kept in
+    place of log f (the same size in fp32; no cumulative sum again)."""
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     n_chunks, table = chunks
     # the intra-chunk dq, dk first (fp32 buffers, every chunk written by one of the two kernels), then the
@@ -436,7 +435,6 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
     ct, cs = plan.launch["dqk"], plan.launch["dqk_sub"]
     tab, NT, vl = table if table is not None else cu, _cdiv(T, BT), table is not None
-    bc, _ = _gla_cumsum(g, cu, T, chunks, tame)
     att = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)  # do_t . v_t
     launch(gla_dqk_tame_kernel, (n_chunks, H),
         q, k, v, bc, do, dq, dk, att, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
@@ -456,14 +454,14 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
                                  cu, N, T, True, plan, dq=dq, dk=dk, anchors=anchors)
     dgx = dkx = None
     if dht is not None:  # the final state's gradient, in its direct (non-cancelling) form
-        dgx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
-        dkx = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+        dgx = torch.empty(bc.shape, dtype=torch.float32, device=bc.device)
+        dkx = torch.empty(bc.shape, dtype=torch.float32, device=bc.device)
         bks = min(32, _np2(K))
         launch(gla_state_grad_kernel, (_cdiv(K, bks), N * H),
-            k, v, g, dht, h0 if h0 is not None else dht, dgx, dkx, dh0 if dh0 is not None else dht, cu, T,
+            k, v, bc, dht, h0 if h0 is not None else dht, dgx, dkx, dh0 if dh0 is not None else dht, cu, T,
             H=H, K=K, V=V, BT=BT, BK=bks, BV=_np2(V), HAS_H0=h0 is not None, VARLEN=cu.numel() > 1,
             num_warps=4)
-    dg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+    dg = torch.empty(bc.shape, dtype=dg_dtype, device=bc.device)
     dq_out, dk_out = torch.empty_like(q), torch.empty_like(k)
     cg = plan.launch["dg"]
     bkg = min(cg["block"], _np2(K))
@@ -477,8 +475,8 @@ def _gla_backward(q, k, v, g, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan):
     return dq_out, dk_out, dv, dg, dh0
 
 
-def _gla_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
-             cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _gla_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_seqlens: Tensor | None
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, h0 = _contig(q, k, v, g, h0)
     N, T, cu = _layout(q, cu_seqlens)
     chunks = _chunk_table(cu_seqlens, N, T)
@@ -487,13 +485,14 @@ def _gla_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
         do = torch.randn_like(v)
 
         def run():
-            _, _, A, tame, Hs = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, p)
-            _gla_backward(q, k, v, g, h0, A, tame, Hs, do, None, cu, N, T, chunks, p)
+            _, _, A, tame, Hs, bc = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, p)
+            _gla_backward(q, k, v, bc, h0, A, tame, Hs, do, None, cu, N, T, chunks, p, g.dtype)
         return tuning.gpu_ms(run)
     plan = _plan("gla", q, v, N, T, cu_seqlens is not None, measure)
-    o, ht, A, tame, Hs = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan)
+    o, ht, A, tame, Hs, bc = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan)
     table = chunks[1] if chunks[1] is not None else q.new_empty((0, 2), dtype=torch.int32)
-    return o, ht, A, tame, table, Hs, _seg_marker(q, plan)
+    # bc, and log f's dtype as an empty tensor: the backward keeps these instead of log f itself
+    return o, ht, A, tame, table, Hs, _seg_marker(q, plan), bc, g.new_empty(0)
 
 
 _gla_fwd = torch.library.custom_op("linscale::gated_linear_attn_fwd", _gla_fwd_impl, mutates_args=())
@@ -510,17 +509,19 @@ def _(q, k, v, g, h0, cu_seqlens):
             q.new_empty((B * T, H, BT), dtype=torch.float32), q.new_empty((B, T, H), dtype=torch.int32),
             q.new_empty((rows, 2), dtype=torch.int32),
             q.new_empty((ctx.new_dynamic_size(),), dtype=torch.float32),
-            q.new_empty((ctx.new_dynamic_size(),), dtype=torch.int8))
+            q.new_empty((ctx.new_dynamic_size(),), dtype=torch.int8),
+            q.new_empty(g.shape, dtype=torch.float32), g.new_empty((0,)))
 
 
-def _gla_bwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_seqlens: Tensor | None,
-             A: Tensor, tame: Tensor, table: Tensor, Hs: Tensor, seg: Tensor, do: Tensor, dht: Tensor | None
-             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    q, k, v, g, h0, do, dht = _contig(q, k, v, g, h0, do, dht)
+def _gla_bwd_impl(q: Tensor, k: Tensor, v: Tensor, bc: Tensor, g_like: Tensor, h0: Tensor | None,
+                  cu_seqlens: Tensor | None, A: Tensor, tame: Tensor, table: Tensor, Hs: Tensor, seg: Tensor,
+                  do: Tensor, dht: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    q, k, v, h0, do, dht = _contig(q, k, v, h0, do, dht)
     N, T, cu = _layout(q, cu_seqlens)
     chunks = (N * _cdiv(T, BT), None) if cu_seqlens is None else (table.shape[0], table)
     plan = _replan("gla", q, v, N, T, cu_seqlens, seg)
-    dq, dk, dv, dg, dh0 = _gla_backward(q, k, v, g, h0, A, tame, Hs, do.to(v.dtype), dht, cu, N, T, chunks, plan)
+    dq, dk, dv, dg, dh0 = _gla_backward(q, k, v, bc, h0, A, tame, Hs, do.to(v.dtype), dht, cu, N, T, chunks, plan,
+                                        g_like.dtype)
     return dq, dk, dv, dg, dh0 if dh0 is not None else _empty(q)
 
 
@@ -528,8 +529,8 @@ _gla_bwd = torch.library.custom_op("linscale::gated_linear_attn_bwd", _gla_bwd_i
 
 
 @_gla_bwd.register_fake
-def _(q, k, v, g, h0, cu_seqlens, A, tame, table, Hs, seg, do, dht):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape),
+def _(q, k, v, bc, g_like, h0, cu_seqlens, A, tame, table, Hs, seg, do, dht):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g_like.new_empty(bc.shape),
             h0.new_empty(h0.shape, dtype=torch.float32) if h0 is not None else _empty(q))
 
 
@@ -538,18 +539,20 @@ def _gla_setup(ctx, inputs, output) -> None:
     # an unused final state (training) must reach the backward as None, not as zeros: zeros would run
     # gla_state_grad_kernel's two extra walks per call for nothing
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, k, v, g, h0, cu_seqlens, *output[2:])
+    # log f itself is not kept: the forward's bc (its chunk-local cumulative sum, the same size in fp32)
+    # stands in for it, and an empty tensor for its dtype
+    ctx.save_for_backward(q, k, v, h0, cu_seqlens, *output[2:])
 
 
 def _gla_grads(ctx, do, dht, bwd):
-    q, k, v, g, h0, cu_seqlens, A, tame, table, Hs, seg = ctx.saved_tensors
+    q, k, v, h0, cu_seqlens, A, tame, table, Hs, seg, bc, g_like = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(v)
-    dq, dk, dv, dg, dh0 = bwd(q, k, v, g, h0, cu_seqlens, A, tame, table, Hs, seg, do, dht)
+    dq, dk, dv, dg, dh0 = bwd(q, k, v, bc, g_like, h0, cu_seqlens, A, tame, table, Hs, seg, do, dht)
     return dq, dk, dv, dg, dh0 if h0 is not None else None, None
 
 
-def _gla_autograd(ctx, do, dht, _dA, _dtame, _dtable, _dHs, _dseg):
+def _gla_autograd(ctx, do, dht, _dA, _dtame, _dtable, _dHs, _dseg, _dbc, _dg_like):
     return _gla_grads(ctx, do, dht, _gla_bwd)
 
 

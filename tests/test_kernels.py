@@ -432,3 +432,30 @@ def test_bf16_pairs_keep_fp32_operands():
     err = (hi.double() + lo.double() - x.double()) / x.double().abs()
     assert err.abs().max() <= 2 ** -14
     assert (lo != 0).float().mean() > 0.9  # lo carries the bits bf16 drops
+
+
+@pytest.mark.parametrize("gate_dtype", [torch.float32, torch.bfloat16])
+def test_gla_backward_keeps_the_cumsum_not_log_f(gate_dtype):
+    """The backward keeps the forward's chunk-local cumulative log-decay (fp32, log f's size) in place of
+    log f, so log f itself is not held for the backward; d log_f still comes back in log f's dtype and
+    matches the float64 recurrence's, with a loss on the final state (whose gradient kernel takes its
+    gates from that cumulative sum)."""
+    q, k, v, x = _make("gla", 130, 2, 16, 16, seed=51)
+    x = x.to(gate_dtype).requires_grad_(True)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        o, S = gated_linear_attn(q, k, v, x, output_final_state=True, impl="triton")
+    assert not any(t.numel() and t.data_ptr() == x.data_ptr() for t in saved), "log f was kept for the backward"
+    assert any(t.dtype == torch.float32 and t.shape == x.shape for t in saved)
+    gen = torch.Generator().manual_seed(2)
+    do, dS = torch.randn(o.shape, generator=gen), torch.randn(S.shape, generator=gen)
+    (dx,) = torch.autograd.grad((o * do).sum() + (S * dS).sum(), [x])
+    assert dx.dtype == gate_dtype
+    x6 = x.detach().double().requires_grad_(True)
+    ro, rS = R.gated_linear_attn_recurrent(q.double(), k.double(), v.double(), x6, None)
+    (rdx,) = torch.autograd.grad((ro * do.double()).sum() + (rS * dS.double()).sum(), [x6])
+    assert rel(dx, rdx) < (TOL if gate_dtype == torch.float32 else 1e-2)
