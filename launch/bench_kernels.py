@@ -246,6 +246,21 @@ def _resumed(path: str | None) -> list:
     return rows
 
 
+def _each_impl(a):
+    """(B, H, T, op, 'ours' or 'fla', fn, inputs) for every cell of the shapes, T and ops asked for: ours,
+    then fla unless skipped, on the same inputs (made once per cell, freed after it)."""
+    for B, H in a.shapes:
+        for T in a.T:
+            for op in a.ops:
+                mk, ours, fla, *_ = _case(op, B, T, H)
+                ins = mk()
+                for name, fn in (("ours", ours), ("fla", fla)):
+                    if fn is not None and not (name == "fla" and "fla" in a.skip):
+                        yield B, H, T, op, name, fn, ins
+                del ins
+                torch.cuda.empty_cache()
+
+
 def host(a) -> None:
     """Where the host (CPU) time of one fwd+bwd goes, per op and shape: the time to enqueue N calls
     (no synchronisation inside, so it is the host's own time unless something syncs), the process CPU
@@ -259,58 +274,49 @@ def host(a) -> None:
     from torch.profiler import profile as prof_ctx
     _header("(host)")
     n = 20
-    for B, H in a.shapes:
-        for T in a.T:
-            for op in a.ops:
-                mk, ours, fla, *_ = _case(op, B, T, H)
-                ins = mk()
-                for name, fn in (("ours", ours), ("fla", fla)):
-                    if fn is None or (name == "fla" and "fla" in a.skip):
-                        continue
-                    leaves = [t.clone().requires_grad_(True) for t in ins]
-                    do = torch.randn_like(fn(*leaves))
+    for B, H, T, op, name, fn, ins in _each_impl(a):
+        leaves = [t.clone().requires_grad_(True) for t in ins]
+        do = torch.randn_like(fn(*leaves))
 
-                    def step():
-                        fn(*leaves).backward(do)
-                        for t in leaves:
-                            t.grad = None
-                    for _ in range(3):
-                        step()
-                    torch.cuda.synchronize()
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    for _ in range(n):
-                        step()
-                    t1, c1 = time.perf_counter(), time.process_time()
-                    torch.cuda.synchronize()
-                    t2 = time.perf_counter()
-                    with prof_ctx(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                        for _ in range(5):
-                            step()
-                        torch.cuda.synchronize()
-                    ev = prof.key_averages()
-                    launches = sum(e.count for e in ev if "LaunchKernel" in e.key) / 5
-                    kern = sum(e.self_device_time_total for e in ev if e.device_type.name == "CUDA") / 5 / 1e3
-                    print(f"## host {op} {name} {B}x{H} T={T}: enqueue {(t1 - t0) / n * 1e3:.3f} ms/call, "
-                          f"CPU {(c1 - c0) / n * 1e3:.3f} ms/call, wall with sync {(t2 - t0) / n * 1e3:.3f} ms/call, "
-                          f"{launches:.0f} kernel launches/call, kernel time {kern:.3f} ms/call", flush=True)
-                    rows = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:12]
-                    for e in rows:
-                        print(f"   cpu self {e.self_cpu_time_total / 5 / 1e3:7.3f} ms  x{e.count / 5:5.1f}  {e.key[:80]}")
-                    if name == "ours":
-                        pr = cProfile.Profile()
-                        pr.enable()
-                        for _ in range(10):
-                            step()
-                        pr.disable()
-                        torch.cuda.synchronize()
-                        for order in ("tottime", "cumulative"):
-                            buf = io.StringIO()
-                            pstats.Stats(pr, stream=buf).sort_stats(order).print_stats(28)
-                            print(f"### cProfile {op} {B}x{H} T={T}, 10 calls, by {order}")
-                            print("\n".join(buf.getvalue().splitlines()[6:]), flush=True)
-                    del leaves, do
-                del ins
-                torch.cuda.empty_cache()
+        def step():
+            fn(*leaves).backward(do)
+            for t in leaves:
+                t.grad = None
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            step()
+        t1, c1 = time.perf_counter(), time.process_time()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        with prof_ctx(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        ev = prof.key_averages()
+        launches = sum(e.count for e in ev if "LaunchKernel" in e.key) / 5
+        kern = sum(e.self_device_time_total for e in ev if e.device_type.name == "CUDA") / 5 / 1e3
+        print(f"## host {op} {name} {B}x{H} T={T}: enqueue {(t1 - t0) / n * 1e3:.3f} ms/call, "
+              f"CPU {(c1 - c0) / n * 1e3:.3f} ms/call, wall with sync {(t2 - t0) / n * 1e3:.3f} ms/call, "
+              f"{launches:.0f} kernel launches/call, kernel time {kern:.3f} ms/call", flush=True)
+        rows = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:12]
+        for e in rows:
+            print(f"   cpu self {e.self_cpu_time_total / 5 / 1e3:7.3f} ms  x{e.count / 5:5.1f}  {e.key[:80]}")
+        if name == "ours":
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(10):
+                step()
+            pr.disable()
+            torch.cuda.synchronize()
+            for order in ("tottime", "cumulative"):
+                buf = io.StringIO()
+                pstats.Stats(pr, stream=buf).sort_stats(order).print_stats(28)
+                print(f"### cProfile {op} {B}x{H} T={T}, 10 calls, by {order}")
+                print("\n".join(buf.getvalue().splitlines()[6:]), flush=True)
+        del leaves, do
 
 
 def _layout_of(op: str, B: int, T: int, H: int) -> str:
@@ -411,38 +417,29 @@ def profile(a) -> None:
     from torch.profiler import profile as prof_ctx
     meta = _header("(profile)")
     out = []
-    for B, H in a.shapes:
-        for T in a.T:
-            for op in a.ops:
-                mk, ours, fla, *_ = _case(op, B, T, H)
-                ins = mk()
-                for name, fn in (("ours", ours), ("fla", fla)):
-                    if fn is None or (name == "fla" and "fla" in a.skip):
-                        continue
-                    inputs = [t.clone().requires_grad_(True) for t in ins]
-                    do = torch.randn_like(fn(*inputs))
-                    for _ in range(3):
-                        torch.autograd.grad(fn(*inputs), inputs, do)
-                    torch.cuda.synchronize()
-                    n = 10
-                    with prof_ctx(activities=[ProfilerActivity.CUDA]) as prof:
-                        for _ in range(n):
-                            torch.autograd.grad(fn(*inputs), inputs, do)
-                        torch.cuda.synchronize()
-                    rows = sorted(((e.key, e.self_device_time_total / n / 1e3, e.count / n)
-                                   for e in prof.key_averages() if e.self_device_time_total > 0), key=lambda r: -r[1])
-                    total = sum(ms for _, ms, _ in rows)
-                    print(f"## {op} {name} {B}x{H} T={T}: CUDA time per fwd+bwd (mean of {n}), "
-                          f"{sum(c for *_, c in rows):.0f} kernels", flush=True)
-                    for key, ms, cnt in rows[:18]:
-                        print(f"  {ms:8.4f} ms  x{cnt:4.1f}  {key[:90]}")
-                    print(f"  {total:8.4f} ms  total", flush=True)
-                    out.append({"op": op, "impl": name, "B": B, "H": H, "T": T, "total_ms": total,
-                                "kernels": [{"name": k, "ms": ms, "calls": c} for k, ms, c in rows]})
-                    del inputs, do
-                    _dump(a.json, meta, out)
-                del ins
-                torch.cuda.empty_cache()
+    for B, H, T, op, name, fn, ins in _each_impl(a):
+        inputs = [t.clone().requires_grad_(True) for t in ins]
+        do = torch.randn_like(fn(*inputs))
+        for _ in range(3):
+            torch.autograd.grad(fn(*inputs), inputs, do)
+        torch.cuda.synchronize()
+        n = 10
+        with prof_ctx(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                torch.autograd.grad(fn(*inputs), inputs, do)
+            torch.cuda.synchronize()
+        rows = sorted(((e.key, e.self_device_time_total / n / 1e3, e.count / n)
+                       for e in prof.key_averages() if e.self_device_time_total > 0), key=lambda r: -r[1])
+        total = sum(ms for _, ms, _ in rows)
+        print(f"## {op} {name} {B}x{H} T={T}: CUDA time per fwd+bwd (mean of {n}), "
+              f"{sum(c for *_, c in rows):.0f} kernels", flush=True)
+        for key, ms, cnt in rows[:18]:
+            print(f"  {ms:8.4f} ms  x{cnt:4.1f}  {key[:90]}")
+        print(f"  {total:8.4f} ms  total", flush=True)
+        out.append({"op": op, "impl": name, "B": B, "H": H, "T": T, "total_ms": total,
+                    "kernels": [{"name": k, "ms": ms, "calls": c} for k, ms, c in rows]})
+        del inputs, do
+        _dump(a.json, meta, out)
 
 
 def resources(a) -> None:
