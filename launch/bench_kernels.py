@@ -246,15 +246,19 @@ def _resumed(path: str | None) -> list:
     return rows
 
 
-def _each_impl(a):
-    """(B, H, T, op, 'ours' or 'fla', fn, inputs) for every cell of the shapes, T and ops asked for: ours,
-    then fla unless skipped, on the same inputs (made once per cell, freed after it)."""
+def _each_impl(a, anchor: bool = True):
+    """(B, H, T, op, 'ours' or 'fla', fn, inputs) for every cell of the shapes, T and ops asked for that
+    fits in memory: ours, then (with anchor) fla unless skipped, on the same inputs (made once per cell,
+    freed after it)."""
+    budget = torch.cuda.get_device_properties(0).total_memory * 0.8
     for B, H in a.shapes:
         for T in a.T:
             for op in a.ops:
+                if not _fits(op, B, T, H, budget):
+                    continue
                 mk, ours, fla, *_ = _case(op, B, T, H)
                 ins = mk()
-                for name, fn in (("ours", ours), ("fla", fla)):
+                for name, fn in (("ours", ours), ("fla", fla if anchor else None)):
                     if fn is not None and not (name == "fla" and "fla" in a.skip):
                         yield B, H, T, op, name, fn, ins
                 del ins
@@ -375,24 +379,16 @@ def launches(a) -> None:
     from ops.testing import force_plan
     variants = {"default": {}, **json.loads(Path(a.launches).read_text())}
     meta = _header("(launch variants)", a.timing)
-    budget = torch.cuda.get_device_properties(0).total_memory * 0.8
     res: dict[str, dict[str, float]] = {}
-    for B, H in a.shapes:
-        for T in a.T:
-            for op in a.ops:
-                if not _fits(op, B, T, H, budget):
-                    continue
-                mk, ours, *_ = _case(op, B, T, H)
-                ins = mk()
-                cell = res.setdefault(f"{B}x{H} T{T} {op}", {})
-                for name, over in variants.items():
-                    with force_plan(launch=over):
-                        cell[name] = _fwd_bwd_ms(ours, [t.clone() for t in ins], a.rep, a.timing)
-                    print(f"| {B}x{H} | {T} | {op} | {name} | {cell[name]:.4f} | "
-                          f"{cell[name] / cell['default']:.3f} |", flush=True)
-                del ins
-                if a.json:
-                    Path(a.json).write_text(json.dumps({"meta": meta, "cells": res}, indent=1))
+    for B, H, T, op, _, ours, ins in _each_impl(a, anchor=False):
+        cell = res.setdefault(f"{B}x{H} T{T} {op}", {})
+        for name, over in variants.items():
+            with force_plan(launch=over):
+                cell[name] = _fwd_bwd_ms(ours, [t.clone() for t in ins], a.rep, a.timing)
+            print(f"| {B}x{H} | {T} | {op} | {name} | {cell[name]:.4f} | "
+                  f"{cell[name] / cell['default']:.3f} |", flush=True)
+        if a.json:
+            Path(a.json).write_text(json.dumps({"meta": meta, "cells": res}, indent=1))
 
 
 def warmup(a) -> None:

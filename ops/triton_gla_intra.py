@@ -59,11 +59,11 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
                       BK: tl.constexpr, TAME_SPAN: tl.constexpr, VARLEN: tl.constexpr):
     """grid (chunks, H), in the forward: bc = the cumulative log-decay from each chunk's start (fp32), for
     every chunk: every later kernel (the intra-chunk products, the walks of `ops.triton_scan`, the
-    two-level scan) reads it instead of summing log f itself, and the backward keeps it in place of log f. Also classifies each (chunk, head) and writes the flag at
-    the chunk's first token (tame[token, head]): 2 when no key channel decays by more than exp(-TAME_SPAN)
-    across the whole chunk (the tame kernels' one product per key block), else 1 when that holds in each
-    32-row half (their half-block products; every factor within exp(+-TAME_SPAN / 2) either way), else 0
-    (the level kernels of flag 0)."""
+    two-level scan) reads it instead of summing log f itself, and the backward keeps it in place of log f.
+    Also classifies each (chunk, head) and writes the flag at the chunk's first token (tame[token, head]):
+    2 when no key channel decays by more than exp(-TAME_SPAN) across the whole chunk (the tame kernels'
+    one product per key block), else 1 when that holds in each 32-row half (their half-block products;
+    every factor within exp(+-TAME_SPAN / 2) either way), else 0 (the level kernels of flag 0)."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
@@ -404,9 +404,10 @@ def gla_state_grad_kernel(k, v, bc, dht, h0, dgx, dkx, dh0, cu, T,
         d log_f_s += W_s f_s z_{s-1}   (dgx)      dk_s += W_s u_s   (dkx)      dh0 += (prod_t f_t) dS
     The direct form: every term is a product of factors <= 1 and O(1) sums, so it keeps its relative
     precision for gates near 0, where the equivalent 'sum of all minus a suffix' form cancels.
-    Pass 1 walks forward (z; writes f_s z_{s-1} into dgx and u into dkx), pass 2 backward (W). The gates
-    come from bc, the chunk-local cumulative log-decay (`_gates_of`): every use of them here is a factor
-    exp(log f), whose relative error that difference leaves at about |b| * 2^-24."""
+    Pass 1 walks forward (z; writes f_s z_{s-1} into dgx and u into dkx), pass 2 backward (W, from bc
+    directly: W_s = W_end exp(b_last - b_s) inside a chunk). Pass 1's gates come from bc, the chunk-local
+    cumulative log-decay (`_gates_of`); every use of them here is a factor exp(log f), whose relative
+    error that difference leaves at about |b| * 2^-24."""
     i_h, bos, L, offs_k, offs_v, kmask, vmask, _, hp, hmask = walk_program(
         tl.program_id(0), 0, tl.program_id(1), None, cu, T, H, K, V, BK, BV, True, True, VARLEN)
     offs_t = tl.arange(0, BT)
@@ -444,14 +445,14 @@ def gla_state_grad_kernel(k, v, bc, dht, h0, dgx, dkx, dh0, cu, T,
         rows = c * BT + offs_t
         m = (rows < L)[:, None] & kmask[None, :]
         p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
-        rn = rows + 1  # f of the next row inside the chunk (1 past it: W carries the rest)
-        a_next = tl.exp(tl.where((rn < (c + 1) * BT)[:, None],
-                                 _gates_of(bc, bos, rn, c * BT, L, i_h, H, K, offs_k, kmask), 0.))
-        w = tl.cumprod(a_next, axis=0, reverse=True) * W[None, :]  # W_s
+        # W_s = W * prod_{s < t <= chunk's last row} f_t = W * exp(b_last - b_s): no product to scan
+        b = tl.load(bc + p, mask=m, other=0.)
+        b_last = tl.load(bc + ((bos + c * BT + tl.minimum(L - c * BT, BT) - 1) * H + i_h) * K + offs_k,
+                         mask=kmask, other=0.)[None, :]
+        w = tl.exp(tl.minimum(b_last - b, 0.)) * W[None, :]  # padded rows (b = 0) are masked below
         tl.store(dgx + p, w * tl.load(dgx + p, mask=m, other=0.), mask=m)
         tl.store(dkx + p, w * tl.load(dkx + p, mask=m, other=0.), mask=m)
-        a0 = tl.exp(_gates_of(bc, bos, rows, c * BT, L, i_h, H, K, offs_k, kmask))
-        W = tl.sum(tl.where((offs_t == 0)[:, None], w * a0, 0.), axis=0)
+        W = tl.sum(tl.exp(b_last), axis=0) * W
     if HAS_H0:
         tl.store(dh0 + hp, tl.load(dh0 + hp, mask=hmask, other=0.) + W[:, None] * dS, mask=hmask)
 
