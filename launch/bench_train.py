@@ -78,28 +78,54 @@ def _classify(name: str) -> str:
     return "other"
 
 
+def idle_gaps(intervals: list[tuple[float, float, str]]) -> list[tuple[float, float, str, str]]:
+    """The gaps in the union of the kernels' [start, end) intervals, whatever the number of streams (kernels
+    that overlap count once): each as (start, end, the kernel that last ended before it, the kernel after it)."""
+    gaps: list[tuple[float, float, str, str]] = []
+    end, last = None, ""
+    for s, e, name in sorted(intervals):
+        if end is not None and s > end:
+            gaps.append((end, s, last, name))
+        if end is None or e >= end:
+            end, last = e, name
+    return gaps
+
+
 def _profile_step(step_fn) -> dict:
-    """Kernel time of one step, by class (share of the summed kernel time) and the top kernels."""
+    """Kernel time of one step, by class (share of the summed kernel time), the top kernels, and how much of
+    the step's wall time the GPU was busy (the union of its kernels' intervals over all streams; the rest is
+    the GPU waiting for the host). Only CUDA activity is recorded, so the profiler adds little host work."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.time()
         step_fn()
         torch.cuda.synchronize()
         wall = time.time() - t0
-    kernels = {}
-    for e in prof.key_averages():
+    kernels, intervals = {}, []
+    for e in prof.events():
         us = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
         # "Command Buffer Full": the profiler's mark of the host waiting for room in the launch queue, not a kernel
         if us > 0 and not e.key.startswith(("aten::", "linscale::", "ProfilerStep", "autograd::", "Command Buffer Full")):
             kernels[e.key] = kernels.get(e.key, 0.0) + us / 1e6
+            intervals.append((e.time_range.start / 1e6, e.time_range.end / 1e6, e.key[:60]))
+    # where the GPU waited: idle time by the pair of kernels around each gap (a long gap after a copy or
+    # a read-back is the host catching up after a sync)
+    gaps = idle_gaps(intervals)
+    idle = sum(end - start for start, end, _, _ in gaps)
+    busy = (max(iv[1] for iv in intervals) - min(iv[0] for iv in intervals) - idle) if intervals else 0.0
+    by_pair: dict[str, float] = {}
+    for start, end, before, after in gaps:
+        by_pair[f"{before} -> {after}"] = by_pair.get(f"{before} -> {after}", 0.0) + end - start
     total = sum(kernels.values()) or 1.0
     classes: dict[str, float] = {}
     for k, s in kernels.items():
         c = _classify(k)
         classes[c] = classes.get(c, 0.0) + s
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
-    return {"wall_s": wall, "kernel_s": total,
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
+    return {"wall_s": wall, "kernel_s": total, "gpu_busy_s": busy, "gpu_busy_share": busy / wall if wall else None,
+            "idle_gaps": len(gaps), "idle_s": idle,
+            "idle_by_kernel_pair": [{"pair": k, "s": v} for k, v in sorted(by_pair.items(), key=lambda kv: -kv[1])[:15]],
             "classes": {c: {"s": s, "share": s / total} for c, s in sorted(classes.items(), key=lambda kv: -kv[1])},
             "top_kernels": [{"name": k[:120], "s": s, "share": s / total} for k, s in top]}
 
@@ -156,11 +182,12 @@ def run_cell(spec: dict) -> dict:
             module = TorchTrainModule(model, OptimConfig(warmup_steps=0), dev, "bf16" if cuda else "fp32")
             if spec["compile"]:
                 module.compile()
-            gen = torch.Generator(device=dev).manual_seed(0)
+            gen = torch.Generator().manual_seed(0)
 
             def batch():
-                x = torch.randint(0, model.config.vocab_size, (mb, seq + 1), device=dev, generator=gen)
-                return {"input_ids": x[:, :-1], "targets": x[:, 1:]}
+                # on the host, as the loader yields them: the step copies them to the GPU as training does
+                x = torch.randint(0, model.config.vocab_size, (mb, seq + 1), generator=gen)
+                return {"input_ids": x[:, :-1].contiguous(), "targets": x[:, 1:].contiguous()}
 
             times, losses = [], []
             for i in range(spec["warmup"] + spec["steps"]):
@@ -376,8 +403,10 @@ def _report_device(rows: list[dict]) -> str:
     profiles = [r for r in rows if r.get("status") == "ok" and any("profile" in a for a in r["attempts"])]
     for r in profiles:
         p = next(a["profile"] for a in r["attempts"] if "profile" in a)
+        busy = (f"; the GPU busy {p['gpu_busy_s']:.3f} s, {100 * p['gpu_busy_share']:.1f}% of the step"
+                if p.get("gpu_busy_s") is not None else "")
         lines += ["", f"Kernel time of one step, {r['arch']} {r['size']} seq {r['seq']} (kernels {p['kernel_s']:.3f} s "
-                      f"of a {p['wall_s']:.3f} s profiled step):", "", "| kernel class | share |", "|---|---:|"]
+                      f"of a {p['wall_s']:.3f} s profiled step{busy}):", "", "| kernel class | share |", "|---|---:|"]
         lines += [f"| {c} | {100 * v['share']:.1f}% |" for c, v in p["classes"].items()]
     return "\n".join(lines)
 

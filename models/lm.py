@@ -81,6 +81,15 @@ class Block(nn.Module):
         return self.training and torch.is_grad_enabled() and mixer_kwargs.get("state") is None
 
 
+def check_token_ids(input_ids: Tensor, vocab_size: int) -> None:
+    """Raise ValueError unless every id lies in [0, vocab_size). Reads values: free for a CPU tensor, a host
+    sync for one on a GPU."""
+    if input_ids.numel():
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"token ids must lie in [0, {vocab_size}), got min {lo}, max {hi}")
+
+
 def checkpointed_blocks(n_layers: int, fraction: float) -> list[int]:
     """The blocks a share `fraction` of `n_layers` checkpoints, spread evenly over the depth (0.5: every
     second block; k / n_layers: exactly k blocks). The memory estimate counts the same blocks."""
@@ -145,15 +154,13 @@ class LanguageModel(nn.Module):
 
     # -- forward ------------------------------------------------------------------------------------
     def hidden_states(self, input_ids: Tensor, cache: InferenceCache | None = None,
-                      cu_seqlens: Tensor | None = None) -> Tensor:
+                      cu_seqlens: Tensor | None = None, check_ids: bool = True) -> Tensor:
         cfg = self.config
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, time], got shape {tuple(input_ids.shape)}")
-        # the range check reads values (a host sync): eager only, so a compiled forward stays one graph
-        if (not torch.compiler.is_compiling() and input_ids.numel()
-                and (int(input_ids.max()) >= cfg.vocab_size or int(input_ids.min()) < 0)):
-            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got min {int(input_ids.min())}, "
-                             f"max {int(input_ids.max())}")
+        # the range check reads values: eager only, so that a compiled forward stays one graph
+        if check_ids and not torch.compiler.is_compiling():
+            check_token_ids(input_ids, cfg.vocab_size)
         pos = 0 if cache is None else cache.pos
         if cache is not None and not cache.layers:
             cache.layers = [{} for _ in self.blocks]
@@ -175,16 +182,19 @@ class LanguageModel(nn.Module):
         return self.final_norm(x)
 
     def forward(self, input_ids: Tensor, targets: Tensor | None = None, cache: InferenceCache | None = None,
-                cu_seqlens: Tensor | None = None) -> Tensor:
+                cu_seqlens: Tensor | None = None, check_ids: bool = True) -> Tensor:
         """logits [B, T, V] (float32, or float64 for a float64 model), or with `targets` [B, T] the mean cross-entropy, computed fused with
         the tied head so the full logits are never held (targets of -100 are ignored). With `cu_seqlens`
         (int offsets of document starts in the flattened [B*T] batch, ending at B*T) the linear models
-        reset their state at each document start."""
+        reset their state at each document start. `check_ids=False` skips the check that every id lies in
+        the vocabulary, for a caller that has checked them already: on a GPU the check reads two values
+        back, which stalls the GPU until the host has launched the next work (the train modules check on
+        the host, before the copy; `check_token_ids`)."""
         B, T = input_ids.shape if input_ids.dim() == 2 else (None, None)
         if cu_seqlens is not None:
             # the ops take packed documents as one batch-1 row: cu_seqlens indexes the flattened batch
             input_ids, cu_seqlens = input_ids.reshape(1, -1), cu_seqlens.to(input_ids.device)
-        h = self.hidden_states(input_ids, cache, cu_seqlens)
+        h = self.hidden_states(input_ids, cache, cu_seqlens, check_ids)
         if cu_seqlens is not None:
             h = h.reshape(B, T, -1)
         if targets is not None:

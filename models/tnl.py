@@ -72,14 +72,23 @@ class TnlTokenMixer(nn.Module):
 class TnlDecays(ModelExtra):
     """Hands each layer its decays as an fp32 tensor [h]: as an input, not as Python constants baked into
     the block's code, so that all blocks share one compiled graph (TrainModule.compile compiles per
-    block). No parameters: a Python table, which a bf16 cast of the model cannot round."""
+    block). No parameters: a Python table, which a bf16 cast of the model cannot round. The table is
+    copied to each device once and kept (a plain attribute, which no dtype cast touches): a copy from host
+    memory at every forward would wait for all the work queued on the GPU, and the GPU would then idle
+    while the host launches the next kernels."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.table = [tnl_decays(cfg.n_heads, i, cfg.n_layers, cfg.tnl_decay_schedule) for i in range(cfg.n_layers)]
+        self._on_device: dict[torch.device, Tensor] = {}
 
     def layer_inputs(self, n_layers: int, device) -> list[dict[str, Tensor]]:
-        decays = torch.tensor(self.table, dtype=torch.float32, device=device)
+        device = torch.device(device)
+        decays = self._on_device.get(device)
+        if decays is None:
+            # an ordinary tensor even when first asked for under inference mode, so training can use it too
+            with torch.inference_mode(False):
+                decays = self._on_device[device] = torch.tensor(self.table, dtype=torch.float32, device=device)
         return [{"decay": decays[i]} for i in range(n_layers)]
 
 

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from checkpoints.layout import DEEPSPEED_DIR, DEEPSPEED_META, UNIVERSAL_DIR
+from pretrain.batches import device_batch
 from pretrain.config import RunConfig
 from pretrain.deepspeed_config import build_deepspeed_config
 from pretrain.distributed import DistEnv, all_reduce_mean
@@ -101,9 +102,9 @@ class DeepSpeedTrainModule(TrainModule):
     # -- one optimizer step ---------------------------------------------------------------------------
     def _forward(self, batch: dict) -> Tensor:
         # autocast (when the config asks for it) is applied by the engine around the module's forward
-        return self.engine(batch["input_ids"].to(self.device, non_blocking=True),
-                           targets=batch["targets"].to(self.device, non_blocking=True),
-                           cu_seqlens=_to(batch.get("cu_seqlens"), self.device))
+        moved, checked = device_batch(batch, self.device, self.model.config.vocab_size)
+        return self.engine(moved["input_ids"], targets=moved["targets"], cu_seqlens=moved["cu_seqlens"],
+                           check_ids=not checked)
 
     def train_step(self, micro_batches: list[dict], step: int, inject_nonfinite: bool = False) -> StepResult:
         if len(micro_batches) != self.accum:
@@ -240,7 +241,3 @@ def _backend(cfg: RunConfig, env: DistEnv) -> str:
     if cfg.dist.backend != "auto":
         return cfg.dist.backend
     return "nccl" if env.device.type == "cuda" else "gloo"
-
-
-def _to(x, device):
-    return None if x is None else x.to(device, non_blocking=True)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from checkpoints.layout import TORCH_MODEL, TORCH_OPTIMIZER
+from pretrain.batches import device_batch
 from pretrain.config import OptimConfig
 from pretrain.distributed import all_reduce_mean, get_rank
 
@@ -144,10 +145,10 @@ class TorchTrainModule(TrainModule):
         return contextlib.nullcontext()
 
     def forward_loss(self, batch: dict) -> Tensor:
+        moved, checked = device_batch(batch, self.device, self.model.config.vocab_size)
         with self.autocast():
-            return self.wrapped(batch["input_ids"].to(self.device, non_blocking=True),
-                                targets=batch["targets"].to(self.device, non_blocking=True),
-                                cu_seqlens=batch.get("cu_seqlens"))
+            return self.wrapped(moved["input_ids"], targets=moved["targets"], cu_seqlens=moved["cu_seqlens"],
+                                check_ids=not checked)
 
     def train_step(self, micro_batches: list[dict], step: int, inject_nonfinite: bool = False) -> StepResult:
         lr = lr_at(step, self.optim_cfg)

@@ -92,6 +92,37 @@ def test_two_compiled_steps_at_64k_tokens_per_micro_batch(arch):
     assert second.loss < first.loss
 
 
+@pytest.mark.parametrize("arch", ["tnl", "hgrn2", "cos2", "llama"])
+def test_a_compiled_micro_batch_from_the_loader_does_not_sync(arch):
+    """A micro-batch as the loader yields it (CPU tensors) through the compiled forward and backward of a
+    70m-wide model (2 blocks): no host sync anywhere (CUDA's sync debug mode raises on one), so the host
+    stays ahead of the GPU across micro-batches. The CPU twin of this test patches the value readers
+    (tests/test_train_batches.py)."""
+    from models import build_model
+    from pretrain.config import OptimConfig
+    from pretrain.train_module import TorchTrainModule
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    with torch.device(DEV):
+        model = build_model(arch, "70m", n_layers=2)
+    module = TorchTrainModule(model, OptimConfig(warmup_steps=0), torch.device(DEV), "bf16")
+    module.compile()
+
+    def batch(seed):
+        x = torch.randint(0, V, (2, 1025), generator=torch.Generator().manual_seed(seed))
+        return {"input_ids": x[:, :-1].contiguous(), "targets": x[:, 1:].contiguous()}
+
+    module.forward_loss(batch(0)).backward()  # compiles, plans the kernels, copies TNL's decays once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = module.forward_loss(batch(1))
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss).item()
+
+
 def test_out_of_memory_is_recognised():
     """A micro-batch far past the device's memory raises an error the trainer turns into its message."""
     from models import build_model

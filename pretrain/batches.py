@@ -1,0 +1,37 @@
+"""A loader batch onto the training device without stalling the GPU.
+
+The loader yields CPU tensors. Copied as they are, each is pageable memory, and a copy from pageable
+memory waits for all the work already queued on the GPU; so would the model's own check of the token ids
+on the GPU (it reads two values back). Either way the GPU then idles while the host launches the next
+micro-batch's first kernels. Here the ids are checked on the host, where they are, and every tensor goes
+through pinned memory, so the copy is queued like a kernel and the host stays ahead of the GPU.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from models.lm import check_token_ids
+
+
+def to_device(x: Tensor | None, device: torch.device) -> Tensor | None:
+    """x on `device`, copied asynchronously: a CPU tensor bound for a GPU goes through pinned memory (the
+    caching host allocator keeps the pinned block until the copy has run)."""
+    if x is None:
+        return None
+    if x.device.type == "cpu" and device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device, non_blocking=True)
+
+
+def device_batch(batch: dict, device: torch.device, vocab_size: int) -> tuple[dict, bool]:
+    """The batch's tensors on `device`, and whether its input ids were checked against the vocabulary here
+    (true for ids that arrive on the CPU; ids already on an accelerator are left to the model's check).
+    Raises ValueError for ids outside [0, vocab_size)."""
+    ids = batch["input_ids"]
+    checked = ids.device.type == "cpu"
+    if checked:
+        check_token_ids(ids, vocab_size)
+    moved = {"input_ids": to_device(ids, device), "targets": to_device(batch["targets"], device),
+             "cu_seqlens": to_device(batch.get("cu_seqlens"), device)}
+    return moved, checked

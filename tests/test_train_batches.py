@@ -1,0 +1,116 @@
+"""The training step keeps the GPU fed: a loader batch reaches the device without a host sync, and the
+model's training forward and backward read no tensor value back to the host.
+
+On a GPU a read-back (`.item()`, `int(t)`, `bool(t)`, `.tolist()`) or a copy from pageable memory waits
+for everything queued before it, and the GPU then idles while the host launches the next kernels. On the
+CPU the same calls are detected by patching the readers while the model runs."""
+import contextlib
+
+import pytest
+import torch
+
+from models import build_model
+from pretrain.batches import device_batch, to_device
+from pretrain.config import OptimConfig
+from pretrain.train_module import TorchTrainModule
+
+ARCHS = ["llama", "tnl", "hgrn2", "cos2"]
+
+
+@contextlib.contextmanager
+def no_value_reads():
+    """Any tensor value read back to the host inside raises AssertionError."""
+    names = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+
+    def refuse(name):
+        def read(self, *args, **kwargs):
+            raise AssertionError(f"Tensor.{name} read a value back to the host")
+        return read
+    try:
+        for n in names:
+            setattr(torch.Tensor, n, refuse(n))
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(torch.Tensor, n, f)
+
+
+def _batch(vocab: int, rows: int = 2, seq: int = 37, seed: int = 0) -> dict:
+    x = torch.randint(0, vocab, (rows, seq + 1), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": x[:, :-1].contiguous(), "targets": x[:, 1:].contiguous()}
+
+
+def test_the_readers_are_caught():
+    t = torch.ones(3)
+    with no_value_reads():
+        for read in (lambda: t.sum().item(), lambda: int(t[0]), lambda: bool(t[0]), lambda: t.tolist()):
+            with pytest.raises(AssertionError, match="read a value back"):
+                read()
+    assert t.sum().item() == 3.0  # restored
+
+
+@pytest.mark.parametrize("impl", ["auto", "triton"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_training_forward_and_backward_read_no_values(arch, impl):
+    """With ids checked on the host (check_ids=False) a micro-batch's forward and backward read nothing
+    back, through the PyTorch twins and through the Triton ops' host code (plan, launches; the kernels
+    run in the interpreter); the model's own check of the same ids does (a host sync on a GPU)."""
+    import ops
+    from ops.optional import HAVE_TRITON
+    if impl == "triton" and (arch == "llama" or not HAVE_TRITON):
+        pytest.skip("LLaMA runs no linear-attention op" if arch == "llama" else "Triton is not installed")
+    model = build_model(arch, "tiny")
+    module = TorchTrainModule(model, OptimConfig(), torch.device("cpu"), "fp32")
+    moved, checked = device_batch(_batch(model.config.vocab_size), torch.device("cpu"), model.config.vocab_size)
+    assert checked
+    before = ops.get_config().impl
+    ops.set_config(impl=impl)
+    try:
+        with no_value_reads():
+            loss = module.wrapped(moved["input_ids"], targets=moved["targets"], check_ids=False)
+            loss.backward()
+    finally:
+        ops.set_config(impl=before)
+    assert torch.isfinite(loss)
+    with no_value_reads(), pytest.raises(AssertionError, match="read a value back"):
+        module.wrapped(moved["input_ids"], targets=moved["targets"])
+
+
+def test_device_batch_checks_ids_on_the_host_with_the_models_message():
+    model = build_model("tnl", "tiny")
+    V = model.config.vocab_size
+    bad = _batch(V)
+    bad["input_ids"][1, 5] = V
+    module = TorchTrainModule(model, OptimConfig(), torch.device("cpu"), "fp32")
+    with pytest.raises(ValueError, match=rf"token ids must lie in \[0, {V}\), got min \d+, max {V}"):
+        module.forward_loss(bad)
+    bad["input_ids"][1, 5] = -1
+    with pytest.raises(ValueError, match=r"got min -1"):
+        device_batch(bad, torch.device("cpu"), V)
+    # the train module's loss on a good batch is the model's own, checked or not
+    good = _batch(V, seed=3)
+    torch.testing.assert_close(module.forward_loss(good), model(good["input_ids"], targets=good["targets"]),
+                               rtol=0, atol=0)
+
+
+def test_ids_already_on_the_device_are_left_to_the_models_check():
+    ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
+    moved, checked = device_batch({"input_ids": ids, "targets": ids}, torch.device("meta"), 10)
+    assert not checked and moved["input_ids"].device.type == "meta"
+    assert to_device(None, torch.device("cpu")) is None
+
+
+def test_tnl_decays_reach_the_device_once():
+    """The decay table is copied to a device at the first forward and reused (a copy at every forward
+    waits for the GPU), also when first asked for under inference mode."""
+    model = build_model("tnl", "tiny")
+    with torch.inference_mode():
+        first = model.decays.layer_inputs(model.config.n_layers, "cpu")
+    again = model.decays.layer_inputs(model.config.n_layers, torch.device("cpu"))
+    assert [d["decay"].data_ptr() for d in first] == [d["decay"].data_ptr() for d in again]
+    assert not again[0]["decay"].is_inference()
+    from models.tnl import tnl_decays
+    torch.testing.assert_close(again[1]["decay"], torch.tensor(tnl_decays(model.config.n_heads, 1, model.config.n_layers)))
+    ids = _batch(model.config.vocab_size)["input_ids"]
+    model(ids, targets=ids).backward()  # the cached table trains (it needs no gradient)
