@@ -14,24 +14,24 @@ from torch import Tensor
 from models.lm import check_token_ids
 
 
-def to_device(x: Tensor | None, device: torch.device) -> Tensor | None:
+def to_device(x: Tensor, device: torch.device) -> Tensor:
     """x on `device`, copied asynchronously: a CPU tensor bound for a GPU goes through pinned memory (the
     caching host allocator keeps the pinned block until the copy has run)."""
-    if x is None:
-        return None
     if x.device.type == "cpu" and device.type == "cuda":
         return x.pin_memory().to(device, non_blocking=True)
     return x.to(device, non_blocking=True)
 
 
 def device_batch(batch: dict, device: torch.device, vocab_size: int) -> tuple[dict, bool]:
-    """The batch's tensors on `device`, and whether its input ids were checked against the vocabulary here
+    """The batch's ids and targets on `device`, and whether its input ids were checked against the vocabulary here
     (true for ids that arrive on the CPU; ids already on an accelerator are left to the model's check).
     Raises ValueError for ids outside [0, vocab_size)."""
     ids = batch["input_ids"]
     checked = ids.device.type == "cpu"
     if checked:
         check_token_ids(ids, vocab_size)
+    # document offsets stay where they are: the model moves them, and a sequence-parallel model reads them
+    # on the host first (`pretrain.sequence_parallel`)
     moved = {"input_ids": to_device(ids, device), "targets": to_device(batch["targets"], device),
-             "cu_seqlens": to_device(batch.get("cu_seqlens"), device)}
+             "cu_seqlens": batch.get("cu_seqlens")}
     return moved, checked

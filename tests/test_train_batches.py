@@ -98,7 +98,9 @@ def test_ids_already_on_the_device_are_left_to_the_models_check():
     ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
     moved, checked = device_batch({"input_ids": ids, "targets": ids}, torch.device("meta"), 10)
     assert not checked and moved["input_ids"].device.type == "meta"
-    assert to_device(None, torch.device("cpu")) is None
+    cu = torch.tensor([0, 2, 4])
+    assert device_batch({"input_ids": ids, "targets": ids, "cu_seqlens": cu}, torch.device("meta"), 10)[0]["cu_seqlens"] is cu
+    assert to_device(cu, torch.device("cpu")) is cu  # nothing to copy
 
 
 def test_tnl_decays_reach_the_device_once():
