@@ -22,16 +22,15 @@ def to_device(x: Tensor, device: torch.device) -> Tensor:
     return x.to(device, non_blocking=True)
 
 
-def device_batch(batch: dict, device: torch.device, vocab_size: int) -> tuple[dict, bool]:
-    """The batch's ids and targets on `device`, and whether its input ids were checked against the vocabulary here
-    (true for ids that arrive on the CPU; ids already on an accelerator are left to the model's check).
-    Raises ValueError for ids outside [0, vocab_size)."""
+def device_batch(batch: dict, device: torch.device, vocab_size: int) -> dict:
+    """The model's keyword arguments for a loader batch: ids and targets on `device`, and `check_ids` False
+    when the ids were checked against the vocabulary here (ids that arrive on the CPU; ids already on an
+    accelerator are left to the model's check). Raises ValueError for ids outside [0, vocab_size)."""
     ids = batch["input_ids"]
     checked = ids.device.type == "cpu"
     if checked:
         check_token_ids(ids, vocab_size)
     # document offsets stay where they are: the model moves them, and a sequence-parallel model reads them
     # on the host first (`pretrain.sequence_parallel`)
-    moved = {"input_ids": to_device(ids, device), "targets": to_device(batch["targets"], device),
-             "cu_seqlens": batch.get("cu_seqlens")}
-    return moved, checked
+    return {"input_ids": to_device(ids, device), "targets": to_device(batch["targets"], device),
+            "cu_seqlens": batch.get("cu_seqlens"), "check_ids": not checked}

@@ -145,10 +145,9 @@ class TorchTrainModule(TrainModule):
         return contextlib.nullcontext()
 
     def forward_loss(self, batch: dict) -> Tensor:
-        moved, checked = device_batch(batch, self.device, self.model.config.vocab_size)
+        kwargs = device_batch(batch, self.device, self.model.config.vocab_size)
         with self.autocast():
-            return self.wrapped(moved["input_ids"], targets=moved["targets"], cu_seqlens=moved["cu_seqlens"],
-                                check_ids=not checked)
+            return self.wrapped(**kwargs)
 
     def train_step(self, micro_batches: list[dict], step: int, inject_nonfinite: bool = False) -> StepResult:
         lr = lr_at(step, self.optim_cfg)

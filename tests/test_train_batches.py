@@ -62,13 +62,13 @@ def test_training_forward_and_backward_read_no_values(arch, impl):
         pytest.skip("LLaMA runs no linear-attention op" if arch == "llama" else "Triton is not installed")
     model = build_model(arch, "tiny")
     module = TorchTrainModule(model, OptimConfig(), torch.device("cpu"), "fp32")
-    moved, checked = device_batch(_batch(model.config.vocab_size), torch.device("cpu"), model.config.vocab_size)
-    assert checked
+    moved = device_batch(_batch(model.config.vocab_size), torch.device("cpu"), model.config.vocab_size)
+    assert moved["check_ids"] is False
     before = ops.get_config().impl
     ops.set_config(impl=impl)
     try:
         with no_value_reads():
-            loss = module.wrapped(moved["input_ids"], targets=moved["targets"], check_ids=False)
+            loss = module.wrapped(**moved)  # check_ids=False: checked on the host
             loss.backward()
     finally:
         ops.set_config(impl=before)
@@ -96,10 +96,10 @@ def test_device_batch_checks_ids_on_the_host_with_the_models_message():
 
 def test_ids_already_on_the_device_are_left_to_the_models_check():
     ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
-    moved, checked = device_batch({"input_ids": ids, "targets": ids}, torch.device("meta"), 10)
-    assert not checked and moved["input_ids"].device.type == "meta"
+    moved = device_batch({"input_ids": ids, "targets": ids}, torch.device("meta"), 10)
+    assert moved["check_ids"] is True and moved["input_ids"].device.type == "meta"
     cu = torch.tensor([0, 2, 4])
-    assert device_batch({"input_ids": ids, "targets": ids, "cu_seqlens": cu}, torch.device("meta"), 10)[0]["cu_seqlens"] is cu
+    assert device_batch({"input_ids": ids, "targets": ids, "cu_seqlens": cu}, torch.device("meta"), 10)["cu_seqlens"] is cu
     assert to_device(cu, torch.device("cpu")) is cu  # nothing to copy
 
 
