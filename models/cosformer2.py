@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from models.config import ModelConfig
 from models.layers import LowRankGate, Norm, sglu, split_heads
 from models.spec import ArchSpec, ModelExtra
-from ops import lightning_attn
+from ops import lightning_attn, silu_lrpe
 
 
 class Tpe(ModelExtra):
@@ -75,48 +75,6 @@ class Tpe(ModelExtra):
         return y.to(x.dtype)
 
 
-class _Lrpe(torch.autograd.Function):
-    """phi(z)_t = [z cos(t theta), z sin(t theta)], with sin(x) written as cos(x - pi/2): one cosine per
-    output element and no concatenation (a concatenation is one select per output element that evaluates
-    both halves, i.e. both silu'd inputs and both cos and sin). The angles t theta - phase are formed in
-    float64 and rounded once to the compute precision (fp32 under bf16 autocast: t theta reaches 8192 rad
-    at 8K tokens). The backward evaluates cos and sin once per (token, head, channel) for dz and dtheta."""
-
-    @staticmethod
-    def forward(ctx, z: Tensor, theta: Tensor, t: Tensor) -> Tensor:
-        ctx.save_for_backward(z, theta, t)
-        return _lrpe_ops(z, theta, t)
-
-    @staticmethod
-    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, None]:
-        z, theta, t = ctx.saved_tensors
-        acc = torch.float64 if z.dtype == torch.float64 else torch.float32
-        tf = t.to(acc)[:, None, None]
-        ang = tf * theta.to(acc)
-        c, s = ang.cos(), ang.sin()
-        e = z.shape[-1]
-        gc, gs = g[..., :e].to(acc), g[..., e:].to(acc)
-        dz = (gc * c + gs * s).to(z.dtype)
-        dtheta = (tf * z.to(acc) * (gs * c - gc * s)).sum(dim=tuple(range(z.dim() - 2)))  # over batch and time
-        return dz, dtheta.to(theta.dtype), None
-
-
-def _lrpe_ops(z: Tensor, theta: Tensor, t: Tensor) -> Tensor:
-    """_Lrpe's forward as plain ops (autograd derives their backward)."""
-    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
-    phase = torch.tensor([0.0, math.pi / 2], device=z.device, dtype=torch.float64)
-    ang = (t.to(torch.float64)[:, None, None] * theta.to(torch.float64))[:, :, None, :] - phase[:, None]
-    return (z.to(acc)[..., None, :] * ang.to(acc).cos()).flatten(-2).to(z.dtype)
-
-
-def lrpe(z: Tensor, theta: Tensor, t: Tensor, recomputed: bool = False) -> Tensor:
-    """cosFormer2's LRPE. Args: z [B, T, H, e]; theta [H, e] the angles; t [T] the tokens' positions
-    (integers); recomputed: inside a fully checkpointed block (plain ops, whose inputs the checkpoint can
-    drop; see `Cos2TokenMixer.recomputed`). Returns [B, T, H, 2e] = [z cos(t theta), z sin(t theta)] in z's
-    dtype (computed in fp32, float64 for a float64 z)."""
-    return _lrpe_ops(z, theta, t) if recomputed else _Lrpe.apply(z, theta, t)
-
-
 class Cos2TokenMixer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -130,7 +88,8 @@ class Cos2TokenMixer(nn.Module):
         self.gate = LowRankGate(d, cfg.gate_rank)
         self.norm = Norm(d, cfg.norm_type, cfg.norm_eps)
         self.out_proj = nn.Linear(d, d, bias=False)
-        # True in a fully checkpointed block: the LRPE runs as plain ops there (models.lm.Block.set_recompute)
+        # True in a fully checkpointed block: the feature map runs as plain ops there, which the checkpoint
+        # recomputes instead of keeping the kernel's inputs (models.lm.Block.set_recompute)
         self.recomputed = False
 
     @torch.no_grad()
@@ -138,16 +97,12 @@ class Cos2TokenMixer(nn.Module):
         e = self.theta.shape[1]
         self.theta.copy_(10000.0 ** (-torch.arange(e, dtype=torch.float32, device=self.theta.device) / e))
 
-    def lrpe(self, z: Tensor, pos: int | Tensor) -> Tensor:
-        """[B, T, H, e] -> [B, T, H, 2e]. `pos`: the first token's position, or the T tokens' positions (a
-        segment of a longer sequence)."""
-        t = pos.to(z.device) if isinstance(pos, Tensor) else torch.arange(pos, pos + z.shape[1], device=z.device)
-        return lrpe(z, self.theta, t, self.recomputed and self.training)
-
     def forward(self, x: Tensor, state: dict | None = None, pos: int | Tensor = 0,
                 cu_seqlens: Tensor | None = None) -> Tensor:
-        q = self.lrpe(split_heads(F.silu(self.q_proj(x)), self.n_heads), pos)
-        k = self.lrpe(split_heads(F.silu(self.k_proj(x)), self.n_heads), pos)
+        """`pos`: the first token's position, or the T tokens' positions (a segment of a longer sequence)."""
+        t = positions(pos, x.shape[1], x.device)
+        q, k = silu_lrpe(self.q_proj(x), self.k_proj(x), self.theta, t,
+                         impl="reference" if self.recomputed and self.training else None)
         v = split_heads(self.v_proj(x), self.n_heads)
         h0 = None if state is None else state.get("S")
         o, S = lightning_attn(q, k, v, None, initial_state=h0, output_final_state=True,
@@ -156,6 +111,11 @@ class Cos2TokenMixer(nn.Module):
             state["S"] = S
         o = self.norm(o.reshape(x.shape).to(x.dtype))
         return self.out_proj(o * self.gate(x))
+
+
+def positions(pos: int | Tensor, n_tokens: int, device: torch.device) -> Tensor:
+    """The n tokens' absolute positions: from `pos` on, or `pos` itself where it holds them."""
+    return pos.to(device) if isinstance(pos, Tensor) else torch.arange(pos, pos + n_tokens, device=device)
 
 
 def paper_params(cfg: ModelConfig) -> int:

@@ -278,6 +278,27 @@ def test_rms_norm_bf16():
     assert rel(y, y6) < 1e-2 and rel(dx, dx6) < 1e-2 and rel(dw, dw6) < 1e-2
 
 
+@pytest.mark.parametrize("B,T,H,e,start", [(2, 8192, 12, 128, 0), (1, 65_536, 16, 128, 0),
+                                           (16, 2048, 12, 128, 0), (1, 4097, 32, 64, 1_000_000)])
+def test_silu_lrpe_bf16(B, T, H, e, start):
+    """cosFormer2's fused feature map at the model shapes (1B at 8K, 64K context, 1B at 2K, a 7B-width
+    segment deep into a sequence-parallel run) against the float64 twin: outputs, dq, dk, dtheta."""
+    from ops.lrpe import silu_lrpe, silu_lrpe_reference
+    g = torch.Generator(device=DEV).manual_seed(0)
+    q = (torch.randn(B, T, H * e, device=DEV, generator=g) * 2).to(torch.bfloat16).requires_grad_(True)
+    k = (torch.randn(B, T, H * e, device=DEV, generator=g) * 2).to(torch.bfloat16).requires_grad_(True)
+    theta = (10000.0 ** (-torch.arange(e, device=DEV) / e)).repeat(H, 1).requires_grad_(True)
+    t = torch.arange(start, start + T, device=DEV)
+    oq, ok = silu_lrpe(q, k, theta, t)
+    gq, gk = torch.randn_like(oq), torch.randn_like(ok)
+    got = (oq, ok) + torch.autograd.grad((oq.float() * gq).sum() + (ok.float() * gk).sum(), [q, k, theta])
+    leaves = [x.detach().double().requires_grad_(True) for x in (q, k, theta)]
+    rq, rk = silu_lrpe_reference(*leaves, t)
+    want = (rq, rk) + torch.autograd.grad((rq * gq.double()).sum() + (rk * gk.double()).sum(), leaves)
+    errs = [rel(a, b) for a, b in zip(got, want)]
+    assert all(err <= BAR for err in errs), errs
+
+
 def test_gpu_ms_times_the_gpu_not_the_host():
     """ops.tuning.gpu_ms, the plan's criterion: a host-bound call (5 ms of host work around a short
     kernel) must time as its short kernel, and a GPU-bound one (a spin of known length) as that spin."""

@@ -219,20 +219,6 @@ def test_hgrn2_lower_bounds_and_gate():
     torch.testing.assert_close(mixer(x, lower_bound=beta[2].double()), want, rtol=1e-6, atol=1e-6)
 
 
-def test_cos2_lrpe_is_relative():
-    model = small("cos2")
-    mixer = model.blocks[0].token_mixer.double()
-    q = torch.randn(1, 12, 2, 64, dtype=torch.float64)
-    k = torch.randn(1, 12, 2, 64, dtype=torch.float64)
-    pq, pk = mixer.lrpe(q, 0), mixer.lrpe(k, 0)
-    t, s = 9, 4
-    got = (pq[0, t] * pk[0, s]).sum(-1)
-    want = (q[0, t] * k[0, s] * torch.cos((t - s) * mixer.theta.double())).sum(-1)
-    torch.testing.assert_close(got, want)
-    # shifting both positions leaves the score unchanged
-    torch.testing.assert_close((mixer.lrpe(q, 100)[0, t] * mixer.lrpe(k, 100)[0, s]).sum(-1), want)
-
-
 def test_tpe_equals_its_recurrence_and_continues_from_state():
     torch.manual_seed(1)
     tpe = Tpe(6, 4, init_bound=0.5).double()
