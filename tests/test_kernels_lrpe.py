@@ -136,3 +136,41 @@ def test_mixer_positions_of_a_segment():
     torch.testing.assert_close(mixer(x, pos=5), mixer(x, pos=0))
     gapped = torch.cat([torch.arange(0, 5), torch.arange(50, 55)])
     assert not torch.allclose(mixer(x, pos=gapped), mixer(x, pos=0))
+
+
+def test_every_swept_launch_configuration_computes_the_same(monkeypatch):
+    """Each candidate of `launch/bench_lrpe.py --sweep` (tokens per program, channel block, warps), set as
+    the kernels' launch configuration, gives the twin's outputs and gradients: the sweep only picks
+    among correct kernels. Head width 128 so that every channel block (64, 128) is taken whole."""
+    import importlib.util
+    from pathlib import Path
+
+    import ops.triton_lrpe as K
+    path = Path(__file__).resolve().parents[1] / "launch" / "bench_lrpe.py"
+    spec = importlib.util.spec_from_file_location("bench_lrpe", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    q, k, theta, t = inputs(2, 19, 2, 128, 300, torch.float32)
+    ref_leaves = [x.double().requires_grad_() for x in (q, k, theta)]
+    rq, rk = silu_lrpe_reference(*ref_leaves, t)
+    ref = torch.autograd.grad(rq.sum() + 2 * rk.sum(), ref_leaves)
+    assert (K.FWD_LAUNCH in bench.SWEEP) and (K.BWD_LAUNCH in bench.SWEEP)
+    for cfg in bench.SWEEP:
+        monkeypatch.setattr(K, "FWD_LAUNCH", cfg)
+        monkeypatch.setattr(K, "BWD_LAUNCH", cfg)
+        leaves = [x.clone().requires_grad_() for x in (q, k, theta)]
+        oq, ok = silu_lrpe(*leaves, t, impl="triton")
+        grads = torch.autograd.grad(oq.sum() + 2 * ok.sum(), leaves)
+        assert rel(oq, rq) < 1e-5 and rel(ok, rk) < 1e-5, cfg
+        assert all(rel(a, b) < 1e-5 for a, b in zip(grads, ref)), cfg
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_the_benchmark_refuses_to_run_without_a_gpu():
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "launch" / "bench_lrpe.py")], capture_output=True, text=True,
+                          cwd=root)
+    assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr
