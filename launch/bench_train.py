@@ -3,6 +3,7 @@
     python launch/bench_train.py                                     # 4 archs x 410m, 1b x 2K, 8K, 32K, 64K
     python launch/bench_train.py --archs tnl,llama --sizes 1b --seqs 8192 --out bench/train     # a subset
     python launch/bench_train.py --report bench/train                # the tables of what is measured so far
+    python launch/bench_train.py --archs tnl --sizes 1b --seqs 8192 --ops side_streams=false  # a kernel option A/B
 
 Each cell (arch, size, seq) runs the training step of `pretrain.train_module.TorchTrainModule` (the one
 `launch/pretrain.py` runs on the plain PyTorch path: bf16 autocast, fused AdamW, clipping, regional
@@ -16,6 +17,10 @@ the step). Activation checkpointing (`--ac auto`) takes the cheapest setting the
 out of memory the cell retries with every block checkpointed, and the JSON keeps every attempt.
 `--profile` adds the per-kernel-class share of one profiled step. Run under TORCH_LOGS=graph_breaks,
 each cell's JSON also keeps Dynamo's graph-break log lines (`graph_break_log`; empty: no break).
+`--ops FIELD=VALUE` runs the cells with those `ops.config.OpsConfig` options (named for them, so that an
+A/B lands in one `--out`; the report compares each with the LLaMA cell of the same options if there is
+one, else with the default one); every JSON records the ops config the cell ran with and the commit,
+marked `+dirty` when tracked files differed from it.
 """
 from __future__ import annotations
 
@@ -54,9 +59,49 @@ KERNEL_CLASSES = [
 ]
 
 
-def cell_name(arch: str, size: str, seq: int, micro_tokens: int, ac: str, ac_fraction: float, compile_: bool) -> str:
+def cell_name(arch: str, size: str, seq: int, micro_tokens: int, ac: str, ac_fraction: float, compile_: bool,
+              ops: dict | None = None) -> str:
     frac = "" if ac_fraction == 1.0 else f"{ac_fraction:g}"
-    return f"{arch}-{size}-s{seq}-m{micro_tokens}-ac{ac}{frac}" + ("" if compile_ else "-eager")
+    return (f"{arch}-{size}-s{seq}-m{micro_tokens}-ac{ac}{frac}" + ("" if compile_ else "-eager")
+            + "".join(f"-{k}-{_ops_value(v)}" for k, v in sorted((ops or {}).items())))
+
+
+def _ops_value(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _ops_arg(text: str) -> dict:
+    try:
+        return parse_ops(text)
+    except ValueError as err:  # argparse shows an ArgumentTypeError's own message
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def ops_label(ops: dict | None) -> str:
+    """'side_streams=false' for the ops options a cell ran with ('' for the defaults)."""
+    return ",".join(f"{k}={_ops_value(v)}" for k, v in sorted((ops or {}).items()))
+
+
+def parse_ops(text: str) -> dict:
+    """`--ops FIELD=VALUE[,FIELD=VALUE...]`: options of ops.config.OpsConfig for every cell (an A/B of a
+    kernel option end to end). Raises ValueError naming the fields and values it takes."""
+    import dataclasses
+
+    from ops.config import OpsConfig
+    fields = {f.name: f for f in dataclasses.fields(OpsConfig)}
+    out: dict = {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or name not in fields:
+            raise ValueError(f"--ops {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(fields)}")
+        if isinstance(getattr(OpsConfig(), name), bool):
+            if value.lower() not in ("true", "false"):
+                raise ValueError(f"--ops {item!r}: {name} takes true or false")
+            out[name] = value.lower() == "true"
+        else:
+            out[name] = value
+    OpsConfig(**out).validate()
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -134,6 +179,7 @@ def run_cell(spec: dict) -> dict:
     import torch
 
     from models import build_model, flops_per_step, get_arch, model_config
+    from ops import get_config, set_config
     from pretrain.config import OptimConfig
     from pretrain.memory import choose_checkpointing, configure_allocator, estimate_peak_gib
     from pretrain.metrics import peak_flops
@@ -141,6 +187,8 @@ def run_cell(spec: dict) -> dict:
     from pretrain.train_module import TorchTrainModule
 
     alloc_conf = configure_allocator()  # as launch/pretrain.py runs
+    if spec.get("ops"):
+        set_config(**spec["ops"])
     arch, size, seq = spec["arch"], spec["size"], spec["seq"]
     micro_tokens, tokens_per_step = spec["micro_tokens"], spec["tokens_per_step"]
     mb, accum = micro_tokens // seq, tokens_per_step // micro_tokens
@@ -156,7 +204,8 @@ def run_cell(spec: dict) -> dict:
     else:
         settings = [(spec["ac"], spec["ac_fraction"])]
     out = {**spec, "micro_batch": mb, "accumulation": accum, "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
-           "device_gib": round(total_gib, 1), "torch": torch.__version__, "alloc_conf": alloc_conf, "attempts": []}
+           "device_gib": round(total_gib, 1), "torch": torch.__version__, "alloc_conf": alloc_conf,
+           "ops_config": get_config().to_dict(), "attempts": []}
     try:
         import triton
         out["triton"] = triton.__version__
@@ -233,13 +282,18 @@ def run_cell(spec: dict) -> dict:
 # ----------------------------------------------------------------------------------------------------
 
 def _commit() -> str | None:
+    """The code's commit, '+dirty' where tracked files differ from it (the cell ran uncommitted code)."""
     if os.environ.get("LINSCALE_COMMIT"):
         return os.environ["LINSCALE_COMMIT"]
+    root = Path(__file__).resolve().parents[1]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[1], check=True).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=root, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
+    return head + ("+dirty" if dirty else "")
 
 
 def graph_break_lines(log: str, keep: int = 20) -> list[str]:
@@ -268,7 +322,7 @@ def run_matrix(args) -> None:
             print(f"[bench] skip {arch} {size} seq {seq}: {args.tokens_per_step} tokens per step is not a whole "
                   f"number of {micro}-token micro-batches of whole sequences", flush=True)
             continue
-        name = cell_name(arch, size, seq, micro, args.ac, args.ac_fraction, not args.no_compile)
+        name = cell_name(arch, size, seq, micro, args.ac, args.ac_fraction, not args.no_compile, args.ops)
         path = out / f"{name}@{slug}.json"
         if path.exists() and not args.force:
             print(f"[bench] {name}: measured already ({path})", flush=True)
@@ -279,7 +333,7 @@ def run_matrix(args) -> None:
             break
         spec = {"arch": arch, "size": size, "seq": seq, "micro_tokens": micro, "tokens_per_step": args.tokens_per_step,
                 "ac": args.ac, "ac_fraction": args.ac_fraction, "compile": not args.no_compile,
-                "warmup": args.warmup, "steps": args.steps, "profile": args.profile, "commit": _commit(),
+                "warmup": args.warmup, "steps": args.steps, "profile": args.profile, "ops": args.ops, "commit": _commit(),
                 "date": dt.date.today().isoformat()}
         timeout = args.cell_timeout if left is None else max(30, min(args.cell_timeout, left))
         print(f"[bench] {name} ...", flush=True)
@@ -354,7 +408,9 @@ def _micro_tokens(r: dict) -> int:
 def _report_device(rows: list[dict]) -> str:
     # the ratio to LLaMA: against LLaMA's cell of the same size, length and micro-batch (a larger
     # micro-batch speeds up every architecture, so cells of different micro-batches are not compared)
-    llama = {(r["size"], r["seq"], _micro_tokens(r)): r for r in rows if r["arch"] == "llama" and r.get("status") == "ok"}
+    # (LLaMA run with the same ops options where there is one: most options touch only the linear models)
+    llama = {(r["size"], r["seq"], _micro_tokens(r), ops_label(r.get("ops"))): r for r in rows
+             if r["arch"] == "llama" and r.get("status") == "ok"}
     devices = sorted({r.get("device", "?") for r in rows})
     dates = sorted({r.get("date", "?") for r in rows})
     commits = sorted({str(r.get("commit")) for r in rows})
@@ -372,13 +428,15 @@ def _report_device(rows: list[dict]) -> str:
                          f"{r.get('accumulation', '?')} | {tried or '-'} | {r.get('status')} | | | | | | | "
                          f"{r.get('date', '?')} |")
             continue
-        ref = llama.get((r["size"], r["seq"], _micro_tokens(r)))
-        ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}x" if ref else "-"
+        key = (r["size"], r["seq"], _micro_tokens(r))
+        ref = llama.get(key + (ops_label(r.get("ops")),)) or llama.get(key + ("",))
+        ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.3f}x" if ref else "-"
         first = next((a.get("first_step_s") for a in r["attempts"] if a.get("status") == "ok"), None)
         ac = _ac_label(r)
         if any(a.get("status") == "oom" for a in r["attempts"]):
             ac += " (" + ", ".join(a["ac"] for a in r["attempts"] if a.get("status") == "oom") + ": OOM)"
-        lines.append(f"| {r['arch']} | {r['size']} | {r['seq']} | {r['micro_batch']} x {r['accumulation']} | {ac} | "
+        arch = r["arch"] + (f" ({ops_label(r.get('ops'))})" if r.get("ops") else "")
+        lines.append(f"| {arch} | {r['size']} | {r['seq']} | {r['micro_batch']} x {r['accumulation']} | {ac} | "
                      f"{r['tokens_per_s'] / 1e3:,.1f}k | {_pct(r.get('mfu'))} | {r['peak_gib']:.1f} | {ratio} | "
                      f"{first:.0f} | {_breaks(r)} | {r.get('date', '?')} |")
     # flatness: each model's fastest setting at each length against its fastest at the shortest length
@@ -425,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps (the first compiles)")
     p.add_argument("--steps", type=positive_int, default=4, help="timed steps (median)")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--ops", type=_ops_arg, default={}, metavar="FIELD=VALUE[,...]",
+                   help="ops options (ops.config.OpsConfig) of every cell, e.g. side_streams=false; cells are "
+                        "named for them, so an A/B runs into one --out")
     p.add_argument("--profile", action="store_true", help="also profile one step (kernel classes)")
     p.add_argument("--order", default="size-seq", choices=["size-seq", "given"],
                    help="size-seq: by size, then length, then arch; given: arch, size, seq as listed")

@@ -534,10 +534,10 @@ def test_bench_report_ratios_and_flatness(tmp_path):
     for arch, tps in (("llama", 44000.0), ("tnl", 66000.0)):
         cell(arch, 8192, tps, micro_batch=2, accumulation=4, micro_tokens=16384, name=f"{arch}-8192-m16384")
     text = bench_train.report(tmp_path)
-    assert "| tnl | 1b | 8192 | 1 x 8 | none | 50.0k | 40.0% | 30.0 | 1.25x | 12 | 6 | d |" in text
-    assert "| llama | 1b | 8192 | 1 x 8 | none | 40.0k | 40.0% | 30.0 | 1.00x | 12 | 0 | d |" in text
-    assert "| tnl | 1b | 8192 | 2 x 4 | none | 66.0k | 40.0% | 30.0 | 1.50x | 12 | ? | d |" in text
-    assert "| llama | 1b | 8192 | 2 x 4 | none | 44.0k | 40.0% | 30.0 | 1.00x | 12 | ? | d |" in text
+    assert "| tnl | 1b | 8192 | 1 x 8 | none | 50.0k | 40.0% | 30.0 | 1.250x | 12 | 6 | d |" in text
+    assert "| llama | 1b | 8192 | 1 x 8 | none | 40.0k | 40.0% | 30.0 | 1.000x | 12 | 0 | d |" in text
+    assert "| tnl | 1b | 8192 | 2 x 4 | none | 66.0k | 40.0% | 30.0 | 1.500x | 12 | ? | d |" in text
+    assert "| llama | 1b | 8192 | 2 x 4 | none | 44.0k | 40.0% | 30.0 | 1.000x | 12 | ? | d |" in text
     lines = text.splitlines()
     assert lines.index(next(ln for ln in lines if "| 1 x 8 |" in ln and "| tnl |" in ln)) < lines.index(
         next(ln for ln in lines if "| 2 x 4 |" in ln and "| llama |" in ln))  # grouped by micro-batch
@@ -547,6 +547,43 @@ def test_bench_report_ratios_and_flatness(tmp_path):
     # flatness: each length's fastest cell (here 8K at 2 x 4) is the reference
     assert "| tnl | 1b | 1.00 (none, 2 x 4) | 0.68 (full, 1 x 2) | 0.61 (full 11/32, 1 x 1) |" in text
     assert "| tnl | 1b | 65536 | 1 x 1 | full 11/32 | 40.0k |" in text
+
+
+def _bench_train():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).resolve().parents[1] / "launch" / "bench_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_ops_options_name_their_cells_and_their_llama(tmp_path):
+    """`--ops` (an A/B of a kernel option end to end): parsed into OpsConfig fields, refused with the
+    fields it takes, part of the cell's name and shown in the report, where each cell is compared with
+    the LLaMA cell of its own options if there is one, else with the default one."""
+    import json
+    bench = _bench_train()
+    assert bench.parse_ops("side_streams=false,impl=triton") == {"side_streams": False, "impl": "triton"}
+    assert bench.parse_ops("") == {}
+    for bad, match in (("side_streams", "FIELD=VALUE"), ("streams=false", "side_streams"),
+                       ("side_streams=maybe", "true or false"), ("impl=fast", "not one of")):
+        with pytest.raises(ValueError, match=match):
+            bench.parse_ops(bad)
+    assert bench.cell_name("tnl", "1b", 8192, 16384, "none", 1.0, True, {"side_streams": False}) == \
+        "tnl-1b-s8192-m16384-acnone-side_streams-false"
+    base = {"size": "1b", "seq": 8192, "tokens_per_step": 65536, "micro_batch": 2, "accumulation": 4,
+            "micro_tokens": 16384, "status": "ok", "ac": "none", "ac_fraction": 1.0, "mfu": 0.5, "peak_gib": 9.0,
+            "device": "GPU", "date": "d", "commit": "c", "attempts": [{"ac": "none", "status": "ok", "first_step_s": 1.0}]}
+    cells = {"llama": ("llama", {}, 50000.0), "tnl": ("tnl", {}, 64000.0),
+             "tnl-ab": ("tnl", {"side_streams": False}, 66000.0), "hgrn2-ab": ("hgrn2", {"gla_triton": False}, 40000.0),
+             "hgrn2": ("hgrn2", {}, 55000.0), "llama-ab": ("llama", {"gla_triton": False}, 40000.0)}
+    for name, (arch, ops, tps) in cells.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({**base, "arch": arch, "ops": ops, "tokens_per_s": tps}))
+    text = bench.report(tmp_path)
+    assert "| tnl | 1b | 8192 | 2 x 4 | none | 64.0k | 50.0% | 9.0 | 1.280x |" in text
+    assert "| tnl (side_streams=false) | 1b | 8192 | 2 x 4 | none | 66.0k | 50.0% | 9.0 | 1.320x |" in text  # default LLaMA
+    assert "| hgrn2 (gla_triton=false) | 1b | 8192 | 2 x 4 | none | 40.0k | 50.0% | 9.0 | 1.000x |" in text  # its own
 
 
 def test_bench_idle_gaps_are_the_gaps_in_the_union_of_kernel_intervals():
@@ -601,3 +638,10 @@ def test_bench_matrix_runs_a_cell_and_resumes(tmp_path):
     assert res["graph_break_log"] == []  # run under TORCH_LOGS=graph_breaks: the log is kept, and is empty
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert "measured already" in again.stdout and again.returncode == 0
+    assert res["ops"] == {} and res["ops_config"]["side_streams"] is True
+    ab = subprocess.run(cmd + ["--ops", "side_streams=false"], capture_output=True, text=True, timeout=300, env=env)
+    assert ab.returncode == 0, ab.stdout[-2000:] + ab.stderr[-2000:]
+    res = json.loads((tmp_path / "tnl-tiny-s32-m64-acnone-eager-side_streams-false@cpu.json").read_text())
+    assert res["ops"] == {"side_streams": False} and res["ops_config"]["side_streams"] is False
+    bad = subprocess.run(cmd + ["--ops", "streams=off"], capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode == 2 and "FIELD=VALUE with FIELD one of impl, gla_triton, side_streams" in bad.stderr
