@@ -109,19 +109,20 @@ def sweep() -> dict:
     return {"configs": {str(c): r for c, r in data.items()}, "best": {k: list(v) for k, v in best.items()}}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     import torch
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--sweep", action="store_true", help="time the candidate launch configurations instead")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        sys.exit("bench_lrpe: needs a CUDA GPU (it times GPU kernels)")
+        print("bench_lrpe: needs a CUDA GPU (it times GPU kernels)", file=sys.stderr)
+        return 2
     if args.sweep:
         res = sweep()
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=1))
-        return
+        return 0
     bw = copy_bandwidth()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": str(datetime.date.today()),
             "dtype": "bf16", "copy_bandwidth": bw}
@@ -139,7 +140,9 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    from pretrain.errors import run_cli
+    sys.exit(run_cli(main))
