@@ -11,6 +11,7 @@ float64 inputs take the chunked plain-PyTorch twin (float64 is only ever a refer
 from __future__ import annotations
 
 import contextlib
+import weakref
 import os
 
 import torch
@@ -79,13 +80,27 @@ def _layout(q: Tensor, cu_seqlens: Tensor | None) -> tuple[int, int, Tensor]:
     return cu_seqlens.numel() - 1, T, cu_seqlens.to(torch.int32).contiguous()
 
 
+# the (sequence, chunk) table of the last packed layout: (a weak reference to its cu_seqlens, that tensor's
+# version counter, T, the table). Every layer of a model gets the same cu_seqlens tensor, so only the first
+# layer of a forward reads the lengths back (a host sync: the GPU idles until the host has caught up);
+# the identity of a live tensor and its version counter (which any in-place change bumps) make a stale hit
+# impossible.
+_LAST_TABLE: list = []
+
+
 def _chunk_table(cu_seqlens: Tensor | None, N: int, T: int) -> tuple[int, Tensor | None]:
-    """Number of chunks and, for packed input, the (sequence, chunk) pair of each (one host sync)."""
+    """Number of chunks and, for packed input, the (sequence, chunk) pair of each (a host sync, once per
+    cu_seqlens tensor)."""
     if cu_seqlens is None:
         return N * _cdiv(T, BT), None
+    if _LAST_TABLE:
+        ref, version, t, rows, table = _LAST_TABLE[0]
+        if ref() is cu_seqlens and version == cu_seqlens._version and t == T:
+            return rows, table
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
     pairs = [(n, c) for n, ln in enumerate(lens) for c in range(_cdiv(ln, BT))]
     table = torch.tensor(pairs, dtype=torch.int32, device=cu_seqlens.device).reshape(-1, 2).contiguous()
+    _LAST_TABLE[:] = [(weakref.ref(cu_seqlens), cu_seqlens._version, T, len(pairs), table)]
     return len(pairs), table
 
 
@@ -490,7 +505,8 @@ def _gla_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
         return tuning.gpu_ms(run)
     plan = _plan("gla", q, v, N, T, cu_seqlens is not None, measure)
     o, ht, A, tame, Hs, bc = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan)
-    table = chunks[1] if chunks[1] is not None else q.new_empty((0, 2), dtype=torch.int32)
+    # a fresh tensor: a custom op's outputs must not be shared between calls (the table may be cached)
+    table = chunks[1].clone() if chunks[1] is not None else q.new_empty((0, 2), dtype=torch.int32)
     # bc, and log f's dtype as an empty tensor: the backward keeps these instead of log f itself
     return o, ht, A, tame, table, Hs, _seg_marker(q, plan), bc, g.new_empty(0)
 

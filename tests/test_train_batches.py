@@ -116,3 +116,52 @@ def test_tnl_decays_reach_the_device_once():
     torch.testing.assert_close(again[1]["decay"], torch.tensor(tnl_decays(model.config.n_heads, 1, model.config.n_layers)))
     ids = _batch(model.config.vocab_size)["input_ids"]
     model(ids, targets=ids).backward()  # the cached table trains (it needs no gradient)
+
+
+def test_packed_documents_read_the_lengths_back_once_per_forward(monkeypatch):
+    """HGRN2 with packed documents (cu_seqlens): `gated_linear_attn` builds its (sequence, chunk) table
+    from the document lengths, a read-back, at the first layer of a forward only; the other layers and
+    the backward reuse it. A new cu_seqlens tensor, or the same one changed in place, reads again (the
+    cache keys on the live tensor's identity and its version counter). The Triton ops run in the
+    interpreter; the loss equals a forward that builds the table at every layer."""
+    import traceback
+
+    import ops
+    import ops.triton_linear_attn as TLA
+    from ops.optional import HAVE_TRITON
+    if not HAVE_TRITON:
+        pytest.skip("Triton is not installed")
+    reads = []
+    tolist = torch.Tensor.tolist
+
+    def counting(self, *args):
+        if any(f.filename.endswith("triton_linear_attn.py") for f in traceback.extract_stack()[:-1]):
+            reads.append(1)
+        return tolist(self, *args)
+    model = build_model("hgrn2", "tiny")  # 2 blocks
+    assert len(model.blocks) >= 2
+    batch = _batch(model.config.vocab_size, rows=1, seq=150)
+    cu = torch.tensor([0, 40, 41, 150], dtype=torch.int32)
+    before = ops.get_config().impl
+    ops.set_config(impl="triton")
+    monkeypatch.setattr(torch.Tensor, "tolist", counting)
+    try:
+        TLA._LAST_TABLE.clear()
+        loss = model(batch["input_ids"], targets=batch["targets"], cu_seqlens=cu)
+        loss.backward()
+        assert len(reads) == 1
+        again = model(batch["input_ids"], targets=batch["targets"], cu_seqlens=cu.clone())  # a new tensor
+        assert len(reads) == 2
+        torch.testing.assert_close(again, loss, rtol=0, atol=0)
+        same = cu.clone()
+        model(batch["input_ids"], targets=batch["targets"], cu_seqlens=same)
+        same[1] = 60  # in place: the version counter moves
+        moved = model(batch["input_ids"], targets=batch["targets"], cu_seqlens=same)
+        assert len(reads) == 4 and not torch.equal(moved, loss)
+        # every layer building its own table gives the same loss
+        monkeypatch.setattr(TLA, "_LAST_TABLE", type("NoCache", (list,), {"__setitem__": lambda *a: None})())
+        fresh = model(batch["input_ids"], targets=batch["targets"], cu_seqlens=cu.clone())
+        assert len(reads) == 4 + len(model.blocks)
+        torch.testing.assert_close(fresh, loss, rtol=0, atol=0)
+    finally:
+        ops.set_config(impl=before)
