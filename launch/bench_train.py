@@ -84,23 +84,19 @@ def ops_label(ops: dict | None) -> str:
 
 def parse_ops(text: str) -> dict:
     """`--ops FIELD=VALUE[,FIELD=VALUE...]`: options of ops.config.OpsConfig for every cell (an A/B of a
-    kernel option end to end). Raises ValueError naming the fields and values it takes."""
+    kernel option end to end), each checked as the run config checks its `--ops-<field>` flags. Raises
+    ValueError naming the fields and values it takes."""
     import dataclasses
 
     from ops.config import OpsConfig
+    from pretrain.config import check_field
     fields = {f.name: f for f in dataclasses.fields(OpsConfig)}
     out: dict = {}
     for item in filter(None, text.split(",")):
         name, sep, value = item.partition("=")
         if not sep or name not in fields:
             raise ValueError(f"--ops {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(fields)}")
-        if isinstance(getattr(OpsConfig(), name), bool):
-            if value.lower() not in ("true", "false"):
-                raise ValueError(f"--ops {item!r}: {name} takes true or false")
-            out[name] = value.lower() == "true"
-        else:
-            out[name] = value
-    OpsConfig(**out).validate()
+        out[name] = check_field(fields[name], value, f"--ops {name}")
     return out
 
 
