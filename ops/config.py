@@ -17,14 +17,15 @@ class OpsConfig:
     """impl: 'auto' (Triton kernels on CUDA, the chunked PyTorch twin elsewhere, the recurrence for a
     single decoding step), 'triton', 'chunked' or 'recurrent', for every op of the process.
     gla_triton: whether 'auto' takes the Triton `gated_linear_attn` on CUDA (False: its chunked twin).
-    side_streams: run the backward's dq and dk walks on two side streams next to the dv walk.
+    side_streams: run the backward's dq and dk walks on two side streams next to the dv walk (off by
+    default: in training steps the walks one after another on one stream were faster, docs/kernels.md).
     autotune: time the candidate layouts of each new shape on its first use and keep the fastest in an
     on-disk cache (`tune_cache`), instead of the measured per-GPU rule of `ops.tuning`.
     tune_cache: that cache's JSON file; '' is ~/.cache/linscale/kernel-tune.json (entries keyed by GPU)."""
     # metadata: what values the run config's parser accepts (pretrain.config checks every field with it)
     impl: str = field(default="auto", metadata={"choices": IMPLS})
     gla_triton: bool = True
-    side_streams: bool = True
+    side_streams: bool = False
     autotune: bool = False
     tune_cache: str = field(default="", metadata={"path": True})
 

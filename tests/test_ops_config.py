@@ -65,11 +65,11 @@ def test_environment_variables_are_documented_and_none_in_ops_or_models():
 def test_run_config_records_the_ops_section(tmp_path):
     from pretrain.config import config_from_dict, parse_config, save_config
     cfg = parse_config(["--arch", "hgrn2", "--size", "tiny", "--ops-impl", "chunked", "--ops-autotune",
-                        "--ops-side-streams", "false"])
-    assert cfg.ops == OpsConfig(impl="chunked", autotune=True, side_streams=False)
+                        "--ops-side-streams", "true"])
+    assert cfg.ops == OpsConfig(impl="chunked", autotune=True, side_streams=True)
     save_config(cfg, tmp_path / "config.json")
     d = json.loads((tmp_path / "config.json").read_text())
-    assert d["ops"] == {"impl": "chunked", "gla_triton": True, "side_streams": False, "autotune": True,
+    assert d["ops"] == {"impl": "chunked", "gla_triton": True, "side_streams": True, "autotune": True,
                         "tune_cache": ""}
     assert config_from_dict(d).ops == cfg.ops
     from pretrain.errors import ConfigError

@@ -638,10 +638,10 @@ def test_bench_matrix_runs_a_cell_and_resumes(tmp_path):
     assert res["graph_break_log"] == []  # run under TORCH_LOGS=graph_breaks: the log is kept, and is empty
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert "measured already" in again.stdout and again.returncode == 0
-    assert res["ops"] == {} and res["ops_config"]["side_streams"] is True
-    ab = subprocess.run(cmd + ["--ops", "side_streams=false"], capture_output=True, text=True, timeout=300, env=env)
+    assert res["ops"] == {} and res["ops_config"]["side_streams"] is False
+    ab = subprocess.run(cmd + ["--ops", "side_streams=true"], capture_output=True, text=True, timeout=300, env=env)
     assert ab.returncode == 0, ab.stdout[-2000:] + ab.stderr[-2000:]
-    res = json.loads((tmp_path / "tnl-tiny-s32-m64-acnone-eager-side_streams-false@cpu.json").read_text())
-    assert res["ops"] == {"side_streams": False} and res["ops_config"]["side_streams"] is False
+    res = json.loads((tmp_path / "tnl-tiny-s32-m64-acnone-eager-side_streams-true@cpu.json").read_text())
+    assert res["ops"] == {"side_streams": True} and res["ops_config"]["side_streams"] is True
     bad = subprocess.run(cmd + ["--ops", "streams=off"], capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 2 and "FIELD=VALUE with FIELD one of impl, gla_triton, side_streams" in bad.stderr
