@@ -283,15 +283,12 @@ def gla_dqk_tame_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT, T
 
 
 @triton.jit
-def gla_intra_out_kernel(A, x, out, P, tame, cu, chunks, T, NT, PSTRIDE, H: tl.constexpr, V: tl.constexpr,
-                         BT: tl.constexpr, BV: tl.constexpr, NP: tl.constexpr, TRANSPOSED: tl.constexpr,
-                         VARLEN: tl.constexpr, PREC: tl.constexpr):
+def gla_intra_out_kernel(A, x, out, cu, chunks, T, NT, H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                         BV: tl.constexpr, TRANSPOSED: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, cdiv(V, BV), H): the intra-chunk part of an output, fp32, per chunk in parallel:
     out = A x (forward: x = v, out = o's intra-chunk part) or A^T x (backward: x = do, out = dv's). The
     forward and dv walks then add their one inter-chunk product to it instead of forming A x on every
-    step of their latency-bound walks. NP > 0 (forward only): the level chunks' A is still in NP partial
-    sums (`gla_A_sub_kernel` with SPLIT, P + i * PSTRIDE); they are added here, and the first value
-    block's program stores the sum into A for the backward."""
+    step of their latency-bound walks."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_v = tl.program_id(1)
     i_h = tl.program_id(2)
@@ -302,18 +299,6 @@ def gla_intra_out_kernel(A, x, out, P, tame, cu, chunks, T, NT, PSTRIDE, H: tl.c
     cols = tl.arange(0, BT)
     if TRANSPOSED:  # A^T[j, i] = A[i, j]; rows past the end are masked, their columns are causal zeros
         a = tl.load(A + ((bos + rows) * H + i_h)[None, :] * BT + cols[:, None], mask=rmask[None, :], other=0.)
-    elif NP > 0:
-        pa = ((bos + rows) * H + i_h)[:, None] * BT + cols[None, :]
-        if _tame_flag(tame, bos, i_c * BT, i_h, H) == 0:
-            a = tl.load(P + pa, mask=rmask[:, None], other=0.)
-            pp = P
-            for _ in range(1, NP):
-                pp += PSTRIDE
-                a += tl.load(pp + pa, mask=rmask[:, None], other=0.)
-            if i_v == 0:
-                tl.store(A + pa, a, mask=rmask[:, None])
-        else:
-            a = tl.load(A + pa, mask=rmask[:, None], other=0.)
     else:
         a = tl.load(A + ((bos + rows) * H + i_h)[:, None] * BT + cols[None, :], mask=rmask[:, None], other=0.)
     offs_v = i_v * BV + tl.arange(0, BV)
@@ -513,9 +498,8 @@ def _tf32(x, PREC: tl.constexpr):
 
 
 @triton.jit
-def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, PSTRIDE, H: tl.constexpr, K: tl.constexpr,
-                     BT: tl.constexpr, BK: tl.constexpr, LOG_BT: tl.constexpr, SPLIT: tl.constexpr,
-                     VARLEN: tl.constexpr, PREC: tl.constexpr):
+def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr, LOG_BT: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, H); only for chunks that are not tame (flag 0; `gla_A_tame_kernel` does the others).
     A of the whole chunk by levels: the pairs i > j split by the highest bit in which their positions in
     the chunk differ (LOG_BT levels); a pair of level l has i in the upper and j in the lower half of one
@@ -523,18 +507,15 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, PSTRIDE, H: tl.conste
         exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j),
     both factors <= 1 for any gates (`_level`), so each level is one [BT, BK] x [BK, BT] tensor-core
     product of factor-scaled q and k per key block, kept on its own pairs; i == j has weight 1 (an fp32
-    row sum). Every entry is written (0 above the diagonal, where no level has pairs).
-    SPLIT: grid (chunks, cdiv(K, BK), H) instead, one program per key block, which writes its part of A
-    to A + key block * PSTRIDE (a buffer of partial sums, added up by `gla_intra_out_kernel`): four times
-    the programs, for shapes with few chunks x heads, where one program per chunk leaves SMs idle."""
-    level, i_h, bos, L, t0 = _level_chunk(chunks, tame, cu, T, NT, H, BT, VARLEN, 2 if SPLIT else 1)
+    row sum). One program per chunk keeps the products large; every entry is written (0 above the
+    diagonal, where no level has pairs)."""
+    level, i_h, bos, L, t0 = _level_chunk(chunks, tame, cu, T, NT, H, BT, VARLEN, 1)
     if level:
         rows = t0 + tl.arange(0, BT)
         idx = tl.arange(0, BT)
         acc = tl.zeros([BT, BT], dtype=tl.float32)
         diag = tl.zeros([BT], dtype=tl.float32)
-        kb0 = tl.program_id(1) if SPLIT else 0
-        for kb in range(kb0, kb0 + 1 if SPLIT else tl.cdiv(K, BK)):
+        for kb in range(0, tl.cdiv(K, BK)):
             offs_k = kb * BK + tl.arange(0, BK)
             kmask = offs_k < K
             b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
@@ -544,8 +525,6 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, PSTRIDE, H: tl.conste
                 acc += tl.where(same, dot32(b_q * f_q, tl.trans(b_k * f_k), PREC), 0.)
         acc += tl.where(idx[:, None] == idx[None, :], diag[:, None], 0.)
         p = A + ((bos + rows) * H + i_h)[:, None] * BT + idx[None, :]
-        if SPLIT:
-            p += kb0.to(tl.int64) * PSTRIDE
         tl.store(p, acc, mask=(rows < L)[:, None])
 
 

@@ -408,19 +408,15 @@ def _gla_cumsum(g, cu, T, chunks):
     return bc, tame
 
 
-def _intra_out(A, x, cu, T, chunks, transposed, parts=None, tame=None):
-    """A x (or A^T x) per chunk, fp32 [B, T, H, V]: the intra-chunk part of o (x = v) or of dv (x = do).
-    parts: the level chunks' A as partial sums [n, *A.shape] (forward only), added up here and stored
-    into A."""
+def _intra_out(A, x, cu, T, chunks, transposed):
+    """A x (or A^T x) per chunk, fp32 [B, T, H, V]: the intra-chunk part of o (x = v) or of dv (x = do)."""
     n_chunks, table = chunks
     H, V = x.shape[2], x.shape[3]
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     bv = min(64, _np2(V))
-    np_ = 0 if parts is None else parts.shape[0]
     launch(gla_intra_out_kernel, (n_chunks, _cdiv(V, bv), H),
-        A, x, out, parts if np_ else A, tame if np_ else cu, cu, table if table is not None else cu, T,
-        _cdiv(T, BT), A.numel(), H=H, V=V, BT=BT, BV=bv, NP=np_, TRANSPOSED=transposed,
-        VARLEN=table is not None, PREC=_prec(x), num_warps=4, num_stages=1)
+        A, x, out, cu, table if table is not None else cu, T, _cdiv(T, BT), H=H, V=V, BT=BT, BV=bv,
+        TRANSPOSED=transposed, VARLEN=table is not None, PREC=_prec(x), num_warps=4, num_stages=1)
     return out
 
 
@@ -435,15 +431,11 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
     launch(gla_A_tame_kernel, (n_chunks, H),
         q, k, bc, A, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)),
         VARLEN=vl, PREC=_prec(q), **_kw(ca))
-    bks = min(cs["block"], _np2(K))
-    # split: the level chunks' A by (chunk, key block) programs into partial sums, added by _intra_out
-    parts = torch.empty(_cdiv(K, bks), *A.shape, dtype=A.dtype, device=A.device) if cs.get("split") else None
-    launch(gla_A_sub_kernel, (n_chunks, _cdiv(K, bks), H) if parts is not None else (n_chunks, H),
-        q, k, bc, A if parts is None else parts, tame, cu, tab, T, NT, A.numel(), H=H, K=K, BT=BT, BK=bks,
-        LOG_BT=LOG_BT, SPLIT=parts is not None, VARLEN=vl, PREC=_prec(q), **_kw(cs))
+    launch(gla_A_sub_kernel, (n_chunks, H),
+        q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BK=min(cs["block"], _np2(K)), LOG_BT=LOG_BT,
+        VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # the walks read b (not log f) and the intra-chunk part A v (not A)
-    o, ht, Hs = _fwd(q, k, v, bc, None, _intra_out(A, v, cu, T, chunks, False, parts, tame), h0, cu, N, T, True,
-                     plan)
+    o, ht, Hs = _fwd(q, k, v, bc, None, _intra_out(A, v, cu, T, chunks, False), h0, cu, N, T, True, plan)
     return o, ht, A, tame, Hs, bc
 
 

@@ -215,22 +215,6 @@ def test_gla_level_path_packed(layout, gates):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(4, 2, 24, 16) * 0.5, cu=cu, layout=layout)
 
 
-@pytest.mark.parametrize("layout,packed", [("scan", False), ("split1", True)])
-def test_gla_level_path_split_A(layout, packed):
-    """The level chunks' A by (chunk, key block) programs (`A_sub` split: partial sums added by
-    gla_intra_out_kernel, which also stores A for the backward), 16-wide key blocks over Dk = 40 (three
-    blocks, the last partly masked), tame and level chunks mixed in one launch (head 1 mild gates, head 0
-    uniform in [-20, 0]); dense and packed."""
-    T = 149
-    q, k, v, x = _make("gla", T, 2, 40, 16, seed=41)
-    g = torch.Generator().manual_seed(42)
-    x[:, :, 0] = -20.0 * torch.rand(1, T, 40, generator=g)
-    cu = torch.tensor([0, 5, 45, 146, 149]) if packed else None
-    h0 = torch.randn(4 if packed else 1, 2, 40, 16) * 0.5
-    with force_plan(launch={"A_sub": {"block": 16, "split": True}}):
-        _check_against_recurrence("gla", q, k, v, x, h0, cu=cu, layout=layout)
-
-
 def test_gla_mixed_tame_and_level_chunks():
     """One sequence whose first chunk is tame and whose second is not (and the reverse in the other
     head): both paths in one launch."""
