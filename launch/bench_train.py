@@ -30,6 +30,7 @@ import gc
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -67,7 +68,8 @@ def cell_name(arch: str, size: str, seq: int, micro_tokens: int, ac: str, ac_fra
 
 
 def _ops_value(v) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
+    # a value may be a path (tune_cache): only characters safe in a file name go into the cell's name
+    return re.sub(r"[^A-Za-z0-9._=-]", "_", str(v).lower() if isinstance(v, bool) else str(v))
 
 
 def _ops_arg(text: str) -> dict:

@@ -572,6 +572,9 @@ def test_bench_ops_options_name_their_cells_and_their_llama(tmp_path):
             bench.parse_ops(bad)
     assert bench.cell_name("tnl", "1b", 8192, 16384, "none", 1.0, True, {"side_streams": False}) == \
         "tnl-1b-s8192-m16384-acnone-side_streams-false"
+    # a path among the values (the autotuner's cache) stays inside the output directory's file name
+    assert bench.cell_name("tnl", "1b", 8192, 16384, "none", 1.0, True, {"tune_cache": "/tmp/t une.json"}) == \
+        "tnl-1b-s8192-m16384-acnone-tune_cache-_tmp_t_une.json"
     base = {"size": "1b", "seq": 8192, "tokens_per_step": 65536, "micro_batch": 2, "accumulation": 4,
             "micro_tokens": 16384, "status": "ok", "ac": "none", "ac_fraction": 1.0, "mfu": 0.5, "peak_gib": 9.0,
             "device": "GPU", "date": "d", "commit": "c", "attempts": [{"ac": "none", "status": "ok", "first_step_s": 1.0}]}
