@@ -55,6 +55,13 @@ _TABLE = {
     "H100": {"lightning": {12: 12, 24: 8, 32: 6, 64: 1}, "gla": {12: 12, 24: 8, 32: 6, 64: 1}},
 }
 _MIN_SEG = {"lightning": 8, "gla": 8}
+# Sequences of fewer than _SHORT_CHUNKS chunks (T < 4096) split into segments of at least _SHORT_SEG
+# chunks where batch x heads is at most _SHORT_HEADS and the keys at most 128 wide: at T = 2048, S = 6
+# (segments of 6 chunks) was the fastest at 12 and 24 sequence-heads for lightning and GLA at D = 128,
+# 8-14% less GPU time than S = 4 on an H200 and 1-4% on an H100; at 32 sequence-heads S = 6 was 7-11%
+# slower than S = 4, and with cosFormer2's 256-wide keys S = 4 or 2 was the fastest on the H100
+# (docs/kernels.md, Layouts).
+_SHORT_CHUNKS, _SHORT_SEG, _SHORT_HEADS = 64, 5, 24
 # sequences shorter than this many chunks (T < 2048) are never split (unmeasured there; a segment keeps
 # at least `_MIN_SEG` chunks anyway). From 32 chunks on the rule is the table's, for the GPU's time: in
 # training the host enqueues kernels ahead of the GPU, so launch work is hidden and a split that shortens
@@ -118,7 +125,9 @@ def _segments(gpu: str, sms: int, op: str, NH: int, K: int, V: int, nc_avg: int,
     nh = NH * table_sms / sms  # the same load per SM on this GPU
     near = min(counts, key=lambda c: abs(math.log(c / nh)))
     s = int(round(counts[near] * near / nh)) if nh < max(counts) else 1
-    s = max(1, min(s, nc_avg // _MIN_SEG[op])) if nc_avg >= _MIN_SPLIT_CHUNKS else 1
+    short = nc_avg < _SHORT_CHUNKS and nh <= _SHORT_HEADS and K <= 128
+    min_seg = _SHORT_SEG if short else _MIN_SEG[op]
+    s = max(1, min(s, nc_avg // min_seg)) if nc_avg >= _MIN_SPLIT_CHUNKS else 1
     while s > 1 and NH * (math.ceil(nc_max / math.ceil(nc_avg / s)) - 1) * K * V * 4 > _MAX_SEG_BYTES:
         s -= 1
     return s

@@ -115,9 +115,17 @@ def test_shape_rule_splits_only_where_heads_leave_sms_idle(monkeypatch, op):
     short = _plan(monkeypatch, 1, 12, 256, op)  # 4 chunks: too short to split
     assert short.layout == "scan"
     assert _plan(monkeypatch, 2, 12, 1024, op).layout == "scan"  # 16 chunks: below the split's length
-    # 2K: two sequences split into segments of the shortest length, eight (2K training) stay whole
-    assert _plan(monkeypatch, 2, 12, 2048, op).seg_chunks == tuning._MIN_SEG[op]
+    # 2K: one or two sequences of 12 heads split into segments of 6 chunks (the short sequences' length),
+    # 32 sequence-heads into segments of 8, eight sequences (2K training) stay whole
+    for B in (1, 2):
+        p2k = _plan(monkeypatch, B, 12, 2048, op)
+        assert (p2k.seg_chunks, p2k.segments) == (6, 6), (B, p2k)
+        assert p2k.seg_chunks >= tuning._SHORT_SEG
+    assert _plan(monkeypatch, 1, 32, 2048, op).seg_chunks == tuning._MIN_SEG[op]
+    assert _plan(monkeypatch, 1, 12, 2048, op, K=256).seg_chunks == tuning._MIN_SEG[op]  # cosFormer2's keys
     assert _plan(monkeypatch, 8, 12, 2048, op).layout == "scan"
+    # from 64 chunks on every segment keeps the general minimum again
+    assert _plan(monkeypatch, 2, 12, 4096, op).seg_chunks >= tuning._MIN_SEG[op]
     # 8K at 1B's micro-batch of two sequences: split by the table (GPU time, host work hidden)
     mid = _plan(monkeypatch, 2, 12, 8192, op)
     assert mid.layout == "split" and mid.segments == table[op][24]
