@@ -267,9 +267,9 @@ def _lightning_fwd_impl(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None,
 
     def measure(p):
         do = torch.randn_like(v)
-        return tuning.gpu_ms(lambda: _lightning_backward(q, k, v, log_lam, h0, None,
-                                                         _lightning_forward(q, k, v, log_lam, h0, cu, N, T, p)[2],
-                                                         do, cu, N, T, p))
+        return tuning.candidate_ms(lambda: _lightning_backward(q, k, v, log_lam, h0, None,
+                                                               _lightning_forward(q, k, v, log_lam, h0, cu, N, T, p)[2],
+                                                               do, cu, N, T, p))
     plan = _plan("lightning", q, v, N, T, cu_seqlens is not None, measure)
     o, ht, Hs = _lightning_forward(q, k, v, log_lam, h0, cu, N, T, plan)
     return o, ht, Hs, _seg_marker(q, plan)
@@ -502,7 +502,7 @@ def _gla_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None,
         def run():
             _, _, A, tame, Hs, bc = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, p)
             _gla_backward(q, k, v, bc, h0, A, tame, Hs, do, None, cu, N, T, chunks, p, g.dtype)
-        return tuning.gpu_ms(run)
+        return tuning.candidate_ms(run)
     plan = _plan("gla", q, v, N, T, cu_seqlens is not None, measure)
     o, ht, A, tame, Hs, bc = _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan)
     # a fresh tensor: a custom op's outputs must not be shared between calls (the table may be cached)

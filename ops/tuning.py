@@ -249,6 +249,14 @@ def gpu_ms(fn: Callable[[], object], calls: int = 1, reps: int = 3, budget_ms: f
     return sorted(times)[len(times) // 2]
 
 
+def candidate_ms(fn: Callable[[], object]) -> float:
+    """The autotuner's time of one candidate layout (fwd+bwd): `gpu_ms` over batches of about 10 ms, the
+    median of 5, as `launch/bench_kernels.py --sweep` times them. Timed by three single calls, the
+    autotuner in a TNL 1B training step picked S = 16 for 2 x 12 heads at T = 8192, where the sweep timed
+    S = 8 at 0.615 ms and S = 16 at 0.663 (one H200)."""
+    return gpu_ms(fn, reps=5, budget_ms=10)
+
+
 def _candidates(nc: int) -> list[int]:
     return [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if s == 1 or nc // s >= 2]
 
