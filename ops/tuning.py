@@ -58,7 +58,7 @@ _MIN_SEG = {"lightning": 8, "gla": 8}
 # Sequences of fewer than _SHORT_CHUNKS chunks (T < 4096) split into segments of at least _SHORT_SEG
 # chunks where batch x heads is at most _SHORT_HEADS and the keys at most 128 wide: at T = 2048, S = 6
 # (segments of 6 chunks) was the fastest at 12 and 24 sequence-heads for lightning and GLA at D = 128,
-# 8-14% less GPU time than S = 4 on an H200 and 1-4% on an H100; at 32 sequence-heads S = 6 was 7-11%
+# 7-14% less GPU time than S = 4 on an H200 and 1-8% on an H100; at 32 sequence-heads S = 6 was 7-12%
 # slower than S = 4, and with cosFormer2's 256-wide keys S = 4 or 2 was the fastest on the H100
 # (docs/kernels.md, Layouts).
 _SHORT_CHUNKS, _SHORT_SEG, _SHORT_HEADS = 64, 5, 24
