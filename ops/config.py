@@ -55,3 +55,16 @@ def set_config(cfg: OpsConfig | None = None, **fields) -> OpsConfig:
     new.validate()
     _CONFIG = new
     return new
+
+
+def triton_or_reference(op: str, kernel_installed: bool, auto_runs_kernel: bool, impl: str | None = None) -> str:
+    """'triton' or 'reference' for an op with one Triton kernel and a plain-PyTorch twin (rms_norm,
+    silu_lrpe): `impl` (default: the process config's) 'triton' demands the kernel, 'auto' takes it when
+    `auto_runs_kernel` (the op's own condition on its input), anything else runs the twin."""
+    name = impl or get_config().impl
+    if name == "triton":
+        if not kernel_installed:
+            raise ValueError(f"{op}: impl='triton' needs Triton installed (pip install triton), "
+                             "or choose impl 'auto'")
+        return "triton"
+    return "triton" if name == "auto" and auto_runs_kernel else "reference"

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ops.config import get_config
+from ops.config import triton_or_reference
 from ops.optional import HAVE_TRITON
 
 if HAVE_TRITON:  # Triton is optional; a broken kernel module must still fail loudly
@@ -28,15 +28,8 @@ else:
 
 def lrpe_impl(x: Tensor, impl: str | None = None) -> str:
     """The implementation `silu_lrpe` runs for x: 'triton' or 'reference' (see the module docstring)."""
-    name = impl or get_config().impl
-    if name == "triton":
-        if silu_lrpe_triton is None:
-            raise ValueError("silu_lrpe: impl='triton' needs Triton installed (pip install triton), "
-                             "or choose impl 'auto'")
-        return "triton"
-    if name == "auto" and x.is_cuda and silu_lrpe_triton is not None and x.dtype != torch.float64:
-        return "triton"
-    return "reference"
+    return triton_or_reference("silu_lrpe", silu_lrpe_triton is not None,
+                               x.is_cuda and silu_lrpe_triton is not None and x.dtype != torch.float64, impl)
 
 
 def _check(q: Tensor, k: Tensor, theta: Tensor, positions: Tensor) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ops.config import get_config
+from ops.config import triton_or_reference
 from ops.optional import HAVE_TRITON
 
 if HAVE_TRITON:  # Triton is optional; a broken kernel module must still fail loudly
@@ -30,15 +30,8 @@ def _on_triton_device(x: Tensor) -> bool:
 
 def norm_impl(x: Tensor, impl: str | None = None) -> str:
     """The implementation `rms_norm` runs for x: 'triton' or 'reference' (see the module docstring)."""
-    name = impl or get_config().impl
-    if name == "triton":
-        if rms_norm_triton is None:
-            raise ValueError("rms_norm: impl='triton' needs Triton installed (pip install triton), "
-                             "or choose impl 'auto'")
-        return "triton"
-    if name == "auto" and _on_triton_device(x) and not torch.compiler.is_compiling():
-        return "triton"
-    return "reference"
+    return triton_or_reference("rms_norm", rms_norm_triton is not None,
+                               _on_triton_device(x) and not torch.compiler.is_compiling(), impl)
 
 
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *, impl: str | None = None) -> Tensor:
