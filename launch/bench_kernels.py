@@ -372,10 +372,26 @@ def sweep(a) -> None:
                 _dump(a.json, meta, rows)
 
 
+def variant_summary(cells: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Each variant's time relative to the cell's 'default', over the cells that timed both: median, min,
+    max and the number of cells (the table docs/kernels.md gives for each sweep)."""
+    ratios: dict[str, list[float]] = {}
+    for times in cells.values():
+        base = times.get("default")
+        if not base:
+            continue
+        for name, ms in times.items():
+            if name != "default":
+                ratios.setdefault(name, []).append(ms / base)
+    return {name: {"median": statistics.median(r), "min": min(r), "max": max(r), "cells": len(r)}
+            for name, r in ratios.items()}
+
+
 def launches(a) -> None:
     """Launch-config variants against the defaults, in one process: `--launches FILE` holds
     {name: {kernel: {key: value}}}; every variant (and the defaults, as 'default') is timed per cell with
-    the default layout. Writes {cell: {variant: ms}} to --json."""
+    the default layout. Writes {cell: {variant: ms}} and each variant's summary over the cells to --json,
+    and prints the summary, fastest first."""
     from ops.testing import force_plan
     variants = {"default": {}, **json.loads(Path(a.launches).read_text())}
     meta = _header("(launch variants)", a.timing)
@@ -388,7 +404,12 @@ def launches(a) -> None:
             print(f"| {B}x{H} | {T} | {op} | {name} | {cell[name]:.4f} | "
                   f"{cell[name] / cell['default']:.3f} |", flush=True)
         if a.json:
-            Path(a.json).write_text(json.dumps({"meta": meta, "cells": res}, indent=1))
+            Path(a.json).write_text(json.dumps({"meta": meta, "cells": res, "summary": variant_summary(res)},
+                                               indent=1))
+    summary = variant_summary(res)
+    print("\n| variant | cells | time / default, median | range |\n|---|---:|---:|---|")
+    for name, r in sorted(summary.items(), key=lambda kv: kv[1]["median"]):
+        print(f"| {name} | {r['cells']} | {r['median']:.3f} | {r['min']:.3f}-{r['max']:.3f} |")
 
 
 def warmup(a) -> None:
