@@ -98,17 +98,18 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
     gated = op == "gla"
     Kp, Vp = _np2(K), _np2(V)
     wide = max(Kp, Vp) >= 128
-    # lightning at keys up to 128 wide (TNL): value blocks of 32 at 4 warps in the forward and dv walks, and
-    # 3 stages in the dq / dk walks and the segment sums: 9-14% less fwd+bwd GPU time than 64-wide blocks at
-    # 8 warps and 2 stages, at five shapes from 1 x 12 to 16 x 12 on an H200 (docs/kernels.md, Launch
-    # configurations); cosFormer2's 256-wide keys keep the others (3 stages there: 2% slower at T = 8192)
-    narrow_la = not gated and Kp <= 128
+    # lightning with keys padded to 128 (TNL's heads): value blocks of 32 at 4 warps in the forward and dv
+    # walks, and 3 stages in the dq / dk walks and the segment sums: 9-14% less fwd+bwd GPU time than
+    # 64-wide blocks at 8 warps and 2 stages, at five shapes from 1 x 12 to 16 x 12 on an H200
+    # (docs/kernels.md, Launch configurations); the widths not swept with them keep the others
+    # (cosFormer2's 256-wide keys: 3 stages were 2% slower at T = 8192)
+    narrow_la = not gated and Kp == 128
     walk_v = {"block": min(32 if narrow_la else 64, Vp),
               "num_stages": (2 if gated else 3) if Kp <= 128 else 1 if gated else 2}
     walk_stages = 3 if narrow_la else 2
     return {
         "fwd": {**walk_v, "num_warps": 8 if wide and not narrow_la else 4},
-        "dv": {**walk_v, "num_warps": 8 if wide and Kp <= 128 and not narrow_la else 4},
+        "dv": {**walk_v, "num_warps": 8 if gated and wide and Kp <= 128 else 4},
         "dq": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": walk_stages},
         "dk": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": walk_stages},
         "local": {"block": min(32 if gated else 64, Kp), "block_v": Vp if gated else min(64, Vp), "num_warps": 4,

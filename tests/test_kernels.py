@@ -101,6 +101,8 @@ def _check_against_recurrence(kind, q, k, v, x, h0, cu=None, state_grad=True, la
     ("gla", 83, 32, 16, "scan"), ("gla", 83, 32, 16, "split1"), ("gla", 130, 24, 16, "split2"),
     # one head of the study sizes' width (models/sizes.py l1d48): 48 padded to a 64-wide block
     ("la", 83, 48, 48, "split1"), ("gla", 83, 48, 48, "scan"),
+    # TNL's 128-wide heads: lightning's launch configs there split the values into 32-wide blocks
+    ("la", 83, 128, 128, "split1"),
 ])
 def test_matches_recurrence(kind, T, Dk, Dv, layout):
     q, k, v, x = _make(kind, T, 2, Dk, Dv)
