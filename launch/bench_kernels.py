@@ -393,7 +393,10 @@ def launches(a) -> None:
     the default layout. Writes {cell: {variant: ms}} and each variant's summary over the cells to --json,
     and prints the summary, fastest first."""
     from ops.testing import force_plan
+    from ops.tuning import check_launch_overrides
     variants = {"default": {}, **json.loads(Path(a.launches).read_text())}
+    for name, over in variants.items():  # every variant checked before the first one is timed
+        check_launch_overrides(over, f"--launches {a.launches}: variant {name!r}")
     meta = _header("(launch variants)", a.timing)
     res: dict[str, dict[str, float]] = {}
     for B, H, T, op, _, ours, ins in _each_impl(a, anchor=False):
@@ -574,6 +577,9 @@ def main() -> None:
                          "GPU's time), or the GPU's time alone with the host's launch work hidden (as in a "
                          "training step, where the host runs ahead)")
     a = ap.parse_args()
+    if a.launch:
+        from ops.tuning import check_launch_overrides
+        check_launch_overrides(a.launch, "--launch")
     if a.resources:
         return resources(a)
     if not torch.cuda.is_available():

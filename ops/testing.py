@@ -36,13 +36,18 @@ def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
     every this many chunks (SCAN: never, one reverse sum over the whole sequence); walk_split: GLA's bf16
     dq / dk walks on bf16 hi + lo pairs (True) or tf32 operands (False) instead of the default
     (`ops.triton_linear_attn.WALK_PAIRS`, `ops.triton_scan.dot_exact`)."""
+    # every argument checked before anything is set: a refused call leaves the enclosing settings as they were
+    if seg_chunks is not None and seg_chunks < 1:
+        raise ValueError(f"seg_chunks must be >= 1, got {seg_chunks}")
+    if anchor_chunks is not None and anchor_chunks < 1:
+        raise ValueError(f"anchor_chunks must be >= 1, got {anchor_chunks}")
+    if launch:
+        tuning.check_launch_overrides(launch)
     old = dict(tuning._FORCED)
     # nested calls add to the enclosing one's settings (a test forcing tame_span around a helper that
     # forces the layout keeps both)
     tuning._FORCED_VERSION[0] += 1
     if seg_chunks is not None:
-        if seg_chunks < 1:
-            raise ValueError(f"seg_chunks must be >= 1, got {seg_chunks}")
         tuning._FORCED["seg_chunks"] = int(seg_chunks)
     if launch:
         merged = {k: dict(v) for k, v in tuning._FORCED.get("launch", {}).items()}
@@ -52,8 +57,6 @@ def force_plan(seg_chunks: int | None = None, launch: dict | None = None,
     if tame_span is not None:
         tuning._FORCED["tame_span"] = float(tame_span)
     if anchor_chunks is not None:
-        if anchor_chunks < 1:
-            raise ValueError(f"anchor_chunks must be >= 1, got {anchor_chunks}")
         tuning._FORCED["anchor_chunks"] = int(anchor_chunks)
     if walk_split is not None:
         tuning._FORCED["walk_split"] = bool(walk_split)

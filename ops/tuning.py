@@ -127,6 +127,33 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
     }
 
 
+_LAUNCH_KEYS = {"block": (1, 256), "block_v": (1, 256), "num_warps": (1, 16), "num_stages": (1, 8)}
+
+
+def check_launch_overrides(over: dict, where: str = "launch overrides") -> None:
+    """Raise ValueError, naming the entry and what is allowed, unless `over` is {kernel: {key: value}} with
+    kernels of `default_launch`, keys among block / block_v / num_warps / num_stages and powers of two in
+    their ranges (num_stages: any integer in it). A misspelt kernel or key would otherwise be ignored, and
+    a variant would time the defaults under another name."""
+    kernels = sorted(default_launch("gla", 128, 128, torch.device("cpu")))
+    if not isinstance(over, dict):
+        raise ValueError(f"{where}: expected {{kernel: {{key: value}}}}, got {type(over).__name__}")
+    for name, cfg in over.items():
+        if name not in kernels:
+            raise ValueError(f"{where}: unknown kernel {name!r}; the kernels are {', '.join(kernels)}")
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{where}: {name}: expected {{key: value}}, got {cfg!r}")
+        for key, value in cfg.items():
+            if key not in _LAUNCH_KEYS:
+                raise ValueError(f"{where}: {name}: unknown key {key!r}; the keys are {', '.join(_LAUNCH_KEYS)}")
+            lo, hi = _LAUNCH_KEYS[key]
+            pow2 = key != "num_stages"
+            if (isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi
+                    or (pow2 and value & (value - 1))):
+                kind = "a power of two" if pow2 else "an integer"
+                raise ValueError(f"{where}: {name}.{key} = {value!r}; expected {kind} in [{lo}, {hi}]")
+
+
 def _segments(gpu: str, sms: int, op: str, NH: int, K: int, V: int, nc_avg: int, nc_max: int) -> int:
     table, table_sms = _table(gpu)
     counts = table[op]

@@ -236,3 +236,36 @@ def test_gpu_ms_hides_the_host_even_with_a_stale_clock_calibration(fake_gpu):
         fake_gpu.synchronize()
     with pytest.raises(RuntimeError, match="never finished enqueuing"):
         tuning.gpu_ms(synchronising)
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"fwdd": {"num_warps": 4}}, "unknown kernel 'fwdd'; the kernels are "),
+    ({"fwd": {"num_warp": 4}}, r"fwd: unknown key 'num_warp'; the keys are block, block_v, num_warps"),
+    ({"A_sub": {"split": True}}, "A_sub: unknown key 'split'"),
+    ({"dq": {"block": 48}}, r"dq.block = 48; expected a power of two in \[1, 256\]"),
+    ({"dq": {"num_warps": 3}}, r"dq.num_warps = 3; expected a power of two"),
+    ({"dq": {"num_stages": 0}}, r"dq.num_stages = 0; expected an integer in \[1, 8\]"),
+    ({"dq": {"num_stages": True}}, "dq.num_stages = True"),
+    ({"dq": 4}, "dq: expected {key: value}"),
+])
+def test_launch_overrides_are_checked(over, match):
+    """A misspelt kernel or key in a launch override (the test seam, bench_kernels --launch / --launches)
+    is refused by name instead of being ignored, which would time the defaults under a variant's name."""
+    from ops import tuning
+    from ops.testing import force_plan
+    with pytest.raises(ValueError, match=match):
+        tuning.check_launch_overrides(over)
+    with pytest.raises(ValueError, match=match):
+        with force_plan(seg_chunks=2, launch=over):
+            pass
+    assert tuning._FORCED == {}  # a refused call sets nothing, not even its valid arguments
+
+
+def test_launch_overrides_accept_every_default():
+    """Every kernel's default config passes the check (the checked keys and ranges cover what the
+    defaults use), for both ops and the head widths the kernels take."""
+    import torch
+    from ops import tuning
+    for op, K, V in [("lightning", 128, 128), ("lightning", 256, 256), ("lightning", 48, 48), ("gla", 512, 128),
+                     ("gla", 128, 128)]:
+        tuning.check_launch_overrides(tuning.default_launch(op, K, V, torch.device("cpu")))
