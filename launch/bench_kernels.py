@@ -409,7 +409,7 @@ def launches(a) -> None:
         if a.json:
             Path(a.json).write_text(json.dumps({"meta": meta, "cells": res, "summary": variant_summary(res)},
                                                indent=1))
-    summary = variant_summary(res)
+    summary = variant_summary(res)  # over every cell: what the last --json write holds
     print("\n| variant | cells | time / default, median | range |\n|---|---:|---:|---|")
     for name, r in sorted(summary.items(), key=lambda kv: kv[1]["median"]):
         print(f"| {name} | {r['cells']} | {r['median']:.3f} | {r['min']:.3f}-{r['max']:.3f} |")

@@ -98,22 +98,14 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
     gated = op == "gla"
     Kp, Vp = _np2(K), _np2(V)
     wide = max(Kp, Vp) >= 128
-    # lightning with keys padded to 128 (TNL's heads): value blocks of 32 at 4 warps in the forward and dv
-    # walks, and 3 stages in the dq / dk walks and the segment sums: 9-14% less fwd+bwd GPU time than
-    # 64-wide blocks at 8 warps and 2 stages, at five shapes from 1 x 12 to 16 x 12 on an H200
-    # (docs/kernels.md, Launch configurations); the widths not swept with them keep the others
-    # (cosFormer2's 256-wide keys: 3 stages were 2% slower at T = 8192)
-    narrow_la = not gated and Kp == 128
-    walk_v = {"block": min(32 if narrow_la else 64, Vp),
-              "num_stages": (2 if gated else 3) if Kp <= 128 else 1 if gated else 2}
-    walk_stages = 3 if narrow_la else 2
-    return {
-        "fwd": {**walk_v, "num_warps": 8 if wide and not narrow_la else 4},
-        "dv": {**walk_v, "num_warps": 8 if gated and wide and Kp <= 128 else 4},
-        "dq": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": walk_stages},
-        "dk": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": walk_stages},
+    walk_v = {"block": min(64, Vp), "num_stages": (2 if gated else 3) if Kp <= 128 else 1 if gated else 2}
+    launch = {
+        "fwd": {**walk_v, "num_warps": 8 if wide else 4},
+        "dv": {**walk_v, "num_warps": 8 if wide and Kp <= 128 else 4},
+        "dq": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": 2},
+        "dk": {"block": min(32 if Kp <= 128 else 64, Kp), "num_warps": 4, "num_stages": 2},
         "local": {"block": min(32 if gated else 64, Kp), "block_v": Vp if gated else min(64, Vp), "num_warps": 4,
-                  "num_stages": walk_stages},
+                  "num_stages": 2},
         "combine": {"block": min(16, Kp), "block_v": Vp, "num_warps": 4, "num_stages": 1},
         # GLA intra-chunk kernels (each GPU-tested): tame chunks' A and dq / dk at 32-wide key blocks, 4 warps;
         # the level kernels (flag 0) at 32-wide key blocks, 4 warps (fwd+bwd GPU time over 9 shapes, H100
@@ -125,6 +117,17 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
         "dqk_sub": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
         "dg": {"block": min(32, Kp), "num_warps": 4, "num_stages": 1},
     }
+    if not gated and Kp == 128:
+        # lightning with keys padded to 128 (TNL's heads): value blocks of 32 at 4 warps in the forward and
+        # dv walks, 3 stages in the dq / dk walks and the segment sums: 9-14% less fwd+bwd GPU time than the
+        # rule above, at five shapes from 1 x 12 to 16 x 12 on an H200 (docs/kernels.md, Launch
+        # configurations); the widths not swept keep the rule (cosFormer2's 256-wide keys: 3 stages were 2%
+        # slower at T = 8192)
+        for name in ("fwd", "dv"):
+            launch[name].update(block=min(32, Vp), num_warps=4)
+        for name in ("dq", "dk", "local"):
+            launch[name]["num_stages"] = 3
+    return launch
 
 
 _LAUNCH_KEYS = {"block": (1, 256), "block_v": (1, 256), "num_warps": (1, 16), "num_stages": (1, 8)}

@@ -269,3 +269,21 @@ def test_launch_overrides_accept_every_default():
     for op, K, V in [("lightning", 128, 128), ("lightning", 256, 256), ("lightning", 48, 48), ("gla", 512, 128),
                      ("gla", 128, 128)]:
         tuning.check_launch_overrides(tuning.default_launch(op, K, V, torch.device("cpu")))
+
+
+def test_lightning_narrow_launch_configs_only_where_swept():
+    """The narrow walk configs (32-wide value blocks at 4 warps in the forward and dv walks, 3 stages in
+    dq / dk / seg_local) apply to lightning at keys padded to 128, where they were measured; other key
+    widths and GLA keep the general rule (wide tiles at 8 warps where K or V is 128 or more)."""
+    import torch
+    from ops import tuning
+    cpu = torch.device("cpu")
+    tnl = tuning.default_launch("lightning", 128, 128, cpu)
+    assert [(tnl[n]["block"], tnl[n]["num_warps"]) for n in ("fwd", "dv")] == [(32, 4), (32, 4)]
+    assert [tnl[n]["num_stages"] for n in ("dq", "dk", "local")] == [3, 3, 3]
+    for op, K, V in [("lightning", 64, 128), ("lightning", 32, 256), ("gla", 128, 128)]:
+        rule = tuning.default_launch(op, K, V, cpu)
+        assert [(rule[n]["block"], rule[n]["num_warps"]) for n in ("fwd", "dv")] == [(64, 8), (64, 8)], (op, K, V)
+        assert [rule[n]["num_stages"] for n in ("dq", "dk", "local")] == [2, 2, 2], (op, K, V)
+    cos2 = tuning.default_launch("lightning", 256, 128, cpu)  # keys over 128: dv at 4 warps, stages 2
+    assert (cos2["fwd"]["num_warps"], cos2["dv"]["num_warps"], cos2["dq"]["num_stages"]) == (8, 4, 2)
