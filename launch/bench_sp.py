@@ -55,8 +55,10 @@ def _timed(fn, device, warmup: int, steps: int) -> list[float]:
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     if dist.is_initialized():  # the slowest rank sets the pace
-        t = torch.tensor(times, dtype=torch.float64)
+        # NCCL reduces device tensors only
+        t = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        t = t.cpu()
         times = t.tolist()
     return times
 

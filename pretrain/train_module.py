@@ -104,6 +104,28 @@ class TrainModule(ABC):
         return None
 
 
+def compile_blocks(model: nn.Module, backend: str = "inductor") -> bool:
+    """torch.compile each block of `model` in place (regional compilation, as torchtitan does). The blocks
+    are alike and take their per-layer constants as inputs, so they share one compiled graph: compile time
+    is that of one block, not of the whole depth. The embedding, the final norm and the fused loss (one
+    custom op each) and the optimizer step stay eager. Returns False (and compiles nothing) when the
+    model has no `blocks`.
+
+    Args:
+        model: the language model (a `models` model: `model.blocks` is its list of blocks).
+        backend: torch.compile's backend ("inductor"; "aot_eager" in CPU tests).
+    Returns:
+        whether the blocks were compiled.
+    """
+    allow_data_dependent_outputs()
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        return False
+    for block in blocks:
+        block.compile(backend=backend)
+    return True
+
+
 def allow_data_dependent_outputs() -> None:
     """Let torch.compile keep ops whose outputs have a data-dependent length inside the graph. The Triton
     linear-attention ops hand their backward the per-segment states of the layout they chose at run
@@ -127,17 +149,10 @@ class TorchTrainModule(TrainModule):
         self.optimizer = build_optimizer(self.model, optim_cfg, device)
 
     def compile(self, backend: str = "inductor") -> None:
-        """torch.compile each block of the model in place (regional compilation, as torchtitan does). The
-        blocks are alike and take their per-layer constants as inputs, so they share one compiled graph:
-        compile time is that of one block, not of the whole depth. The embedding, the final norm and the
-        fused loss (one custom op each) and the optimizer step stay eager; DDP wraps the model unchanged."""
-        allow_data_dependent_outputs()
-        blocks = getattr(self.model, "blocks", None)
-        if blocks is None:  # not a LanguageModel: compile it whole
+        """Regional compilation (`compile_blocks`); DDP wraps the model unchanged. A model without blocks
+        is compiled whole."""
+        if not compile_blocks(self.model, backend):
             self.wrapped = torch.compile(self.wrapped, backend=backend)
-            return
-        for block in blocks:
-            block.compile(backend=backend)
 
     def autocast(self):
         if self.precision == "bf16":
