@@ -236,7 +236,7 @@ def _graph_break_log():
 def test_regional_compile_one_graph_no_graph_break(arch, impl):
     """TrainModule.compile compiles each block: all blocks share one graph (TNL's decays are inputs), no
     graph break (the TORCH_LOGS=graph_breaks log stays empty), the gradients equal eager ones. The whole
-    model also compiles as one graph (fullgraph=True raises on a break), the way DeepSpeed compiles it.
+    model also compiles as one graph (fullgraph=True raises on a break), as a whole-module compile would.
     impl 'triton' runs the Triton ops (under the interpreter on CPU), as a GPU does: their custom ops
     return tensors of data-dependent length (the forward's per-segment states for the backward), which
     a regional compile without fullgraph=True must still keep inside its one graph."""
