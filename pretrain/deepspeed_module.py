@@ -36,8 +36,8 @@ from pretrain.batches import device_batch
 from pretrain.config import RunConfig
 from pretrain.deepspeed_config import build_deepspeed_config
 from pretrain.distributed import DistEnv, all_reduce_mean
-from pretrain.train_module import (StepResult, TrainModule, allow_data_dependent_outputs, build_optimizer, compile_blocks,
-                                   lr_at)
+from pretrain.train_module import (StepResult, TrainModule, allow_data_dependent_outputs, build_optimizer,
+                                   compile_blocks, lr_at)
 
 VERIFY_GRAD_NORM = "LINSCALE_VERIFY_GRAD_NORM"
 
@@ -100,7 +100,8 @@ class DeepSpeedTrainModule(TrainModule):
         (`compile_blocks`). These stages act on gradients only (hooks on the parameters' gradient
         accumulation), so a compiled block is what they see of an eager one. Compiling the whole module
         through `engine.compile()` instead traces the full depth: on an H200 at 1B its first step took
-        142-162 s for TNL in every launch and 84 s for LLaMA. ZeRO-3 is refused (`pretrain.config.validate` says why)."""
+        142-162 s for TNL in every launch and 84 s for LLaMA. ZeRO-3 is refused (`pretrain.config.validate`
+        says why)."""
         if self.ds_config["zero_optimization"]["stage"] >= 3:
             raise RuntimeError("torch.compile under ZeRO-3 is not supported: train it eagerly or use ZeRO-2")
         if not compile_blocks(self.model, backend):  # not a LanguageModel: the engine compiles it whole

@@ -5,6 +5,7 @@ process group and Dynamo's counters stay out of the test process."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from checkpoint_utils import ROOT, env
 pytest.importorskip("deepspeed")
 
 SCRIPT = textwrap.dedent("""
-    import json, logging, os, sys
+    import json, logging, sys
     import torch
     from torch._dynamo.utils import counters
     from models import build_model
@@ -63,7 +64,7 @@ SCRIPT = textwrap.dedent("""
 def _run(zero: int) -> dict:
     e = env()
     e.update({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29700 + zero)})
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29700 + 10 * zero + os.getpid() % 10)})
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(zero)], env=e, capture_output=True, text=True,
                           timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
