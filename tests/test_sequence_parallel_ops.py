@@ -142,3 +142,45 @@ def fresh_start(rank, world, group):
 def test_segments_match_whole_sequences():
     pytest.importorskip("triton")
     spawn_gloo(_worker, 4)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the GLA summary's suffix sums (one process)
+# ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("T", [1, 5, 64, 65, 200, 257])
+def test_suffix_after_matches_float64_and_scans_time_briefly(T):
+    """suffix_after = sum_{u>t} x_u along time, against a float64 loop, values and gradient, at lengths
+    around the inner block; and no cumsum longer than the block runs along a dimension that is not the
+    last (CUDA runs such a scan one thread per column through every step: the cost it avoids)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ops.sequence_parallel import _SCAN_BLOCK, suffix_after
+
+    class LongScans(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten.cumsum:
+                x, dim = args[0], args[1] % args[0].dim()
+                if dim != x.dim() - 1 and x.shape[dim] > _SCAN_BLOCK:
+                    self.seen.append(tuple(x.shape))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(T)
+    x = (-torch.rand(2, T, 3, 4, generator=g) * 8).requires_grad_()
+    w = torch.randn(2, T, 3, 4, generator=g)
+    with LongScans() as mode:
+        got = suffix_after(x)
+        (got * w).sum().backward()
+    assert not mode.seen, f"long scans along time: {mode.seen}"
+    x64 = x.detach().double()
+    want = torch.zeros_like(x64)
+    for t in range(T - 2, -1, -1):
+        want[:, t] = want[:, t + 1] + x64[:, t + 1]
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-5)
+    # d/dx_u of sum_t w_t after_t = sum_{t < u} w_t
+    dwant = torch.cat([torch.zeros_like(w[:, :1]), w.double().cumsum(1)[:, :-1]], dim=1)
+    torch.testing.assert_close(x.grad.double(), dwant, rtol=1e-6, atol=1e-5)
