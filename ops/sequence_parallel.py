@@ -255,12 +255,17 @@ def suffix_after(x: Tensor) -> Tensor:
     """
     rows, T, rest = x.shape[0], x.shape[1], x.shape[2:]
     b = _SCAN_BLOCK
-    pad = -T % b
-    xb = torch.nn.functional.pad(x, (0, 0) * len(rest) + (0, pad)).view(rows, -1, b, *rest)
-    within = torch.cat([xb[:, :, 1:], torch.zeros_like(xb[:, :, :1])], dim=2).flip(2).cumsum(2).flip(2)
-    totals = xb.sum(2).movedim(1, -1)                                          # [rows, ..., blocks]
-    later = torch.cat([totals[..., 1:], torch.zeros_like(totals[..., :1])], dim=-1).flip(-1).cumsum(-1).flip(-1)
-    return (within + later.movedim(-1, 1).unsqueeze(2)).reshape(rows, -1, *rest)[:, :T]
+    xb = torch.nn.functional.pad(x, (0, 0) * len(rest) + (0, -T % b)).view(rows, -1, b, *rest)
+    within = _sum_after(xb, 2)
+    later = _sum_after(xb.sum(2).movedim(1, -1), -1).movedim(-1, 1)            # [rows, blocks, ...]
+    return (within + later.unsqueeze(2)).reshape(rows, -1, *rest)[:, :T]
+
+
+def _sum_after(x: Tensor, dim: int) -> Tensor:
+    """sum_{u > t} x_u along `dim` in one scan from the end."""
+    last = x.narrow(dim, x.shape[dim] - 1, 1)
+    return torch.cat([x.narrow(dim, 1, x.shape[dim] - 1), torch.zeros_like(last)], dim=dim).flip(dim) \
+        .cumsum(dim).flip(dim)
 
 
 def _gla_summary(k: Tensor, v: Tensor, log_f: Tensor, keep: Tensor | None, inner: Tensor | None,

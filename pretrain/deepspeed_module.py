@@ -36,8 +36,7 @@ from pretrain.batches import device_batch
 from pretrain.config import RunConfig
 from pretrain.deepspeed_config import build_deepspeed_config
 from pretrain.distributed import DistEnv, all_reduce_mean
-from pretrain.train_module import (StepResult, TrainModule, allow_data_dependent_outputs, build_optimizer,
-                                   compile_blocks, lr_at)
+from pretrain.train_module import StepResult, TrainModule, build_optimizer, compile_blocks, lr_at
 
 VERIFY_GRAD_NORM = "LINSCALE_VERIFY_GRAD_NORM"
 
@@ -105,7 +104,6 @@ class DeepSpeedTrainModule(TrainModule):
         if self.ds_config["zero_optimization"]["stage"] >= 3:
             raise RuntimeError("torch.compile under ZeRO-3 is not supported: train it eagerly or use ZeRO-2")
         if not compile_blocks(self.model, backend):  # not a LanguageModel: the engine compiles it whole
-            allow_data_dependent_outputs()
             self.engine.compile(backend=backend)
 
     # -- one optimizer step ---------------------------------------------------------------------------

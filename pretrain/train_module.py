@@ -109,7 +109,8 @@ def compile_blocks(model: nn.Module, backend: str = "inductor") -> bool:
     are alike and take their per-layer constants as inputs, so they share one compiled graph: compile time
     is that of one block, not of the whole depth. The embedding, the final norm and the fused loss (one
     custom op each) and the optimizer step stay eager. Returns False (and compiles nothing) when the
-    model has no `blocks`.
+    model has no `blocks`; Dynamo's switch for data-dependent outputs is set either way, for the caller's
+    whole-model compile.
 
     Args:
         model: the language model (a `models` model: `model.blocks` is its list of blocks).
