@@ -155,7 +155,7 @@ def scaling_efficiency(cells: list[dict]) -> list[dict]:
 def parse_log(lines: list[tuple[float, str]]) -> dict:
     """Times and facts from a pretrain log whose lines carry the seconds since launch: checkpoint and
     snapshot write times, the resume line (and its seconds from the line before it, which is the load),
-    the universal conversion, the first step."""
+    the universal conversion, the first step, and the first compiled step (graphs built, its own seconds)."""
     out: dict = {}
     for t, line in lines:
         m = re.search(r"checkpoint (step_\d+) saved \((blocking|background, stall ([\d.]+) s), written in ([\d.]+) s", line)
@@ -183,6 +183,10 @@ def parse_log(lines: list[tuple[float, str]]) -> dict:
             out["optimizer_check_s"] = t  # DeepSpeed's initialize, just before it builds the ZeRO optimizer
         if re.match(r"step 1/", line) and "first_step_s" not in out:
             out["first_step_s"] = t
+        m = re.search(r"step \d+: torch\.compile built (\d+) graph\(s\); the step took ([\d.]+) s", line)
+        if m and not out.get("compile"):  # the first compiled step: its wall time, compilation included
+            out["compile"] = {"graphs": int(m.group(1)), "step_s": float(m.group(2)), "at_s": t}
+    out.setdefault("compile", None)  # None: no compiled step logged (an eager run)
     return out
 
 
@@ -694,15 +698,18 @@ def report(dirs: list[Path] | Path) -> str:
                      f"{c0['global_batch_seqs']} sequences, micro batch {c0['micro_batch']}, median of steps "
                      f"{c0['warm'] + 1}-{c0['steps']}.\n")
         parts += _head("arch", "size", "ZeRO>", "GPUs>", "accum>", "tokens/s per GPU>", "efficiency>", "MFU>",
-                       "peak GiB per GPU (nvidia-smi, largest)>", "rank-0 torch peak GiB>")
+                       "peak GiB per GPU (nvidia-smi, largest)>", "rank-0 torch peak GiB>",
+                       "first compiled step s (graphs)>")
         for c in cells:
             mem0 = c.get("rank0_max_memory_gb", c.get("rank0_max_rss_gb"))
             eff = c.get("efficiency")
+            comp = c.get("compile", "—")  # absent: a result written before the field existed
+            comp = "eager" if comp is None else comp if comp == "—" else f"{comp['step_s']:.1f} ({comp['graphs']})"
             parts.append(f"| {c['arch']} | {c['size']} | {c['zero']} | {c['gpus']} | {c['accumulation']} | "
                          f"{_f(c.get('tokens_per_s_per_gpu'))} | "
                          f"{_f(eff, '{:.1%}') + ('' if c.get('efficiency_base_gpus', 1) == 1 or eff is None else ' (vs ' + str(c['efficiency_base_gpus']) + ')')} | "
                          f"{_f(c.get('mfu'), '{:.1%}')} | {_f(c.get('max_gpu_peak_gib'), '{:.1f}')} | "
-                         f"{_f(mem0, '{:.1f}')} |" + ("" if c["exit_code"] == 0 else f" exit {c['exit_code']}"))
+                         f"{_f(mem0, '{:.1f}')} | {comp} |" + ("" if c["exit_code"] == 0 else f" exit {c['exit_code']}"))
     bigs = _load(dirs, "7b")
     if bigs:
         parts += [""] + _head("arch", "size", "GPUs>", "tokens/s per GPU>", "MFU>", "peak GiB per GPU>",

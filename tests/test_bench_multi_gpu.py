@@ -70,12 +70,20 @@ def test_parse_log_reads_the_trainers_lines():
                                  "at_s": 140.0}]
     assert p["snapshots"][0]["write_s"] == 3.1 and p["rendezvous_s"] == 3.0 and p["engine_ready_s"] == 96.0
     assert "first_step_s" not in p  # a resumed run's first step is not step 1
+    assert p["compile"] is None  # an eager run logs no compiled step
     # the load time of a same-world resume: its (rendezvous -> resumed) minus a fresh run's engine build
     fresh = {"rendezvous_s": 2.0, "engine_ready_s": 32.0}
     assert bench.resume_load_s(fresh, p) == pytest.approx((95.5 - 3.0) - 30.0)
     # measured from DeepSpeed's initialize when both runs logged it
     fresh["optimizer_check_s"] = 28.0
     assert bench.resume_load_s(fresh, p) == pytest.approx((95.5 - 10.0) - 4.0)
+    # a compiled run: the first compiled step's graphs and its own seconds, from the trainer's line
+    c = bench.parse_log([(41.1, "[linscale] tnl 1b: 918.6M non-embedding, 1072.6M total parameters; 985 TFLOPs/step"),
+                         (63.51, "[linscale] step 1: torch.compile built 1 graph(s); the step took 22.4 s (compile "
+                                 "time so far 22.4 s, not counted in tokens/s)"),
+                         (63.52, "step 1/8 | loss 11.8228 | lr 1.50e-07 | compiling | ETA 1m13s"),
+                         (70.0, "[linscale] step 9: torch.compile built 2 graph(s); the step took 5.0 s")])
+    assert c["compile"] == {"graphs": 1, "step_s": 22.4, "at_s": 63.51} and c["first_step_s"] == 63.52
 
 
 def test_compare_losses_passes_a_continuation_and_catches_a_shifted_stream():
@@ -117,7 +125,8 @@ def test_report_renders_each_scenario(tmp_path):
     for gpus, per_gpu in ((1, 100.0), (2, 90.0)):
         bench.write_json(tmp_path / "a" / "scaling" / f"tnl-tiny-z2-g{gpus}.json",
                          {**base, "arch": "tnl", "zero": 2, "gpus": gpus, "accumulation": 8 // gpus,
-                          "tokens_per_s_per_gpu": per_gpu, "max_gpu_peak_gib": 3.26})
+                          "tokens_per_s_per_gpu": per_gpu, "max_gpu_peak_gib": 3.26,
+                          "compile": {"graphs": 1, "step_s": 22.44, "at_s": 63.5} if gpus == 2 else None})
     bench.write_json(tmp_path / "b" / "resume" / "x.json",
                      {"arch": "tnl", "size": "tiny", "from_gpus": 4, "to_gpus": 2, "checkpoint_step": 4, "ok": True,
                       "data_stream": {"identical": True},
@@ -125,7 +134,8 @@ def test_report_renders_each_scenario(tmp_path):
                                  "median_rel_step_change": 8.7e-3},
                       "resumed": {"resume": {"convert_and_load_s": 1.54}}})
     text = bench.report([tmp_path / "a", tmp_path / "b"])
-    assert "| tnl | tiny | 2 | 2 | 4 | 90 | 90.0% | — | 3.3 | — |" in text
+    assert "| tnl | tiny | 2 | 2 | 4 | 90 | 90.0% | — | 3.3 | — | 22.4 (1) |" in text
+    assert "| tnl | tiny | 2 | 1 | 8 | 100 | 100.0% | — | 3.3 | — | eager |" in text
     assert "| tnl | tiny | 4 → 2 | 4 | True | True, True | 0.0e+00 | 8.7e-03 | 1.5 | True |" in text
 
 
