@@ -77,7 +77,7 @@ class TrainConfig:
     # fit the GPU: none, else full on the fewest blocks); a bare --activation-checkpointing means full
     activation_checkpointing: str = param("none", choices=("none", "mlp", "full", "auto"), casefold=True)
     ac_fraction: float = param(1.0, gt=0, le=1)  # share of the blocks checkpointed, spread over the depth (not auto)
-    # auto: torch.compile on CUDA (plain PyTorch and ZeRO-1/2), eager on CPU and at ZeRO-3; --no-compile
+    # auto: torch.compile on CUDA (plain PyTorch and every ZeRO stage), eager on CPU; --no-compile
     compile: str = param("auto", choices=("auto", "true", "false"), casefold=True)
     doc_reset: bool = False        # reset linear-attention state at document starts (cu_seqlens)
     log_every: int = param(1, ge=1)
@@ -484,11 +484,6 @@ def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
     if cfg.dist.deepspeed_config and cfg.dist.zero == 0:  # it would be ignored without a word
         raise ConfigError(f"--deepspeed-config {cfg.dist.deepspeed_config} is read only by DeepSpeed, and this run "
                           f"is plain PyTorch/DDP (--zero 0): pass --zero 1, 2 or 3 with it, or drop it")
-    if str(t.compile).lower() == "true" and cfg.dist.zero == 3:
-        raise ConfigError("--compile with --zero 3: ZeRO-3 gathers each module's parameters in hooks that "
-                          "torch.compile cannot trace (every block's graph breaks around them), and compiling "
-                          "the whole engine loses the tied embedding's gathered weight; train ZeRO-3 eagerly "
-                          "(leave out --compile: auto is off at --zero 3) or use --zero 2, which compiles")
     if cfg.overwrite and cfg.resume == "auto":
         raise ConfigError(f"--overwrite and --resume auto contradict each other: --resume auto continues the "
                           f"run in {cfg.run_dir}, --overwrite starts it afresh; pass one of them")
@@ -506,13 +501,12 @@ def ac_mode(t: TrainConfig) -> str:
 
 
 def resolve_compile(cfg: RunConfig, device_type: str) -> bool:
-    """--compile auto: on for CUDA on the plain PyTorch path and under DeepSpeed ZeRO-1/2 (torch.compile
-    is worth 2-3x; both compile each block in place); off on CPU, where compiling costs more than it
-    saves, and under ZeRO-3, which `validate` refuses to compile (its parameter-gathering hooks)."""
+    """--compile auto: on for CUDA (torch.compile is worth 2-3x; the plain PyTorch path and every DeepSpeed
+    ZeRO stage compile each block in place), off on CPU, where compiling costs more than it saves."""
     c = str(cfg.train.compile).lower()
     if c != "auto":
         return c == "true"
-    return device_type == "cuda" and cfg.dist.zero <= 2
+    return device_type == "cuda"
 
 
 def gradient_accumulation(global_batch: int, world_size: int, micro_batch: int, allow_inexact: bool = False) -> int:

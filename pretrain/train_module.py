@@ -104,7 +104,7 @@ class TrainModule(ABC):
         return None
 
 
-def compile_blocks(model: nn.Module, backend: str = "inductor") -> bool:
+def compile_blocks(model: nn.Module, backend: str = "inductor", hooks_outside: bool = False) -> bool:
     """torch.compile each block of `model` in place (regional compilation, as torchtitan does). The blocks
     are alike and take their per-layer constants as inputs, so they share one compiled graph: compile time
     is that of one block, not of the whole depth. The embedding, the final norm and the fused loss (one
@@ -115,6 +115,9 @@ def compile_blocks(model: nn.Module, backend: str = "inductor") -> bool:
     Args:
         model: the language model (a `models` model: `model.blocks` is its list of blocks).
         backend: torch.compile's backend ("inductor"; "aot_eager" in CPU tests).
+        hooks_outside: compile each block's `forward` only, so that hooks on the block module (DeepSpeed
+            ZeRO-3 gathers a block's parameters in them) run eagerly around the compiled code; otherwise
+            the whole call is compiled (`nn.Module.compile`).
     Returns:
         whether the blocks were compiled.
     """
@@ -123,7 +126,10 @@ def compile_blocks(model: nn.Module, backend: str = "inductor") -> bool:
     if blocks is None:
         return False
     for block in blocks:
-        block.compile(backend=backend)
+        if hooks_outside:
+            block.forward = torch.compile(block.forward, backend=backend)
+        else:
+            block.compile(backend=backend)
     return True
 
 

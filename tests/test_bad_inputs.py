@@ -244,14 +244,6 @@ def test_deepspeed_config_without_zero(capsys):
     assert "--deepspeed-config ds.json is read only by DeepSpeed" in line and "pass --zero 1, 2 or 3" in line
 
 
-def test_compile_with_zero3(capsys):
-    """--compile with --zero 3 is refused at parse time, saying why and what trains instead."""
-    rc, _, err = pretrain(["--compile", "--zero", "3", "--max-steps", "1"], capsys)
-    assert rc == 2
-    line = one_error_line(err)
-    assert "--compile with --zero 3" in line and "leave out --compile" in line and "--zero 2" in line
-
-
 def test_model_field_not_a_number(capsys):
     """--model FIELD=VALUE of the wrong type names the field; an unknown field lists the known ones."""
     rc, _, err = pretrain(["--model", "d_model=abc"], capsys)

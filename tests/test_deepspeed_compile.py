@@ -1,7 +1,9 @@
-"""torch.compile under DeepSpeed on CPU (gloo, one process): ZeRO-1/2 compile each block in place, as the
-plain path does: one graph shared by every block, no graph break, the same losses as the eager engine.
-(ZeRO-3 is refused at parse time: tests/test_train_long_context.py.) Runs in a subprocess: DeepSpeed's
-process group and Dynamo's counters stay out of the test process."""
+"""torch.compile under DeepSpeed on CPU (gloo): every ZeRO stage compiles each block in place, as the plain
+path does: one graph shared by every block, no graph break, the same losses as the eager engine. ZeRO-1/2
+compile the block's whole call; ZeRO-3 marks the blocks as leaf modules (their parameters gathered in hooks
+on the block) and compiles each block's forward inside those hooks, also with the parameters partitioned
+over two ranks and with activation checkpointing. Runs in subprocesses: DeepSpeed's process group and
+Dynamo's counters stay out of the test process."""
 from __future__ import annotations
 
 import json
@@ -25,13 +27,14 @@ SCRIPT = textwrap.dedent("""
     from pretrain.deepspeed_module import DeepSpeedTrainModule
     from pretrain.distributed import dist_env, init_process_group
 
-    zero = int(sys.argv[1])
-    cfg = parse_config(["--arch", "tnl", "--size", "tiny", "--model", "vocab_size=256", "--zero", str(zero),
-                        "--device", "cpu", "--seq-len", "24", "--global-batch-tokens", "48", "--micro-batch", "2",
-                        "--lr", "3e-3", "--warmup-steps", "0"])
+    zero, ac = int(sys.argv[1]), sys.argv[2]
     e = dist_env("cpu")
+    cfg = parse_config(["--arch", "tnl", "--size", "tiny", "--model", "vocab_size=256", "--zero", str(zero),
+                        "--device", "cpu", "--seq-len", "24", "--global-batch-tokens", str(48 * e.world_size),
+                        "--micro-batch", "2", "--lr", "3e-3", "--warmup-steps", "0",
+                        "--activation-checkpointing", ac])
     init_process_group(e)
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(1 + e.rank)
     batches = [{"input_ids": torch.randint(0, 256, (2, 24), generator=g),
                 "targets": torch.randint(0, 256, (2, 24), generator=g)} for _ in range(3)]
     breaks = []
@@ -45,14 +48,17 @@ SCRIPT = textwrap.dedent("""
     def run(compiled):
         torch.manual_seed(0)
         model = build_model("tnl", "tiny", vocab_size=256)
+        model.set_activation_checkpointing(ac)
         m = DeepSpeedTrainModule(model, cfg, e, "fp32", 1)
         torch._dynamo.reset()
         counters.clear()
         if compiled:
             m.compile(backend="aot_eager")
         losses = [m.train_step([b], i).loss for i, b in enumerate(batches)]
-        blocks = sum(getattr(b, "_compiled_call_impl", None) is not None for b in m.model.blocks)
-        return {"losses": losses, "blocks": len(m.model.blocks), "compiled_blocks": blocks,
+        calls = sum(getattr(b, "_compiled_call_impl", None) is not None for b in m.model.blocks)
+        forwards = sum(hasattr(b.forward, "_torchdynamo_orig_callable") for b in m.model.blocks)
+        return {"losses": losses, "blocks": len(m.model.blocks), "compiled_calls": calls,
+                "compiled_forwards": forwards, "leaves": sum(getattr(b, "_z3_leaf", False) for b in m.model.blocks),
                 "engine_compiled": bool(m.engine.is_compiled), "graphs": counters["stats"]["unique_graphs"]}
 
     eager = run(False)
@@ -61,23 +67,47 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(zero: int) -> dict:
-    e = env()
-    e.update({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29700 + 10 * zero + os.getpid() % 10)})
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(zero)], env=e, capture_output=True, text=True,
-                          timeout=240, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+def _run(zero: int, world: int = 1, ac: str = "none") -> list[dict]:
+    """Every rank's result."""
+    port = str(29700 + 40 * zero + 20 * (world - 1) + 10 * (ac != "none") + os.getpid() % 10)
+    procs = []
+    for rank in range(world):
+        e = env()
+        e.update({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
+                  "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+        procs.append(subprocess.Popen([sys.executable, "-c", SCRIPT, str(zero), ac], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, cwd=ROOT))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:] + err[-5000:]
+        line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1]
+        results.append(json.loads(line[len("RESULT "):]))
+    return results
+
+
+def _check(r: dict) -> dict:
+    c = r["compiled"]
+    assert c["graphs"] == 1, c     # every block shares one graph
+    assert not r["breaks"], r["breaks"]
+    assert c["losses"] == pytest.approx(r["eager"]["losses"], rel=1e-5)
+    assert r["eager"]["compiled_calls"] == r["eager"]["compiled_forwards"] == 0
+    return c
 
 
 @pytest.mark.parametrize("zero", [1, 2])
 def test_zero12_compiles_each_block_like_the_plain_path(zero):
-    r = _run(zero)
-    c = r["compiled"]
-    assert c["compiled_blocks"] == c["blocks"] >= 2 and not c["engine_compiled"]
-    assert c["graphs"] == 1, c     # every block shares one graph
-    assert not r["breaks"], r["breaks"]
-    assert c["losses"] == pytest.approx(r["eager"]["losses"], rel=1e-5)
-    assert r["eager"]["compiled_blocks"] == 0
+    c = _check(_run(zero)[0])
+    assert c["compiled_calls"] == c["blocks"] >= 2 and not c["engine_compiled"] and c["leaves"] == 0
+
+
+@pytest.mark.parametrize("world,ac", [(1, "none"), (2, "full")])
+def test_zero3_compiles_each_block_inside_its_gathering_hooks(world, ac):
+    """Partitioned over `world` ranks: every rank's losses equal the eager engine's (which gathers the same
+    leaf blocks); with full activation checkpointing the backward recomputes each block on its gathered
+    parameters."""
+    for r in _run(3, world, ac):
+        c = _check(r)
+        assert c["compiled_forwards"] == c["leaves"] == c["blocks"] >= 2
+        assert c["compiled_calls"] == 0 and not c["engine_compiled"]
+        assert r["eager"]["leaves"] == c["blocks"]

@@ -280,16 +280,16 @@ def test_regional_compile_one_graph_no_graph_break(arch, impl):
 # ----------------------------------------------------------------------------------------------------
 
 def test_compile_and_checkpointing_flags():
-    from pretrain.config import ConfigError, parse_config, resolve_compile
+    from pretrain.config import parse_config, resolve_compile
     cfg = parse_config(["--size", "70m"])
     assert cfg.train.compile == "auto" and cfg.train.activation_checkpointing == "none"
     assert resolve_compile(cfg, "cuda") and not resolve_compile(cfg, "cpu")
     assert resolve_compile(parse_config(["--size", "70m", "--zero", "2"]), "cuda")  # ZeRO-1/2: regional, on
     assert resolve_compile(parse_config(["--size", "70m", "--zero", "1"]), "cuda")
     assert not resolve_compile(parse_config(["--size", "70m", "--zero", "2"]), "cpu")
-    assert not resolve_compile(parse_config(["--size", "70m", "--zero", "3"]), "cuda")  # ZeRO-3: eager
-    with pytest.raises(ConfigError, match="--compile with --zero 3"):
-        parse_config(["--size", "70m", "--zero", "3", "--compile"])
+    assert resolve_compile(parse_config(["--size", "70m", "--zero", "3"]), "cuda")  # ZeRO-3: per block too
+    assert resolve_compile(parse_config(["--size", "70m", "--zero", "3", "--compile"]), "cuda")
+    assert not resolve_compile(parse_config(["--size", "70m", "--zero", "3"]), "cpu")
     assert resolve_compile(parse_config(["--size", "70m", "--zero", "2", "--compile"]), "cuda")
     assert not resolve_compile(parse_config(["--size", "70m", "--no-compile"]), "cuda")
     assert resolve_compile(parse_config(["--size", "70m", "--compile"]), "cpu")
