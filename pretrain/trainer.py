@@ -100,6 +100,24 @@ def out_of_memory_message(cfg: RunConfig, device: torch.device, step: int, mode:
             f"{ac}) does not fit in {where}. Use " + "; or ".join(fixes) + ". See docs/training.md, Long context")
 
 
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def compile_failed_message(cfg: RunConfig, step: int, err: BaseException) -> str:
+    """torch.compile (Dynamo or Inductor) failed while building a step's graph: what failed and the way on
+    (the caller adds nothing; `LINSCALE_TRACEBACK=1` shows the traceback)."""
+    engine = f"DeepSpeed ZeRO-{cfg.dist.zero}" if cfg.dist.zero else "plain PyTorch"
+    inner = getattr(err, "inner_exception", None) or err.__cause__  # the backend's own error, if wrapped
+    what = f"{type(err).__name__}: {_first_line(err)}"
+    if inner is not None:
+        what = f"{type(err).__name__} ({type(inner).__name__}: {_first_line(inner)})"
+    return (f"torch.compile failed in step {step + 1} ({cfg.arch} {cfg.size}, {engine}, --compile "
+            f"{cfg.train.compile}): {what}. Train eagerly with --no-compile "
+            f"(2-3x fewer tokens/s; --resume auto continues from the run's last checkpoint), and report the "
+            f"error with LINSCALE_TRACEBACK=1's traceback; see docs/training.md, --compile")
+
+
 def check_vocab(vocab_size: int, data: str | None) -> None:
     """Every token id the data can produce must be a row of the embedding: checked at start rather than at
     the first forward. Data tokenized here (the default corpus, a data YAML streamed) can hold any id of
@@ -407,12 +425,16 @@ class Trainer:
             try:
                 res = self.module.train_step(micro, p.step, inject_nonfinite=inject)
             except (torch.OutOfMemoryError, RuntimeError) as err:
-                if not is_out_of_memory(err):
-                    raise
-                self.metrics.close()
-                raise TrainingStopped(out_of_memory_message(self.cfg, self.env.device, p.step, self.ac,
-                                                            self.ac_fraction)
-                                      + f" (original error: {str(err).splitlines()[0]})") from err
+                if is_out_of_memory(err):
+                    self.metrics.close()
+                    raise TrainingStopped(out_of_memory_message(self.cfg, self.env.device, p.step, self.ac,
+                                                                self.ac_fraction)
+                                          + f" (original error: {_first_line(err)})") from err
+                from torch._dynamo.exc import TorchDynamoException  # Dynamo's and Inductor's errors
+                if self.compiled and isinstance(err, TorchDynamoException):
+                    self.metrics.close()
+                    raise TrainingStopped(compile_failed_message(self.cfg, p.step, err)) from err
+                raise
             lr = lr_at(p.step, self.cfg.optim)
             p.step += 1
             steps_this_session += 1

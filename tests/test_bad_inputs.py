@@ -312,6 +312,29 @@ def test_max_bad_steps_is_exact(dataset, tmp_path, capsys, monkeypatch):
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000007"
 
 
+def test_compile_fails(dataset, tmp_path, capsys, monkeypatch):
+    """A torch.compile failure (the backend raising while it builds the first step's graph, as Inductor
+    does on a kernel it cannot generate) stops the run with one line naming the failure and --no-compile;
+    the same run trains eagerly with --no-compile."""
+    from pretrain import train_module
+
+    def failing_backend(gm, example_inputs):
+        raise RuntimeError("cannot generate code for this graph")
+
+    compile_blocks = train_module.compile_blocks
+    monkeypatch.setattr(train_module.TorchTrainModule, "compile",
+                        lambda self, backend="inductor": compile_blocks(self.model, failing_backend))
+    run = tmp_path / "run"
+    rc, _, err = pretrain(run_flags(run, dataset, 2, "--compile", "--save-every", "0"), capsys)
+    assert rc == 3
+    line = one_error_line(err)
+    assert line.startswith("error: torch.compile failed in step 1 (tnl tiny, plain PyTorch, --compile true): "
+                           "BackendCompilerFailed") and "cannot generate code" in line, line
+    assert "--no-compile" in line and "LINSCALE_TRACEBACK=1" in line
+    rc, _, _ = pretrain(run_flags(run, dataset, 2, "--no-compile", "--save-every", "0", "--overwrite"), capsys)
+    assert rc == 0
+
+
 def test_negative_grad_clip_never_trains(dataset, tmp_path, capsys):
     """--grad-clip -1 is refused before anything runs (it used to train uphill); --grad-clip 0 turns
     clipping off and trains downhill."""
