@@ -1,5 +1,6 @@
 """torch.compile under DeepSpeed on CPU (gloo): every ZeRO stage compiles each block in place, as the plain
-path does: one graph shared by every block, no graph break, the same losses as the eager engine. ZeRO-1/2
+path does: one graph shared by every block, no graph break, the same losses (training and evaluation) as the
+eager engine. ZeRO-1/2
 compile the block's whole call; ZeRO-3 marks the blocks as leaf modules (their parameters gathered in hooks
 on the block) and compiles each block's forward inside those hooks, also with the parameters partitioned
 over two ranks and with activation checkpointing. Runs in subprocesses: DeepSpeed's process group and
@@ -56,11 +57,13 @@ SCRIPT = textwrap.dedent("""
         if compiled:
             m.compile(backend="aot_eager")
         losses = [m.train_step([b], i).loss for i, b in enumerate(batches)]
+        graphs = counters["stats"]["unique_graphs"]
+        val = m.eval_loss(batches[:2])  # eval mode, no grad: another graph, the same parameters gathered
         calls = sum(getattr(b, "_compiled_call_impl", None) is not None for b in m.model.blocks)
         forwards = sum(hasattr(b.forward, "_torchdynamo_orig_callable") for b in m.model.blocks)
         return {"losses": losses, "blocks": len(m.model.blocks), "compiled_calls": calls,
                 "compiled_forwards": forwards, "leaves": sum(getattr(b, "_z3_leaf", False) for b in m.model.blocks),
-                "engine_compiled": bool(m.engine.is_compiled), "graphs": counters["stats"]["unique_graphs"]}
+                "engine_compiled": bool(m.engine.is_compiled), "graphs": graphs, "val": val}
 
     eager = run(False)
     out = {"eager": eager, "compiled": run(True), "breaks": breaks}
@@ -93,6 +96,7 @@ def _check(r: dict) -> dict:
     assert c["graphs"] == 1, c     # every block shares one graph
     assert not r["breaks"], r["breaks"]
     assert c["losses"] == pytest.approx(r["eager"]["losses"], rel=1e-5)
+    assert c["val"] == pytest.approx(r["eager"]["val"], rel=1e-5)
     assert r["eager"]["compiled_calls"] == r["eager"]["compiled_forwards"] == 0
     return c
 
