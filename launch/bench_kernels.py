@@ -30,6 +30,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -47,6 +48,7 @@ C = 64
 SHAPES = [(1, 12), (2, 12), (1, 32), (4, 16), (16, 12)]
 OPS = ["la0", "laL", "nodecay", "gla1", "gla16", "gla32", "glaW"]
 N_LAYERS = 32
+AUTOTUNE_CACHE = "TRITON_CACHE_AUTOTUNING"  # Triton keeps autotuning results in its cache directory
 LABEL = {"la0": "lightning, TNL layer-0 decays", "laL": "lightning, TNL last-layer decays",
          "nodecay": "lightning, no decay (cos2, Dk=256)", "gla1": "GLA, HGRN2 layer-1 gates",
          "gla16": "GLA, HGRN2 layer-16 gates", "gla32": "GLA, HGRN2 layer-32 gates",
@@ -168,6 +170,7 @@ def _header(extra: str = "", timing: str = "wall") -> dict:
         meta["fla"] = getattr(fla, "__version__", "?")
     except Exception:
         meta["fla"] = None
+    meta["autotune_cache"] = os.environ.get(AUTOTUNE_CACHE, "")
     print(f"# {meta['device']}  torch {meta['torch']}  triton {meta['triton']}  fla {meta['fla']}  "
           f"{meta['date']}  bf16 fwd+bwd medians ({meta['timing']} time); floor uses {mm / 1e12:.0f} TFLOP/s, {bw / 1e12:.1f} TB/s {extra}",
           flush=True)
@@ -466,7 +469,6 @@ def resources(a) -> None:
     """Shared memory (limit 232448 bytes per block on H100/H200), registers and local-memory stack per
     thread (> 0: spills) of every kernel at its default launch config, from an ahead-of-time sm_90
     compile with this machine's Triton (the GPU image's Triton may differ a little)."""
-    import os
     import re
     import subprocess
     import tempfile
@@ -584,6 +586,9 @@ def main() -> None:
         return resources(a)
     if not torch.cuda.is_available():
         sys.exit("bench_kernels needs a CUDA device (only --resources runs without one)")
+    # fla's kernels autotune on first use (minutes a process); with Triton's on-disk autotuning cache a
+    # later process on the same machine reuses the configs fla chose, instead of timing them again
+    os.environ.setdefault(AUTOTUNE_CACHE, "1")
     if a.sweep:
         return sweep(a)
     if a.warmup:
