@@ -92,7 +92,7 @@ class DeepSpeedTrainModule(TrainModule):
             # ZeRO-3 gathers a leaf module's parameters all at once, in hooks on the module itself, and sets
             # no hooks inside it: a block's own code can then be compiled (`compile`), with the gathering
             # around it. A block's parameters (about 200M at 7B) are gathered together instead of one
-            # projection at a time.
+            # projection at a time (docs/training.md, DeepSpeed).
             deepspeed.utils.set_z3_leaf_modules(model, [type(model.blocks[0])])
         self.optimizer = build_optimizer(model, cfg.optim, env.device, cls=GuardedAdamW)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=self.ds_config)
