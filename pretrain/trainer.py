@@ -4,12 +4,13 @@ the checkpoint manager (checkpoints/manager.py) and the stability, speed and mem
 (pretrain/monitors.py). The loop itself knows nothing about ZeRO or checkpoint files."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -106,7 +107,7 @@ def _first_line(err: BaseException) -> str:
 
 def compile_failed_message(cfg: RunConfig, step: int, err: BaseException) -> str:
     """torch.compile (Dynamo or Inductor) failed while building a step's graph: what failed and the way on
-    (the caller adds nothing; `LINSCALE_TRACEBACK=1` shows the traceback)."""
+    (`LINSCALE_TRACEBACK=1` shows the traceback)."""
     engine = f"DeepSpeed ZeRO-{cfg.dist.zero}" if cfg.dist.zero else "plain PyTorch"
     inner = getattr(err, "inner_exception", None) or err.__cause__  # the backend's own error, if wrapped
     what = f"{type(err).__name__}: {_first_line(err)}"
@@ -422,19 +423,8 @@ class Trainer:
             inject = p.step in self.inject_nonfinite_steps
             for cb in self.callbacks:
                 cb.pre_step(p)
-            try:
+            with self._stop_on_oom_or_compile_failure(p.step):
                 res = self.module.train_step(micro, p.step, inject_nonfinite=inject)
-            except (torch.OutOfMemoryError, RuntimeError) as err:
-                if is_out_of_memory(err):
-                    self.metrics.close()
-                    raise TrainingStopped(out_of_memory_message(self.cfg, self.env.device, p.step, self.ac,
-                                                                self.ac_fraction)
-                                          + f" (original error: {_first_line(err)})") from err
-                from torch._dynamo.exc import TorchDynamoException  # Dynamo's and Inductor's errors
-                if self.compiled and isinstance(err, TorchDynamoException):
-                    self.metrics.close()
-                    raise TrainingStopped(compile_failed_message(self.cfg, p.step, err)) from err
-                raise
             lr = lr_at(p.step, self.cfg.optim)
             p.step += 1
             steps_this_session += 1
@@ -450,7 +440,8 @@ class Trainer:
                 for cb in self.callbacks:
                     cb.pre_log_metrics(p, row)
                 if is_eval:
-                    row["val_loss"] = self.module.eval_loss(self.val_batches)
+                    with self._stop_on_oom_or_compile_failure(p.step - 1):  # the evaluation after step p.step
+                        row["val_loss"] = self.module.eval_loss(self.val_batches)
                     for cb in self.callbacks:
                         cb.post_eval()
                 self.metrics.log(row)
@@ -477,6 +468,24 @@ class Trainer:
             (self.run_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
             logger.info(f"done: {summary}")
         return summary
+
+    @contextlib.contextmanager
+    def _stop_on_oom_or_compile_failure(self, step: int) -> Iterator[None]:
+        """Out of memory, or torch.compile failing to build a graph, in the work of step `step` (0-based):
+        the run stops with one line saying what to change (`TrainingStopped`) instead of a traceback."""
+        try:
+            yield
+        except (torch.OutOfMemoryError, RuntimeError) as err:
+            from torch._dynamo.exc import TorchDynamoException  # Dynamo's and Inductor's errors
+            if is_out_of_memory(err):
+                message = (out_of_memory_message(self.cfg, self.env.device, step, self.ac, self.ac_fraction)
+                           + f" (original error: {_first_line(err)})")
+            elif self.compiled and isinstance(err, TorchDynamoException):
+                message = compile_failed_message(self.cfg, step, err)
+            else:
+                raise
+            self.metrics.close()
+            raise TrainingStopped(message) from err
 
     def _log_failure(self) -> OutputFailed:
         """The error a run ends with when rank 0 could not write metrics.jsonl (printed by rank 0 only)."""

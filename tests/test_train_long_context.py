@@ -366,6 +366,21 @@ def test_out_of_memory_names_the_settings(tmp_path, monkeypatch, capsys):
     assert "(activation checkpointing full on 1 of 2 blocks)" in msg
 
 
+def test_out_of_memory_in_the_evaluation_names_the_settings(tmp_path, monkeypatch, capsys):
+    """The evaluation after a step runs out of memory the same way: one line, exit 3, no traceback."""
+    from pretrain import trainer as trainer_mod
+    from pretrain.train_module import TorchTrainModule
+
+    def oom(self, *a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+
+    monkeypatch.setattr(TorchTrainModule, "eval_loss", oom)
+    code = trainer_mod.main(_flags(tmp_path, "tnl") + ["--no-compile", "--eval-every", "2"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "out of memory in step 2" in err and "Tried to allocate 8.00 GiB" in err and "Traceback" not in err
+
+
 # ----------------------------------------------------------------------------------------------------
 # the memory estimate behind --activation-checkpointing auto, and the benchmark's report
 # ----------------------------------------------------------------------------------------------------
