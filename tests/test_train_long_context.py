@@ -344,16 +344,22 @@ def test_compile_time_is_logged_and_kept_out_of_tokens_per_s(tmp_path, monkeypat
     assert rows[1]["compile_s"] == rows[0]["compile_s"]  # nothing compiled after step 1
 
 
-def test_out_of_memory_names_the_settings(tmp_path, monkeypatch, capsys):
+def _out_of_memory_in(method: str, flags: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    """(exit code, stderr) of a run whose TorchTrainModule.`method` runs out of memory."""
     from pretrain import trainer as trainer_mod
     from pretrain.train_module import TorchTrainModule
 
     def oom(self, *a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 24.00 GiB")
 
-    monkeypatch.setattr(TorchTrainModule, "train_step", oom)
-    code = trainer_mod.main(_flags(tmp_path, "llama") + ["--micro-batch", "4", "--no-compile"])
-    err = capsys.readouterr().err
+    monkeypatch.setattr(TorchTrainModule, method, oom)
+    code = trainer_mod.main(flags)
+    return code, capsys.readouterr().err
+
+
+def test_out_of_memory_names_the_settings(tmp_path, monkeypatch, capsys):
+    code, err = _out_of_memory_in("train_step", _flags(tmp_path, "llama") + ["--micro-batch", "4", "--no-compile"],
+                                  monkeypatch, capsys)
     assert code == 3
     assert "out of memory in step 1" in err and "--seq-len 16 x --micro-batch 4 = 64 tokens" in err
     assert "--micro-batch (e.g. 2" in err and "--activation-checkpointing full" in err
@@ -368,17 +374,10 @@ def test_out_of_memory_names_the_settings(tmp_path, monkeypatch, capsys):
 
 def test_out_of_memory_in_the_evaluation_names_the_settings(tmp_path, monkeypatch, capsys):
     """The evaluation after a step runs out of memory the same way: one line, exit 3, no traceback."""
-    from pretrain import trainer as trainer_mod
-    from pretrain.train_module import TorchTrainModule
-
-    def oom(self, *a, **k):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
-
-    monkeypatch.setattr(TorchTrainModule, "eval_loss", oom)
-    code = trainer_mod.main(_flags(tmp_path, "tnl") + ["--no-compile", "--eval-every", "2"])
-    err = capsys.readouterr().err
+    code, err = _out_of_memory_in("eval_loss", _flags(tmp_path, "tnl") + ["--no-compile", "--eval-every", "2"],
+                                  monkeypatch, capsys)
     assert code == 3
-    assert "out of memory in step 2" in err and "Tried to allocate 8.00 GiB" in err and "Traceback" not in err
+    assert "out of memory in step 2" in err and "Tried to allocate 24.00 GiB" in err and "Traceback" not in err
 
 
 # ----------------------------------------------------------------------------------------------------
