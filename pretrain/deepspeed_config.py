@@ -55,7 +55,14 @@ def generate_deepspeed_config(cfg: RunConfig, world_size: int, precision: str) -
     if cfg.dist.zero == 3:
         # keep parameters below ~1M elements resident (norms, gates): gathering them costs more than it saves
         zero.update({"stage3_param_persistence_threshold": 1e6, "stage3_prefetch_bucket_size": 5e8,
-                     "stage3_max_live_parameters": 1e9, "stage3_gather_16bit_weights_on_model_save": False})
+                     "stage3_max_live_parameters": 1e9, "stage3_gather_16bit_weights_on_model_save": False,
+                     # DeepSpeed's "memory efficient" linear replaces torch.nn.functional.linear process-wide
+                     # with an autograd Function whose backward reads each weight's ds_id: compiled blocks
+                     # then guard on that per-block integer and recompile for every block until Dynamo's
+                     # limit (8), leaving the rest eager. The blocks are leaf modules whose parameters are
+                     # gathered around their forward and backward (DeepSpeedTrainModule), so the plain
+                     # linear sees full weights whenever it runs.
+                     "memory_efficient_linear": False})
         zero.pop("allgather_bucket_size")
     ds: dict[str, Any] = {
         # DeepSpeed counts every rank as data parallel (the sequence-parallel plan scales the loss so that its

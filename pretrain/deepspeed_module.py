@@ -36,7 +36,10 @@ from pretrain.batches import device_batch
 from pretrain.config import RunConfig
 from pretrain.deepspeed_config import build_deepspeed_config
 from pretrain.distributed import DistEnv, all_reduce_mean
+from pretrain.logs import get_logger
 from pretrain.train_module import StepResult, TrainModule, build_optimizer, compile_blocks, lr_at
+
+logger = get_logger(__name__)
 
 VERIFY_GRAD_NORM = "LINSCALE_VERIFY_GRAD_NORM"
 
@@ -109,6 +112,11 @@ class DeepSpeedTrainModule(TrainModule):
         depth: on an H200 at 1B under ZeRO-2 its first step took 142-162 s for TNL in every launch and
         84 s for LLaMA; under ZeRO-3 it loses the tied embedding's gathered weight."""
         zero3 = self.ds_config["zero_optimization"]["stage"] >= 3
+        if zero3 and torch.nn.functional.linear is not torch._C._nn.linear:
+            # a user JSON turned DeepSpeed's memory-efficient linear back on (see deepspeed_config)
+            logger.warning("zero_optimization.memory_efficient_linear is on: each compiled block reads its "
+                           "weights' ds_id and recompiles, and the blocks past Dynamo's recompile limit run "
+                           "eagerly; set it to false in --deepspeed-config")
         if compile_blocks(self.model, backend, hooks_outside=zero3):
             return
         if zero3:
