@@ -522,7 +522,7 @@ def resources(a) -> None:
         if gated:
             rows += [
                 ("A", G.gla_A_tame_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
-                 dict(TAME_SPAN=120.0, H=16, K=K, BT=64, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
+                 dict(TAME_SPAN=G.TAME_SPAN, H=16, K=K, BT=64, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
                 ("A_sub", G.gla_A_sub_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
                  dict(H=16, K=K, BT=64, BK=L["A_sub"]["block"], LOG_BT=6, VARLEN=False, PREC="tf32")),
                 ("dqk_sub", G.gla_dqk_sub_kernel, "q k v bc do dq dk att tame cu chunks T NT",
@@ -530,7 +530,7 @@ def resources(a) -> None:
                  dict(base, BK=L["dqk_sub"]["block"], BV=min(64, Vp), LOG_BT=6, PREC="tf32")),
                 ("dqk", G.gla_dqk_tame_kernel, "q k v bc do dq dk att tame cu chunks T NT",
                  [P, P, P, F32, P, F32, F32, F32, I, I, I, i32, i32],
-                 dict(base, TAME_SPAN=120.0, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
+                 dict(base, TAME_SPAN=G.TAME_SPAN, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
                 ("intra_out", G.gla_intra_out_kernel, "A x out cu chunks T NT", [F32, P, F32, I, I, i32, i32],
                  dict(H=16, V=V, BT=64, BV=min(64, Vp), TRANSPOSED=True, VARLEN=False, PREC="tf32")),
                 ("dg", G.gla_dg_kernel, "q k att dq dk dg dgx dkx dq_out dk_out anc_h anc_dh cu chunks T AC NA",
