@@ -390,22 +390,41 @@ def variant_summary(cells: dict[str, dict[str, float]]) -> dict[str, dict[str, f
             for name, r in ratios.items()}
 
 
+PLAN_KEYS = ("tame_span", "anchor_chunks", "walk_split")  # ops.testing.force_plan's settings besides launches
+
+
+def parse_variants(text: str, source: str) -> dict[str, tuple[dict, dict]]:
+    """`--launches` FILE's variants, 'default' first: {name: (launch overrides {kernel: {key: value}},
+    plan settings)}. A variant's optional "plan" entry sets `ops.testing.force_plan`'s other settings
+    (PLAN_KEYS; e.g. {"plan": {"tame_span": 120}}: GLA's tame threshold lowered). Every variant is checked
+    before the first one is timed; a bad one raises ValueError naming it."""
+    from ops.tuning import check_launch_overrides
+    variants = {"default": (dict(), dict())}
+    for name, over in json.loads(text).items():
+        over = dict(over)
+        plan = over.pop("plan", {})
+        bad = sorted(set(plan) - set(PLAN_KEYS))
+        if bad:
+            raise ValueError(f"{source}: variant {name!r}: unknown plan setting(s) {bad}; "
+                             f"choose from {list(PLAN_KEYS)}")
+        check_launch_overrides(over, f"{source}: variant {name!r}")
+        variants[name] = (over, plan)
+    return variants
+
+
 def launches(a) -> None:
     """Launch-config variants against the defaults, in one process: `--launches FILE` holds
-    {name: {kernel: {key: value}}}; every variant (and the defaults, as 'default') is timed per cell with
-    the default layout. Writes {cell: {variant: ms}} and each variant's summary over the cells to --json,
-    and prints the summary, fastest first."""
+    {name: {kernel: {key: value}, "plan": {setting: value}}} (`parse_variants`); every variant (and the
+    defaults, as 'default') is timed per cell with the default layout. Writes {cell: {variant: ms}} and each
+    variant's summary over the cells to --json, and prints the summary, fastest first."""
     from ops.testing import force_plan
-    from ops.tuning import check_launch_overrides
-    variants = {"default": {}, **json.loads(Path(a.launches).read_text())}
-    for name, over in variants.items():  # every variant checked before the first one is timed
-        check_launch_overrides(over, f"--launches {a.launches}: variant {name!r}")
+    variants = parse_variants(Path(a.launches).read_text(), f"--launches {a.launches}")
     meta = _header("(launch variants)", a.timing)
     res: dict[str, dict[str, float]] = {}
     for B, H, T, op, _, ours, ins in _each_impl(a, anchor=False):
         cell = res.setdefault(f"{B}x{H} T{T} {op}", {})
-        for name, over in variants.items():
-            with force_plan(launch=over):
+        for name, (over, plan) in variants.items():
+            with force_plan(launch=over, **plan):
                 cell[name] = _fwd_bwd_ms(ours, [t.clone() for t in ins], a.rep, a.timing)
             print(f"| {B}x{H} | {T} | {op} | {name} | {cell[name]:.4f} | "
                   f"{cell[name] / cell['default']:.3f} |", flush=True)

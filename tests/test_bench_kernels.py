@@ -22,3 +22,16 @@ def test_variant_summary_relative_to_each_cells_default():
     assert s["st3"]["median"] == pytest.approx(0.90)  # 0.90, 0.95, 0.88
     assert (s["st3"]["min"], s["st3"]["max"]) == (pytest.approx(0.88), pytest.approx(0.95))
     assert s["w8"]["median"] == pytest.approx((1.5 + 1.4) / 2)
+
+
+def test_parse_variants_splits_launches_from_plan_settings():
+    v = bench_kernels.parse_variants('{"span 120": {"plan": {"tame_span": 120}}, '
+                                     '"dqk b16": {"dqk": {"block": 16}}}', "f.json")
+    assert list(v) == ["default", "span 120", "dqk b16"]
+    assert v["default"] == ({}, {})
+    assert v["span 120"] == ({}, {"tame_span": 120})
+    assert v["dqk b16"] == ({"dqk": {"block": 16}}, {})
+    with pytest.raises(ValueError, match="variant 'x'.*unknown plan setting.*tame"):
+        bench_kernels.parse_variants('{"x": {"plan": {"tame": 1}}}', "f.json")
+    with pytest.raises(ValueError, match="variant 'y'"):
+        bench_kernels.parse_variants('{"y": {"nosuchkernel": {"block": 16}}}', "f.json")
