@@ -123,3 +123,29 @@ def test_zero3_compiles_each_block_inside_its_gathering_hooks(world, ac):
         assert c["torch_linear"] and r["eager"]["torch_linear"]
     if world == 1:  # gathering whole blocks changes nothing: the same losses as ZeRO-1's eager engine
         assert c["losses"] == pytest.approx(_run(1)[0]["eager"]["losses"], rel=1e-5)
+
+
+def test_zero3_compile_warns_when_a_user_config_brings_back_the_memory_efficient_linear(monkeypatch, capsys):
+    """With DeepSpeed's linear in place of torch's (a --deepspeed-config setting memory_efficient_linear
+    true), compiled blocks would recompile per block: the run says so and names the setting. ZeRO-1/2 and
+    torch's own linear say nothing."""
+    import types
+
+    import torch
+
+    from models import build_model
+    from pretrain.deepspeed_module import DeepSpeedTrainModule
+
+    model = build_model("tnl", "tiny", vocab_size=64)
+
+    def compile_with(stage: int) -> str:
+        m = types.SimpleNamespace(ds_config={"zero_optimization": {"stage": stage}}, model=model)
+        DeepSpeedTrainModule.compile(m, backend="eager")
+        return capsys.readouterr().err
+
+    assert "memory_efficient_linear" not in compile_with(3)
+    plain = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: plain(x, w, b))
+    assert "memory_efficient_linear" not in compile_with(2)
+    err = compile_with(3)
+    assert "memory_efficient_linear is on" in err and "set it to false in --deepspeed-config" in err
