@@ -12,7 +12,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -29,12 +31,12 @@ SCRIPT = textwrap.dedent("""
     from pretrain.deepspeed_module import DeepSpeedTrainModule
     from pretrain.distributed import dist_env, init_process_group
 
-    zero, ac = int(sys.argv[1]), sys.argv[2]
+    zero, ac, ds_json = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     e = dist_env("cpu")
     cfg = parse_config(["--arch", "tnl", "--size", "tiny", "--model", "vocab_size=256", "--zero", str(zero),
                         "--device", "cpu", "--seq-len", "24", "--global-batch-tokens", str(48 * e.world_size),
                         "--micro-batch", "2", "--lr", "3e-3", "--warmup-steps", "0",
-                        "--activation-checkpointing", ac])
+                        "--activation-checkpointing", ac] + (["--deepspeed-config", ds_json] if ds_json else []))
     init_process_group(e)
     g = torch.Generator().manual_seed(1 + e.rank)
     batches = [{"input_ids": torch.randint(0, 256, (2, 24), generator=g),
@@ -57,14 +59,20 @@ SCRIPT = textwrap.dedent("""
         if compiled:
             m.compile(backend="aot_eager")
         losses = [m.train_step([b], i).loss for i, b in enumerate(batches)]
+        # ZeRO-3: after a step every parameter is partitioned again (no rank keeps it whole)
+        released = [p.numel() == 0 for p in m.model.parameters() if hasattr(p, "ds_id")]
         graphs = counters["stats"]["unique_graphs"]
+        grad_on = []  # whether autograd recorded the evaluation's forwards (it must not: no activations kept)
+        hook = m.model.register_forward_pre_hook(lambda mod, args: grad_on.append(torch.is_grad_enabled()))
         val = m.eval_loss(batches[:2])  # eval mode, no grad: another graph, the same parameters gathered
+        hook.remove()
         calls = sum(getattr(b, "_compiled_call_impl", None) is not None for b in m.model.blocks)
         forwards = sum(hasattr(b.forward, "_torchdynamo_orig_callable") for b in m.model.blocks)
         return {"losses": losses, "blocks": len(m.model.blocks), "compiled_calls": calls,
                 "compiled_forwards": forwards, "leaves": sum(getattr(b, "_z3_leaf", False) for b in m.model.blocks),
                 "engine_compiled": bool(m.engine.is_compiled), "graphs": graphs, "val": val,
-                "torch_linear": torch.nn.functional.linear is torch._C._nn.linear}
+                "torch_linear": torch.nn.functional.linear is torch._C._nn.linear,
+                "released": sum(released), "zero3_params": len(released), "eval_grad_on": grad_on}
 
     eager = run(False)
     out = {"eager": eager, "compiled": run(True), "breaks": breaks}
@@ -74,14 +82,20 @@ SCRIPT = textwrap.dedent("""
 
 @functools.lru_cache(maxsize=None)
 def _run(zero: int, world: int = 1, ac: str = "none") -> list[dict]:
-    """Every rank's result (kept: a later test compares with it)."""
+    """Every rank's result (kept: a later test compares with it). Under ZeRO-3 every parameter is
+    partitioned: the tiny model's are all below the generated persistence threshold (1e6 elements), which
+    would keep them whole on every rank."""
     port = str(29700 + 40 * zero + 20 * (world - 1) + 10 * (ac != "none") + os.getpid() % 10)
+    ds_json = ""
+    if zero == 3:
+        ds_json = str(_tmp_dir() / "ds-partition-all.json")
+        Path(ds_json).write_text(json.dumps({"zero_optimization": {"stage3_param_persistence_threshold": 0}}))
     procs = []
     for rank in range(world):
         e = env()
         e.update({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
-        procs.append(subprocess.Popen([sys.executable, "-c", SCRIPT, str(zero), ac], env=e, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen([sys.executable, "-c", SCRIPT, str(zero), ac, ds_json], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, cwd=ROOT))
     results = []
     for proc in procs:
@@ -92,12 +106,18 @@ def _run(zero: int, world: int = 1, ac: str = "none") -> list[dict]:
     return results
 
 
+@functools.lru_cache(maxsize=None)
+def _tmp_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="linscale-ds-compile-"))
+
+
 def _check(r: dict) -> dict:
     c = r["compiled"]
     assert c["graphs"] == 1, c     # every block shares one graph
     assert not r["breaks"], r["breaks"]
     assert c["losses"] == pytest.approx(r["eager"]["losses"], rel=1e-5)
     assert c["val"] == pytest.approx(r["eager"]["val"], rel=1e-5)
+    assert c["eval_grad_on"] == r["eager"]["eval_grad_on"] == [False, False]
     assert r["eager"]["compiled_calls"] == r["eager"]["compiled_forwards"] == 0
     return c
 
@@ -121,6 +141,7 @@ def test_zero3_compiles_each_block_inside_its_gathering_hooks(world, ac):
         # DeepSpeed's memory-efficient linear reads each weight's ds_id in its backward: with it, torch 2.11's
         # Dynamo guarded on that per-block integer and built a graph for each block until its recompile limit
         assert c["torch_linear"] and r["eager"]["torch_linear"]
+        assert c["released"] == c["zero3_params"] == r["eager"]["released"] > 0, c
     if world == 1:  # gathering whole blocks changes nothing: the same losses as ZeRO-1's eager engine
         assert c["losses"] == pytest.approx(_run(1)[0]["eager"]["losses"], rel=1e-5)
 
