@@ -390,7 +390,7 @@ def variant_summary(cells: dict[str, dict[str, float]]) -> dict[str, dict[str, f
             for name, r in ratios.items()}
 
 
-PLAN_KEYS = ("tame_span", "anchor_chunks", "walk_split")  # ops.testing.force_plan's settings besides launches
+PLAN_KEYS = ("tame_span", "anchor_chunks", "walk_split", "level_blocks")  # ops.testing.force_plan's settings besides launches
 
 
 def parse_variants(text: str, source: str) -> dict[str, tuple[dict, dict]]:
@@ -540,13 +540,18 @@ def resources(a) -> None:
         ]
         if gated:
             rows += [
+                ("cumsum", G.gla_cumsum_kernel, "g bc tame cu chunks T NT", [F32, F32, I, I, I, i32, i32],
+                 dict(H=16, K=K, BT=64, BK=Kp, TAME_SPAN=G.TAME_SPAN, MAX_LB=3 if a.level_blocks else 0,
+                      VARLEN=False)),
                 ("A", G.gla_A_tame_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
                  dict(TAME_SPAN=G.TAME_SPAN, H=16, K=K, BT=64, BK=L["A"]["block"], VARLEN=False, PREC="tf32")),
                 ("A_sub", G.gla_A_sub_kernel, "q k bc A tame cu chunks T NT", [P, P, F32, F32, I, I, I, i32, i32],
-                 dict(H=16, K=K, BT=64, BK=L["A_sub"]["block"], LOG_BT=6, VARLEN=False, PREC="tf32")),
+                 dict(H=16, K=K, BT=64, BK=L["A_sub"]["block"], LOG_BT=6, BLOCKS=a.level_blocks,
+                      TAME_SPAN=G.TAME_SPAN, VARLEN=False, PREC="tf32")),
                 ("dqk_sub", G.gla_dqk_sub_kernel, "q k v bc do dq dk att tame cu chunks T NT",
                  [P, P, P, F32, P, F32, F32, F32, I, I, I, i32, i32],
-                 dict(base, BK=L["dqk_sub"]["block"], BV=min(64, Vp), LOG_BT=6, PREC="tf32")),
+                 dict(base, BK=L["dqk_sub"]["block"], BV=min(64, Vp), LOG_BT=6, BLOCKS=a.level_blocks,
+                      TAME_SPAN=G.TAME_SPAN, PREC="tf32")),
                 ("dqk", G.gla_dqk_tame_kernel, "q k v bc do dq dk att tame cu chunks T NT",
                  [P, P, P, F32, P, F32, F32, F32, I, I, I, i32, i32],
                  dict(base, TAME_SPAN=G.TAME_SPAN, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),
@@ -593,6 +598,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the results here (rewritten after every cell)")
     ap.add_argument("--resume", default=None, help="--matrix: an earlier --json file; its cells are kept, not re-run")
     ap.add_argument("--D", type=int, default=128, help="--resources: head width")
+    ap.add_argument("--level-blocks", action="store_true",
+                    help="--resources: GLA's level kernels with the block products (ops.triton_linear_attn.LEVEL_BLOCKS)")
     ap.add_argument("--timing", choices=["wall", "gpu"], default="wall",
                     help="--matrix/--sweep: wall time per call (do_bench: the larger of the host's and the "
                          "GPU's time), or the GPU's time alone with the host's launch work hidden (as in a "

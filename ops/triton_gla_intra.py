@@ -59,14 +59,17 @@ TAME_SPAN = 140.0
 
 @triton.jit
 def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                      BK: tl.constexpr, TAME_SPAN: tl.constexpr, VARLEN: tl.constexpr):
+                      BK: tl.constexpr, TAME_SPAN: tl.constexpr, MAX_LB: tl.constexpr, VARLEN: tl.constexpr):
     """grid (chunks, H), in the forward: bc = the cumulative log-decay from each chunk's start (fp32), for
     every chunk: every later kernel (the intra-chunk products, the walks of `ops.triton_scan`, the
     two-level scan) reads it instead of summing log f itself, and the backward keeps it in place of log f.
     Also classifies each (chunk, head) and writes the flag at the chunk's first token (tame[token, head]):
     2 when no key channel decays by more than exp(-TAME_SPAN) across the whole chunk (the tame kernels'
     one product per key block), else 1 when that holds in each 32-row half (their half-block products;
-    every factor within exp(+-TAME_SPAN / 2) either way), else 0 (the level kernels of flag 0)."""
+    every factor within exp(+-TAME_SPAN / 2) either way), else -lb <= 0 (the level kernels): with G the
+    chunk's largest single-step decay (max of -log f), lb the largest value <= MAX_LB with
+    (2^lb - 1) G <= TAME_SPAN, so that no aligned block of 2^lb rows decays by more than exp(-TAME_SPAN)
+    (gates in [-20, 0]: lb = 3; 0 when MAX_LB is 0)."""
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     i_h = tl.program_id(1)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
@@ -85,6 +88,12 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
     s_all = tl.sum(tl.where(idx > 0, gt, 0.), axis=0)  # the whole chunk's span
     flag = (-tl.min(tl.minimum(s0, s1), axis=0) <= TAME_SPAN).to(tl.int32)
     flag += (-tl.min(s_all, axis=0) <= TAME_SPAN).to(tl.int32)
+    if MAX_LB > 0:
+        G = -tl.min(tl.min(gt, axis=1), axis=0)  # padded rows load 0: no larger than the real rows'
+        lb = 0
+        for b in tl.static_range(1, MAX_LB + 1):
+            lb = tl.where(((1 << b) - 1) * G <= TAME_SPAN, b, lb)
+        flag = tl.where(flag == 0, -lb, flag)
     tl.store(tame + (bos + i_c * BT) * H + i_h, flag)
     tl.store(bc + p, tl.cumsum(gt, axis=0), mask=m)
 
@@ -481,14 +490,36 @@ def _level(b, bc, bos, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kma
 
 
 @triton.jit
+def _blocks(b, bc, bos, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask, lb, LIM: tl.constexpr,
+            BT: tl.constexpr):
+    """The pairs inside one aligned block of 2^lb rows (the levels below lb), as one product: r per row and
+    channel the middle of b's range over the row's block (b only falls, so the block's first row and its
+    last real row bound that range), exp(b - r) and exp(r - b) each within exp(+-TAME_SPAN / 2) on a chunk
+    whose flag gives lb (gla_cumsum_kernel), clamped to LIM for padded rows (their q, k are 0). Returns the
+    query-side factors, the key-side factors and the [BT, BT] mask of the pairs within one block
+    (symmetric). The pairs across blocks may overflow in the product: the mask discards them. A chunk
+    with lb = 0 has blocks of one row, whose only pair i == j the callers leave out: the product adds 0
+    (computed anyway: a branch around it made the sm_90 build spill more)."""
+    idx = tl.arange(0, BT)
+    first = (idx >> lb) << lb
+    last = tl.minimum(first + (1 << lb) - 1, L - 1 - t0)
+    r = 0.5 * (_tile(bc, bos, t0 + first, L, i_h, H, K, offs_k, kmask)
+               + _tile(bc, bos, t0 + last, L, i_h, H, K, offs_k, kmask))
+    return (tl.exp(tl.minimum(b - r, LIM)), tl.exp(tl.minimum(r - b, LIM)),
+            (idx[:, None] >> lb) == (idx[None, :] >> lb))
+
+
+@triton.jit
 def _level_chunk(chunks, tame, cu, T, NT, H: tl.constexpr, BT: tl.constexpr, VARLEN: tl.constexpr,
                  HEAD_AXIS: tl.constexpr):
     """The chunk (grid axis 0) and head (axis HEAD_AXIS) of a level kernel's program: whether the chunk is
-    one of theirs (not tame), the head, the sequence's start and length, the chunk's first row in it."""
+    one of theirs (not tame: flag <= 0), lb (the first level taken by products, below it the pairs inside
+    blocks of 2^lb rows: `_blocks`), the head, the sequence's start and length, the chunk's first row in it."""
     i_h = tl.program_id(HEAD_AXIS)
     i_n, i_c = _chunk_of(chunks, tl.program_id(0), T, NT, VARLEN)
     bos, eos = seq_bounds(cu, i_n, T, VARLEN)
-    return _tame_flag(tame, bos, i_c * BT, i_h, H) == 0, i_h, bos, eos - bos, i_c * BT
+    flag = _tame_flag(tame, bos, i_c * BT, i_h, H)
+    return flag <= 0, tl.maximum(-flag, 0), i_h, bos, eos - bos, i_c * BT
 
 
 @triton.jit
@@ -502,7 +533,8 @@ def _tf32(x, PREC: tl.constexpr):
 
 @triton.jit
 def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                     BK: tl.constexpr, LOG_BT: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                     BK: tl.constexpr, LOG_BT: tl.constexpr, BLOCKS: tl.constexpr, TAME_SPAN: tl.constexpr,
+                     VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, H); only for chunks that are not tame (flag 0; `gla_A_tame_kernel` does the others).
     A of the whole chunk by levels: the pairs i > j split by the highest bit in which their positions in
     the chunk differ (LOG_BT levels); a pair of level l has i in the upper and j in the lower half of one
@@ -511,8 +543,12 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: t
     both factors <= 1 for any gates (`_level`), so each level is one [BT, BK] x [BK, BT] tensor-core
     product of factor-scaled q and k per key block, kept on its own pairs; i == j has weight 1 (an fp32
     row sum). One program per chunk keeps the products large; every entry is written (0 above the
-    diagonal, where no level has pairs)."""
-    level, i_h, bos, L, t0 = _level_chunk(chunks, tame, cu, T, NT, H, BT, VARLEN, 1)
+    diagonal, where no level has pairs). BLOCKS: the levels below the chunk's lb as one product over the
+    blocks of 2^lb rows (`_blocks`)."""
+    level, lb, i_h, bos, L, t0 = _level_chunk(chunks, tame, cu, T, NT, H, BT, VARLEN, 1)
+    if not BLOCKS:
+        lb = 0
+    LIM: tl.constexpr = TAME_SPAN / 2
     if level:
         rows = t0 + tl.arange(0, BT)
         idx = tl.arange(0, BT)
@@ -523,7 +559,11 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: t
             kmask = offs_k < K
             b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
             diag += tl.sum(b_q * b_k, axis=1)
-            for l in range(0, LOG_BT):  # a loop, not unrolled: unrolled, the levels' tiles stay live at once
+            if BLOCKS:
+                e_q, e_k, same = _blocks(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, lb, LIM, BT)
+                acc += tl.where(same & (idx[:, None] > idx[None, :]),
+                                dot32(b_q * e_q, tl.trans(b_k * e_k), PREC), 0.)
+            for l in range(lb, LOG_BT):  # a loop, not unrolled: unrolled, the levels' tiles stay live at once
                 f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
                 acc += tl.where(same, dot32(b_q * f_q, tl.trans(b_k * f_k), PREC), 0.)
         acc += tl.where(idx[:, None] == idx[None, :], diag[:, None], 0.)
@@ -534,16 +574,22 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: t
 @triton.jit
 def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                       BV: tl.constexpr, LOG_BT: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
+                       BV: tl.constexpr, LOG_BT: tl.constexpr, BLOCKS: tl.constexpr, TAME_SPAN: tl.constexpr,
+                       VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (chunks, cdiv(K, BK), H); only for chunks that are not tame. The intra-chunk dq, dk (fp32) of
     the chunk in one key block, by the levels of `gla_A_sub_kernel`: with dA = do v^T strictly below the
     diagonal (the i == j terms: see gla_dg_kernel), per level l (dA_l: dA on the level's pairs)
         dq += f_q (dA_l (k f_k))        dk += f_k (dA_l^T (q f_q))
     two tensor-core products per level sharing its factors, every factor <= 1 whatever the gates. dA is
     formed here per key block (a bf16 product, [BT, BT]) rather than read back from memory; the first key
-    block's programs store its diagonal into att, as `gla_dqk_tame_kernel`."""
+    block's programs store its diagonal into att, as `gla_dqk_tame_kernel`. BLOCKS: the levels below the
+    chunk's lb as two products over the blocks of 2^lb rows (`_blocks`; the sums inside the products, at most
+    2^lb e^(TAME_SPAN / 2) |dA k|, stay far from fp32's range)."""
     i_kb = tl.program_id(1)
-    level, i_h, bos, L, t0 = _level_chunk(chunks, tame, cu, T, NT, H, BT, VARLEN, 2)
+    level, lb, i_h, bos, L, t0 = _level_chunk(chunks, tame, cu, T, NT, H, BT, VARLEN, 2)
+    if not BLOCKS:
+        lb = 0
+    LIM: tl.constexpr = TAME_SPAN / 2
     if level:
         rows = t0 + tl.arange(0, BT)
         idx = tl.arange(0, BT)
@@ -562,7 +608,11 @@ def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT,
         b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
         acc_q = tl.zeros([BT, BK], dtype=tl.float32)
         acc_k = tl.zeros([BT, BK], dtype=tl.float32)
-        for l in range(0, LOG_BT):
+        if BLOCKS:
+            e_q, e_k, same = _blocks(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, lb, LIM, BT)
+            acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * e_k, PREC), input_precision=PREC) * e_q
+            acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * e_q, PREC), input_precision=PREC) * e_k
+        for l in range(lb, LOG_BT):
             f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
             acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * f_k, PREC), input_precision=PREC) * f_q
             acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * f_q, PREC), input_precision=PREC) * f_k

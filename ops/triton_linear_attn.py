@@ -37,6 +37,12 @@ ANCHOR_CHUNKS = 8
 # tf32 operands (False). The accuracy cases of the pairs (tests/test_kernels_gpu.py,
 # test_gla_walks_on_bf16_pairs_vs_float64 and, with this default, test_bf16_vs_float64) pass on an H100.
 WALK_PAIRS = True
+# GLA chunks that are not tame: the pairs inside aligned blocks of up to 2^LEVEL_BLOCKS rows (as many as the
+# chunk's largest single-step decay allows, gla_cumsum_kernel) as one product with a reference per block
+# (ops.triton_gla_intra._blocks) instead of a product per level: with gates in [-20, 0], 3 levels of 6 by
+# levels, the other 3 by one product. 0: every level its own product. Checked against the float64 twin on
+# CPU (tests/test_kernels.py); off by default until it is timed and its accuracy cases pass on a GPU.
+LEVEL_BLOCKS = 0
 
 
 def _np2(x: int) -> int:
@@ -390,6 +396,11 @@ def _tame_span() -> float:
     return min(tuning._FORCED.get("tame_span", TAME_SPAN), TAME_SPAN)
 
 
+def _level_blocks() -> int:
+    # the test-only seam (ops.testing.force_plan(level_blocks=...)) turns the block products on or off
+    return int(tuning._FORCED.get("level_blocks", LEVEL_BLOCKS))
+
+
 def _anchor_chunks() -> int:
     # the test-only seam (ops.testing.force_plan(anchor_chunks=...)) sets other spacings
     return int(tuning._FORCED.get("anchor_chunks", ANCHOR_CHUNKS))
@@ -404,7 +415,8 @@ def _gla_cumsum(g, cu, T, chunks):
     bc = torch.empty(g.shape, dtype=torch.float32, device=g.device)
     tame = torch.empty(g.shape[:3], dtype=torch.int32, device=g.device)
     launch(gla_cumsum_kernel, (n_chunks, H), g, bc, tame, cu, table if table is not None else cu, T, _cdiv(T, BT),
-                                     H=H, K=K, BT=BT, BK=_np2(K), TAME_SPAN=_tame_span(), VARLEN=table is not None)
+                                     H=H, K=K, BT=BT, BK=_np2(K), TAME_SPAN=_tame_span(), MAX_LB=_level_blocks(),
+                                     VARLEN=table is not None)
     return bc, tame
 
 
@@ -433,7 +445,7 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
         VARLEN=vl, PREC=_prec(q), **_kw(ca))
     launch(gla_A_sub_kernel, (n_chunks, H),
         q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BK=min(cs["block"], _np2(K)), LOG_BT=LOG_BT,
-        VARLEN=vl, PREC=_prec(q), **_kw(cs))
+        BLOCKS=_level_blocks() > 0, TAME_SPAN=TAME_SPAN, VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # the walks read b (not log f) and the intra-chunk part A v (not A)
     o, ht, Hs = _fwd(q, k, v, bc, None, _intra_out(A, v, cu, T, chunks, False), h0, cu, N, T, True, plan)
     return o, ht, A, tame, Hs, bc
@@ -457,7 +469,7 @@ def _gla_backward(q, k, v, bc, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan,
     bks = min(cs["block"], _np2(K))
     launch(gla_dqk_sub_kernel, (n_chunks, _cdiv(K, bks), H),
         q, k, v, bc, do, dq, dk, att, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BK=bks, BV=min(64, _np2(V)),
-        LOG_BT=LOG_BT, VARLEN=vl, PREC=_prec(q), **_kw(cs))
+        LOG_BT=LOG_BT, BLOCKS=_level_blocks() > 0, TAME_SPAN=TAME_SPAN, VARLEN=vl, PREC=_prec(q), **_kw(cs))
     # d log_f's anchors: the state and its gradient at every AC-th chunk boundary, stored by the dq / dk
     # walks (one slot per AC * BT tokens of the whole batch; see anchor_block)
     AC = _anchor_chunks()

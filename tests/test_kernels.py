@@ -217,6 +217,43 @@ def test_gla_level_path_packed(layout, gates):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(4, 2, 24, 16) * 0.5, cu=cu, layout=layout)
 
 
+@pytest.mark.parametrize("layout", ["scan", "split1"])
+def test_gla_level_blocks(layout):
+    """The level kernels with the pairs inside aligned blocks taken by one product (force_plan(level_blocks=4)):
+    four chunks that are not tame, with largest single-step decays 6, 20, 30 and 200, get blocks of 16, 8,
+    4 rows and none (flags -4, -3, -2, 0) and must all match the float64 recurrence; the last chunk holds
+    44 rows, so its last block of 16 is partly padding."""
+    import ops.triton_linear_attn as TL
+    T = 236
+    q, k, v, _ = _make("gla", T, 1, 16, 16, seed=41)
+    u = torch.rand(1, T, 1, 16, generator=torch.Generator().manual_seed(42))
+    x = torch.empty(1, T, 1, 16)
+    x[:, :64] = -6.0 + 0.5 * u[:, :64]          # G 6: 15 G <= 140
+    x[:, 64:128] = -20.0 * u[:, 64:128]         # G < 20: 7 G <= 140 < 15 G
+    x[:, 128:192] = -30.0 + u[:, 128:192]       # G 30: 3 G <= 140 < 7 G
+    x[:, 192:] = -5.0 * u[:, 192:]
+    x[:, 200, :, 3] = -200.0                    # G 200: every level its own product
+    with force_plan(level_blocks=4):
+        _, flags = TL._gla_cumsum(x, torch.zeros(1, dtype=torch.int32), T, (4, None))
+        assert flags[0, ::64, 0].tolist() == [-4, -3, -2, 0], flags[0, ::64, 0]
+        _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 1, 16, 16) * 0.5, layout=layout)
+    _, flags = TL._gla_cumsum(x, torch.zeros(1, dtype=torch.int32), T, (4, None))
+    assert flags[0, ::64, 0].tolist() == [0, 0, 0, 0]  # the default: a product per level
+
+
+@pytest.mark.parametrize("layout,gates", [("scan", "uniform"), ("split2", "-20")])
+def test_gla_level_blocks_packed(layout, gates):
+    """The block products (blocks of 8 rows) on the packed documents of `test_gla_level_path_packed`: block
+    boundaries and document boundaries inside one chunk, a last chunk of 37 rows, 16-wide key blocks."""
+    T = 149
+    q, k, v, _ = _make("gla", T, 2, 24, 16, seed=37)
+    u = torch.rand(1, T, 2, 24, generator=torch.Generator().manual_seed(38))
+    x = -20.0 * u if gates == "uniform" else -20.0 + u
+    cu = torch.tensor([0, 5, 45, 146, 149])
+    with force_plan(level_blocks=3, launch={"A_sub": {"block": 16}, "dqk_sub": {"block": 16}}):
+        _check_against_recurrence("gla", q, k, v, x, torch.randn(4, 2, 24, 16) * 0.5, cu=cu, layout=layout)
+
+
 def test_gla_mixed_tame_and_level_chunks():
     """One sequence whose first chunk is tame and whose second is not (and the reverse in the other
     head): both paths in one launch."""

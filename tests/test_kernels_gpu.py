@@ -180,18 +180,20 @@ def test_gla_walks_on_bf16_pairs_vs_float64(case, gates, layout, D):
     assert finite and all(e <= BAR for e in errs.values()), errs
 
 
+@pytest.mark.parametrize("level_blocks", [0, 3])
 @pytest.mark.parametrize("block", [32, 16])
-def test_gla_level_launches_vs_float64(block):
+def test_gla_level_launches_vs_float64(block, level_blocks):
     """The level kernels (every chunk of gates uniform in [-20, 0] is not tame) at each launch the tuning
-    table may pick (32- or 16-wide key blocks): T = 1037 with initial states, then packed documents."""
-    with force_plan(launch={"A_sub": {"block": block}, "dqk_sub": {"block": block}}):
+    table may pick (32- or 16-wide key blocks), a product per level or the pairs inside blocks of 8 rows as
+    one (level_blocks=3): T = 1037 with initial states, then packed documents."""
+    with force_plan(launch={"A_sub": {"block": block}, "dqk_sub": {"block": block}}, level_blocks=level_blocks):
         q, k, v, x = _inputs(2, 1037, 4, 128, 128, "gla", "wide")
         errs, finite = _compare("gla", q, k, v, x, torch.randn(2, 4, 128, 128, device=DEV) * 0.1, "scan")
         lens = [1500, 77, 2600, 64]
         cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=DEV)
         q, k, v, x = _inputs(1, sum(lens), 4, 128, 128, "gla", "wide")
         errs_p, finite_p = _compare("gla", q, k, v, x, torch.randn(4, 4, 128, 128, device=DEV) * 0.1, "split", cu=cu)
-    print("gla level launches", block, {n: f"{e:.1e}/{errs_p[n]:.1e}" for n, e in errs.items()})
+    print("gla level launches", block, level_blocks, {n: f"{e:.1e}/{errs_p[n]:.1e}" for n, e in errs.items()})
     assert finite and finite_p and all(e <= BAR for e in [*errs.values(), *errs_p.values()]), (errs, errs_p)
 
 
