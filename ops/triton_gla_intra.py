@@ -9,12 +9,13 @@ log-decay). Two forms, chosen per (chunk, head) by the chunk's gates (`gla_cumsu
     fp32 overflow; the block of the second half's queries against the first half's keys takes r = b at
     the first half's last row, where both exponents are <= 0 whatever the gates
     (`gla_A_tame_kernel`, `gla_dqk_tame_kernel`);
-  * the others (gates far below 0, flag 0): the pairs i > j split into levels by the highest bit in which
+  * the others (gates far below 0, flag <= 0): the pairs i > j split into levels by the highest bit in which
     their positions differ; a pair of level l has i in the upper and j in the lower half of one aligned
     block of 2^(l+1) rows, and exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j) with rho that lower
     half's last row, both factors <= 1 for any gates: one tensor-core product per level and key block
     over the whole chunk (`gla_A_sub_kernel`, `gla_dqk_sub_kernel`). Nothing overflows; tiny weights
-    underflow to exactly 0.
+    underflow to exactly 0. Optionally (`_blocks`, ops.triton_linear_attn.LEVEL_BLOCKS) the lowest levels,
+    the pairs inside aligned blocks of 2^lb rows, are one product with a reference per block.
 Each kernel's programs return at once for the other kind, so every chunk is written by exactly one.
 
 `gla_A_*` write A [tokens, H, BT] (row = query, column = key position inside the chunk); `gla_dqk_*`
@@ -535,7 +536,7 @@ def _tf32(x, PREC: tl.constexpr):
 def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                      BK: tl.constexpr, LOG_BT: tl.constexpr, BLOCKS: tl.constexpr, TAME_SPAN: tl.constexpr,
                      VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, H); only for chunks that are not tame (flag 0; `gla_A_tame_kernel` does the others).
+    """grid (chunks, H); only for chunks that are not tame (flag <= 0; `gla_A_tame_kernel` does the others).
     A of the whole chunk by levels: the pairs i > j split by the highest bit in which their positions in
     the chunk differ (LOG_BT levels); a pair of level l has i in the upper and j in the lower half of one
     aligned block of 2^(l+1) rows, and with rho that lower half's last row

@@ -7,9 +7,11 @@ over two ranks and with activation checkpointing. Runs in subprocesses: DeepSpee
 Dynamo's counters stay out of the test process."""
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -108,7 +110,9 @@ def _run(zero: int, world: int = 1, ac: str = "none") -> list[dict]:
 
 @functools.lru_cache(maxsize=None)
 def _tmp_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="linscale-ds-compile-"))
+    d = Path(tempfile.mkdtemp(prefix="linscale-ds-compile-"))
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
+    return d
 
 
 def _check(r: dict) -> dict:
