@@ -120,8 +120,11 @@ def throughput(rows: list[dict], gpus: int, warm: int) -> dict:
     timed = [r for r in rows if r["step"] > warm and r.get("tokens_per_s") and not r.get("skipped")]
     if not timed:
         return {"timed_steps": 0}
-    tps = statistics.median(r["tokens_per_s"] for r in timed)
+    rates = [r["tokens_per_s"] for r in timed]
+    tps = statistics.median(rates)
     out = {"timed_steps": len(timed), "tokens_per_s": tps, "tokens_per_s_per_gpu": tps / gpus,
+           # the spread of the timed steps: steady steps sit close to the median, a step that waits does not
+           "tokens_per_s_per_gpu_range": [min(rates) / gpus, max(rates) / gpus],
            "step_time_s": statistics.median(r["step_time_s"] for r in timed if r.get("step_time_s"))}
     mfus = [r["mfu"] for r in timed if r.get("mfu") is not None]
     if mfus:
@@ -687,6 +690,11 @@ def _load(dirs: list[Path], scenario: str) -> list[dict]:
     return [v for _, v in sorted(found.values(), key=lambda kv: json.dumps(kv[1].get("arch")))]
 
 
+def _range(r: list[float] | None) -> str:
+    """A [min, max] of tokens/s as '52.0-65.1k'; '—' where the cell has none."""
+    return "—" if not r else f"{r[0] / 1e3:.1f}-{r[1] / 1e3:.1f}k"
+
+
 def report(dirs: list[Path] | Path) -> str:
     dirs = [Path(d) for d in (dirs if isinstance(dirs, list) else [dirs])]
     parts = []
@@ -697,7 +705,8 @@ def report(dirs: list[Path] | Path) -> str:
         parts.append(f"Scaling: {c0['device']}, {c0['date']}, seq {c0['seq_len']}, global batch "
                      f"{c0['global_batch_seqs']} sequences, micro batch {c0['micro_batch']}, median of steps "
                      f"{c0['warm'] + 1}-{c0['steps']}.\n")
-        parts += _head("arch", "size", "ZeRO>", "GPUs>", "accum>", "tokens/s per GPU>", "efficiency>", "MFU>",
+        parts += _head("arch", "size", "ZeRO>", "GPUs>", "accum>", "tokens/s per GPU>", "steps' range>",
+                       "efficiency>", "MFU>",
                        "peak GiB per GPU (nvidia-smi, largest)>", "rank-0 torch peak GiB>",
                        "first compiled step s (graphs)>")
         for c in cells:
@@ -706,7 +715,7 @@ def report(dirs: list[Path] | Path) -> str:
             comp = c.get("compile", "—")  # absent: a result written before the field existed
             comp = "eager" if comp is None else comp if comp == "—" else f"{comp['step_s']:.1f} ({comp['graphs']})"
             parts.append(f"| {c['arch']} | {c['size']} | {c['zero']} | {c['gpus']} | {c['accumulation']} | "
-                         f"{_f(c.get('tokens_per_s_per_gpu'))} | "
+                         f"{_f(c.get('tokens_per_s_per_gpu'))} | {_range(c.get('tokens_per_s_per_gpu_range'))} | "
                          f"{_f(eff, '{:.1%}') + ('' if c.get('efficiency_base_gpus', 1) == 1 or eff is None else ' (vs ' + str(c['efficiency_base_gpus']) + ')')} | "
                          f"{_f(c.get('mfu'), '{:.1%}')} | {_f(c.get('max_gpu_peak_gib'), '{:.1f}')} | "
                          f"{_f(mem0, '{:.1f}')} | {comp} |" + ("" if c["exit_code"] == 0 else f" exit {c['exit_code']}"))

@@ -31,6 +31,7 @@ def test_throughput_medians_after_warm_up_per_gpu():
     assert t["tokens_per_s"] == 1100.0 and t["tokens_per_s_per_gpu"] == 275.0
     assert t["mfu"] == 0.45 and t["rank0_max_memory_gb"] == 7.5
     assert t["step_time_s"] == pytest.approx(100 / 1100)
+    assert t["tokens_per_s_per_gpu_range"] == [250.0, 300.0]  # 1000 and 1200 over 4 GPUs
     assert bench.throughput(rows[:2], gpus=1, warm=2) == {"timed_steps": 0}
 
 
@@ -126,6 +127,7 @@ def test_report_renders_each_scenario(tmp_path):
         bench.write_json(tmp_path / "a" / "scaling" / f"tnl-tiny-z2-g{gpus}.json",
                          {**base, "arch": "tnl", "zero": 2, "gpus": gpus, "accumulation": 8 // gpus,
                           "tokens_per_s_per_gpu": per_gpu, "max_gpu_peak_gib": 3.26,
+                          "tokens_per_s_per_gpu_range": [52_012.0, 65_094.0] if gpus == 1 else None,
                           "compile": {"graphs": 1, "step_s": 22.44, "at_s": 63.5} if gpus == 2 else None})
     bench.write_json(tmp_path / "b" / "resume" / "x.json",
                      {"arch": "tnl", "size": "tiny", "from_gpus": 4, "to_gpus": 2, "checkpoint_step": 4, "ok": True,
@@ -134,8 +136,8 @@ def test_report_renders_each_scenario(tmp_path):
                                  "median_rel_step_change": 8.7e-3},
                       "resumed": {"resume": {"convert_and_load_s": 1.54}}})
     text = bench.report([tmp_path / "a", tmp_path / "b"])
-    assert "| tnl | tiny | 2 | 2 | 4 | 90 | 90.0% | — | 3.3 | — | 22.4 (1) |" in text
-    assert "| tnl | tiny | 2 | 1 | 8 | 100 | 100.0% | — | 3.3 | — | eager |" in text
+    assert "| tnl | tiny | 2 | 2 | 4 | 90 | — | 90.0% | — | 3.3 | — | 22.4 (1) |" in text
+    assert "| tnl | tiny | 2 | 1 | 8 | 100 | 52.0-65.1k | 100.0% | — | 3.3 | — | eager |" in text
     assert "| tnl | tiny | 4 → 2 | 4 | True | True, True | 0.0e+00 | 8.7e-03 | 1.5 | True |" in text
 
 
