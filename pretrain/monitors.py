@@ -122,6 +122,16 @@ class SpeedMonitor(Callback):
             self.compile_steps_in_interval += 1
             logger.info(f"step {progress.step}: torch.compile built {built} graph(s); the step took {spent:.1f} s "
                         f"(compile time so far {self.compile_time_s:.1f} s, not counted in tokens/s)")
+            from torch._dynamo import config as dynamo_config
+            limit = dynamo_config.recompile_limit
+            if built >= limit:
+                # every block shares one graph when nothing in it differs between blocks: this many graphs in
+                # one step means a guard on something per block, and Dynamo runs the code eagerly past its limit
+                logger.warning(f"step {progress.step}: torch.compile built {built} graphs in one step, Dynamo's "
+                               f"recompile limit ({limit}): the compiled code recompiled (the blocks guard on "
+                               f"something that differs between them), and whatever runs past the limit runs "
+                               f"eagerly, 2-3x slower. TORCH_LOGS=recompiles names the guard; --no-compile "
+                               f"trains eagerly throughout")
 
     def pre_log_metrics(self, progress: TrainProgress, row: dict) -> None:
         if self.device.type == "cuda":

@@ -98,3 +98,24 @@ def test_a_callback_sees_every_step_and_its_state_survives_a_resume(dataset, tmp
     assert resumed.steps_seen == [3, 4]
     assert resumed.loss_sum == pytest.approx(ref_cb.loss_sum, rel=1e-6)
     assert _rows(run)[-1]["test_loss_sum"] == pytest.approx(rows[-1]["test_loss_sum"], rel=1e-6)
+
+
+def test_speed_monitor_warns_when_one_step_reaches_dynamos_recompile_limit(monkeypatch, capsys):
+    """A step that built as many graphs as Dynamo's recompile limit says so (blocks that each recompile run
+    eagerly past the limit); one graph, the regional compile's usual count, only logs the compile time."""
+    import pretrain.monitors as M
+    from pretrain.callbacks import TrainProgress
+    from torch._dynamo import config as dynamo_config
+
+    graphs = [0]
+    monkeypatch.setattr(M, "compiled_graph_count", lambda: graphs[0])
+    mon = M.SpeedMonitor(torch.device("cpu"), 100, 1e9, 1, None)
+    for step, built in ((1, 1), (2, dynamo_config.recompile_limit)):
+        mon.pre_step(TrainProgress(step=step))
+        graphs[0] += built
+        mon.post_train_batch(TrainProgress(step=step), None)
+    out = capsys.readouterr()
+    assert "step 1: torch.compile built 1 graph(s)" in out.out
+    assert "step 1:" not in out.err
+    assert f"step 2: torch.compile built {dynamo_config.recompile_limit} graphs in one step" in out.err
+    assert "TORCH_LOGS=recompiles" in out.err and "--no-compile" in out.err
