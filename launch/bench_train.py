@@ -39,26 +39,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pretrain.argtypes import non_negative_float, non_negative_int, positive_float, positive_int, ranged  # noqa: E402
+from pretrain.profiling import profile_call  # noqa: E402
 
 ARCHS = ["llama", "tnl", "hgrn2", "cos2"]  # the measured matrix: the paper's four, LLaMA the baseline
 SIZES = ["410m", "1b"]
 SEQS = [2048, 8192, 32768, 65536]
 AC_MODES = ["none", "mlp", "full"]
-
-# kernel classes of a profiled step, by kernel-name fragments (first match wins)
-KERNEL_CLASSES = [
-    ("linear attention (Triton)", ("scan_kernel", "gla_", "_lin_rec")),
-    ("softmax attention (SDPA)", ("flash", "fmha", "sdpa", "attention")),
-    ("loss softmax pass (Triton)", ("_ce_rows",)),
-    ("RMSNorm (Triton)", ("_rms_",)),
-    ("matmul (cuBLAS)", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_", "cublas", "splitk")),
-    ("fused elementwise (Inductor)", ("triton_poi", "triton_red", "triton_per", "triton_")),
-    ("optimizer (fused AdamW)", ("adam", "multi_tensor")),
-    ("FFT (cos2 TPE)", ("fft",)),
-    ("eager elementwise / reductions", ("elementwise", "reduce_kernel", "vectorized", "index", "gather",
-                                        "scatter", "embedding", "copy", "fill", "cat")),
-]
-
 
 def cell_name(arch: str, size: str, seq: int, micro_tokens: int, ac: str, ac_fraction: float, compile_: bool,
               ops: dict | None = None) -> str:
@@ -111,66 +97,6 @@ def _graph_stats() -> dict:
     return {"graphs": int(counters["stats"]["unique_graphs"]),
             "graph_breaks": int(sum(counters["graph_break"].values())),
             "graph_break_reasons": sorted(counters["graph_break"])[:10]}
-
-
-def _classify(name: str) -> str:
-    low = name.lower()
-    for label, keys in KERNEL_CLASSES:
-        if any(k in low for k in keys):
-            return label
-    return "other"
-
-
-def idle_gaps(intervals: list[tuple[float, float, str]]) -> list[tuple[float, float, str, str]]:
-    """The gaps in the union of the kernels' [start, end) intervals, whatever the number of streams (kernels
-    that overlap count once): each as (start, end, the kernel that last ended before it, the kernel after it)."""
-    gaps: list[tuple[float, float, str, str]] = []
-    end, last = None, ""
-    for s, e, name in sorted(intervals):
-        if end is not None and s > end:
-            gaps.append((end, s, last, name))
-        if end is None or e >= end:
-            end, last = e, name
-    return gaps
-
-
-def _profile_step(step_fn) -> dict:
-    """Kernel time of one step, by class (share of the summed kernel time), the top kernels, and how much of
-    the step's wall time the GPU was busy (the union of its kernels' intervals over all streams; the rest is
-    the GPU waiting for the host). Only CUDA activity is recorded, so the profiler adds little host work."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.time()
-        step_fn()
-        torch.cuda.synchronize()
-        wall = time.time() - t0
-    kernels, intervals = {}, []
-    for e in prof.events():
-        us = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
-        # "Command Buffer Full": the profiler's mark of the host waiting for room in the launch queue, not a kernel
-        if us > 0 and not e.key.startswith(("aten::", "linscale::", "ProfilerStep", "autograd::", "Command Buffer Full")):
-            kernels[e.key] = kernels.get(e.key, 0.0) + us / 1e6
-            intervals.append((e.time_range.start / 1e6, e.time_range.end / 1e6, e.key[:60]))
-    # where the GPU waited: idle time by the pair of kernels around each gap (a long gap after a copy or
-    # a read-back is the host catching up after a sync)
-    gaps = idle_gaps(intervals)
-    idle = sum(end - start for start, end, _, _ in gaps)
-    busy = (max(iv[1] for iv in intervals) - min(iv[0] for iv in intervals) - idle) if intervals else 0.0
-    by_pair: dict[str, float] = {}
-    for start, end, before, after in gaps:
-        by_pair[f"{before} -> {after}"] = by_pair.get(f"{before} -> {after}", 0.0) + end - start
-    total = sum(kernels.values()) or 1.0
-    classes: dict[str, float] = {}
-    for k, s in kernels.items():
-        c = _classify(k)
-        classes[c] = classes.get(c, 0.0) + s
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
-    return {"wall_s": wall, "kernel_s": total, "gpu_busy_s": busy, "gpu_busy_share": busy / wall if wall else None,
-            "idle_gaps": len(gaps), "idle_s": idle,
-            "idle_by_kernel_pair": [{"pair": k, "s": v} for k, v in sorted(by_pair.items(), key=lambda kv: -kv[1])[:15]],
-            "classes": {c: {"s": s, "share": s / total} for c, s in sorted(classes.items(), key=lambda kv: -kv[1])},
-            "top_kernels": [{"name": k[:120], "s": s, "share": s / total} for k, s in top]}
 
 
 def run_cell(spec: dict) -> dict:
@@ -259,7 +185,7 @@ def run_cell(spec: dict) -> dict:
                 "reserved_gib": torch.cuda.max_memory_reserved(dev) / 2**30 if cuda else float("nan"),
                 "loss_first": losses[0], "loss_last": losses[-1], **_graph_stats()})
             if spec.get("profile") and cuda:
-                attempt["profile"] = _profile_step(lambda: module.train_step([batch() for _ in range(accum)], 99))
+                attempt["profile"] = profile_call(lambda: module.train_step([batch() for _ in range(accum)], 99))
             out.update({k: attempt[k] for k in ("status", "ac", "ac_fraction", "tokens_per_s", "mfu", "peak_gib",
                                                   "step_s", "compile_s", "graph_breaks")})
             return out

@@ -86,6 +86,9 @@ class TrainConfig:
     allow_inexact_batch: bool = False  # accept a global batch the micro-batch/world size cannot reach exactly
     max_bad_steps: int = param(5, ge=0)         # stop after this many non-finite steps in a row (0: never stop)
     spike_factor: float = param(3.0, gt=1)      # log a loss spike when loss > factor x running mean
+    # profile optimizer step N (CUDA kernels and the GPU's idle gaps: pretrain/profiling.py) into
+    # <run>/profile-step-N-rank-R.json and one log line; 0: none
+    profile_step: int = param(0, ge=0)
 
 
 @dataclass

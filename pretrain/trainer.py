@@ -30,6 +30,7 @@ from pretrain.memory import (choose_checkpointing, configure_allocator, describe
                              fit_warning, larger_micro_batch)
 from pretrain.metrics import MetricsLogger, Progress, peak_flops
 from pretrain.monitors import MemoryMonitor, SpeedMonitor, StabilityMonitor, TrainingStopped
+from pretrain.profiling import StepProfiler
 from pretrain.train_module import TorchTrainModule, TrainModule, lr_at
 
 logger = get_logger(__name__)
@@ -243,7 +244,8 @@ class Trainer:
                                               self.tokens_per_step, self.flops_per_step_ne, self.total_steps(),
                                               metrics_failed=lambda: self.metrics is not None and
                                               self.metrics.failed is not None)
-        self.callbacks = [self.stability, self.speed, MemoryMonitor(env.device), *self.extra_callbacks,
+        profiler = [StepProfiler(t.profile_step, env.device, self.run_dir, env.rank)] if t.profile_step else []
+        self.callbacks = [self.stability, self.speed, MemoryMonitor(env.device), *self.extra_callbacks, *profiler,
                           self.checkpointer]
         for cb in self.callbacks:
             cb.post_attach()  # the checkpoint manager resumes here

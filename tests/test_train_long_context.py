@@ -608,22 +608,6 @@ def test_bench_ops_options_name_their_cells_and_their_llama(tmp_path):
     assert "| hgrn2 (gla_triton=false) | 1b | 8192 | 2 x 4 | none | 40.0k | 50.0% | 9.0 | 1.000x |" in text  # its own
 
 
-def test_bench_idle_gaps_are_the_gaps_in_the_union_of_kernel_intervals():
-    """Kernels on side streams overlap: a gap is time when no kernel ran, named by the kernel that last
-    ended before it and the one after it (hand-computed)."""
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).resolve().parents[1] / "launch" / "bench_train.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    assert bench.idle_gaps([]) == []
-    # a [0, 4) with b [1, 2) inside it and c [3, 6) over its end; gap [6, 8); d [8, 9) and e [9, 10) touch;
-    # f [9.5, 9.7) ends inside e; gap [10, 12) before g
-    kernels = [("c", 3.0, 6.0), ("a", 0.0, 4.0), ("b", 1.0, 2.0), ("e", 9.0, 10.0), ("d", 8.0, 9.0),
-               ("f", 9.5, 9.7), ("g", 12.0, 13.0)]
-    assert bench.idle_gaps([(s, e, n) for n, s, e in kernels]) == [(6.0, 8.0, "c", "d"), (10.0, 12.0, "e", "g")]
-
-
 def test_bench_keeps_the_graph_break_lines_of_a_dynamo_log():
     import importlib.util
     from pathlib import Path
