@@ -73,7 +73,8 @@ def summarize(kernel_events: Iterable[tuple[str, float, float, float]], wall: fl
     total = sum(kernels.values()) or 1.0
     classes: dict[str, float] = {}
     for k, s in kernels.items():
-        classes[classify(k)] = classes.get(classify(k), 0.0) + s
+        c = classify(k)
+        classes[c] = classes.get(c, 0.0) + s
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
     return {"wall_s": wall, "kernel_s": total, "gpu_busy_s": busy, "gpu_busy_share": busy / wall if wall else None,
             "idle_gaps": len(gaps), "idle_s": idle,
