@@ -92,7 +92,8 @@ def compiled_graph_count() -> int:
 
 class SpeedMonitor(Callback):
     """Tokens/s, seconds per step and MFU over the steps since the last row. A step in which torch.compile
-    built graphs is reported as compile time and kept out of the rate; so is validation."""
+    built graphs is reported as compile time and kept out of the rate; so are validation and a step run under
+    the profiler (`exclude_step`)."""
 
     def __init__(self, device: torch.device, tokens_per_step: int, flops_per_step: float, world_size: int,
                  peak_flops: float | None) -> None:
@@ -104,8 +105,9 @@ class SpeedMonitor(Callback):
         self.compile_time_s = 0.0  # wall time of the steps that compiled, in this process
         self.last_time = time.time()
         self.last_log_step = 0
-        self.compile_in_interval, self.compile_steps_in_interval = 0.0, 0
+        self.excluded_in_interval, self.excluded_steps_in_interval = 0.0, 0
         self._graphs, self._step_start = 0, 0.0
+        self._excluded_step, self._excluded_until = -1, 0.0
 
     def pre_train(self, progress: TrainProgress) -> None:
         self.last_time, self.last_log_step = time.time(), progress.step  # after a resume: not step 0
@@ -118,8 +120,9 @@ class SpeedMonitor(Callback):
         if built:
             spent = time.time() - self._step_start
             self.compile_time_s += spent
-            self.compile_in_interval += spent
-            self.compile_steps_in_interval += 1
+            self.excluded_in_interval += spent
+            self.excluded_steps_in_interval += 1
+            self._excluded_step, self._excluded_until = progress.step, time.time()
             logger.info(f"step {progress.step}: torch.compile built {built} graph(s); the step took {spent:.1f} s "
                         f"(compile time so far {self.compile_time_s:.1f} s, not counted in tokens/s)")
             from torch._dynamo import config as dynamo_config
@@ -133,14 +136,26 @@ class SpeedMonitor(Callback):
                                f"eagerly, 2-3x slower. TORCH_LOGS=recompiles names the guard; --no-compile "
                                f"trains eagerly throughout")
 
+    def exclude_step(self, step: int, since: float) -> None:
+        """Keeps step `step`, from time `since` until now, out of the rate: a step that another callback slowed
+        on purpose (the profiler records it and then reads its trace). A compile step already kept out only
+        adds the time after its own end."""
+        now = time.time()
+        if step == self._excluded_step:
+            since = max(since, self._excluded_until)
+        else:
+            self.excluded_steps_in_interval += 1
+        self.excluded_in_interval += max(0.0, now - since)
+        self._excluded_step, self._excluded_until = step, now
+
     def pre_log_metrics(self, progress: TrainProgress, row: dict) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         now = time.time()
-        timed_steps = progress.step - self.last_log_step - self.compile_steps_in_interval
-        dt = (now - self.last_time - self.compile_in_interval) / timed_steps if timed_steps > 0 else None
+        timed_steps = progress.step - self.last_log_step - self.excluded_steps_in_interval
+        dt = (now - self.last_time - self.excluded_in_interval) / timed_steps if timed_steps > 0 else None
         self.last_time, self.last_log_step = now, progress.step
-        self.compile_in_interval, self.compile_steps_in_interval = 0.0, 0
+        self.excluded_in_interval, self.excluded_steps_in_interval = 0.0, 0
         row["tokens_per_s"] = self.tokens_per_step / dt if dt else None
         row["step_time_s"] = dt
         if self.compile_time_s:
@@ -155,8 +170,11 @@ class SpeedMonitor(Callback):
 def memory_stats(device: torch.device) -> dict[str, float]:
     """Peak accelerator memory of this rank (rank 0 logs), or the process's peak RSS on CPU."""
     if device.type == "cuda":
+        # alloc_retries counts the times the caching allocator had to free its cache and synchronise to find
+        # room: each costs a stall, so a rising count explains steps that are slow for no kernel's sake
         return {"max_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30,
-                "max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30}
+                "max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30,
+                "alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0)}
     try:
         import resource
         return {"max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # KiB on Linux

@@ -14,6 +14,7 @@ import torch
 
 from pretrain.callbacks import Callback, TrainProgress
 from pretrain.logs import get_logger
+from pretrain.monitors import SpeedMonitor
 
 logger = get_logger(__name__)
 
@@ -114,11 +115,13 @@ def describe(summary: dict, waits: int = 3) -> str:
 
 class StepProfiler(Callback):
     """`--profile-step N`: optimizer step N under the profiler (CUDA only), its summary written to
-    <run>/profile-step-N-rank-R.json by every rank and logged in one line by rank 0."""
+    <run>/profile-step-N-rank-R.json by every rank and logged in one line by rank 0. The step, with the time
+    spent reading its trace, is kept out of tokens/s through `speed` (the SpeedMonitor), when given."""
 
-    def __init__(self, step: int, device: torch.device, run_dir: Path, rank: int) -> None:
-        self.step, self.device, self.run_dir, self.rank = step, device, Path(run_dir), rank
-        self._prof, self._t0 = None, 0.0
+    def __init__(self, step: int, device: torch.device, run_dir: Path, rank: int,
+                 speed: SpeedMonitor | None = None) -> None:
+        self.step, self.device, self.run_dir, self.rank, self.speed = step, device, Path(run_dir), rank, speed
+        self._prof, self._t0, self._since = None, 0.0, 0.0
 
     def post_attach(self) -> None:
         if self.device.type != "cuda":
@@ -128,6 +131,7 @@ class StepProfiler(Callback):
     def pre_step(self, progress: TrainProgress) -> None:
         if self.device.type == "cuda" and progress.step + 1 == self.step:  # the step about to run is number step
             from torch.profiler import ProfilerActivity, profile
+            self._since = time.time()  # the profiler's start-up is kept out of tokens/s too
             torch.cuda.synchronize()
             self._prof = profile(activities=[ProfilerActivity.CUDA])
             self._prof.__enter__()
@@ -144,3 +148,5 @@ class StepProfiler(Callback):
         path = self.run_dir / f"profile-step-{self.step}-rank-{self.rank}.json"
         path.write_text(json.dumps({"step": self.step, "rank": self.rank, **summary}, indent=1))
         logger.info(f"step {self.step} profiled ({path.name}): {describe(summary)}")
+        if self.speed is not None:
+            self.speed.exclude_step(progress.step, self._since)

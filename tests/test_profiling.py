@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -69,3 +70,54 @@ def test_step_profiler_profiles_the_named_step_only(monkeypatch, tmp_path, capsy
     assert "step 3 profiled (profile-step-3-rank-1.json): GPU busy" in capsys.readouterr().out
     P.StepProfiler(3, torch.device("cpu"), tmp_path, rank=0).post_attach()
     assert "no step is profiled" in capsys.readouterr().err
+
+
+def test_profiled_step_is_kept_out_of_tokens_per_s(monkeypatch, tmp_path):
+    """The profiled step, slowed by the profiler and by reading its trace, is not timed: the row that holds it
+    rates the other steps only; a compile step profiled as well is kept out once."""
+    import pretrain.monitors as M
+
+    clock = [0.0]
+    graphs = [0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(M, "compiled_graph_count", lambda: graphs[0])
+    monkeypatch.setattr(P, "_kernel_events", lambda prof: [("gemm", 0.0, 1.0, 1.0)])
+
+    class SlowProfile:  # starting the profiler and reading its trace each take 5 s of the clock
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            clock[0] += 5.0
+            return self
+
+        def __exit__(self, *exc):
+            clock[0] += 5.0
+            return False
+
+    monkeypatch.setattr("torch.profiler.profile", SlowProfile)
+
+    def rates(profile_step: int, compile_steps: set[int]) -> list:
+        clock[0] = 0.0
+        speed = M.SpeedMonitor(torch.device("cpu"), 1000, 1e9, 1, None)
+        speed.pre_train(TrainProgress(step=0))
+        prof = P.StepProfiler(profile_step, torch.device("cuda"), tmp_path, rank=0, speed=speed)
+        rows = []
+        for step in range(4):  # steps of 1 s (a compile step 30 s), one row every 2 steps
+            for cb in (speed, prof):
+                cb.pre_step(TrainProgress(step=step))
+            clock[0] += 30.0 if step + 1 in compile_steps else 1.0
+            graphs[0] += step + 1 in compile_steps
+            for cb in (speed, prof):
+                cb.post_train_batch(TrainProgress(step=step + 1), None)
+            if (step + 1) % 2 == 0:
+                row = {}
+                speed.pre_log_metrics(TrainProgress(step=step + 1), row)
+                rows.append(row["tokens_per_s"])
+        return rows
+
+    assert rates(profile_step=3, compile_steps=set()) == [pytest.approx(1000.0), pytest.approx(1000.0)]
+    assert rates(profile_step=2, compile_steps=set()) == [pytest.approx(1000.0), pytest.approx(1000.0)]
+    # step 1 compiles and is profiled: its row has no timed step left
+    assert rates(profile_step=1, compile_steps={1}) == [pytest.approx(1000.0), pytest.approx(1000.0)]
