@@ -96,6 +96,13 @@ class _Finder:
 
 if os.environ.get("LINSCALE_TEST_HOLD") and _holds():
     sys.meta_path.insert(0, _Finder())
+
+# LINSCALE_TEST_ABORT_AT_EXIT=R: the trainer of rank R aborts (SIGABRT) as its interpreter exits, after
+# everything else it did, as a library thread torn down out of order at exit does
+if (os.environ.get("LINSCALE_TEST_ABORT_AT_EXIT") == os.environ.get("SLURM_PROCID")
+        and sys.argv and sys.argv[0].endswith("pretrain.py")):
+    import atexit
+    atexit.register(os.abort)  # registered first, so it runs last
 '''
 
 
@@ -360,8 +367,17 @@ def usr1_at_start(c: Cluster) -> Outcome:
     return Outcome(job, info, job.rows(), job.text(), {"after": job_info(job.id)})
 
 
+def abort_at_exit(c: Cluster) -> Outcome:
+    """Rank 1 aborts as its process exits, after the run finished and wrote its final checkpoint: srun kills
+    the step and exits non-zero; nothing is lost, and the job must end COMPLETED, not FAILED."""
+    job = c.submit("abort_at_exit", LINSCALE_TEST_ABORT_AT_EXIT="1")
+    info = job.wait_end()
+    return Outcome(job, info, job.rows(), job.text())
+
+
 SCENARIOS = [reference, usr1_batch, usr1_full_two_nodes, requeue_and_cap, usr1_and_requeue, requeue_refused,
-             time_limit, preemption, user_cancel, crash_kill, crash_bad_flag, early_warning, usr1_at_start]
+             time_limit, preemption, user_cancel, crash_kill, crash_bad_flag, early_warning, usr1_at_start,
+             abort_at_exit]
 
 
 # -- fixtures --------------------------------------------------------------------------------------------------
@@ -560,4 +576,18 @@ def test_usr1_before_the_trainer_is_ready_is_reported_truthfully(outcomes):
     m = re.search(r"trainer exited with (\d+) \(stop: (\S+)\); (.*)", o.log)
     if m and m.group(2) != "signal":  # died of the signal in start-up: nothing may be claimed
         assert m.group(3).startswith("no new checkpoint"), o.log[-3000:]
+    assert_truthful(o)
+
+
+def test_a_rank_aborting_at_exit_after_the_run_finished_completes_the_job(outcomes):
+    """The abort is real (srun reports it and the trainer's status is not 0), yet the run finished with its
+    final checkpoint complete: the job ends COMPLETED, says why, and its losses are the reference's."""
+    o, ref = outcome(outcomes, "abort_at_exit"), outcome(outcomes, "reference")
+    assert o.info["JobState"] == "COMPLETED" and o.info["Restarts"] == "0", o.log[-3000:]
+    m = re.search(r"trainer exited with (\d+) \(stop: finished\); checkpoint step (\d+) written", o.log)
+    assert m and m.group(1) != "0" and int(m.group(2)) == STEPS, o.log[-3000:]
+    assert "Aborted" in o.log, o.log[-3000:]
+    assert f"the run finished at step {STEPS} with its final checkpoint complete" in o.log
+    assert "requeue" not in o.log.split("trainer exited")[-1]
+    assert_bitwise(o, ref)
     assert_truthful(o)

@@ -1,11 +1,13 @@
 """How far a run directory got, for launch/slurm/pretrain.sbatch (before and after each attempt of a job):
 
-    python launch/slurm/attempt_result.py RUN_DIR   ->   "<step> <stop>"
+    python launch/slurm/attempt_result.py RUN_DIR   ->   "<step> <stop> <stop_step>"
 
 <step>: the step of the newest complete checkpoint on disk (its manifest present and every file the size the
 manifest says; checksums are not read, which for a large model would take minutes), -1 when there is none.
 <stop>: the `stop` field of RUN_DIR/summary.json ("finished", "signal"), "-" when there is no summary
-(the trainer did not reach its end)."""
+(the trainer did not reach its end). <stop_step>: the summary's `step`, the step that run ended at (-1
+without a summary): a summary left by an earlier attempt names a step at or before that attempt's
+checkpoints, so the script can tell this attempt's summary from a stale one."""
 from __future__ import annotations
 
 import json
@@ -21,7 +23,7 @@ if "checkpoints" not in sys.modules:
     _pkg.__path__ = [str(ROOT / "checkpoints")]
     sys.modules["checkpoints"] = _pkg
 
-from checkpoints.layout import CHECKPOINTS, step_dirs  # noqa: E402
+from checkpoints.layout import CHECKPOINTS, SUMMARY, step_dirs  # noqa: E402
 from checkpoints.manifest import verify  # noqa: E402
 
 
@@ -33,14 +35,16 @@ def newest_complete_step(run_dir: Path) -> int:
     return -1
 
 
-def stop_reason(run_dir: Path) -> str:
+def stop_reason(run_dir: Path) -> tuple[str, int]:
+    """The summary's (stop, step), ("-", -1) when there is none or it cannot be read."""
     try:
-        return str(json.loads((Path(run_dir) / "summary.json").read_text()).get("stop") or "-")
-    except (OSError, ValueError):
-        return "-"
+        summary = json.loads((Path(run_dir) / SUMMARY).read_text())
+        return str(summary.get("stop") or "-"), int(summary.get("step", -1))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return "-", -1
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit(f"usage: {sys.argv[0]} RUN_DIR")
-    print(newest_complete_step(Path(sys.argv[1])), stop_reason(Path(sys.argv[1])))
+    print(newest_complete_step(Path(sys.argv[1])), *stop_reason(Path(sys.argv[1])))

@@ -1,0 +1,28 @@
+"""launch/slurm/attempt_result.py, which pretrain.sbatch reads after each attempt: the newest complete
+checkpoint's step and the summary's stop reason and step, from a run directory laid out by hand."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def result(run_dir: Path) -> list[str]:
+    p = subprocess.run([sys.executable, str(ROOT / "launch" / "slurm" / "attempt_result.py"), str(run_dir)],
+                       capture_output=True, text=True, timeout=60, check=True)
+    return p.stdout.split()
+
+
+def test_summary_gives_the_stop_reason_and_the_step_it_ended_at(tmp_path):
+    assert result(tmp_path) == ["-1", "-", "-1"]  # nothing yet: no checkpoint, no summary
+    (tmp_path / "summary.json").write_text(json.dumps({"step": 16, "stop": "finished", "final_loss": 5.0}))
+    assert result(tmp_path) == ["-1", "finished", "16"]
+    (tmp_path / "summary.json").write_text(json.dumps({"step": 4, "stop": "signal"}))
+    assert result(tmp_path) == ["-1", "signal", "4"]
+    (tmp_path / "summary.json").write_text('{"step": 16, "stop": "fini')  # cut short: as if absent
+    assert result(tmp_path) == ["-1", "-", "-1"]
+    (tmp_path / "summary.json").write_text('["not", "a", "summary"]')
+    assert result(tmp_path) == ["-1", "-", "-1"]
