@@ -295,13 +295,16 @@ class Trainer:
         warning = fit_warning(self.model_cfg, tokens, mode, frac, total) if self.cfg.dist.zero == 0 else None
         if warning:
             logger.warning(warning)
-        if mode == "none" and self.cfg.dist.zero == 0:
+        if mode == "none":
+            # under ZeRO the estimate, which holds the whole optimizer state, is on the safe side for the hint;
+            # ZeRO-3's wait for its parameter hooks between blocks shrinks with larger micro-batches too
             bigger = larger_micro_batch(self.model_cfg, t.seq_len // self.cfg.dist.sp, t.micro_batch, self.accum,
                                         0.9 * total)
             if bigger:
+                zero = f", counting the optimizer state ZeRO-{self.cfg.dist.zero} shards" if self.cfg.dist.zero else ""
                 logger.info(f"--micro-batch {bigger} would also fit without activation checkpointing (estimated "
                             f"peak {estimate_peak_gib(self.model_cfg, bigger * tokens // t.micro_batch):.0f} of "
-                            f"{total:.0f} GiB) and is usually faster: the same global batch in fewer, larger "
+                            f"{total:.0f} GiB{zero}) and is usually faster: the same global batch in fewer, larger "
                             f"micro-batches (docs/training.md, Micro-batch)")
         return mode, frac
 

@@ -486,8 +486,8 @@ def test_larger_micro_batch_that_fits_keeps_the_global_batch():
 
 
 def test_trainer_names_a_larger_micro_batch_before_the_first_step(monkeypatch, capsys):
-    """On an 80 GB GPU, TNL 1B at 8K with --micro-batch 1 is told that 2 fits without checkpointing; with
-    2 (or with checkpointing asked for) nothing is said."""
+    """On an 80 GB GPU, TNL 1B at 8K with --micro-batch 1 is told that 2 fits without checkpointing, under
+    ZeRO as well; with 2 (or with checkpointing asked for) nothing is said."""
     import types
 
     import torch
@@ -509,6 +509,10 @@ def test_trainer_names_a_larger_micro_batch_before_the_first_step(monkeypatch, c
     assert setting == ("none", 1.0) and len(lines) == 1 and "--micro-batch 2 would also fit" in lines[0]
     assert hint("--micro-batch", "2", accum=4)[1] == []
     assert hint("--micro-batch", "1", "--activation-checkpointing", "full", accum=8)[1] == []
+    # under ZeRO too (where the estimate's full optimizer state is on the safe side), and it says so
+    setting, lines = hint("--micro-batch", "1", "--zero", "3", accum=8)
+    assert len(lines) == 1 and "--micro-batch 2 would also fit" in lines[0] and "ZeRO-3 shards" in lines[0]
+    assert hint("--micro-batch", "2", "--zero", "2", accum=4)[1] == []
 
 
 def test_fit_warning_names_a_setting_that_fits():
