@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_utils import ROOT, env, losses, make_dataset, run_flags
+from checkpoint_utils import ROOT, env, losses, make_dataset, pretrain_cmd, run_flags
 
 DOC = ROOT / "docs" / "errors.md"
 
@@ -916,6 +916,30 @@ def test_ctrl_c_during_startup(dataset, tmp_path, capsys, monkeypatch):
     assert rc == 130 and "interrupted" in err and "Traceback" not in err
     from checkpoints.run_dir import RunLock
     RunLock(run).acquire().release()  # not left locked
+
+
+def test_rank_aborts_at_exit_after_finishing(dataset, tmp_path):
+    """A process that aborts as its interpreter exits, after the run finished: summary.json and the final
+    checkpoint are complete on disk, and attempt_result.py (what pretrain.sbatch reads to end such a job
+    COMPLETED) reports the run finished at the step of its newest complete checkpoint. The script's side
+    runs on a real Slurm in tests/test_slurm.py (scenario abort_at_exit)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import atexit, os, sys\n"
+        "if sys.argv and sys.argv[0].endswith('pretrain.py'):\n"
+        "    atexit.register(os.abort)\n")
+    e = env()
+    e["PYTHONPATH"] = str(hook) + os.pathsep + e["PYTHONPATH"]
+    run = tmp_path / "run"
+    p = subprocess.run(pretrain_cmd(run_flags(run, dataset, 4)), env=e, capture_output=True, text=True, timeout=300)
+    assert p.returncode == -signal.SIGABRT, p.stderr[-2000:]
+    assert "'stop': 'finished'" in p.stdout + p.stderr
+    got = subprocess.run([sys.executable, str(ROOT / "launch" / "slurm" / "attempt_result.py"), str(run)],
+                         capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert got == ["4", "finished", "4"]
+    from checkpoints.manifest import verify
+    assert verify(run / "checkpoints" / "step_00000004") is None  # checksums too
 
 
 # ---------------------------------------------------------------------------------------------------
