@@ -244,7 +244,8 @@ class Trainer:
                                               self.tokens_per_step, self.flops_per_step_ne, self.total_steps(),
                                               metrics_failed=lambda: self.metrics is not None and
                                               self.metrics.failed is not None)
-        profiler = [StepProfiler(t.profile_step, env.device, self.run_dir, env.rank, self.speed)] if t.profile_step else []
+        profiler = ([StepProfiler(t.profile_step, env.device, self.run_dir, env.rank, self.speed)]
+                    if t.profile_step else [])
         self.callbacks = [self.stability, self.speed, MemoryMonitor(env.device), *self.extra_callbacks, *profiler,
                           self.checkpointer]
         for cb in self.callbacks:
