@@ -926,9 +926,12 @@ def test_rank_aborts_at_exit_after_finishing(dataset, tmp_path):
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        "import atexit, os, sys\n"
+        "import atexit, os, resource, sys\n"
+        "def _abort():\n"
+        "    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file\n"
+        "    os.abort()\n"
         "if sys.argv and sys.argv[0].endswith('pretrain.py'):\n"
-        "    atexit.register(os.abort)\n")
+        "    atexit.register(_abort)\n")
     e = env()
     e["PYTHONPATH"] = str(hook) + os.pathsep + e["PYTHONPATH"]
     run = tmp_path / "run"

@@ -101,8 +101,12 @@ if os.environ.get("LINSCALE_TEST_HOLD") and _holds():
 # everything else it did, as a library thread torn down out of order at exit does
 if (os.environ.get("LINSCALE_TEST_ABORT_AT_EXIT") == os.environ.get("SLURM_PROCID")
         and sys.argv and sys.argv[0].endswith("pretrain.py")):
-    import atexit
-    atexit.register(os.abort)  # registered first, so it runs last
+    import atexit, resource
+
+    def _abort():
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file in the job's directory
+        os.abort()
+    atexit.register(_abort)  # registered first, so it runs last
 '''
 
 
