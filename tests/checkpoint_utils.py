@@ -13,6 +13,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 256
 
+# A sitecustomize.py body: the trainer (launch/pretrain.py) aborts with SIGABRT as its interpreter exits,
+# after everything else it did, as a library thread torn down out of order at exit does. Prefixed with
+# `if <condition>:` lines by the caller; no core file is written.
+ABORT_AT_EXIT_HOOK = """
+import atexit, os, resource, sys
+
+def _abort():
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.abort()
+
+if ABORT_HERE and sys.argv and sys.argv[0].endswith("pretrain.py"):
+    atexit.register(_abort)  # registered first, so it runs last
+"""
+
 
 def make_dataset(root: Path, vocab: int = VOCAB, docs: int = 400, seed: int = 0) -> Path:
     """Train and val splits of token documents with learnable structure (each token mostly follows from

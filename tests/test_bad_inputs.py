@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_utils import ROOT, env, losses, make_dataset, pretrain_cmd, run_flags
+from checkpoint_utils import ABORT_AT_EXIT_HOOK, ROOT, env, losses, make_dataset, pretrain_cmd, run_flags
 
 DOC = ROOT / "docs" / "errors.md"
 
@@ -925,13 +925,7 @@ def test_rank_aborts_at_exit_after_finishing(dataset, tmp_path):
     runs on a real Slurm in tests/test_slurm.py (scenario abort_at_exit)."""
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
-        "import atexit, os, resource, sys\n"
-        "def _abort():\n"
-        "    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file\n"
-        "    os.abort()\n"
-        "if sys.argv and sys.argv[0].endswith('pretrain.py'):\n"
-        "    atexit.register(_abort)\n")
+    (hook / "sitecustomize.py").write_text("ABORT_HERE = True\n" + ABORT_AT_EXIT_HOOK)
     e = env()
     e["PYTHONPATH"] = str(hook) + os.pathsep + e["PYTHONPATH"]
     run = tmp_path / "run"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_utils import ROOT, VOCAB, make_dataset
+from checkpoint_utils import ABORT_AT_EXIT_HOOK, ROOT, VOCAB, make_dataset
 
 pytest.importorskip("deepspeed")
 
@@ -97,17 +97,9 @@ class _Finder:
 if os.environ.get("LINSCALE_TEST_HOLD") and _holds():
     sys.meta_path.insert(0, _Finder())
 
-# LINSCALE_TEST_ABORT_AT_EXIT=R: the trainer of rank R aborts (SIGABRT) as its interpreter exits, after
-# everything else it did, as a library thread torn down out of order at exit does
-if (os.environ.get("LINSCALE_TEST_ABORT_AT_EXIT") == os.environ.get("SLURM_PROCID")
-        and sys.argv and sys.argv[0].endswith("pretrain.py")):
-    import atexit, resource
-
-    def _abort():
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file in the job's directory
-        os.abort()
-    atexit.register(_abort)  # registered first, so it runs last
-'''
+# LINSCALE_TEST_ABORT_AT_EXIT=R: the trainer of rank R aborts at exit (checkpoint_utils.ABORT_AT_EXIT_HOOK)
+ABORT_HERE = os.environ.get("LINSCALE_TEST_ABORT_AT_EXIT", "none") == os.environ.get("SLURM_PROCID")
+''' + ABORT_AT_EXIT_HOOK
 
 
 def sh(*cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
