@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ops.triton_scan import anchor_block, dot32, seq_bounds, tf32_round, walk_program
+from ops.triton_scan import anchor_block, dot32, exp_ftz, seq_bounds, tf32_round, walk_program
 
 
 @triton.jit
@@ -114,7 +114,7 @@ def _tile(x, bos, rows, L, i_h, H: tl.constexpr, D: tl.constexpr, offs, cmask):
 def _exp0(x):
     """exp of an exponent that is <= 0 on every real row; padded rows (b loaded as 0) could make it
     positive, and their inf times a zero input would be NaN, so clamp."""
-    return tl.exp(tl.minimum(x, 0.))
+    return exp_ftz(tl.minimum(x, 0.))
 
 
 @triton.jit
@@ -129,7 +129,7 @@ def _mid_range(b, rows, L):
 @triton.jit
 def _mid_factors(b, r, LIM: tl.constexpr):
     """exp(b - r), exp(r - b), each exponent clamped to LIM (only padded rows reach it: their q, k are 0)."""
-    return tl.exp(tl.minimum(b - r, LIM)), tl.exp(tl.minimum(r - b, LIM))
+    return exp_ftz(tl.minimum(b - r, LIM)), exp_ftz(tl.minimum(r - b, LIM))
 
 
 @triton.jit
@@ -436,7 +436,7 @@ def gla_state_grad_kernel(k, v, bc, dht, h0, dgx, dkx, dh0, cu, T,
         b_v = tl.load(v + ((bos + rows) * H + i_h)[:, None] * V + offs_v[None, :],
                       mask=(rows < L)[:, None] & vmask[None, :], other=0.).to(tl.float32)
         u = tl.dot(b_v, tl.trans(dS), input_precision="ieee")  # [BT, BK]: u_s = dS v_s
-        a = tl.exp(_gates_of(bc, bos, rows, c * BT, L, i_h, H, K, offs_k, kmask))  # padded rows: f = 1
+        a = exp_ftz(_gates_of(bc, bos, rows, c * BT, L, i_h, H, K, offs_k, kmask))  # padded rows: f = 1
         # x of the previous row (0 at the chunk's first row: the carry z stands for it)
         rp = rows - 1
         mp = (rp >= c * BT)[:, None] & (rp < L)[:, None] & kmask[None, :]
@@ -462,10 +462,10 @@ def gla_state_grad_kernel(k, v, bc, dht, h0, dgx, dkx, dh0, cu, T,
         b = tl.load(bc + p, mask=m, other=0.)
         b_last = tl.load(bc + ((bos + c * BT + tl.minimum(L - c * BT, BT) - 1) * H + i_h) * K + offs_k,
                          mask=kmask, other=0.)[None, :]
-        w = tl.exp(tl.minimum(b_last - b, 0.)) * W[None, :]  # padded rows (b = 0) are masked below
+        w = exp_ftz(tl.minimum(b_last - b, 0.)) * W[None, :]  # padded rows (b = 0) are masked below
         tl.store(dgx + p, w * tl.load(dgx + p, mask=m, other=0.), mask=m)
         tl.store(dkx + p, w * tl.load(dkx + p, mask=m, other=0.), mask=m)
-        W = tl.sum(tl.exp(b_last), axis=0) * W
+        W = tl.sum(exp_ftz(b_last), axis=0) * W
     if HAS_H0:
         tl.store(dh0 + hp, tl.load(dh0 + hp, mask=hmask, other=0.) + W[:, None] * dS, mask=hmask)
 
@@ -475,18 +475,25 @@ def gla_state_grad_kernel(k, v, bc, dht, h0, dgx, dkx, dh0, cu, T,
 # ----------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _level(b, bc, bos, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask, l, BT: tl.constexpr):
+def _level(b, bc, bos, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask, l, BT: tl.constexpr,
+           GATHER: tl.constexpr):
     """Level l of a chunk's pairs i > j: those whose highest differing bit (of their positions in the
     chunk) is l, i.e. i in the upper and j in the lower half of one aligned block of 2^(l+1) rows. With
     rho = that lower half's last row, exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j), both exponents
     <= 0 for any gates. Returns the query-side factors (rows of upper halves; 0 on the others), the
     key-side factors (rows of lower halves; 0 on the others), one exp per element, and the [BT, BT] mask
-    of the pairs within one block (symmetric). Rows past the end load b = 0: clamped, their q, k, dA are 0."""
+    of the pairs within one block (symmetric). Rows past the end load b = 0: clamped, their q, k, dA are 0.
+    b_rho comes from the tile b itself (GATHER: tl.gather, through shared memory) or is loaded again from
+    memory: the gather takes `gla_dqk_sub_kernel` 9% less time and `gla_A_sub_kernel` 40% more with Triton
+    3.6 on an H200 (docs/kernels.md, GLA: the intra-chunk products)."""
     idx = tl.arange(0, BT)
     rho = ((idx >> (l + 1)) << (l + 1)) + (1 << l) - 1
-    d = b - _tile(bc, bos, t0 + rho, L, i_h, H, K, offs_k, kmask)
+    if GATHER:
+        d = b - tl.gather(b, tl.broadcast_to(rho[:, None], b.shape), axis=0)
+    else:
+        d = b - _tile(bc, bos, t0 + rho, L, i_h, H, K, offs_k, kmask)
     upper = (((idx >> l) & 1) == 1)[:, None]
-    e = tl.exp(tl.minimum(tl.where(upper, d, -d), 0.))
+    e = exp_ftz(tl.minimum(tl.where(upper, d, -d), 0.))
     return tl.where(upper, e, 0.), tl.where(upper, 0., e), (idx[:, None] >> (l + 1)) == (idx[None, :] >> (l + 1))
 
 
@@ -506,7 +513,7 @@ def _blocks(b, bc, bos, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, km
     last = tl.minimum(first + (1 << lb) - 1, L - 1 - t0)
     r = 0.5 * (_tile(bc, bos, t0 + first, L, i_h, H, K, offs_k, kmask)
                + _tile(bc, bos, t0 + last, L, i_h, H, K, offs_k, kmask))
-    return (tl.exp(tl.minimum(b - r, LIM)), tl.exp(tl.minimum(r - b, LIM)),
+    return (exp_ftz(tl.minimum(b - r, LIM)), exp_ftz(tl.minimum(r - b, LIM)),
             (idx[:, None] >> lb) == (idx[None, :] >> lb))
 
 
@@ -565,7 +572,7 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: t
                 acc += tl.where(same & (idx[:, None] > idx[None, :]),
                                 dot32(b_q * e_q, tl.trans(b_k * e_k), PREC), 0.)
             for l in range(lb, LOG_BT):  # a loop, not unrolled: unrolled, the levels' tiles stay live at once
-                f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
+                f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT, False)
                 acc += tl.where(same, dot32(b_q * f_q, tl.trans(b_k * f_k), PREC), 0.)
         acc += tl.where(idx[:, None] == idx[None, :], diag[:, None], 0.)
         p = A + ((bos + rows) * H + i_h)[:, None] * BT + idx[None, :]
@@ -614,7 +621,7 @@ def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT,
             acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * e_k, PREC), input_precision=PREC) * e_q
             acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * e_q, PREC), input_precision=PREC) * e_k
         for l in range(lb, LOG_BT):
-            f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
+            f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT, True)
             acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * f_k, PREC), input_precision=PREC) * f_q
             acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * f_q, PREC), input_precision=PREC) * f_k
         _store_half(dq, acc_q, bos, rows, L, i_h, H, K, offs_k, kmask)

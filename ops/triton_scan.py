@@ -40,6 +40,8 @@ stored activations. Sequences come either as the rows of a [B, T] batch or packe
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -118,25 +120,43 @@ def _chunk_rows(c, offs_t, L, BT: tl.constexpr):
     return rows, rows < L, tl.minimum(L - c * BT, BT)
 
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # the CPU interpreter runs no inline PTX
+    @triton.jit
+    def exp_ftz(x):
+        return tl.exp(x)
+else:
+    @triton.jit
+    def exp_ftz(x):
+        """exp(x) by one MUFU.EX2 (ex2.approx.ftz.f32 of x log2(e)). tl.exp's ex2.approx.f32 adds a range
+        check and two multiplies per element to return results below 2^-126 as subnormals; every exp here
+        is a decay factor (exponent <= 0) or a bounded tame-chunk factor, where a weight below 1e-38 adds
+        nothing an fp32 sum can hold, so it flushes them to 0. Fewer instructions on every walk step."""
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+
+
 @triton.jit
 def _step(s, a, x, w, b_last, F32: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr):
     """One chunk of a state walk: s <- exp(b_last)^T * s + (a * w)^T x (w: the rows' decay weights), the
     product on fp32 operands when F32 (tf32 for bf16 inputs), else on a's dtype; without decay s + a^T x.
     Forward walks: a = k, x = v, w = exp(b_L - b); backward walks: a = q, x = do, w = exp(b)."""
     if DECAY:
-        return s * tl.exp(tl.trans(b_last)) + _outer(a, x, w, F32, PREC)
+        return s * exp_ftz(tl.trans(b_last)) + _outer(a, x, w, F32, PREC)
     return s + tl.dot(tl.trans(a), x, input_precision=PREC)
 
 
 @triton.jit
 def tf32_round(x):
-    """x (fp32) rounded to the nearest tf32 value (10-bit mantissa, ties to even). Tensor cores read only
-    the top 19 bits of an fp32 operand, i.e. truncate it; truncation errors all point towards zero, and
-    d log_f, a reverse cumulative sum of a cancelling difference, piles such a bias up with the length of
-    the sum (2e-2 relative error for one sum over 64K tokens). Rounded operands leave only unbiased errors."""
+    """x (fp32) rounded to the nearest tf32 value (10-bit mantissa, ties away from zero, as cvt.rna.tf32).
+    Tensor cores read only the top 19 bits of an fp32 operand, i.e. truncate it; truncation errors all
+    point towards zero, and d log_f, a reverse cumulative sum of a cancelling difference, piles such a bias
+    up with the length of the sum (2e-2 relative error for one sum over 64K tokens). Rounded operands leave
+    only unbiased errors. Ties away from zero take two integer ops where ties to even take four; a tie needs
+    the 13 dropped bits at exactly 0x1000, which the operands rounded here (sums, exp-scaled inputs; bf16
+    inputs drop nothing) reach about once in 2^13, so the bias they add is far below truncation's.
+    The carry of the add runs into the exponent exactly when rounding up must (and leaves inf an inf)."""
     b = x.to(tl.int32, bitcast=True)
-    b = (b + 0xFFF + ((b >> 13) & 1)) & -8192
-    return b.to(tl.float32, bitcast=True)
+    return ((b + 0x1000) & -8192).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -224,7 +244,7 @@ def _scalar_mask(ll, BT: tl.constexpr, HAS_DECAY: tl.constexpr, TRANSPOSED: tl.c
         keep = i >= j
         dist = (i - j).to(tl.float32)
     if HAS_DECAY:
-        return tl.where(keep, tl.exp(ll * tl.where(keep, dist, 0.)), 0.)
+        return tl.where(keep, exp_ftz(ll * tl.where(keep, dist, 0.)), 0.)
     return tl.where(keep, 1., 0.)
 
 
@@ -283,9 +303,9 @@ def seg_local_kernel(a, x, g, log_lam, slot, dec, cu, T, SC, SM1,
             b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                     GATED, HAS_DECAY, BT)
             if REVERSE:  # weight of row t: exp(B_t - B_start), B_t - B_start = carry + b_t <= 0
-                w = tl.exp(tl.minimum(carry + b, 0.))
+                w = exp_ftz(tl.minimum(carry + b, 0.))
             else:  # exp(B_end - B_t) = exp(carry + b_L - b_t), carry = the later chunks' decay
-                w = tl.exp(tl.minimum(carry + b_last - b, 0.))
+                w = exp_ftz(tl.minimum(carry + b_last - b, 0.))
             acc += _outer(b_a, b_x, w, F32, PREC)
             carry += b_last
         else:
@@ -322,7 +342,7 @@ def seg_combine_kernel(slot, dec, init, cu, T, SC, SM1,
             j = jj
         p = _slot(slot, i_nh, j, SM1, K, V, offs_k, offs_v)
         d = tl.load(dec + (i_nh.to(tl.int64) * SM1 + j) * K + offs_k, mask=kmask, other=0.)
-        carry = tl.exp(d)[:, None] * carry + tl.load(p, mask=hmask, other=0.)
+        carry = exp_ftz(d)[:, None] * carry + tl.load(p, mask=hmask, other=0.)
         tl.store(p, carry, mask=hmask)
 
 
@@ -360,15 +380,15 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # A: here the intra-chunk part A v itself, fp32, formed for every chunk in parallel
             b_o = _load_rows(A, bos, rows, rmask, i_h, H, V, offs_v, vmask)
-            b_o += dot32(b_q.to(tl.float32) * tl.exp(b), h, PREC)
+            b_o += dot32(b_q.to(tl.float32) * exp_ftz(b), h, PREC)
         else:
             b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
             b_o = tl.dot(b_A.to(dt), b_v, input_precision=PREC)
             if HAS_DECAY:
-                b_o += tl.dot((b_q * tl.exp(b)).to(dt), h.to(dt), input_precision=PREC)
+                b_o += tl.dot((b_q * exp_ftz(b)).to(dt), h.to(dt), input_precision=PREC)
             else:
                 b_o += tl.dot(b_q, h.to(dt), input_precision=PREC)
-        h = _step(h, b_k, b_v, tl.exp(tl.minimum(b_last - b, 0.)), b_last, False, GATED or HAS_DECAY, PREC)
+        h = _step(h, b_k, b_v, exp_ftz(tl.minimum(b_last - b, 0.)), b_last, False, GATED or HAS_DECAY, PREC)
         _store_rows(o, b_o, bos, rows, rmask, i_h, H, V, offs_v, vmask)
     tl.store(ht + hp, h, mask=mask_and(hmask, last))
 
@@ -406,14 +426,14 @@ def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, anc, cu, T, SC, SM1, AC,
         b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # GLA: the state kept to fp32 precision: d log_f is a cancelling sum of q dq - k dk
-            b_dq = dot_exact(b_do, tl.trans(h), None, SPLIT, PREC) * tl.exp(b)
-            kw = tl.trans(b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.)))
-            h = dot_exact_rhs(kw, b_v, h * tl.exp(tl.trans(b_last)), SPLIT, PREC)
+            b_dq = dot_exact(b_do, tl.trans(h), None, SPLIT, PREC) * exp_ftz(b)
+            kw = tl.trans(b_k.to(tl.float32) * exp_ftz(tl.minimum(b_last - b, 0.)))
+            h = dot_exact_rhs(kw, b_v, h * exp_ftz(tl.trans(b_last)), SPLIT, PREC)
         else:
             b_dq = tl.dot(b_do, tl.trans(h.to(dt)), input_precision=PREC)
             if HAS_DECAY:
-                b_dq = b_dq * tl.exp(b)
-            h = _step(h, b_k, b_v, tl.exp(tl.minimum(b_last - b, 0.)), b_last, False, HAS_DECAY, PREC)
+                b_dq = b_dq * exp_ftz(b)
+            h = _step(h, b_k, b_v, exp_ftz(tl.minimum(b_last - b, 0.)), b_last, False, HAS_DECAY, PREC)
         if GATED:  # onto the intra-chunk part, already in dq (ops.triton_gla_intra)
             b_dq += _load_rows(dq, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         else:
@@ -458,14 +478,14 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, anc, cu, T, SC, SM1, 
         b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # see the dq walk
-            b_dk = dot_exact(b_v, tl.trans(dh), None, SPLIT, PREC) * tl.exp(tl.minimum(b_last - b, 0.))
-            qw = tl.trans(b_q.to(tl.float32) * tl.exp(b))
-            dh = dot_exact_rhs(qw, b_do, dh * tl.exp(tl.trans(b_last)), SPLIT, PREC)
+            b_dk = dot_exact(b_v, tl.trans(dh), None, SPLIT, PREC) * exp_ftz(tl.minimum(b_last - b, 0.))
+            qw = tl.trans(b_q.to(tl.float32) * exp_ftz(b))
+            dh = dot_exact_rhs(qw, b_do, dh * exp_ftz(tl.trans(b_last)), SPLIT, PREC)
         else:
             b_dk = tl.dot(b_v, tl.trans(dh.to(dt)), input_precision=PREC)
             if HAS_DECAY:
-                b_dk = b_dk * tl.exp(tl.minimum(b_last - b, 0.))
-            dh = _step(dh, b_q, b_do, tl.exp(b), b_last, False, HAS_DECAY, PREC)
+                b_dk = b_dk * exp_ftz(tl.minimum(b_last - b, 0.))
+            dh = _step(dh, b_q, b_do, exp_ftz(b), b_last, False, HAS_DECAY, PREC)
         if GATED:  # as dq
             b_dk += _load_rows(dk, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         else:
@@ -507,13 +527,13 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
                                 GATED, HAS_DECAY, BT)
         if GATED:  # A: here the intra-chunk part A^T do itself (fp32, formed in parallel); fp32 operands
             b_dv = _load_rows(A, bos, rows, rmask, i_h, H, V, offs_v, vmask)
-            b_dv += dot32(b_k.to(tl.float32) * tl.exp(tl.minimum(b_last - b, 0.)), dh, PREC)
+            b_dv += dot32(b_k.to(tl.float32) * exp_ftz(tl.minimum(b_last - b, 0.)), dh, PREC)
         else:
             b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
             b_dv = tl.dot(b_At.to(dt), b_do, input_precision=PREC)
             if HAS_DECAY:
-                b_dv += tl.dot((b_k * tl.exp(tl.minimum(b_last - b, 0.))).to(dt), dh.to(dt), input_precision=PREC)
+                b_dv += tl.dot((b_k * exp_ftz(tl.minimum(b_last - b, 0.))).to(dt), dh.to(dt), input_precision=PREC)
             else:
                 b_dv += tl.dot(b_k, dh.to(dt), input_precision=PREC)
-        dh = _step(dh, b_q, b_do, tl.exp(b), b_last, False, GATED or HAS_DECAY, PREC)
+        dh = _step(dh, b_q, b_do, exp_ftz(b), b_last, False, GATED or HAS_DECAY, PREC)
         _store_rows(dv, b_dv, bos, rows, rmask, i_h, H, V, offs_v, vmask)

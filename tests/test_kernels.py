@@ -421,15 +421,17 @@ def _round_kernel(x, y, a, b, c, N: tl.constexpr, M: tl.constexpr):
 
 
 def test_tf32_operands_round_to_nearest():
-    """The gated kernels' tf32 products take operands rounded to the nearest tf32 value (ties to even),
-    not truncated as tensor cores read them: truncation biases every product towards zero, and d log_f
-    (a sequence-long reverse cumsum) accumulates that bias. Checked bit for bit against numpy."""
+    """The gated kernels' tf32 products take operands rounded to the nearest tf32 value (ties away from
+    zero, as cvt.rna.tf32), not truncated as tensor cores read them: truncation biases every product
+    towards zero, and d log_f (a sequence-long reverse cumsum) accumulates that bias. Checked bit for bit
+    against numpy, including ties, the largest finite value (which rounds up to inf) and inf itself."""
     import numpy as np
     import triton
 
     g = torch.Generator().manual_seed(0)
     x = torch.cat([torch.randn(4000, generator=g) * 10 ** torch.randint(-20, 20, (4000,), generator=g).float(),
-                   torch.tensor([1 + 2 ** -11, 1 + 3 * 2 ** -11, -(1 + 2 ** -11), 1 + 2 ** -11 + 2 ** -20, 0.0, -0.0])])
+                   torch.tensor([1 + 2 ** -11, 1 + 3 * 2 ** -11, -(1 + 2 ** -11), 1 + 2 ** -11 + 2 ** -20, 0.0, -0.0,
+                                 torch.finfo(torch.float32).max, float("inf"), -float("inf"), 1 + 2 ** -11 - 2 ** -23])])
     n = triton.next_power_of_2(x.numel())
     x = torch.cat([x, torch.zeros(n - x.numel())])
     y = torch.empty_like(x)
@@ -439,13 +441,14 @@ def test_tf32_operands_round_to_nearest():
     bits = x.numpy().view(np.uint32).astype(np.uint64)
     keep = bits >> 13
     rest = bits & 0x1FFF
-    up = (rest > 0x1000) | ((rest == 0x1000) & (keep & 1 == 1))
+    up = rest >= 0x1000  # ties away from zero (the sign bit is apart from the magnitude)
     want = (((keep + up) << 13) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
     np.testing.assert_array_equal(y.numpy(), want)
-    assert y[4000:4004].tolist() == [1.0, 1 + 4 * 2 ** -11, -1.0, 1 + 2 ** -10]  # ties to even; above a tie: up
+    # ties away from zero; above a tie: up; below: down; max rounds to inf; inf stays inf
+    assert y[4000:4004].tolist() == [1 + 2 ** -10, 1 + 4 * 2 ** -11, -(1 + 2 ** -10), 1 + 2 ** -10]
+    assert y[4006:4010].tolist() == [float("inf"), float("inf"), -float("inf"), 1.0]
     rounded = lambda t: torch.from_numpy(  # noqa: E731
-        ((((t.numpy().view(np.uint32).astype(np.uint64) + 0xFFF + ((t.numpy().view(np.uint32) >> 13) & 1))
-           & 0xFFFFE000)).astype(np.uint32)).view(np.float32))
+        (((t.numpy().view(np.uint32).astype(np.uint64) + 0x1000) & 0xFFFFE000).astype(np.uint32)).view(np.float32))
     torch.testing.assert_close(c, rounded(a).double().mm(rounded(b).double()).float(), rtol=1e-5, atol=1e-5)
 
 
