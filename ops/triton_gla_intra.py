@@ -483,9 +483,9 @@ def _level(b, bc, bos, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kma
     <= 0 for any gates. Returns the query-side factors (rows of upper halves; 0 on the others), the
     key-side factors (rows of lower halves; 0 on the others), one exp per element, and the [BT, BT] mask
     of the pairs within one block (symmetric). Rows past the end load b = 0: clamped, their q, k, dA are 0.
-    b_rho comes from the tile b itself (GATHER: tl.gather, through shared memory) or is loaded again from
-    memory: the gather takes `gla_dqk_sub_kernel` 9% less time and `gla_A_sub_kernel` 40% more with Triton
-    3.6 on an H200 (docs/kernels.md, GLA: the intra-chunk products)."""
+    b_rho comes from the tile b itself (GATHER: tl.gather, through shared memory; `gla_dqk_sub_kernel`) or
+    is loaded again from memory (`gla_A_sub_kernel`, whose gather form took 1.6x the time with Triton 3.6
+    on an H200: docs/kernels.md, GLA: the intra-chunk products)."""
     idx = tl.arange(0, BT)
     rho = ((idx >> (l + 1)) << (l + 1)) + (1 << l) - 1
     if GATHER:
