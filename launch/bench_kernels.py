@@ -189,6 +189,10 @@ def matrix(a) -> None:
     rows = _resumed(a.resume)
     done = {(r["B"], r["H"], r["T"], r["op"]) for r in rows}
     t_start = time.time()
+    if "fla" not in a.skip:
+        print("# fla autotunes its kernels on first use: a cell's fla time may take minutes to come in (Triton's "
+              f"on-disk autotuning cache, {AUTOTUNE_CACHE}=1, keeps the choices for later processes on this machine)",
+              flush=True)
     print("| shape | T | op | ours ms | fla ms | fla/ours | floor ms | layout | elapsed s |", flush=True)
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
     for B, H in a.shapes:
