@@ -115,7 +115,11 @@ def _plan(op: str, q: Tensor, v: Tensor, N: int, T: int, varlen: bool, measure=N
 
 
 def _kw(c: dict) -> dict:
-    return {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
+    """A launch config's Triton launch options (a register cap only where an override sets one)."""
+    kw = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
+    if "maxnreg" in c:
+        kw["maxnreg"] = c["maxnreg"]
+    return kw
 
 
 def _dummy(q: Tensor) -> Tensor:

@@ -130,13 +130,16 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
     return launch
 
 
-_LAUNCH_KEYS = {"block": (1, 256), "block_v": (1, 256), "num_warps": (1, 16), "num_stages": (1, 8)}
+# maxnreg (a cap on registers a thread; no default sets one) trades spills for more programs per SM
+_LAUNCH_KEYS = {"block": (1, 256), "block_v": (1, 256), "num_warps": (1, 16), "num_stages": (1, 8),
+                "maxnreg": (32, 255)}
+_ANY_INT = ("num_stages", "maxnreg")  # the other keys take powers of two
 
 
 def check_launch_overrides(over: dict, where: str = "launch overrides") -> None:
     """Raise ValueError, naming the entry and what is allowed, unless `over` is {kernel: {key: value}} with
-    kernels of `default_launch`, keys among block / block_v / num_warps / num_stages and powers of two in
-    their ranges (num_stages: any integer in it). A misspelt kernel or key would otherwise be ignored, and
+    kernels of `default_launch`, keys among block / block_v / num_warps / num_stages / maxnreg and powers of
+    two in their ranges (num_stages, maxnreg: any integer in it). A misspelt kernel or key would otherwise be ignored, and
     a variant would time the defaults under another name."""
     kernels = sorted(default_launch("gla", 128, 128, torch.device("cpu")))
     if not isinstance(over, dict):
@@ -150,7 +153,7 @@ def check_launch_overrides(over: dict, where: str = "launch overrides") -> None:
             if key not in _LAUNCH_KEYS:
                 raise ValueError(f"{where}: {name}: unknown key {key!r}; the keys are {', '.join(_LAUNCH_KEYS)}")
             lo, hi = _LAUNCH_KEYS[key]
-            pow2 = key != "num_stages"
+            pow2 = key not in _ANY_INT
             if (isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi
                     or (pow2 and value & (value - 1))):
                 kind = "a power of two" if pow2 else "an integer"

@@ -501,3 +501,33 @@ def test_gla_backward_keeps_the_cumsum_not_log_f(gate_dtype):
     ro, rS = R.gated_linear_attn_recurrent(q.double(), k.double(), v.double(), x6, None)
     (rdx,) = torch.autograd.grad((ro * do.double()).sum() + (rS * dS.double()).sum(), [x6])
     assert rel(dx, rdx) < (TOL if gate_dtype == torch.float32 else 1e-2)
+
+
+def test_a_register_cap_override_reaches_the_level_kernels(monkeypatch):
+    """A launch override's maxnreg (bench_kernels --launches variants) goes to the kernels it names as a
+    Triton launch option and to no other; without an override no launch passes one. The interpreter
+    ignores launch options, so the outputs stay those of the float64 recurrence."""
+    import ops.triton_linear_attn as tla
+    seen = []
+    real = tla.launch
+
+    def spy(kernel, grid, *args, **kw):
+        seen.append((getattr(kernel, "__name__", getattr(getattr(kernel, "fn", None), "__name__", "?")),
+                     kw.get("maxnreg")))
+        return real(kernel, grid, *args, **kw)
+
+    monkeypatch.setattr(tla, "launch", spy)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 70, 2, 16, generator=g) for _ in range(3))
+    lf = -20 * torch.rand(1, 70, 2, 16, generator=g)  # every chunk on the level kernels
+    with force_plan(launch={"A_sub": {"maxnreg": 168}, "dqk_sub": {"maxnreg": 96}}):
+        ins = [t.clone().requires_grad_(True) for t in (q, k, v, lf)]
+        o = gated_linear_attn(*ins, impl="triton")
+        o.sum().backward()
+    caps = {name: cap for name, cap in seen if cap is not None}
+    assert caps == {"gla_A_sub_kernel": 168, "gla_dqk_sub_kernel": 96}, seen
+    ref = R.gated_linear_attn_recurrent(*(t.double() for t in (q, k, v, lf)))[0]
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-3
+    seen.clear()
+    gated_linear_attn(q, k, v, lf, impl="triton")
+    assert seen and all(cap is None for _, cap in seen)

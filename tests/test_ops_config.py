@@ -240,12 +240,14 @@ def test_gpu_ms_hides_the_host_even_with_a_stale_clock_calibration(fake_gpu):
 
 @pytest.mark.parametrize("over,match", [
     ({"fwdd": {"num_warps": 4}}, "unknown kernel 'fwdd'; the kernels are "),
-    ({"fwd": {"num_warp": 4}}, r"fwd: unknown key 'num_warp'; the keys are block, block_v, num_warps"),
+    ({"fwd": {"num_warp": 4}}, r"fwd: unknown key 'num_warp'; the keys are block, block_v, num_warps, num_stages, maxnreg"),
     ({"A_sub": {"split": True}}, "A_sub: unknown key 'split'"),
     ({"dq": {"block": 48}}, r"dq.block = 48; expected a power of two in \[1, 256\]"),
     ({"dq": {"num_warps": 3}}, r"dq.num_warps = 3; expected a power of two"),
     ({"dq": {"num_stages": 0}}, r"dq.num_stages = 0; expected an integer in \[1, 8\]"),
     ({"dq": {"num_stages": True}}, "dq.num_stages = True"),
+    ({"A_sub": {"maxnreg": 300}}, r"A_sub.maxnreg = 300; expected an integer in \[32, 255\]"),
+    ({"A_sub": {"maxnreg": 16}}, r"A_sub.maxnreg = 16; expected an integer in \[32, 255\]"),
     ({"dq": 4}, "dq: expected {key: value}"),
 ])
 def test_launch_overrides_are_checked(over, match):
