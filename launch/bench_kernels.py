@@ -513,8 +513,7 @@ def resources(a) -> None:
         t0 = time.time()
         kern = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=c["num_warps"], num_stages=c["num_stages"],
-                                           **({"maxnreg": c["maxnreg"]} if "maxnreg" in c else {})))
+                              options=tuning.launch_options(c))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(kern.asm["cubin"])
             f.flush()

@@ -21,6 +21,7 @@ from ops import tuning
 from ops.config import get_config
 from ops.linear_attention import register_impl
 from ops.triton_launch import launch
+from ops.tuning import launch_options
 from ops.triton_gla_intra import (TAME_SPAN, gla_A_sub_kernel, gla_A_tame_kernel, gla_cumsum_kernel, gla_dg_kernel,
                                   gla_dqk_sub_kernel, gla_dqk_tame_kernel, gla_intra_out_kernel, gla_state_grad_kernel)
 from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel,
@@ -114,14 +115,6 @@ def _plan(op: str, q: Tensor, v: Tensor, N: int, T: int, varlen: bool, measure=N
     return tuning.plan(op, N, q.shape[2], T, q.shape[3], v.shape[3], q.device, varlen, measure)
 
 
-def _kw(c: dict) -> dict:
-    """A launch config's Triton launch options (a register cap only where an override sets one)."""
-    kw = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
-    if "maxnreg" in c:
-        kw["maxnreg"] = c["maxnreg"]
-    return kw
-
-
 def _dummy(q: Tensor) -> Tensor:
     return _cached(q.device, torch.float32)
 
@@ -155,15 +148,16 @@ def _two_level(a, x, g, log_lam, init, cu, N, T, plan, gated, reverse, extra_pla
     common = dict(H=H, K=K, V=V, BT=BT, VARLEN=cu.numel() > 1)
     launch(seg_local_kernel, (_cdiv(K, bk) * _cdiv(V, bv), N * H, S - 1),
         a, x, g, log_lam, slots, dec, cu, T, SC, S - 1, BK=bk, BV=bv, GATED=gated,
-        HAS_DECAY=gated or log_lam is not None, REVERSE=reverse, F32=gated, PREC=_prec(a), **common, **_kw(cl))
+        HAS_DECAY=gated or log_lam is not None, REVERSE=reverse, F32=gated, PREC=_prec(a), **common,
+        **launch_options(cl))
     plain = slots.clone() if extra_plain else None
     bk, bv = min(cc["block"], _np2(K)), min(cc["block_v"], _np2(V))
     grid = (_cdiv(K, bk) * _cdiv(V, bv), N * H)
     launch(seg_combine_kernel, grid, slots, dec, init if init is not None else slots, cu, T, SC, S - 1, BK=bk, BV=bv,
-                             REVERSE=reverse, HAS_INIT=init is not None, **common, **_kw(cc))
+                             REVERSE=reverse, HAS_INIT=init is not None, **common, **launch_options(cc))
     if plain is not None:
         launch(seg_combine_kernel, grid, plain, dec, plain, cu, T, SC, S - 1, BK=bk, BV=bv, REVERSE=reverse,
-                                 HAS_INIT=False, **common, **_kw(cc))
+                                 HAS_INIT=False, **common, **launch_options(cc))
     return slots, plain
 
 
@@ -179,7 +173,7 @@ def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated, plan):
         q, k, v, g, log_lam, A, o, h0 if h0 is not None else ht, ht, Hs if Hs is not None else ht, cu, T,
         SC, max(S - 1, 1), H=H, K=K, V=V, BT=BT, BK=_np2(K), BV=c["block"], GATED=gated,
         HAS_DECAY=log_lam is not None or gated, HAS_H0=h0 is not None, VARLEN=cu.numel() > 1,
-        PREC=_prec(q), **_kw(c))
+        PREC=_prec(q), **launch_options(c))
     return o, ht, (Hs.reshape(-1) if Hs is not None else q.new_empty(0, dtype=torch.float32))
 
 
@@ -212,7 +206,7 @@ def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, d
         launch(dq_scan_kernel, (_cdiv(K, cq["block"]), N * H, S),
             k, v, g, log_lam, do, dq, h0 if h0 is not None else dq, Hs, anc_h, cu, T, SC, SM1, AC,
             BK=cq["block"], BV=_np2(V), HAS_H0=h0 is not None, ANCHOR=anchors is not None, SPLIT=split, **common,
-            **_kw(cq))
+            **launch_options(cq))
     if S > 1:
         Es, Es_plain = _two_level(q, do, g, log_lam, dht, cu, N, T, plan, gated, reverse=True,
                                   extra_plain=gated and dht is not None)
@@ -225,10 +219,10 @@ def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, d
         launch(dk_scan_kernel, (_cdiv(K, ck["block"]), N * H, S),
             q, v, g, log_lam, do, dk, dht_k if dht_k is not None else dk, dh0 if dh0 is not None else dk, Es_k,
             anc_dh, cu, T, SC, SM1, AC, BK=ck["block"], BV=_np2(V), HAS_DHT=dht_k is not None,
-            STORE_DH0=dh0 is not None, ANCHOR=anchors is not None, SPLIT=split, **common, **_kw(ck))
+            STORE_DH0=dh0 is not None, ANCHOR=anchors is not None, SPLIT=split, **common, **launch_options(ck))
     launch(dv_scan_kernel, (_cdiv(V, cv["block"]), N * H, S),
         q, k, g, log_lam, A, do, dv, dht if dht is not None else dv, Es, cu, T, SC, SM1,
-        BK=_np2(K), BV=cv["block"], HAS_DHT=dht is not None, **common, **_kw(cv))
+        BK=_np2(K), BV=cv["block"], HAS_DHT=dht is not None, **common, **launch_options(cv))
     for st in side:
         cur.wait_stream(st)  # every later use of dq, dk (and of freed inputs) orders after the walks
     return dq, dk, dv, dh0
@@ -446,10 +440,10 @@ def _gla_forward(q, k, v, g, h0, cu, N, T, chunks, plan):
     tab, NT, vl = table if table is not None else cu, _cdiv(T, BT), table is not None
     launch(gla_A_tame_kernel, (n_chunks, H),
         q, k, bc, A, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, BT=BT, BK=min(ca["block"], _np2(K)),
-        VARLEN=vl, PREC=_prec(q), **_kw(ca))
+        VARLEN=vl, PREC=_prec(q), **launch_options(ca))
     launch(gla_A_sub_kernel, (n_chunks, H),
         q, k, bc, A, tame, cu, tab, T, NT, H=H, K=K, BT=BT, BK=min(cs["block"], _np2(K)), LOG_BT=LOG_BT,
-        BLOCKS=_level_blocks() > 0, TAME_SPAN=TAME_SPAN, VARLEN=vl, PREC=_prec(q), **_kw(cs))
+        BLOCKS=_level_blocks() > 0, TAME_SPAN=TAME_SPAN, VARLEN=vl, PREC=_prec(q), **launch_options(cs))
     # the walks read b (not log f) and the intra-chunk part A v (not A)
     o, ht, Hs = _fwd(q, k, v, bc, None, _intra_out(A, v, cu, T, chunks, False), h0, cu, N, T, True, plan)
     return o, ht, A, tame, Hs, bc
@@ -469,11 +463,11 @@ def _gla_backward(q, k, v, bc, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan,
     att = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)  # do_t . v_t
     launch(gla_dqk_tame_kernel, (n_chunks, H),
         q, k, v, bc, do, dq, dk, att, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
-        BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **_kw(ct))
+        BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **launch_options(ct))
     bks = min(cs["block"], _np2(K))
     launch(gla_dqk_sub_kernel, (n_chunks, _cdiv(K, bks), H),
         q, k, v, bc, do, dq, dk, att, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BK=bks, BV=min(64, _np2(V)),
-        LOG_BT=LOG_BT, BLOCKS=_level_blocks() > 0, TAME_SPAN=TAME_SPAN, VARLEN=vl, PREC=_prec(q), **_kw(cs))
+        LOG_BT=LOG_BT, BLOCKS=_level_blocks() > 0, TAME_SPAN=TAME_SPAN, VARLEN=vl, PREC=_prec(q), **launch_options(cs))
     # d log_f's anchors: the state and its gradient at every AC-th chunk boundary, stored by the dq / dk
     # walks (one slot per AC * BT tokens of the whole batch; see anchor_block)
     AC = _anchor_chunks()
@@ -502,7 +496,7 @@ def _gla_backward(q, k, v, bc, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan,
         q, k, att, dq, dk, dg, dgx if dgx is not None else dg, dkx if dkx is not None else dg,
         dq_out, dk_out, anc_h, anc_dh, cu, table if table is not None else cu, T, AC, NA, H=H, K=K, V=V,
         BT=BT, BK=bkg, BV=_np2(V), HAS_DS=dgx is not None, ANCHOR=anchors is not None,
-        VARLEN=table is not None, **_kw(cg))
+        VARLEN=table is not None, **launch_options(cg))
     return dq_out, dk_out, dv, dg, dh0
 
 

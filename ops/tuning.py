@@ -136,11 +136,19 @@ _LAUNCH_KEYS = {"block": (1, 256), "block_v": (1, 256), "num_warps": (1, 16), "n
 _ANY_INT = ("num_stages", "maxnreg")  # the other keys take powers of two
 
 
+def launch_options(c: dict) -> dict:
+    """A kernel's launch config as Triton launch options (a register cap only where an override sets one)."""
+    kw = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
+    if "maxnreg" in c:
+        kw["maxnreg"] = c["maxnreg"]
+    return kw
+
+
 def check_launch_overrides(over: dict, where: str = "launch overrides") -> None:
     """Raise ValueError, naming the entry and what is allowed, unless `over` is {kernel: {key: value}} with
     kernels of `default_launch`, keys among block / block_v / num_warps / num_stages / maxnreg and powers of
-    two in their ranges (num_stages, maxnreg: any integer in it). A misspelt kernel or key would otherwise be ignored, and
-    a variant would time the defaults under another name."""
+    two in their ranges (num_stages, maxnreg: any integer in it). A misspelt kernel or key would otherwise be
+    ignored, and a variant would time the defaults under another name."""
     kernels = sorted(default_launch("gla", 128, 128, torch.device("cpu")))
     if not isinstance(over, dict):
         raise ValueError(f"{where}: expected {{kernel: {{key: value}}}}, got {type(over).__name__}")

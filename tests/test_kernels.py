@@ -431,7 +431,8 @@ def test_tf32_operands_round_to_nearest():
     g = torch.Generator().manual_seed(0)
     x = torch.cat([torch.randn(4000, generator=g) * 10 ** torch.randint(-20, 20, (4000,), generator=g).float(),
                    torch.tensor([1 + 2 ** -11, 1 + 3 * 2 ** -11, -(1 + 2 ** -11), 1 + 2 ** -11 + 2 ** -20, 0.0, -0.0,
-                                 torch.finfo(torch.float32).max, float("inf"), -float("inf"), 1 + 2 ** -11 - 2 ** -23])])
+                                 torch.finfo(torch.float32).max, float("inf"), -float("inf"),
+                                 1 + 2 ** -11 - 2 ** -23])])
     n = triton.next_power_of_2(x.numel())
     x = torch.cat([x, torch.zeros(n - x.numel())])
     y = torch.empty_like(x)

@@ -240,7 +240,8 @@ def test_gpu_ms_hides_the_host_even_with_a_stale_clock_calibration(fake_gpu):
 
 @pytest.mark.parametrize("over,match", [
     ({"fwdd": {"num_warps": 4}}, "unknown kernel 'fwdd'; the kernels are "),
-    ({"fwd": {"num_warp": 4}}, r"fwd: unknown key 'num_warp'; the keys are block, block_v, num_warps, num_stages, maxnreg"),
+    ({"fwd": {"num_warp": 4}},
+     r"fwd: unknown key 'num_warp'; the keys are block, block_v, num_warps, num_stages, maxnreg"),
     ({"A_sub": {"split": True}}, "A_sub: unknown key 'split'"),
     ({"dq": {"block": 48}}, r"dq.block = 48; expected a power of two in \[1, 256\]"),
     ({"dq": {"num_warps": 3}}, r"dq.num_warps = 3; expected a power of two"),
