@@ -475,26 +475,42 @@ def gla_state_grad_kernel(k, v, bc, dht, h0, dgx, dkx, dh0, cu, T,
 # ----------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _level(b, bc, bos, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask, l, BT: tl.constexpr,
-           GATHER: tl.constexpr):
+def _level(b, bc, bos, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask, l, BT: tl.constexpr):
     """Level l of a chunk's pairs i > j: those whose highest differing bit (of their positions in the
     chunk) is l, i.e. i in the upper and j in the lower half of one aligned block of 2^(l+1) rows. With
     rho = that lower half's last row, exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j), both exponents
     <= 0 for any gates. Returns the query-side factors (rows of upper halves; 0 on the others), the
     key-side factors (rows of lower halves; 0 on the others), one exp per element, and the [BT, BT] mask
     of the pairs within one block (symmetric). Rows past the end load b = 0: clamped, their q, k, dA are 0.
-    b_rho comes from the tile b itself (GATHER: tl.gather, through shared memory; `gla_dqk_sub_kernel`) or
-    is loaded again from memory (`gla_A_sub_kernel`, whose gather form took 1.6x the time with Triton 3.6
-    on an H200: docs/kernels.md, GLA: the intra-chunk products)."""
+    b_rho is loaded again from memory: taking it from the tile (tl.gather, as `_level_dqk` does) made
+    `gla_A_sub_kernel` take 1.6x the time with Triton 3.6 on an H200 (docs/kernels.md, GLA: the
+    intra-chunk products)."""
     idx = tl.arange(0, BT)
     rho = ((idx >> (l + 1)) << (l + 1)) + (1 << l) - 1
-    if GATHER:
-        d = b - tl.gather(b, tl.broadcast_to(rho[:, None], b.shape), axis=0)
-    else:
-        d = b - _tile(bc, bos, t0 + rho, L, i_h, H, K, offs_k, kmask)
+    d = b - _tile(bc, bos, t0 + rho, L, i_h, H, K, offs_k, kmask)
     upper = (((idx >> l) & 1) == 1)[:, None]
     e = exp_ftz(tl.minimum(tl.where(upper, d, -d), 0.))
     return tl.where(upper, e, 0.), tl.where(upper, 0., e), (idx[:, None] >> (l + 1)) == (idx[None, :] >> (l + 1))
+
+
+@triton.jit
+def _level_dqk(b, b_q, b_k, dA, dAt, acc_q, acc_k, l, BT: tl.constexpr, PREC: tl.constexpr):
+    """Level l of `gla_dqk_sub_kernel` (the pairs and factors of `_level`): adds f_q (dA_l (k f_k)) to
+    acc_q and f_k (dA_l^T (q f_q)) to acc_k, b_rho taken from the tile of b in registers (tl.gather,
+    through shared memory) instead of a load. One factor tile serving both sides, the other side's rows
+    zeroed in each product's operand and result, builds with a smaller spill but took up to 0.5% more
+    time than these two tiles on an H200 (docs/kernels.md, "Instructions per level")."""
+    idx = tl.arange(0, BT)
+    rho = ((idx >> (l + 1)) << (l + 1)) + (1 << l) - 1
+    d = b - tl.gather(b, tl.broadcast_to(rho[:, None], b.shape), axis=0)
+    upper = (((idx >> l) & 1) == 1)[:, None]
+    e = exp_ftz(tl.minimum(tl.where(upper, d, -d), 0.))
+    same = (idx[:, None] >> (l + 1)) == (idx[None, :] >> (l + 1))
+    f_q = tl.where(upper, e, 0.)
+    f_k = tl.where(upper, 0., e)
+    acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * f_k, PREC), input_precision=PREC) * f_q
+    acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * f_q, PREC), input_precision=PREC) * f_k
+    return acc_q, acc_k
 
 
 @triton.jit
@@ -572,7 +588,7 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: t
                 acc += tl.where(same & (idx[:, None] > idx[None, :]),
                                 dot32(b_q * e_q, tl.trans(b_k * e_k), PREC), 0.)
             for l in range(lb, LOG_BT):  # a loop, not unrolled: unrolled, the levels' tiles stay live at once
-                f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT, False)
+                f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
                 acc += tl.where(same, dot32(b_q * f_q, tl.trans(b_k * f_k), PREC), 0.)
         acc += tl.where(idx[:, None] == idx[None, :], diag[:, None], 0.)
         p = A + ((bos + rows) * H + i_h)[:, None] * BT + idx[None, :]
@@ -620,9 +636,13 @@ def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT,
             e_q, e_k, same = _blocks(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, lb, LIM, BT)
             acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * e_k, PREC), input_precision=PREC) * e_q
             acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * e_q, PREC), input_precision=PREC) * e_k
-        for l in range(lb, LOG_BT):
-            f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT, True)
-            acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * f_k, PREC), input_precision=PREC) * f_q
-            acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * f_q, PREC), input_precision=PREC) * f_k
+            for l in range(lb, LOG_BT):
+                acc_q, acc_k = _level_dqk(b, b_q, b_k, dA, dAt, acc_q, acc_k, l, BT, PREC)
+        else:
+            # unrolled, so that each level's masks and gather indices are constants: 1.5% less fwd+bwd time
+            # where every chunk takes the level kernels (gla_A_sub_kernel's loop stays a loop: unrolled, its
+            # levels' tiles stayed live at once)
+            for l in tl.static_range(0, LOG_BT):
+                acc_q, acc_k = _level_dqk(b, b_q, b_k, dA, dAt, acc_q, acc_k, l, BT, PREC)
         _store_half(dq, acc_q, bos, rows, L, i_h, H, K, offs_k, kmask)
         _store_half(dk, acc_k, bos, rows, L, i_h, H, K, offs_k, kmask)

@@ -127,10 +127,16 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
             launch[name].update(block=min(32, Vp), num_warps=4)
         for name in ("dq", "dk", "local"):
             launch[name]["num_stages"] = 3
+    if gated and Kp == 128:
+        # the A level kernel capped at 168 registers a thread (204 uncapped): a 64 B spill, but 3 programs
+        # an SM instead of 2; 1-3% less fwd+bwd GPU time where every chunk takes the level kernels, the
+        # others unchanged, on an H200 (docs/kernels.md, Launch configurations). The dq / dk level kernel
+        # capped likewise spilled 560 B and took 7-9% longer.
+        launch["A_sub"]["maxnreg"] = 168
     return launch
 
 
-# maxnreg (a cap on registers a thread; no default sets one) trades spills for more programs per SM
+# maxnreg (a cap on registers a thread) trades spills for more programs per SM
 _LAUNCH_KEYS = {"block": (1, 256), "block_v": (1, 256), "num_warps": (1, 16), "num_stages": (1, 8),
                 "maxnreg": (32, 255)}
 _ANY_INT = ("num_stages", "maxnreg")  # the other keys take powers of two

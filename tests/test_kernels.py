@@ -506,8 +506,9 @@ def test_gla_backward_keeps_the_cumsum_not_log_f(gate_dtype):
 
 def test_a_register_cap_override_reaches_the_level_kernels(monkeypatch):
     """A launch override's maxnreg (bench_kernels --launches variants) goes to the kernels it names as a
-    Triton launch option and to no other; without an override no launch passes one. The interpreter
-    ignores launch options, so the outputs stay those of the float64 recurrence."""
+    Triton launch option and to no other. Without an override only the default cap reaches a launch:
+    gla_A_sub_kernel's at 128-wide keys, none at 16. The interpreter ignores launch options, so the outputs
+    stay those of the float64 recurrence."""
     import ops.triton_linear_attn as tla
     seen = []
     real = tla.launch
@@ -532,3 +533,8 @@ def test_a_register_cap_override_reaches_the_level_kernels(monkeypatch):
     seen.clear()
     gated_linear_attn(q, k, v, lf, impl="triton")
     assert seen and all(cap is None for _, cap in seen)
+    seen.clear()
+    q, k, v = (torch.randn(1, 64, 1, 128, generator=g) for _ in range(3))
+    lf = -20 * torch.rand(1, 64, 1, 128, generator=g)
+    gated_linear_attn(q, k, v, lf, impl="triton")
+    assert {name: cap for name, cap in seen if cap is not None} == {"gla_A_sub_kernel": 168}, seen
