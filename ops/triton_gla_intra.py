@@ -599,16 +599,19 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: t
 def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        BV: tl.constexpr, LOG_BT: tl.constexpr, BLOCKS: tl.constexpr, TAME_SPAN: tl.constexpr,
-                       VARLEN: tl.constexpr, PREC: tl.constexpr):
-    """grid (chunks, cdiv(K, BK), H); only for chunks that are not tame. The intra-chunk dq, dk (fp32) of
-    the chunk in one key block, by the levels of `gla_A_sub_kernel`: with dA = do v^T strictly below the
-    diagonal (the i == j terms: see gla_dg_kernel), per level l (dA_l: dA on the level's pairs)
+                       VARLEN: tl.constexpr, PREC: tl.constexpr, KEY_BLOCKS: tl.constexpr = 1):
+    """grid (chunks, cdiv(cdiv(K, BK), KEY_BLOCKS), H); only for chunks that are not tame. The intra-chunk
+    dq, dk (fp32) of the chunk in KEY_BLOCKS key blocks, one after another, by the levels of
+    `gla_A_sub_kernel`: with dA = do v^T strictly below the diagonal (the i == j terms: see gla_dg_kernel),
+    per level l (dA_l: dA on the level's pairs)
         dq += f_q (dA_l (k f_k))        dk += f_k (dA_l^T (q f_q))
     two tensor-core products per level sharing its factors, every factor <= 1 whatever the gates. dA is
-    formed here per key block (a bf16 product, [BT, BT]) rather than read back from memory; the first key
-    block's programs store its diagonal into att, as `gla_dqk_tame_kernel`. BLOCKS: the levels below the
-    chunk's lb as two products over the blocks of 2^lb rows (`_blocks`; the sums inside the products, at most
-    2^lb e^(TAME_SPAN / 2) |dA k|, stay far from fp32's range)."""
+    formed once per program (a bf16 product, [BT, BT]) rather than read back from memory. More key blocks
+    a program form it fewer times and start fewer programs (where every chunk is tame, they all return at
+    once); fewer spread more programs over the SMs. The first key block's programs store dA's diagonal
+    into att, as `gla_dqk_tame_kernel`. BLOCKS: the levels below the chunk's lb as two products over the
+    blocks of 2^lb rows (`_blocks`; the sums inside the products, at most 2^lb e^(TAME_SPAN / 2) |dA k|,
+    stay far from fp32's range)."""
     i_kb = tl.program_id(1)
     level, lb, i_h, bos, L, t0 = _level_chunk(chunks, tame, cu, T, NT, H, BT, VARLEN, 2)
     if not BLOCKS:
@@ -627,22 +630,23 @@ def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT,
             _store_diag(att, dA, bos, rows, L, i_h, H)
         dA = _tf32(tl.where(idx[:, None] > idx[None, :], dA, 0.), PREC)  # rounded once for every level
         dAt = tl.trans(dA)  # the level masks are symmetric: one transpose serves them all
-        offs_k = i_kb * BK + tl.arange(0, BK)
-        kmask = offs_k < K
-        b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
-        acc_q = tl.zeros([BT, BK], dtype=tl.float32)
-        acc_k = tl.zeros([BT, BK], dtype=tl.float32)
-        if BLOCKS:
-            e_q, e_k, same = _blocks(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, lb, LIM, BT)
-            acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * e_k, PREC), input_precision=PREC) * e_q
-            acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * e_q, PREC), input_precision=PREC) * e_k
-            for l in range(lb, LOG_BT):
-                acc_q, acc_k = _level_dqk(b, b_q, b_k, dA, dAt, acc_q, acc_k, l, BT, PREC)
-        else:
-            # unrolled, so that each level's masks and gather indices are constants: 1.5% less fwd+bwd time
-            # where every chunk takes the level kernels (gla_A_sub_kernel's loop stays a loop: unrolled, its
-            # levels' tiles stayed live at once)
-            for l in tl.static_range(0, LOG_BT):
-                acc_q, acc_k = _level_dqk(b, b_q, b_k, dA, dAt, acc_q, acc_k, l, BT, PREC)
-        _store_half(dq, acc_q, bos, rows, L, i_h, H, K, offs_k, kmask)
-        _store_half(dk, acc_k, bos, rows, L, i_h, H, K, offs_k, kmask)
+        for j in range(0, KEY_BLOCKS):
+            offs_k = (i_kb * KEY_BLOCKS + j) * BK + tl.arange(0, BK)
+            kmask = offs_k < K
+            b, b_q, b_k = _qkb_tiles(q, k, bc, bos, rows, L, i_h, H, K, offs_k, kmask)
+            acc_q = tl.zeros([BT, BK], dtype=tl.float32)
+            acc_k = tl.zeros([BT, BK], dtype=tl.float32)
+            if BLOCKS:
+                e_q, e_k, same = _blocks(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, lb, LIM, BT)
+                acc_q += tl.dot(tl.where(same, dA, 0.), _tf32(b_k * e_k, PREC), input_precision=PREC) * e_q
+                acc_k += tl.dot(tl.where(same, dAt, 0.), _tf32(b_q * e_q, PREC), input_precision=PREC) * e_k
+                for l in range(lb, LOG_BT):
+                    acc_q, acc_k = _level_dqk(b, b_q, b_k, dA, dAt, acc_q, acc_k, l, BT, PREC)
+            else:
+                # unrolled, so that each level's masks and gather indices are constants: 1.5% less fwd+bwd time
+                # where every chunk takes the level kernels (gla_A_sub_kernel's loop stays a loop: unrolled, its
+                # levels' tiles stayed live at once)
+                for l in tl.static_range(0, LOG_BT):
+                    acc_q, acc_k = _level_dqk(b, b_q, b_k, dA, dAt, acc_q, acc_k, l, BT, PREC)
+            _store_half(dq, acc_q, bos, rows, L, i_h, H, K, offs_k, kmask)
+            _store_half(dk, acc_k, bos, rows, L, i_h, H, K, offs_k, kmask)

@@ -136,10 +136,12 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
     return launch
 
 
-# maxnreg (a cap on registers a thread) trades spills for more programs per SM
+# maxnreg (a cap on registers a thread) trades spills for more programs per SM; key_blocks (the key blocks
+# one program of the dq / dk level kernel walks, 1 when unset) trades programs for fewer dA products
 _LAUNCH_KEYS = {"block": (1, 256), "block_v": (1, 256), "num_warps": (1, 16), "num_stages": (1, 8),
-                "maxnreg": (32, 255)}
+                "maxnreg": (32, 255), "key_blocks": (1, 16)}
 _ANY_INT = ("num_stages", "maxnreg")  # the other keys take powers of two
+_ONLY_FOR = {"key_blocks": ("dqk_sub",)}  # keys that one kernel reads: elsewhere a variant would time nothing
 
 
 def launch_options(c: dict) -> dict:
@@ -152,9 +154,10 @@ def launch_options(c: dict) -> dict:
 
 def check_launch_overrides(over: dict, where: str = "launch overrides") -> None:
     """Raise ValueError, naming the entry and what is allowed, unless `over` is {kernel: {key: value}} with
-    kernels of `default_launch`, keys among block / block_v / num_warps / num_stages / maxnreg and powers of
-    two in their ranges (num_stages, maxnreg: any integer in it). A misspelt kernel or key would otherwise be
-    ignored, and a variant would time the defaults under another name."""
+    kernels of `default_launch`, keys among block / block_v / num_warps / num_stages / maxnreg / key_blocks
+    (this one for dqk_sub only) and powers of two in their ranges (num_stages, maxnreg: any integer in it).
+    A misspelt kernel or key would otherwise be ignored, and a variant would time the defaults under another
+    name."""
     kernels = sorted(default_launch("gla", 128, 128, torch.device("cpu")))
     if not isinstance(over, dict):
         raise ValueError(f"{where}: expected {{kernel: {{key: value}}}}, got {type(over).__name__}")
@@ -166,6 +169,8 @@ def check_launch_overrides(over: dict, where: str = "launch overrides") -> None:
         for key, value in cfg.items():
             if key not in _LAUNCH_KEYS:
                 raise ValueError(f"{where}: {name}: unknown key {key!r}; the keys are {', '.join(_LAUNCH_KEYS)}")
+            if name not in _ONLY_FOR.get(key, (name,)):
+                raise ValueError(f"{where}: {name}.{key}: only {', '.join(_ONLY_FOR[key])} reads {key}")
             lo, hi = _LAUNCH_KEYS[key]
             pow2 = key not in _ANY_INT
             if (isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi

@@ -217,6 +217,21 @@ def test_gla_level_path_packed(layout, gates):
         _check_against_recurrence("gla", q, k, v, x, torch.randn(4, 2, 24, 16) * 0.5, cu=cu, layout=layout)
 
 
+@pytest.mark.parametrize("key_blocks,level_blocks", [(2, 0), (4, 0), (2, 3)])
+def test_gla_level_dqk_walks_key_blocks(key_blocks, level_blocks):
+    """dq / dk level programs that each take several key blocks (launch key key_blocks): 8-wide blocks over
+    Dk = 24 make three, so with 2 a program's second block can lie wholly past the keys, and with 4 one
+    program takes all of them; the packed documents and gates of `test_gla_level_path_packed`, every chunk
+    on the level path, with the unrolled levels and with the block products."""
+    T = 149
+    q, k, v, _ = _make("gla", T, 2, 24, 16, seed=37)
+    x = -20.0 * torch.rand(1, T, 2, 24, generator=torch.Generator().manual_seed(38))
+    cu = torch.tensor([0, 5, 45, 146, 149])
+    plan = {"level_blocks": level_blocks} if level_blocks else {}
+    with force_plan(tame_span=-1, launch={"dqk_sub": {"block": 8, "key_blocks": key_blocks}}, **plan):
+        _check_against_recurrence("gla", q, k, v, x, torch.randn(4, 2, 24, 16) * 0.5, cu=cu, layout="split1")
+
+
 @pytest.mark.parametrize("layout", ["scan", "split1"])
 def test_gla_level_blocks(layout):
     """The level kernels with the pairs inside aligned blocks taken by one product (force_plan(level_blocks=4)):

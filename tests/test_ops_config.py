@@ -249,6 +249,8 @@ def test_gpu_ms_hides_the_host_even_with_a_stale_clock_calibration(fake_gpu):
     ({"dq": {"num_stages": True}}, "dq.num_stages = True"),
     ({"A_sub": {"maxnreg": 300}}, r"A_sub.maxnreg = 300; expected an integer in \[32, 255\]"),
     ({"A_sub": {"maxnreg": 16}}, r"A_sub.maxnreg = 16; expected an integer in \[32, 255\]"),
+    ({"A_sub": {"key_blocks": 2}}, "A_sub.key_blocks: only dqk_sub reads key_blocks"),
+    ({"dqk_sub": {"key_blocks": 3}}, r"dqk_sub.key_blocks = 3; expected a power of two in \[1, 16\]"),
     ({"dq": 4}, "dq: expected {key: value}"),
 ])
 def test_launch_overrides_are_checked(over, match):
