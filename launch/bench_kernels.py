@@ -560,7 +560,7 @@ def resources(a) -> None:
                  [P, P, P, F32, P, F32, F32, F32, I, I, I, i32, i32],
                  dict(base, BK=L["dqk_sub"]["block"], BV=min(64, Vp), LOG_BT=6, BLOCKS=a.level_blocks,
                       TAME_SPAN=G.TAME_SPAN, PREC="tf32",
-                      KEY_BLOCKS=min(L["dqk_sub"].get("key_blocks", 1), -(-Kp // L["dqk_sub"]["block"])))),
+                      KEY_BLOCKS=tuning.key_blocks(L["dqk_sub"], K))),
                 ("dqk", G.gla_dqk_tame_kernel, "q k v bc do dq dk att tame cu chunks T NT",
                  [P, P, P, F32, P, F32, F32, F32, I, I, I, i32, i32],
                  dict(base, TAME_SPAN=G.TAME_SPAN, BK=L["dqk"]["block"], BV=Vp, PREC="tf32")),

@@ -152,6 +152,12 @@ def launch_options(c: dict) -> dict:
     return kw
 
 
+def key_blocks(c: dict, K: int) -> int:
+    """Key blocks one program of the dq / dk level kernel takes (its config's key_blocks, at most the
+    number of c["block"]-wide key blocks over K keys padded to a power of two)."""
+    return min(c.get("key_blocks", 1), -(-_np2(K) // c["block"]))
+
+
 def check_launch_overrides(over: dict, where: str = "launch overrides") -> None:
     """Raise ValueError, naming the entry and what is allowed, unless `over` is {kernel: {key: value}} with
     kernels of `default_launch`, keys among block / block_v / num_warps / num_stages / maxnreg / key_blocks
