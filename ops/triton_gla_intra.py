@@ -475,20 +475,27 @@ def gla_state_grad_kernel(k, v, bc, dht, h0, dgx, dkx, dh0, cu, T,
 # ----------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _level(b, bc, bos, t0, L, i_h, H: tl.constexpr, K: tl.constexpr, offs_k, kmask, l, BT: tl.constexpr):
+def _level_rho(l, BT: tl.constexpr):
+    """Per row of a chunk, rho of level l: the last row of the lower half of the row's aligned block of
+    2^(l+1) rows (see `_level`)."""
+    idx = tl.arange(0, BT)
+    return ((idx >> (l + 1)) << (l + 1)) + (1 << l) - 1
+
+
+@triton.jit
+def _level(b, b_rho, l, BT: tl.constexpr):
     """Level l of a chunk's pairs i > j: those whose highest differing bit (of their positions in the
     chunk) is l, i.e. i in the upper and j in the lower half of one aligned block of 2^(l+1) rows. With
-    rho = that lower half's last row, exp(b_i - b_j) = exp(b_i - b_rho) exp(b_rho - b_j), both exponents
-    <= 0 for any gates. Returns the query-side factors (rows of upper halves; 0 on the others), the
-    key-side factors (rows of lower halves; 0 on the others), one exp per element, and the [BT, BT] mask
-    of the pairs within one block (symmetric). Rows past the end load b = 0: clamped, their q, k, dA are 0.
-    b_rho is loaded again from memory: taking it from the tile (tl.gather, as `_level_dqk` does) made
-    `gla_A_sub_kernel` take 1.6x the time with Triton 3.6 on an H200 (docs/kernels.md, GLA: the
-    intra-chunk products)."""
+    rho = that lower half's last row (`_level_rho`; b_rho: b on the rows rho), exp(b_i - b_j) =
+    exp(b_i - b_rho) exp(b_rho - b_j), both exponents <= 0 for any gates. Returns the query-side factors
+    (rows of upper halves; 0 on the others), the key-side factors (rows of lower halves; 0 on the others),
+    one exp per element, and the [BT, BT] mask of the pairs within one block (symmetric). Rows past the end
+    load b = 0: clamped, their q, k, dA are 0. `gla_A_sub_kernel` loads b_rho again from memory (taking it
+    from the tile with tl.gather, as `gla_dqk_sub_kernel` does, made it take 1.6x the time with Triton 3.6
+    on an H200: docs/kernels.md, GLA: the intra-chunk products)."""
     idx = tl.arange(0, BT)
-    rho = ((idx >> (l + 1)) << (l + 1)) + (1 << l) - 1
-    d = b - _tile(bc, bos, t0 + rho, L, i_h, H, K, offs_k, kmask)
     upper = (((idx >> l) & 1) == 1)[:, None]
+    d = b - b_rho
     e = exp_ftz(tl.minimum(tl.where(upper, d, -d), 0.))
     return tl.where(upper, e, 0.), tl.where(upper, 0., e), (idx[:, None] >> (l + 1)) == (idx[None, :] >> (l + 1))
 
@@ -499,10 +506,11 @@ def _level_dqk(b, b_q, b_k, dA, dAt, acc_q, acc_k, l, BT: tl.constexpr, PREC: tl
     acc_q and f_k (dA_l^T (q f_q)) to acc_k, b_rho taken from the tile of b in registers (tl.gather,
     through shared memory) instead of a load. One factor tile serving both sides, the other side's rows
     zeroed in each product's operand and result, builds with a smaller spill but took up to 0.5% more
-    time than these two tiles on an H200 (docs/kernels.md, "Instructions per level")."""
+    time than these two tiles on an H200 (docs/kernels.md, "Instructions per level"). The factors are
+    `_level`'s arithmetic written out in this order: through `_level` the sm_90 build (Triton 3.9) spills
+    168 B a thread instead of 152."""
     idx = tl.arange(0, BT)
-    rho = ((idx >> (l + 1)) << (l + 1)) + (1 << l) - 1
-    d = b - tl.gather(b, tl.broadcast_to(rho[:, None], b.shape), axis=0)
+    d = b - tl.gather(b, tl.broadcast_to(_level_rho(l, BT)[:, None], b.shape), axis=0)
     upper = (((idx >> l) & 1) == 1)[:, None]
     e = exp_ftz(tl.minimum(tl.where(upper, d, -d), 0.))
     same = (idx[:, None] >> (l + 1)) == (idx[None, :] >> (l + 1))
@@ -588,7 +596,8 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: t
                 acc += tl.where(same & (idx[:, None] > idx[None, :]),
                                 dot32(b_q * e_q, tl.trans(b_k * e_k), PREC), 0.)
             for l in range(lb, LOG_BT):  # a loop, not unrolled: unrolled, the levels' tiles stay live at once
-                f_q, f_k, same = _level(b, bc, bos, t0, L, i_h, H, K, offs_k, kmask, l, BT)
+                b_rho = _tile(bc, bos, t0 + _level_rho(l, BT), L, i_h, H, K, offs_k, kmask)
+                f_q, f_k, same = _level(b, b_rho, l, BT)
                 acc += tl.where(same, dot32(b_q * f_q, tl.trans(b_k * f_k), PREC), 0.)
         acc += tl.where(idx[:, None] == idx[None, :], diag[:, None], 0.)
         p = A + ((bos + rows) * H + i_h)[:, None] * BT + idx[None, :]
@@ -599,7 +608,7 @@ def gla_A_sub_kernel(q, k, bc, A, tame, cu, chunks, T, NT, H: tl.constexpr, K: t
 def gla_dqk_sub_kernel(q, k, v, bc, do, dq, dk, att, tame, cu, chunks, T, NT,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        BV: tl.constexpr, LOG_BT: tl.constexpr, BLOCKS: tl.constexpr, TAME_SPAN: tl.constexpr,
-                       VARLEN: tl.constexpr, PREC: tl.constexpr, KEY_BLOCKS: tl.constexpr = 1):
+                       VARLEN: tl.constexpr, PREC: tl.constexpr, KEY_BLOCKS: tl.constexpr):
     """grid (chunks, cdiv(cdiv(K, BK), KEY_BLOCKS), H); only for chunks that are not tame. The intra-chunk
     dq, dk (fp32) of the chunk in KEY_BLOCKS key blocks, one after another, by the levels of
     `gla_A_sub_kernel`: with dA = do v^T strictly below the diagonal (the i == j terms: see gla_dg_kernel),

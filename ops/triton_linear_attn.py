@@ -465,7 +465,7 @@ def _gla_backward(q, k, v, bc, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan,
         q, k, v, bc, do, dq, dk, att, tame, cu, tab, T, NT, TAME_SPAN=TAME_SPAN, H=H, K=K, V=V, BT=BT,
         BK=min(ct["block"], _np2(K)), BV=_np2(V), VARLEN=vl, PREC=_prec(q), **launch_options(ct))
     bks = min(cs["block"], _np2(K))
-    kbp = tuning.key_blocks(dict(cs, block=bks), K)
+    kbp = tuning.key_blocks(cs, K)
     launch(gla_dqk_sub_kernel, (n_chunks, _cdiv(_cdiv(K, bks), kbp), H),
         q, k, v, bc, do, dq, dk, att, tame, cu, tab, T, NT, H=H, K=K, V=V, BT=BT, BK=bks, BV=min(64, _np2(V)),
         LOG_BT=LOG_BT, BLOCKS=_level_blocks() > 0, TAME_SPAN=TAME_SPAN, VARLEN=vl, PREC=_prec(q), KEY_BLOCKS=kbp,

@@ -145,7 +145,7 @@ _ONLY_FOR = {"key_blocks": ("dqk_sub",)}  # keys that one kernel reads: elsewher
 
 
 def launch_options(c: dict) -> dict:
-    """A kernel's launch config as Triton launch options (a register cap only where an override sets one)."""
+    """A kernel's launch config as Triton launch options (a register cap only where the config sets one)."""
     kw = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
     if "maxnreg" in c:
         kw["maxnreg"] = c["maxnreg"]
@@ -153,9 +153,10 @@ def launch_options(c: dict) -> dict:
 
 
 def key_blocks(c: dict, K: int) -> int:
-    """Key blocks one program of the dq / dk level kernel takes (its config's key_blocks, at most the
-    number of c["block"]-wide key blocks over K keys padded to a power of two)."""
-    return min(c.get("key_blocks", 1), -(-_np2(K) // c["block"]))
+    """Key blocks one program of the dq / dk level kernel takes: its config's key_blocks (1 when unset), at
+    most the number of its key blocks over K keys padded to a power of two."""
+    Kp = _np2(K)
+    return min(c.get("key_blocks", 1), -(-Kp // min(c["block"], Kp)))
 
 
 def check_launch_overrides(over: dict, where: str = "launch overrides") -> None:
