@@ -8,6 +8,7 @@
     python launch/bench_kernels.py --resources                          # no GPU: sm_90 compile of every kernel
     python launch/bench_kernels.py --host --shapes 1x12 --T 2048 8192 --ops gla1 la0   # host (CPU) time per call
     python launch/bench_kernels.py --launches variants.json --timing gpu --ops gla16   # launch configs vs defaults
+    python launch/bench_kernels.py --report a.json b.json               # no GPU: --matrix JSON files as tables
 
 --matrix: shapes (batch x heads) 1x12, 2x12, 1x32, 4x16, 16x12 (head width 128; cos2's keys 256) x T x ops
     la0 / laL  lightning_attn with TNL's layer-0 / last-layer decays (32 layers)   anchor fla chunk_lightning_attn
@@ -23,6 +24,8 @@ work, backward = 2 x forward). Cells that would not fit in GPU memory are skippe
 default plan (`ops.tuning`); --sweep times every candidate layout instead (no anchors). --resume FILE
 keeps the cells of an earlier --json file and measures only the others (a matrix too long for one job
 runs in several). --host measures where the CPU time of one fwd+bwd goes (launch counts, Python profile).
+--report prints the cells of one or more --matrix JSON files as a table (ours / fla ms and fla / ours per
+op, a column per op) and fla / ours summarised per op and over all cells.
 """
 from __future__ import annotations
 
@@ -241,6 +244,70 @@ def matrix(a) -> None:
         print(f"# cells with fla: {len(ratios)}; fla/ours min {min(ratios):.2f}, median "
               f"{statistics.median(ratios):.2f}, max {max(ratios):.2f}; cells below 1.0: "
               f"{sum(r < 1.0 for r in ratios)}", flush=True)
+
+
+def matrix_summary(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """fla / ours over the cells that timed both, per op and over all of them ('all'): the number of cells,
+    min, median, max and the number below 1.0 (fla faster)."""
+    ratios: dict[str, list[float]] = {}
+    for r in rows:
+        if "ours_ms" in r and "fla_ms" in r:
+            x = r["fla_ms"] / r["ours_ms"]
+            ratios.setdefault(r["op"], []).append(x)
+            ratios.setdefault("all", []).append(x)
+    return {op: {"cells": len(v), "min": min(v), "median": statistics.median(v), "max": max(v),
+                 "below_1": sum(x < 1.0 for x in v)} for op, v in ratios.items()}
+
+
+def matrix_report(rows: list[dict]) -> str:
+    """The --matrix cells as a markdown table, a row per (B x H, T) and a column per op, each cell
+    'ours / fla ms (fla / ours)' (bold below 1.0; 'ours ms' alone without an fla time), then the summary."""
+    ops = [op for op in OPS if any(r["op"] == op for r in rows)]
+    cells = {(r["B"], r["H"], r["T"], r["op"]): r for r in rows if r["op"] in ops}
+    keys = sorted({(B, H, T) for B, H, T, _ in cells}, key=lambda k: (SHAPES.index(k[:2]) if k[:2] in SHAPES
+                                                                     else len(SHAPES), k[:2], k[2]))
+    out = ["| B x H | T | " + " | ".join(ops) + " | ours' layout |", "|---|---|" + "---|" * len(ops) + "---|"]
+    for B, H, T in keys:
+        parts, layout = [], ""
+        for op in ops:
+            r = cells.get((B, H, T, op))
+            if r is None or "ours_ms" not in r:
+                parts.append("—")
+                continue
+            layout = layout or r.get("layout", "")
+            if "fla_ms" not in r:
+                parts.append(f"{r['ours_ms']:.3f}")
+                continue
+            x = r["fla_ms"] / r["ours_ms"]
+            text = f"{r['ours_ms']:.3f} / {r['fla_ms']:.3f} ({x:.2f})"
+            parts.append(f"**{text}**" if x < 1.0 else text)
+        out.append(f"| {B} x {H} | {T} | " + " | ".join(parts) + f" | {layout} |")
+    summary = matrix_summary(rows)
+    if summary:
+        out += ["", "| op | cells | fla / ours min | median | max | cells below 1.0 |", "|---|---:|---:|---:|---:|---:|"]
+        for op in ops + ["all"]:
+            if op in summary:
+                s = summary[op]
+                out.append(f"| {op} | {s['cells']} | {s['min']:.2f} | {s['median']:.2f} | {s['max']:.2f} | "
+                           f"{s['below_1']} |")
+    return "\n".join(out)
+
+
+def report(paths: list[str]) -> None:
+    """Print the cells of --matrix JSON files as one table; a cell in several files: the last file's."""
+    rows: dict[tuple, dict] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or "rows" not in data:
+            sys.exit(f"--report {path}: not a --matrix JSON file (no 'rows'; --launches and --sweep files "
+                     "hold their own summaries)")
+        for r in data["rows"]:
+            if r.get("op") in OPS:
+                rows[(r["B"], r["H"], r["T"], r["op"])] = r
+        m = data.get("meta", {})
+        print(f"# {path}: {m.get('device', '?')}, torch {m.get('torch', '?')}, triton {m.get('triton', '?')}, "
+              f"fla {m.get('fla', '?')}, {m.get('date', '?')}, timing {m.get('timing', 'wall')}")
+    print(matrix_report(list(rows.values())))
 
 
 def _resumed(path: str | None) -> list:
@@ -596,6 +663,8 @@ def main() -> None:
     mode.add_argument("--launches", default=None, metavar="FILE",
                     help="time the launch-config variants of this JSON file {name: {kernel: {key: value}}} "
                          "against the defaults, per cell, in one process (ours only)")
+    mode.add_argument("--report", nargs="+", default=None, metavar="FILE",
+                      help="print --matrix JSON files as one table with fla / ours per op (no GPU needed)")
     ap.add_argument("--shapes", type=_shape, nargs="+", default=SHAPES, metavar="BxH")
     ap.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 32768, 65536])
     ap.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
@@ -619,6 +688,8 @@ def main() -> None:
         check_launch_overrides(a.launch, "--launch")
     if a.resources:
         return resources(a)
+    if a.report:
+        return report(a.report)
     if not torch.cuda.is_available():
         sys.exit("bench_kernels needs a CUDA device (only --resources runs without one)")
     # fla's kernels autotune on first use (minutes a process); with Triton's on-disk autotuning cache a
