@@ -297,13 +297,16 @@ def report(paths: list[str]) -> None:
     """Print the cells of --matrix JSON files as one table; a cell in several files: the last file's."""
     rows: dict[tuple, dict] = {}
     for path in paths:
-        data = json.loads(Path(path).read_text())
-        if not isinstance(data, dict) or "rows" not in data:
-            sys.exit(f"--report {path}: not a --matrix JSON file (no 'rows'; --launches and --sweep files "
-                     "hold their own summaries)")
-        for r in data["rows"]:
-            if r.get("op") in OPS:
-                rows[(r["B"], r["H"], r["T"], r["op"])] = r
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            sys.exit(f"--report {path}: cannot read it as JSON ({type(e).__name__}: {e})")
+        cells = [r for r in data.get("rows", []) if r.get("op") in OPS] if isinstance(data, dict) else []
+        if not cells or not all("ours_ms" in r or "ours_error" in r for r in cells):
+            sys.exit(f"--report {path}: not a --matrix JSON file (its rows must hold ours_ms; --launches, "
+                     "--sweep and --profile files hold other results)")
+        for r in cells:
+            rows[(r["B"], r["H"], r["T"], r["op"])] = r
         m = data.get("meta", {})
         print(f"# {path}: {m.get('device', '?')}, torch {m.get('torch', '?')}, triton {m.get('triton', '?')}, "
               f"fla {m.get('fla', '?')}, {m.get('date', '?')}, timing {m.get('timing', 'wall')}")

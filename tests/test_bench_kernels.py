@@ -77,6 +77,10 @@ def test_report_refuses_a_file_that_is_not_a_matrix(tmp_path, capsys):
     f.write_text('{"meta": {}, "cells": {}, "summary": {}}')
     with pytest.raises(SystemExit, match="not a --matrix JSON"):
         bench_kernels.report([str(f)])
+    sweep = tmp_path / "sweep.json"  # a --sweep file: rows, but of layouts' times
+    sweep.write_text('{"meta": {}, "rows": [{"op": "la0", "B": 1, "H": 12, "T": 2048, "ms": {"S=1": 1.0}}]}')
+    with pytest.raises(SystemExit, match="sweep.json: not a --matrix JSON"):
+        bench_kernels.report([str(sweep)])
     g = tmp_path / "m.json"
     g.write_text('{"meta": {"device": "X"}, "rows": [{"B": 1, "H": 12, "T": 2048, "op": "la0", '
                  '"ours_ms": 1.0, "fla_ms": 1.25, "layout": "scan"}]}')
