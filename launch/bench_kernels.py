@@ -239,11 +239,10 @@ def matrix(a) -> None:
                 del q, k, v
                 torch.cuda.empty_cache()
                 _dump(a.json, meta, rows)
-    ratios = [r["fla_ms"] / r["ours_ms"] for r in rows if "fla_ms" in r and "ours_ms" in r]
-    if ratios:
-        print(f"# cells with fla: {len(ratios)}; fla/ours min {min(ratios):.2f}, median "
-              f"{statistics.median(ratios):.2f}, max {max(ratios):.2f}; cells below 1.0: "
-              f"{sum(r < 1.0 for r in ratios)}", flush=True)
+    s = matrix_summary(rows).get("all")
+    if s:
+        print(f"# cells with fla: {s['cells']}; fla/ours min {s['min']:.2f}, median {s['median']:.2f}, max "
+              f"{s['max']:.2f}; cells below 1.0: {s['below_1']} (per op: --report {a.json or 'FILE'})", flush=True)
 
 
 def matrix_summary(rows: list[dict]) -> dict[str, dict[str, float]]:
