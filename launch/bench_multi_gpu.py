@@ -137,17 +137,21 @@ def throughput(rows: list[dict], gpus: int, warm: int) -> dict:
 
 
 def scaling_efficiency(cells: list[dict]) -> list[dict]:
-    """Adds `efficiency` to each cell: its tokens/s per GPU over that of the same arch and ZeRO stage on
-    the fewest GPUs measured (`efficiency_base_gpus`; 1 when the one-GPU cell exists). 1.0 = linear."""
+    """Adds `efficiency` to each cell: its tokens/s per GPU over that of the same arch, ZeRO stage, sequence
+    length, global batch and micro-batch on the fewest GPUs measured (`efficiency_base_gpus`; 1 when the
+    one-GPU cell exists). 1.0 = linear."""
+    def key(c: dict) -> tuple:
+        return (c["arch"], c["size"], c["zero"], c.get("seq_len"), c.get("global_batch_seqs"), c.get("micro_batch"))
+
     base: dict[tuple, dict] = {}
     for c in cells:
-        k = (c["arch"], c["size"], c["zero"])
+        k = key(c)
         if c.get("tokens_per_s_per_gpu") and (k not in base or c["gpus"] < base[k]["gpus"]):
             base[k] = c
     out = []
     for c in cells:
         c = dict(c)
-        b = base.get((c["arch"], c["size"], c["zero"]))
+        b = base.get(key(c))
         if b is not None and c.get("tokens_per_s_per_gpu"):
             c["efficiency"] = c["tokens_per_s_per_gpu"] / b["tokens_per_s_per_gpu"]
             c["efficiency_base_gpus"] = b["gpus"]
@@ -243,8 +247,11 @@ def stream_digests(data: str | None, seq_len: int, global_seqs: int, micro_batch
         for ld in loaders:
             for _ in range(ld.accum):
                 b = ld.next_batch()
-                h.update(b["input_ids"].numpy().tobytes())
-                h.update(b["targets"].numpy().tobytes()[-8 * b["targets"].shape[0]:])
+                # each row's ids and its last target (the one token the ids do not hold), row by row: the
+                # same bytes whatever the micro-batch size that splits the global batch
+                for ids, tgt in zip(b["input_ids"], b["targets"]):
+                    h.update(ids.numpy().tobytes())
+                    h.update(tgt[-1:].numpy().tobytes())
         out.append(h.hexdigest()[:16])
     return out
 
@@ -322,7 +329,9 @@ class GpuMemorySampler:
 def launch_env(plan: Plan) -> dict:
     e = dict(os.environ)
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    e["NCCL_NVLS_ENABLE"] = "0"   # NVLink multicast stays off on the lent machines
+    # NVLink multicast stays off (NCCL, PyTorch's symmetric memory, NVSHMEM): on shared hosts a program using
+    # it can take the GPUs out of service
+    e.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
     e["PYTHONUNBUFFERED"] = "1"
     if plan.device == "cpu":
         e.update({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
@@ -700,12 +709,18 @@ def report(dirs: list[Path] | Path) -> str:
     parts = []
     cells = _load(dirs, "scaling")
     if cells:
-        cells = sorted(scaling_efficiency(cells), key=lambda c: (c["arch"], c["zero"], c["gpus"]))
-        c0 = cells[0]
-        parts.append(f"Scaling: {c0['device']}, {c0['date']}, seq {c0['seq_len']}, global batch "
-                     f"{c0['global_batch_seqs']} sequences, micro batch {c0['micro_batch']}, median of steps "
-                     f"{c0['warm'] + 1}-{c0['steps']}.\n")
-        parts += _head("arch", "size", "ZeRO>", "GPUs>", "accum>", "tokens/s per GPU>", "steps' range>",
+        cells = sorted(scaling_efficiency(cells), key=lambda c: (c["arch"], c["size"], c["zero"], c["micro_batch"],
+                                                                 c["gpus"]))
+
+        def each(fmt) -> str:  # the cells' values of one setting, each once
+            return ", ".join(dict.fromkeys(fmt(c) for c in cells))
+
+        def timed(c: dict) -> str:
+            return f"{c['warm'] + 1}-{c['steps']}"
+        parts.append(f"Scaling: {each(lambda c: c['device'])}, {each(lambda c: c['date'][:10])}, seq "
+                     f"{each(lambda c: str(c['seq_len']))}, global batch {each(lambda c: str(c['global_batch_seqs']))} "
+                     f"sequences, median of steps {each(timed)}.\n")
+        parts += _head("arch", "size", "ZeRO>", "GPUs>", "micro x accum>", "tokens/s per GPU>", "steps' range>",
                        "efficiency>", "MFU>",
                        "peak GiB per GPU (nvidia-smi, largest)>", "rank-0 torch peak GiB>",
                        "first compiled step s (graphs)>")
@@ -714,7 +729,8 @@ def report(dirs: list[Path] | Path) -> str:
             eff = c.get("efficiency")
             comp = c.get("compile", "—")  # absent: a result written before the field existed
             comp = "eager" if comp is None else comp if comp == "—" else f"{comp['step_s']:.1f} ({comp['graphs']})"
-            parts.append(f"| {c['arch']} | {c['size']} | {c['zero']} | {c['gpus']} | {c['accumulation']} | "
+            parts.append(f"| {c['arch']} | {c['size']} | {c['zero']} | {c['gpus']} | "
+                         f"{c['micro_batch']} x {c['accumulation']} | "
                          f"{_f(c.get('tokens_per_s_per_gpu'))} | {_range(c.get('tokens_per_s_per_gpu_range'))} | "
                          f"{_f(eff, '{:.1%}') + ('' if c.get('efficiency_base_gpus', 1) == 1 or eff is None else ' (vs ' + str(c['efficiency_base_gpus']) + ')')} | "
                          f"{_f(c.get('mfu'), '{:.1%}')} | {_f(c.get('max_gpu_peak_gib'), '{:.1f}')} | "

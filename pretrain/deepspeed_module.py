@@ -75,6 +75,20 @@ def _import_deepspeed():
     return deepspeed
 
 
+def steps_to_param_device(optimizer: torch.optim.Optimizer) -> None:
+    """Moves each parameter's AdamW `step` onto that parameter's device. DeepSpeed's universal-checkpoint
+    loader restores it from step.pt as a CPU tensor, and fused AdamW (our CUDA default) refuses a step that
+    is not on its parameter's device. The state is walked by its keys, not through `param_groups`: ZeRO-3
+    puts its fp32 partition into the group only for the length of its own `step()` and leaves the group's
+    parameter list empty in between."""
+    if not any(g.get("fused") for g in optimizer.param_groups):
+        return
+    for p, state in optimizer.state.items():
+        step = state.get("step") if torch.is_tensor(p) else None
+        if step is not None and not (torch.is_tensor(step) and step.device == p.device):
+            state["step"] = torch.as_tensor(float(step), dtype=torch.float32, device=p.device)
+
+
 class DeepSpeedTrainModule(TrainModule):
     def __init__(self, model: nn.Module, cfg: RunConfig, env: DistEnv, precision: str, accum: int):
         deepspeed = _import_deepspeed()
@@ -225,20 +239,7 @@ class DeepSpeedTrainModule(TrainModule):
                                               load_lr_scheduler_states=False, load_module_strict=True)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {load_dir / tag}")
-        self._steps_to_param_device()
-
-    def _steps_to_param_device(self) -> None:
-        """DeepSpeed's universal-checkpoint loader restores AdamW's `step` from step.pt as a CPU tensor;
-        fused AdamW (our CUDA default) refuses a step that is not on the parameter's device (seen on
-        2 x H200 resuming a 1-GPU checkpoint on 2 GPUs)."""
-        if not any(g.get("fused") for g in self.optimizer.param_groups):
-            return
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                state = self.optimizer.state.get(p)
-                step = state.get("step") if state else None
-                if step is not None and not (torch.is_tensor(step) and step.device == p.device):
-                    state["step"] = torch.as_tensor(float(step), dtype=torch.float32, device=p.device)
+        steps_to_param_device(self.optimizer)
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """Consolidated fp32 weights (the optimizer's master copy when DeepSpeed holds bf16 weights) on

@@ -49,6 +49,11 @@ def test_scaling_efficiency_against_the_fewest_gpus_of_the_same_arch_and_stage()
     assert got["tnl", 3, 8]["efficiency"] == pytest.approx(0.75) and got["tnl", 3, 8]["efficiency_base_gpus"] == 2
     # a failed cell (no rate) is not a base and gets no efficiency
     assert got["llama", 2, 8]["efficiency"] == 1.0 and "efficiency" not in got["llama", 2, 2]
+    # another micro-batch size is another measurement: never the base of a cell with a different one
+    micro4 = dict(cell("tnl", 2, 2, 60_000), micro_batch=4)
+    by_micro = bench.scaling_efficiency([dict(c, micro_batch=2) for c in cells[:3]] + [micro4])
+    assert by_micro[-1]["efficiency"] == 1.0 and by_micro[-1]["efficiency_base_gpus"] == 2
+    assert by_micro[0]["efficiency"] == pytest.approx(0.9)
 
 
 def test_parse_log_reads_the_trainers_lines():
@@ -111,8 +116,11 @@ def test_data_stream_digests_do_not_depend_on_the_rank_count(tmp_path):
     for _ in range(3 * gb // 2):  # three global steps
         ld.next_batch()
     state = ld.state_dict()
-    per_world = {w: bench.stream_digests(data, seq, gb, 1, 3, state, w, 3) for w in (1, 2, 4, 8)}
-    assert len(set(map(tuple, per_world.values()))) == 1
+    # every rank count and micro-batch size that divides the global batch reads the same global batches
+    per_world = {(w, mb): bench.stream_digests(data, seq, gb, mb, 3, state, w, 3)
+                 for w in (1, 2, 4, 8) for mb in (1, 2, 4, 8) if gb % (w * mb) == 0}
+    assert len(per_world) == 10 and len(set(map(tuple, per_world.values()))) == 1
+    per_world[1] = per_world[(1, 1)]
     assert per_world[1] == bench.uninterrupted_digests(data, seq, gb, 3, 3, 3)
     # the check can fail: one step off, or another seed, gives other batches
     assert per_world[1] != bench.uninterrupted_digests(data, seq, gb, 3, 4, 3)
@@ -136,8 +144,9 @@ def test_report_renders_each_scenario(tmp_path):
                                  "median_rel_step_change": 8.7e-3},
                       "resumed": {"resume": {"convert_and_load_s": 1.54}}})
     text = bench.report([tmp_path / "a", tmp_path / "b"])
-    assert "| tnl | tiny | 2 | 2 | 4 | 90 | — | 90.0% | — | 3.3 | — | 22.4 (1) |" in text
-    assert "| tnl | tiny | 2 | 1 | 8 | 100 | 52.0-65.1k | 100.0% | — | 3.3 | — | eager |" in text
+    assert text.startswith("Scaling: cpu (gloo), 2026-01-01, seq 32, global batch 8 sequences, median of steps 3-5.")
+    assert "| tnl | tiny | 2 | 2 | 1 x 4 | 90 | — | 90.0% | — | 3.3 | — | 22.4 (1) |" in text
+    assert "| tnl | tiny | 2 | 1 | 1 x 8 | 100 | 52.0-65.1k | 100.0% | — | 3.3 | — | eager |" in text
     assert "| tnl | tiny | 4 → 2 | 4 | True | True, True | 0.0e+00 | 8.7e-03 | 1.5 | True |" in text
 
 

@@ -82,3 +82,22 @@ def test_deepspeed_zero2_resume_on_2_then_1_then_3_ranks_and_export(dataset, tmp
     assert from_zero.keys() == from_snapshot.keys()
     for k in from_zero:
         assert torch.equal(from_zero[k], from_snapshot[k]), k
+
+
+def test_adamw_steps_move_to_their_parameters_device_after_a_universal_load():
+    """DeepSpeed's universal loader leaves AdamW's `step` a CPU tensor (or a number); fused AdamW refuses a
+    step off its parameter's device. ZeRO-3 keeps its fp32 partitions out of `param_groups` between steps,
+    so the state must be walked by its keys. The meta device stands in for the GPU here."""
+    from types import SimpleNamespace
+
+    from pretrain.deepspeed_module import steps_to_param_device
+    on_gpu, on_cpu = torch.empty(8, device="meta"), torch.empty(8)
+    state = {on_gpu: {"step": torch.tensor(5.0)}, on_cpu: {"step": 7}}
+    # ZeRO-3 between steps: the group keeps its options and an empty parameter list
+    steps_to_param_device(SimpleNamespace(param_groups=[{"fused": True, "params": []}], state=state))
+    assert state[on_gpu]["step"].device.type == "meta" and state[on_gpu]["step"].dtype == torch.float32
+    assert torch.is_tensor(state[on_cpu]["step"]) and state[on_cpu]["step"].item() == 7.0
+    # a non-fused AdamW takes CPU steps as they are
+    plain = {on_gpu: {"step": torch.tensor(5.0)}}
+    steps_to_param_device(SimpleNamespace(param_groups=[{"fused": False, "params": []}], state=plain))
+    assert plain[on_gpu]["step"].device.type == "cpu"
