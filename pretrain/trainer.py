@@ -286,26 +286,27 @@ class Trainer:
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
         logger.info(f"CUDA allocator: PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}")
         tokens = t.micro_batch * t.seq_len // self.cfg.dist.sp  # a rank holds its segment of each sequence
+        # ZeRO splits its state over the data-parallel ranks (the ranks of a sequence-parallel group hold
+        # alike copies; counting only the groups keeps the estimate on the safe side)
+        shard = dict(zero=self.cfg.dist.zero, ranks=max(1, self.env.world_size // self.cfg.dist.sp))
         if mode == "auto":
-            mode, frac = choose_checkpointing(self.model_cfg, tokens, 0.9 * total)
+            mode, frac = choose_checkpointing(self.model_cfg, tokens, 0.9 * total, **shard)
             logger.info(f"--activation-checkpointing auto: {describe_setting(mode, frac, self.model_cfg.n_layers)}"
-                        f" (estimated peak {estimate_peak_gib(self.model_cfg, tokens, mode, frac):.0f} of {total:.0f} GiB)")
+                        f" (estimated peak {estimate_peak_gib(self.model_cfg, tokens, mode, frac, **shard):.0f} of "
+                        f"{total:.0f} GiB)")
         else:
             frac = t.ac_fraction
-        # the estimate counts the whole optimizer state on every rank: under ZeRO it would warn too early
-        warning = fit_warning(self.model_cfg, tokens, mode, frac, total) if self.cfg.dist.zero == 0 else None
+        warning = fit_warning(self.model_cfg, tokens, mode, frac, total, **shard)
         if warning:
             logger.warning(warning)
         if mode == "none":
-            # under ZeRO the estimate, which holds the whole optimizer state, is on the safe side for the hint;
             # ZeRO-3's wait for its parameter hooks between blocks shrinks with larger micro-batches too
             bigger = larger_micro_batch(self.model_cfg, t.seq_len // self.cfg.dist.sp, t.micro_batch, self.accum,
-                                        0.9 * total)
+                                        0.9 * total, **shard)
             if bigger:
-                zero = f", counting the optimizer state ZeRO-{self.cfg.dist.zero} shards" if self.cfg.dist.zero else ""
                 logger.info(f"--micro-batch {bigger} would also fit without activation checkpointing (estimated "
-                            f"peak {estimate_peak_gib(self.model_cfg, bigger * tokens // t.micro_batch):.0f} of "
-                            f"{total:.0f} GiB{zero}) and is usually faster: the same global batch in fewer, larger "
+                            f"peak {estimate_peak_gib(self.model_cfg, bigger * tokens // t.micro_batch, **shard):.0f}"
+                            f" of {total:.0f} GiB) and is usually faster: the same global batch in fewer, larger "
                             f"micro-batches (docs/training.md, Micro-batch)")
         return mode, frac
 
