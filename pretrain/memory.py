@@ -26,8 +26,9 @@ from models.lm import checkpointed_blocks
 STATE_BYTES_PER_PARAM = 16.5
 OVERHEAD_GIB = 1.5
 # ZeRO stage -> (bytes a parameter the engine adds at one rank, bytes a parameter split over the ranks):
-# stage 1 splits the fp32 master weights and Adam's moments, stage 2 the gradients too; stage 3's split
-# share was measured smaller than stage 2's (it holds gathered blocks and their gradients while they work)
+# stage 1 splits the fp32 master weights and Adam's moments (by design: not measured on more than one GPU),
+# stage 2 the gradients too; stage 3's split share was measured smaller than stage 2's (it holds gathered
+# blocks and their gradients while they work)
 ZERO_BYTES_PER_PARAM = {1: (11.0, 12.0), 2: (9.0, 16.0), 3: (6.5, 14.5)}
 ALLOCATOR = "expandable_segments:True"
 
