@@ -14,11 +14,9 @@ import torch
 
 from checkpoint_utils import losses, make_dataset, run_flags, run_pretrain
 
-pytestmark = [
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2
-                       or os.environ.get("TRITON_INTERPRET") == "1",
-                       reason="needs two CUDA GPUs and compiled Triton kernels (TRITON_INTERPRET=0)"),
-]
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2
+                                or os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="needs two CUDA GPUs and compiled Triton kernels (TRITON_INTERPRET=0)")
 
 
 @pytest.fixture(scope="module")
