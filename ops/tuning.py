@@ -8,9 +8,11 @@ time per chunk whatever else runs, so the time of a walk kernel is (chunks per w
 With batch x heads x column blocks below the number of SMs the scan layout leaves SMs idle and S segments
 cut the time almost S-fold; once the programs fill the GPU, splitting only adds the two-level scan.
 
-The rule (`_segments`): a table per GPU of the fastest S measured for each batch x heads count by
-`launch/bench_kernels.py --sweep` (docs/kernels.md has the sweep), scaled between the measured counts,
-capped so that a segment keeps at least `_MIN_SEG` chunks. With `OpsConfig.autotune` the candidates are
+The rule (`_segments`): from 64 chunks a sequence on, the fastest S measured on this GPU for the batch x
+heads count (`launch/bench_kernels.py --sweep`; docs/kernels.md, Layouts), else a wave model of the walks
+(programs run in waves of what the SMs hold; time = waves x chunks a segment); sequences of 32-63 chunks
+take a table scaled between its counts, capped so that a segment keeps a few chunks; shorter ones are never
+split. With `OpsConfig.autotune` the candidates are
 timed instead, on the first use of each shape, and the winner is kept in an on-disk cache keyed by GPU
 and shape. Either way the criterion is the GPU's time with the host's launch work hidden (`gpu_ms`), the
 time a training step sees.
@@ -46,14 +48,33 @@ class Plan:
         return "scan" if self.segments == 1 else "split"
 
 
-# Measured per GPU (name substring) and op: the fastest segment count S for a batch x heads count (fwd+bwd,
-# D = 128, T >= 32K, where launch overheads do not hide the walks; `launch/bench_kernels.py --sweep`).
-# Between the measured counts S scales as 1 / (batch x heads) from the nearest one (in log scale); other
-# GPUs use the first table scaled by their SM count. `min_seg`: the shortest segment (in chunks) that
-# still paid for its share of the two-level scan.
+# Sequences of _SHORT_CHUNKS chunks or more (T >= 4096): the fastest segment count S measured per GPU (name
+# substring), op and batch x heads count, as (S at 64-255 chunks, S at 256 chunks or more): fwd+bwd GPU time,
+# D = 128, `launch/bench_kernels.py --sweep` at T = 8K, 32K and 64K (lightning with TNL's decays and without
+# decay, GLA with HGRN2's gates and with log f in [-20, 0]; docs/kernels.md, Layouts, and
+# docs/bench_kernels/sweep-h200*.json). Counts and GPUs not in it take the wave model (`_wave_segments`).
+_MEASURED = {
+    "H200": {
+        "lightning": {8: (8, 8), 12: (16, 16), 16: (4, 8), 20: (3, 16), 24: (8, 8), 32: (4, 4), 40: (3, 8),
+                      48: (4, 4)},
+        "gla": {8: (8, 8), 12: (16, 16), 16: (4, 12), 24: (8, 8), 32: (4, 4)},
+    },
+}
+_LONG_CHUNKS = 256  # where the second S of a _MEASURED entry starts
+# The wave model: a walk kernel runs its programs in waves of as many as the SMs hold (two programs of 4
+# warps an SM at the walks' 172-255 registers a thread: _WALK_WARPS_PER_SM), each walking its segment's
+# chunks at about the same time per chunk; its time is (waves) x (chunks a segment), and each segment adds
+# _SEG_COST chunk-steps of two-level scan and launch tail. Fitted to the 54 cells of the H200 sweeps: the S
+# it picks is within 4.2% of the fastest in every cell, median 1.000 (docs/kernels.md, Layouts).
+_WALK_WARPS_PER_SM = 8
+_SEG_COST = 0.4
+# Sequences of 32-63 chunks (T = 2048-4095) start from this table (the fastest S per batch x heads count
+# measured at T >= 32K on an H100, scaled as 1 / (batch x heads) from the nearest count in log scale and by
+# the GPU's SM count), then keep segments of at least _SHORT_SEG or _MIN_SEG chunks (below).
 _TABLE = {
     "H100": {"lightning": {12: 12, 24: 8, 32: 6, 64: 1}, "gla": {12: 12, 24: 8, 32: 6, 64: 1}},
 }
+# the shortest segment (in chunks) that still paid for its share of the two-level scan
 _MIN_SEG = {"lightning": 8, "gla": 8}
 # Sequences of fewer than _SHORT_CHUNKS chunks (T < 4096) split into segments of at least _SHORT_SEG
 # chunks where batch x heads is at most _SHORT_HEADS and the keys at most 128 wide: at T = 2048, S = 6
@@ -186,18 +207,57 @@ def check_launch_overrides(over: dict, where: str = "launch overrides") -> None:
                 raise ValueError(f"{where}: {name}.{key} = {value!r}; expected {kind} in [{lo}, {hi}]")
 
 
-def _segments(gpu: str, sms: int, op: str, NH: int, K: int, V: int, nc_avg: int, nc_max: int) -> int:
-    table, table_sms = _table(gpu)
-    counts = table[op]
-    nh = NH * table_sms / sms  # the same load per SM on this GPU
-    near = min(counts, key=lambda c: abs(math.log(c / nh)))
-    s = int(round(counts[near] * near / nh)) if nh < max(counts) else 1
-    short = nc_avg < _SHORT_CHUNKS and nh <= _SHORT_HEADS and K <= 128
-    min_seg = _SHORT_SEG if short else _MIN_SEG[op]
-    s = max(1, min(s, nc_avg // min_seg)) if nc_avg >= _MIN_SPLIT_CHUNKS else 1
+def _segments(gpu: str, sms: int, op: str, NH: int, K: int, V: int, nc_avg: int, nc_max: int,
+              launch: dict) -> int:
+    if nc_avg < _MIN_SPLIT_CHUNKS:
+        return 1
+    if nc_avg >= _SHORT_CHUNKS:
+        s = _measured_segments(gpu, op, NH, nc_avg)
+        if s is None:
+            s = _wave_segments(NH, nc_avg, sms, _walk_warps(launch, K), _MIN_SEG[op])
+    else:
+        table, table_sms = _table(gpu)
+        counts = table[op]
+        nh = NH * table_sms / sms  # the same load per SM on this GPU
+        near = min(counts, key=lambda c: abs(math.log(c / nh)))
+        s = int(round(counts[near] * near / nh)) if nh < max(counts) else 1
+        short = nh <= _SHORT_HEADS and K <= 128
+        s = max(1, min(s, nc_avg // (_SHORT_SEG if short else _MIN_SEG[op])))
     while s > 1 and NH * (math.ceil(nc_max / math.ceil(nc_avg / s)) - 1) * K * V * 4 > _MAX_SEG_BYTES:
         s -= 1
     return s
+
+
+def _measured_segments(gpu: str, op: str, NH: int, nc: int) -> int | None:
+    """The measured S of `_MEASURED` for this GPU, op and batch x heads count, or None."""
+    for key, ops in _MEASURED.items():
+        if key in gpu and NH in ops[op]:
+            return ops[op][NH][nc >= _LONG_CHUNKS]
+    return None
+
+
+def _walk_warps(launch: dict, K: int) -> int:
+    """Warps a (sequence, head, segment) takes in a walk kernel: its key blocks of the dq walk times their
+    warps (16 at K = 128 in every op's default configs: 4 blocks of 32 keys x 4 warps)."""
+    c = launch["dq"]
+    return -(-_np2(K) // min(c["block"], _np2(K))) * c["num_warps"]
+
+
+def _wave_segments(NH: int, nc: int, sms: int, warps_per_segment: int, min_seg: int) -> int:
+    """The candidate S (segments of at least min_seg chunks) of least modelled walk time: waves of
+    programs x chunks a segment + _SEG_COST a segment (see `_WALK_WARPS_PER_SM`); the fewer segments on a
+    tie."""
+    at_once = max(1.0, sms * _WALK_WARPS_PER_SM / warps_per_segment)  # (sequence, head, segment)s a wave
+    best = (float(nc), 1)
+    for s in _candidates(nc):
+        sc = math.ceil(nc / s)
+        segs = math.ceil(nc / sc)
+        if segs < 2 or sc < min_seg:
+            continue
+        cost = math.ceil(NH * segs / at_once) * sc + _SEG_COST * segs
+        if cost < best[0] - 1e-9:
+            best = (cost, segs)
+    return best[1]
 
 
 # test-only seam (ops.testing): a forced segment length and launch overrides (the version keys the cache)
@@ -237,7 +297,7 @@ def _plan(op, N, H, T, K, V, device, varlen, measure, cfg, gpu, sms) -> Plan:
         launch[name] = {**launch.get(name, {}), **over}
     if _FORCED.get("seg_chunks") is not None:
         return _make(_FORCED["seg_chunks"], nc_max, launch, "forced")
-    s = _segments(gpu, sms, op, N * H, K, V, nc_avg, nc_max)
+    s = _segments(gpu, sms, op, N * H, K, V, nc_avg, nc_max, launch)
     rule = _make(math.ceil(nc_avg / s), nc_max, launch, "rule")
     if not (cfg.autotune and measure is not None and device.type == "cuda"):
         return rule
