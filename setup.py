@@ -75,6 +75,6 @@ setup(
         "lm-eval>=0.4,<0.5",
         "deepspeed>=0.15",
     ],
-    extras_require={"dev": ["pytest"]},
+    extras_require={"dev": ["pytest", "pytest-xdist"]},
     cmdclass=CMDCLASS,
 )

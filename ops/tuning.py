@@ -215,6 +215,7 @@ def _segments(gpu: str, sms: int, op: str, NH: int, K: int, V: int, nc_avg: int,
         s = _measured_segments(gpu, op, NH, nc_avg)
         if s is None:
             s = _wave_segments(NH, nc_avg, sms, _walk_warps(launch, K), _MIN_SEG[op])
+        s = min(s, nc_avg // _MIN_SEG[op])  # entries measured on longer sequences
     else:
         table, table_sms = _table(gpu)
         counts = table[op]

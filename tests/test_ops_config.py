@@ -136,6 +136,8 @@ def test_shape_rule_splits_only_where_heads_leave_sms_idle(monkeypatch, op):
     # the H200's measured entries: one sequence of 12 heads in 16 segments, of 32 heads (7B) in 4
     assert _plan(monkeypatch, 1, 12, 32768, op, gpu=("NVIDIA H200", 132)).segments == 16
     assert _plan(monkeypatch, 1, 32, 8192, op, gpu=("NVIDIA H200", 132)).segments == 4
+    # ... capped at segments of 8 chunks where the sequences are shorter than measured
+    assert _plan(monkeypatch, 1, 12, 4096, op, gpu=("NVIDIA H200", 132)).seg_chunks == 8
     # a GPU with half the SMs splits less
     half = _plan(monkeypatch, 1, 12, 65536, op, gpu=("Some GPU", 66)).segments
     assert half < _plan(monkeypatch, 1, 12, 65536, op, gpu=("Some GPU", 132)).segments
