@@ -247,9 +247,11 @@ def _walk_warps(launch: dict, K: int) -> int:
 def _wave_segments(NH: int, nc: int, sms: int, warps_per_segment: int, min_seg: int) -> int:
     """The candidate S (segments of at least min_seg chunks) of least modelled walk time: waves of
     programs x chunks a segment + _SEG_COST a segment (see `_WALK_WARPS_PER_SM`); the fewer segments on a
-    tie."""
+    tie; no split where the sequence-heads alone fill a wave."""
     at_once = max(1.0, sms * _WALK_WARPS_PER_SM / warps_per_segment)  # (sequence, head, segment)s a wave
-    best = (float(nc), 1)
+    if NH >= at_once:  # the scan's programs fill the SMs already: segments would only add the two-level scan
+        return 1
+    best = (float(nc), 1)  # the scan layout: one wave, no two-level scan
     for s in _candidates(nc):
         sc = math.ceil(nc / s)
         segs = math.ceil(nc / sc)

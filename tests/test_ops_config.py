@@ -159,6 +159,9 @@ def test_wave_model_counts_waves_of_walk_programs():
     for NH in (1, 8, 12, 20, 24, 33, 48, 64, 100, 192):
         for nc in (64, 128, 512, 1024):
             s = tuning._wave_segments(NH, nc, 132, 16, 8)
+            if NH >= 66:  # a wave of the scan's programs fills the SMs: never split
+                assert s == 1, (NH, nc, s)
+                continue
             cands = [c for c in tuning._candidates(nc) if c == 1 or -(-nc // c) >= 8]
             times = {c: _wave_time(NH, nc, c, 66) for c in cands}
             assert times[s] == min(times.values()), (NH, nc, s, times)
