@@ -173,11 +173,16 @@ def launch_options(c: dict) -> dict:
     return kw
 
 
+def _blocks_over(c: dict, K: int) -> int:
+    """How many of a kernel's blocks (config `c`) cover K keys padded to a power of two."""
+    Kp = _np2(K)
+    return -(-Kp // min(c["block"], Kp))
+
+
 def key_blocks(c: dict, K: int) -> int:
     """Key blocks one program of the dq / dk level kernel takes: its config's key_blocks (1 when unset), at
     most the number of its key blocks over K keys padded to a power of two."""
-    Kp = _np2(K)
-    return min(c.get("key_blocks", 1), -(-Kp // min(c["block"], Kp)))
+    return min(c.get("key_blocks", 1), _blocks_over(c, K))
 
 
 def check_launch_overrides(over: dict, where: str = "launch overrides") -> None:
@@ -215,7 +220,8 @@ def _segments(gpu: str, sms: int, op: str, NH: int, K: int, V: int, nc_avg: int,
         s = _measured_segments(gpu, op, NH, nc_avg)
         if s is None:
             s = _wave_segments(NH, nc_avg, sms, _walk_warps(launch, K), _MIN_SEG[op])
-        s = min(s, nc_avg // _MIN_SEG[op])  # entries measured on longer sequences
+        else:
+            s = min(s, nc_avg // _MIN_SEG[op])  # entries measured on longer sequences
     else:
         table, table_sms = _table(gpu)
         counts = table[op]
@@ -240,8 +246,7 @@ def _measured_segments(gpu: str, op: str, NH: int, nc: int) -> int | None:
 def _walk_warps(launch: dict, K: int) -> int:
     """Warps a (sequence, head, segment) takes in a walk kernel: its key blocks of the dq walk times their
     warps (16 at K = 128 in every op's default configs: 4 blocks of 32 keys x 4 warps)."""
-    c = launch["dq"]
-    return -(-_np2(K) // min(c["block"], _np2(K))) * c["num_warps"]
+    return _blocks_over(launch["dq"], K) * launch["dq"]["num_warps"]
 
 
 def _wave_segments(NH: int, nc: int, sms: int, warps_per_segment: int, min_seg: int) -> int:
