@@ -31,8 +31,10 @@ BT = tuning.BT  # chunk length
 LOG_BT = BT.bit_length() - 1  # the levels of the intra-chunk pairs of chunks that are not tame
 # GLA d log_f: anchored every this many chunks (gla_dg_kernel). Its error is that of a sum over one run of
 # ANCHOR_CHUNKS * BT tokens at any T; the anchor states cost 2 * K * V * 4 bytes per run and head
-# (fp32, transient in the backward): at K = V = 128, 256 bytes per token and head.
-ANCHOR_CHUNKS = 8
+# (fp32, transient in the backward): at K = V = 128, 512 bytes per token and head. On an H200, bf16, 21 cases
+# of gates and shapes: d log_f's error at most 3.5e-3 against 4.8e-3 with runs of 8 chunks (the bar is 5e-3),
+# for up to 1.1% more fwd+bwd GPU time, median 0.9% (docs/kernels.md, Accuracy).
+ANCHOR_CHUNKS = 4
 # GLA's dq / dk walks for bf16 inputs: their fp32 operand as a bf16 hi + lo pair and two bf16 products
 # (ops.triton_scan.dot_exact; 3-13% faster per walk than tf32 operands on an H100, docs/kernels.md), or
 # tf32 operands (False). The accuracy cases of the pairs (tests/test_kernels_gpu.py,
@@ -42,7 +44,8 @@ WALK_PAIRS = True
 # chunk's largest single-step decay allows, gla_cumsum_kernel) as one product with a reference per block
 # (ops.triton_gla_intra._blocks) instead of a product per level: with gates in [-20, 0], 3 levels of 6 by
 # levels, the other 3 by one product. 0: every level its own product. Checked against the float64 twin on
-# CPU (tests/test_kernels.py); off by default until it is timed and its accuracy cases pass on a GPU.
+# CPU (tests/test_kernels.py). Off: on an H200 it took 0.97-1.01x the level products' time and its one
+# rounding shared by three levels put d log_f's error at 4.7-5.1e-3 with gates in [-20, 0] (docs/kernels.md).
 LEVEL_BLOCKS = 0
 
 
