@@ -39,6 +39,8 @@ def _gates(shape, kind, g):
         return F.logsigmoid(torch.randn(shape, device=DEV, generator=g) * 3 + 2)
     if kind == "wide":  # uniform in [-20, 0] per step and channel
         return -20.0 * torch.rand(shape, device=DEV, generator=g)
+    if kind == "moderate":  # uniform in [-5, 0]: tame chunks by half blocks, d log_f's largest errors
+        return -5.0 * torch.rand(shape, device=DEV, generator=g)
     if kind == "-20":
         return torch.full(shape, -20.0, device=DEV)
     if kind == "near1":
@@ -109,7 +111,8 @@ class _nullctx:
 @pytest.mark.parametrize("layout", ["scan", "split"])
 @pytest.mark.parametrize("kind,Dk,Dv,gates", [
     ("la", 128, 128, None), ("la", 64, 96, None), ("nodecay", 256, 128, None), ("nodecay", 96, 64, None),
-    ("gla", 128, 128, "mixed"), ("gla", 128, 128, "wide"), ("gla", 256, 64, "mixed"), ("gla", 96, 64, "wide"),
+    ("gla", 128, 128, "mixed"), ("gla", 128, 128, "wide"), ("gla", 128, 128, "moderate"), ("gla", 256, 64, "mixed"),
+    ("gla", 96, 64, "wide"),
     # the head widths of the small study sizes (models/sizes.py l1d32 ... l1d96: one head of width d)
     ("la", 32, 32, None), ("la", 48, 48, None), ("nodecay", 96, 96, None), ("gla", 32, 32, "mixed"),
     ("gla", 48, 48, "wide"), ("gla", 96, 96, "mixed"),
@@ -239,11 +242,12 @@ def test_cached_launches_match_the_jit(kind, layout):
 @pytest.mark.parametrize("kind,gates,layout", [
     ("la", None, "auto"), ("nodecay", None, "auto"), ("gla", "wide", "auto"), ("gla", "mixed", "auto"),
     ("gla", "-20", "auto"), ("gla", "near1", "auto"), ("gla", "wide", "scan"), ("gla", "-20", "scan"),
+    ("gla", "moderate", "auto"),
 ])
 def test_long_sequence_vs_float64(kind, gates, layout):
     """T = 64K in the layout the shape rule picks (split, at one sequence of two heads), GLA also in the
     scan layout (its d log_f anchors do not depend on the layout): TNL's strongest decays, cos2's undecayed
-    sums, GLA gates uniform in [-20, 0], HGRN2-like, at the floor, near 1."""
+    sums, GLA gates uniform in [-20, 0] and in [-5, 0], HGRN2-like, at the floor, near 1."""
     B, T, H = 1, 65536, 2
     Dk = 256 if kind == "nodecay" else 128
     q, k, v, x = _inputs(B, T, H, Dk, 128, kind, gates or "mixed")
