@@ -171,25 +171,25 @@ def test_gla_dlogf_error_does_not_grow_with_T():
     stays at the level of dq, dk. In fp32 at T = 1024 with gates at -20: the sequence-long sum's error is
     ~27x dq's, the anchored one's ~7x (rel err vs float64). The unanchored run checks that this length
     shows the difference."""
-    T, D = 1024, 16
     g = torch.Generator().manual_seed(31)
-    q, k, v = (torch.randn(1, T, 1, D, generator=g) * 0.5 for _ in range(3))
-    x = torch.full((1, T, 1, D), -20.0)
-    do = torch.randn(1, T, 1, D, generator=g)
-
-    def errs(anchor_chunks):
-        ins = [t.clone().requires_grad_(True) for t in (q, k, v, x)]
-        with force_plan(seg_chunks=SCAN, anchor_chunks=anchor_chunks):
-            grads = torch.autograd.grad((gated_linear_attn(*ins, impl="triton") * do).sum(), ins)
-        i64 = [t.detach().double().requires_grad_(True) for t in ins]
-        ro, _ = R.gated_linear_attn_chunked(*i64)
-        ref = torch.autograd.grad((ro * do.double()).sum(), i64)
-        return [rel(a, b) for a, b in zip(grads, ref)]
-
-    dq, dk, _, dg = errs(1)
+    q, k, v = (torch.randn(1, 1024, 1, 16, generator=g) * 0.5 for _ in range(3))
+    inputs = (q, k, v, torch.full((1, 1024, 1, 16), -20.0), torch.randn(1, 1024, 1, 16, generator=g))
+    dq, dk, _, dg = _grad_errs_at_anchors(inputs, 1)
     assert dg < 10 * max(dq, dk), (dg, dq, dk)
-    dg_long = errs(SCAN)[3]
+    dg_long = _grad_errs_at_anchors(inputs, SCAN)[3]
     assert dg_long > 2 * dg, (dg_long, dg)
+
+
+def _grad_errs_at_anchors(inputs, anchor_chunks):
+    """Relative errors of dq, dk, dv, d log_f (scan layout, loss (o * do).sum()) against the float64 twin,
+    d log_f anchored every anchor_chunks chunks (None: the default). inputs: q, k, v, log_f, do."""
+    q, k, v, x, do = inputs
+    ins = [t.clone().requires_grad_(True) for t in (q, k, v, x)]
+    with force_plan(seg_chunks=SCAN, anchor_chunks=anchor_chunks):
+        grads = torch.autograd.grad((gated_linear_attn(*ins, impl="triton") * do).sum(), ins)
+    i64 = [t.detach().double().requires_grad_(True) for t in ins]
+    ref = torch.autograd.grad((R.gated_linear_attn_chunked(*i64)[0] * do.double()).sum(), i64)
+    return [rel(a, b) for a, b in zip(grads, ref)]
 
 
 def test_gla_dlogf_default_anchors_with_gpu_rounding(monkeypatch):
@@ -200,20 +200,10 @@ def test_gla_dlogf_default_anchors_with_gpu_rounding(monkeypatch):
     run's length (on an H200 in bf16, 3.5e-3 against 4.7e-3: docs/kernels.md, Accuracy)."""
     import ops.triton_linear_attn as tla
     monkeypatch.setattr(tla, "_prec", lambda x: "tf32")
-    assert tla.ANCHOR_CHUNKS < 8
     g = torch.Generator().manual_seed(43)
     q, k, v = (torch.randn(1, 1024, 1, 32, generator=g) * 0.5 for _ in range(3))
-    x = -5.0 * torch.rand(1, 1024, 1, 32, generator=g)
-    do = torch.randn(1, 1024, 1, 32, generator=g)
-    i64 = [t.double().requires_grad_(True) for t in (q, k, v, x)]
-    ref = torch.autograd.grad((R.gated_linear_attn_chunked(*i64)[0] * do.double()).sum(), i64)[3]
-
-    def err(anchor_chunks):
-        ins = [t.clone().requires_grad_(True) for t in (q, k, v, x)]
-        with force_plan(anchor_chunks=anchor_chunks):
-            dg = torch.autograd.grad((gated_linear_attn(*ins, impl="triton") * do).sum(), ins)[3]
-        return rel(dg, ref)
-    default, eight = err(None), err(8)
+    inputs = (q, k, v, -5.0 * torch.rand(1, 1024, 1, 32, generator=g), torch.randn(1, 1024, 1, 32, generator=g))
+    default, eight = _grad_errs_at_anchors(inputs, None)[3], _grad_errs_at_anchors(inputs, 8)[3]
     assert default < 0.85 * eight and default < 3.5e-3, (default, eight)
 
 
