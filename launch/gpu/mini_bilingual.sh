@@ -46,22 +46,21 @@ t = tarfile.open(sys.argv[1])
 t.extractall(sys.argv[2], **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))" "$1" "$2"; }
 [ -f "$CFG" ] || die "run me from the repository root (no $CFG here)"
 
-# the study directory and the run names of some architectures, from the config (with the overrides)
-study_out() { $PY - "$CFG" "${SETS[@]}" <<'EOF'
-import sys
-from scaling.study.config import load_study
-print(load_study(sys.argv[1], overrides=sys.argv[2:]).out)
-EOF
-}
-# the runs of a part: 1 = the first half of the config's architectures, 2 = the rest, all = every run, a
-# comma-separated list of architectures (SIZES keeps only those sizes), or a comma-separated list of run names
-study_runs() { $PY - "$CFG" "$1" "${SIZES:-}" "${SETS[@]}" <<'EOF'
+# What the steps need from the config (with the overrides), from one Python process (each one imports torch):
+# line 1 the study directory, line 2 its prepared dataset (empty: none), line 3 the runs of PART when one is
+# given: 1 = the first half of the config's architectures, 2 = the rest, all = every run, a comma-separated
+# list of architectures (SIZES keeps only those sizes), or a comma-separated list of run names
+study_query() { $PY - "$CFG" "${1:-}" "${SIZES:-}" "${SETS[@]}" <<'EOF'
 import sys
 from scaling.study.config import load_study
 from scaling.study.plan import plan_study
 study = load_study(sys.argv[1], overrides=sys.argv[4:])
-half = (len(study.archs) + 1) // 2
+print(study.out)
+print(study.data or "")
 part = sys.argv[2]
+if not part:
+    sys.exit(0)
+half = (len(study.archs) + 1) // 2
 plans = plan_study(study)
 runs = [p.name for p in plans]
 if part not in ("1", "2", "all") and all(x in runs for x in part.split(",")):
@@ -77,12 +76,7 @@ for what, asked, known in (("architecture", archs, study.archs), ("size", sizes,
 print(" ".join(p.name for p in plans if p.arch in archs and p.size in sizes))
 EOF
 }
-study_data() { $PY - "$CFG" "${SETS[@]}" <<'EOF'
-import sys
-from scaling.study.config import load_study
-print(load_study(sys.argv[1], overrides=sys.argv[2:]).data or "")
-EOF
-}
+line() { sed -n "$1p" <<< "$2"; }
 
 cmd=${1:-}
 shift || true
@@ -92,12 +86,13 @@ bundle)
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   mkdir -p "$DIR"
   T0=$(date +%s)
-  DATA=$(study_data)
+  Q=$(study_query)
+  DATA=$(line 2 "$Q")
   [ -n "$DATA" ] || die "the study names no prepared dataset (data:), so there is nothing to carry"
   if [ ! -f "$DATA/train/meta.json" ]; then
     $PY launch/prepare_data.py --config "$DATA_CONFIG" --out "$DATA"
   fi
-  STUDY=$(study_out)
+  STUDY=$(line 1 "$Q")
   $PY launch/study.py plan --config "$CFG" "${SET_ARGS[@]}" --prepare 2>&1 | grep -v "it/s\]\|examples/s\]" || true
   [ -f "$STUDY/eval/valid_tokens.bin" ] || die "no validation windows in $STUDY/eval (plan --prepare failed?)"
   # the loader reads train/, val/ and tokens/; parts/ and merge/ are the prepare step's scratch
@@ -148,14 +143,13 @@ device)
   fi
   export PYTHONPATH=$R:$S PYTHONUNBUFFERED=1
   export LINSCALE_SHARED_DATA=${LINSCALE_SHARED_DATA:-/tmp/mini_bilingual_shared}
-  DATA=$(study_data)
+  Q=$(study_query "$PART") || die "no runs for part $PART"
+  STUDY=$(line 1 "$Q") DATA=$(line 2 "$Q") RUNS=$(line 3 "$Q")
   mkdir -p "$(dirname "$DATA")" "$LINSCALE_SHARED_DATA" "$OUT"
   [ -f "$DATA/train/meta.json" ] || untar "$BUNDLE/data.tar.xz" "$(dirname "$DATA")"
   [ ! -f "$BUNDLE/eval_data.tar.xz" ] || untar "$BUNDLE/eval_data.tar.xz" "$LINSCALE_SHARED_DATA"
-  STUDY=$(study_out)
   mkdir -p "$STUDY"
   [ -f "$STUDY/eval/valid_tokens.bin" ] || untar "$BUNDLE/eval_inputs.tar" "$STUDY"
-  RUNS=$(study_runs "$PART") || die "no runs for part $PART"
   [ -n "$RUNS" ] || die "part $PART${SIZES:+ with sizes $SIZES} holds no runs"
   echo "[gpu] part $PART: $RUNS"
   echo "[gpu] ready in $(( $(date +%s) - T0 ))s; $(nvidia-smi --query-gpu=name,memory.used --format=csv,noheader 2>/dev/null || echo no nvidia-smi)"
@@ -189,7 +183,7 @@ device)
 collect)
   [ $# -ge 1 ] || die "collect needs the folder(s) holding results_part*.tgz (the device tool's files_at)"
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-  STUDY=$(study_out)
+  STUDY=$(line 1 "$(study_query)")
   DOCS=$(dirname "$CFG")
   mkdir -p "$STUDY"
   n=0
