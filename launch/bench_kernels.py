@@ -598,16 +598,15 @@ def resources(a) -> None:
         L = {name: {**c, **a.launch.get(name, {})} for name, c in L.items()}
         Kp, Vp = tuning._np2(K), tuning._np2(V)
         base = dict(H=16, K=K, V=V, BT=64, VARLEN=False)
-        # ACT: TNL's SiLU feature map inside the walks (lightning at head width D; cos2's 2D keys take none)
-        walk = dict(base, GATED=gated, HAS_DECAY=True, PREC="tf32", ACT=not gated and K == D)
+        walk = dict(base, GATED=gated, HAS_DECAY=True, PREC="tf32")
         rows = [
             ("fwd", S.fwd_scan_kernel, "q k v g log_lam A o h0 ht Hs cu T SC SM1", [P, P, P, F32, F32, F32, P, F32, F32, F32, I, i32, i32, i32],
              dict(walk, BK=Kp, BV=L["fwd"]["block"], HAS_H0=True)),
-            ("dq", S.dq_scan_kernel, "q k v g log_lam do dq h0 Hs anc cu T SC SM1 AC",
-             [P, P, P, F32, F32, P, F32, F32, F32, F32, I, i32, i32, i32, i32],
+            ("dq", S.dq_scan_kernel, "k v g log_lam do dq h0 Hs anc cu T SC SM1 AC",
+             [P, P, F32, F32, P, F32, F32, F32, F32, I, i32, i32, i32, i32],
              dict(walk, BK=L["dq"]["block"], BV=Vp, HAS_H0=True, ANCHOR=gated, SPLIT=gated)),
-            ("dk", S.dk_scan_kernel, "q k v g log_lam do dk dht dh0 Es anc cu T SC SM1 AC",
-             [P, P, P, F32, F32, P, F32, F32, F32, F32, F32, I, i32, i32, i32, i32],
+            ("dk", S.dk_scan_kernel, "q v g log_lam do dk dht dh0 Es anc cu T SC SM1 AC",
+             [P, P, F32, F32, P, F32, F32, F32, F32, F32, I, i32, i32, i32, i32],
              dict(walk, BK=L["dk"]["block"], BV=Vp, HAS_DHT=False, STORE_DH0=True, ANCHOR=gated, SPLIT=gated)),
             ("dv", S.dv_scan_kernel, "q k g log_lam A do dv dht Es cu T SC SM1", [P, P, F32, F32, F32, P, P, F32, F32, I, i32, i32, i32],
              dict(walk, BK=Kp, BV=L["dv"]["block"], HAS_DHT=True)),

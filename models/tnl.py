@@ -55,15 +55,14 @@ class TnlTokenMixer(nn.Module):
                 decay: Tensor | None = None) -> Tensor:
         """`decay`: this layer's lambdas as an fp32 tensor [h] (the language model passes them in, so that
         every block runs the same compiled graph); built from `self.decays` when not given."""
-        # phi = SiLU on q and k, applied by the op (inside the kernels on a GPU)
-        q = split_heads(self.q_proj(x), self.n_heads)
-        k = split_heads(self.k_proj(x), self.n_heads)
+        q = split_heads(F.silu(self.q_proj(x)), self.n_heads)
+        k = split_heads(F.silu(self.k_proj(x)), self.n_heads)
         v = split_heads(self.v_proj(x), self.n_heads)
         if decay is None:
             decay = torch.tensor(self.decays, dtype=torch.float32, device=x.device)
         h0 = None if state is None else state.get("S")
         o, S = lightning_attn(q, k, v, decay, initial_state=h0, output_final_state=True,
-                              cu_seqlens=cu_seqlens, check_values=False, feature_map="silu")
+                              cu_seqlens=cu_seqlens, check_values=False)
         if state is not None:
             state["S"] = S
         o = self.norm(o.reshape(x.shape).to(x.dtype))

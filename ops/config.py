@@ -21,21 +21,18 @@ class OpsConfig:
     default: in training steps the walks one after another on one stream were faster, docs/kernels.md).
     autotune: time the candidate layouts of each new shape on its first use and keep the fastest in an
     on-disk cache (`tune_cache`), instead of the measured per-GPU rule of `ops.tuning`.
-    tune_cache: that cache's JSON file; '' is ~/.cache/linscale/kernel-tune.json (entries keyed by GPU).
-    fused_feature_map: `lightning_attn(feature_map='silu')` (TNL) applies SiLU inside the Triton kernels, as
-    they load q and k (False: as a separate elementwise op before them, the same values)."""
+    tune_cache: that cache's JSON file; '' is ~/.cache/linscale/kernel-tune.json (entries keyed by GPU)."""
     # metadata: what values the run config's parser accepts (pretrain.config checks every field with it)
     impl: str = field(default="auto", metadata={"choices": IMPLS})
     gla_triton: bool = True
     side_streams: bool = False
     autotune: bool = False
     tune_cache: str = field(default="", metadata={"path": True})
-    fused_feature_map: bool = True
 
     def validate(self) -> None:
         if self.impl not in IMPLS:
             raise ValueError(f"ops impl {self.impl!r} is not one of {', '.join(IMPLS)}")
-        for name in ("gla_triton", "side_streams", "autotune", "fused_feature_map"):
+        for name in ("gla_triton", "side_streams", "autotune"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ops config field {name!r} must be true or false, got {getattr(self, name)!r}")
 

@@ -7,11 +7,9 @@ single decoding step.
 """
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import Callable
 
-import torch.nn.functional as F
 from torch import Tensor
 
 from ops import reference
@@ -109,35 +107,19 @@ register_impl("gated_linear_attn", "recurrent", _with_varlen(reference.gated_lin
 register_impl("gated_linear_attn", "chunked", _with_varlen(reference.gated_linear_attn_chunked, per_token=True))
 
 
-FEATURE_MAPS = (None, "silu")
-
-
 def lightning_attn(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None = None,
                    initial_state: Tensor | None = None, output_final_state: bool = False,
                    cu_seqlens: Tensor | None = None, *, impl: str | None = None,
-                   check_values: bool = True, feature_map: str | None = None) -> Tensor | tuple[Tensor, Tensor]:
-    """o_t = sum_{s<=t} decay^(t-s) (phi(q_t) . phi(k_s)) v_s per head; q, k [B,T,H,Dk], v [B,T,H,Dv], decay
-    [H] in (0, 1] or None (no decay). Returns o [B,T,H,Dv] (dtype of v), and the final state
+                   check_values: bool = True) -> Tensor | tuple[Tensor, Tensor]:
+    """o_t = sum_{s<=t} decay^(t-s) (q_t . k_s) v_s per head; q, k [B,T,H,Dk], v [B,T,H,Dv], decay [H]
+    in (0, 1] or None (no decay). Returns o [B,T,H,Dv] (dtype of v), and the final state
     [B or N, H, Dk, Dv] in fp32 when `output_final_state`. `check_values=False` skips the checks that
-    read tensor values (they synchronise a GPU); the models pass it since they build valid values.
-    `feature_map`: phi, None (identity: q, k are used as given) or 'silu' (q, k are the pre-activation
-    projections, TNL's phi = SiLU; gradients reach the pre-activation inputs). The Triton kernels apply
-    SiLU to q and k as they load them, so the activations are never written, read back or kept for the
-    backward (`OpsConfig.fused_feature_map`); the other implementations, and sequence parallelism, apply
-    F.silu first. Both give the same values."""
-    if feature_map not in FEATURE_MAPS:
-        raise ValueError(f"lightning_attn: feature_map {feature_map!r} is not one of {FEATURE_MAPS}")
+    read tensor values (they synchronise a GPU); the models pass it since they build valid values."""
     check_qkv("lightning_attn", q, k, v)
     check_decay("lightning_attn", q, decay, check_values)
     check_state_and_lengths("lightning_attn", q, v, initial_state, cu_seqlens, check_values)
-    fn = _resolve("lightning_attn", impl, q, v)
-    if feature_map == "silu":
-        if (fn is _IMPLS["lightning_attn"].get("triton") and get_config().fused_feature_map
-                and (_sp.active() is None or _sp.active().size == 1)):
-            fn = functools.partial(fn, silu=True)
-        else:
-            q, k = F.silu(q), F.silu(k)
-    o, state = _sp.run("lightning_attn", fn, q, k, v, decay, initial_state, cu_seqlens)
+    o, state = _sp.run("lightning_attn", _resolve("lightning_attn", impl, q, v), q, k, v, decay, initial_state,
+                       cu_seqlens)
     return (o, state) if output_final_state else o
 
 

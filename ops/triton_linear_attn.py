@@ -15,7 +15,6 @@ import weakref
 import os
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ops import tuning
@@ -137,13 +136,12 @@ def _seg_marker(q: Tensor, plan: tuning.Plan) -> Tensor:
 # shared launches
 # ----------------------------------------------------------------------------------------------------
 
-def _two_level(a, x, g, log_lam, init, cu, N, T, plan, gated, reverse, extra_plain=False, act=False):
+def _two_level(a, x, g, log_lam, init, cu, N, T, plan, gated, reverse, extra_plain=False):
     """The split layout's chained segment states [N*H, S-1, K, V] (see ops.triton_scan): forward
     (reverse=False; a = k, x = v): slot j = the state at the start of segment j+1, init = h0; backward
     (a = q, x = do): slot j = the state gradient at the end of segment j, init = d(final state).
     extra_plain: also return the chain without `init` (gated backward: the dk walks leave the final
-    state's gradient to gla_state_grad_kernel). act: `a` is the pre-activation q or k (lightning's SiLU
-    feature map, applied as loaded)."""
+    state's gradient to gla_state_grad_kernel)."""
     H, K, V = a.shape[2], a.shape[3], x.shape[3]
     S, SC = plan.segments, plan.seg_chunks
     slots = torch.empty(N * H, S - 1, K, V, dtype=torch.float32, device=a.device)
@@ -153,7 +151,7 @@ def _two_level(a, x, g, log_lam, init, cu, N, T, plan, gated, reverse, extra_pla
     common = dict(H=H, K=K, V=V, BT=BT, VARLEN=cu.numel() > 1)
     launch(seg_local_kernel, (_cdiv(K, bk) * _cdiv(V, bv), N * H, S - 1),
         a, x, g, log_lam, slots, dec, cu, T, SC, S - 1, BK=bk, BV=bv, GATED=gated,
-        HAS_DECAY=gated or log_lam is not None, REVERSE=reverse, F32=gated, PREC=_prec(a), ACT=act, **common,
+        HAS_DECAY=gated or log_lam is not None, REVERSE=reverse, F32=gated, PREC=_prec(a), **common,
         **launch_options(cl))
     plain = slots.clone() if extra_plain else None
     bk, bv = min(cc["block"], _np2(K)), min(cc["block_v"], _np2(V))
@@ -166,12 +164,11 @@ def _two_level(a, x, g, log_lam, init, cu, N, T, plan, gated, reverse, extra_pla
     return slots, plain
 
 
-def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated, plan, act=False):
-    """o, final state, and the chained segment start states (split layout; else an empty tensor).
-    act: q, k are pre-activation, SiLU applied in the kernels (lightning only)."""
+def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated, plan):
+    """o, final state, and the chained segment start states (split layout; else an empty tensor)."""
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     S, SC = plan.segments, plan.seg_chunks
-    Hs = _two_level(k, v, g, log_lam, h0, cu, N, T, plan, gated, reverse=False, act=act)[0] if S > 1 else None
+    Hs = _two_level(k, v, g, log_lam, h0, cu, N, T, plan, gated, reverse=False)[0] if S > 1 else None
     c = plan.launch["fwd"]
     o = torch.empty_like(v)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
@@ -179,21 +176,19 @@ def _fwd(q, k, v, g, log_lam, A, h0, cu, N, T, gated, plan, act=False):
         q, k, v, g, log_lam, A, o, h0 if h0 is not None else ht, ht, Hs if Hs is not None else ht, cu, T,
         SC, max(S - 1, 1), H=H, K=K, V=V, BT=BT, BK=_np2(K), BV=c["block"], GATED=gated,
         HAS_DECAY=log_lam is not None or gated, HAS_H0=h0 is not None, VARLEN=cu.numel() > 1,
-        PREC=_prec(q), ACT=act, **launch_options(c))
+        PREC=_prec(q), **launch_options(c))
     return o, ht, (Hs.reshape(-1) if Hs is not None else q.new_empty(0, dtype=torch.float32))
 
 
-def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, dq=None, dk=None, anchors=None,
-               act=False):
+def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, dq=None, dk=None, anchors=None):
     """dq, dk, dv, dh0. Gated: dq, dk are the given fp32 buffers holding the intra-chunk parts, onto which
     the walks add the inter-chunk parts. anchors (gated): (state buffer, gradient buffer, AC), into which
-    the dq and dk walks store d log_f's anchors (see gla_dg_kernel), or None. act (lightning): q, k are
-    pre-activation; dq, dk are the gradients of those."""
+    the dq and dk walks store d log_f's anchors (see gla_dg_kernel), or None."""
     H, K, V = q.shape[2], q.shape[3], v.shape[3]
     S, SC = plan.segments, plan.seg_chunks
     SM1 = max(S - 1, 1)
     common = dict(H=H, K=K, V=V, BT=BT, GATED=gated, HAS_DECAY=log_lam is not None or gated,
-                  VARLEN=cu.numel() > 1, PREC=_prec(q), ACT=act)
+                  VARLEN=cu.numel() > 1, PREC=_prec(q))
     cq, ck, cv = plan.launch["dq"], plan.launch["dk"], plan.launch["dv"]
     if not gated:
         dq, dk = torch.empty_like(q), torch.empty_like(k)
@@ -212,12 +207,12 @@ def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, d
         side[0].wait_stream(cur)
     with _on(side, 0):
         launch(dq_scan_kernel, (_cdiv(K, cq["block"]), N * H, S),
-            q, k, v, g, log_lam, do, dq, h0 if h0 is not None else dq, Hs, anc_h, cu, T, SC, SM1, AC,
+            k, v, g, log_lam, do, dq, h0 if h0 is not None else dq, Hs, anc_h, cu, T, SC, SM1, AC,
             BK=cq["block"], BV=_np2(V), HAS_H0=h0 is not None, ANCHOR=anchors is not None, SPLIT=split, **common,
             **launch_options(cq))
     if S > 1:
         Es, Es_plain = _two_level(q, do, g, log_lam, dht, cu, N, T, plan, gated, reverse=True,
-                                  extra_plain=gated and dht is not None, act=act)
+                                  extra_plain=gated and dht is not None)
         Es_k = Es_plain if gated and dht is not None else Es
     else:
         Es = Es_k = _dummy(q)
@@ -225,7 +220,7 @@ def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, d
         side[1].wait_stream(cur)
     with _on(side, 1):
         launch(dk_scan_kernel, (_cdiv(K, ck["block"]), N * H, S),
-            q, k, v, g, log_lam, do, dk, dht_k if dht_k is not None else dk, dh0 if dh0 is not None else dk, Es_k,
+            q, v, g, log_lam, do, dk, dht_k if dht_k is not None else dk, dh0 if dh0 is not None else dk, Es_k,
             anc_dh, cu, T, SC, SM1, AC, BK=ck["block"], BV=_np2(V), HAS_DHT=dht_k is not None,
             STORE_DH0=dh0 is not None, ANCHOR=anchors is not None, SPLIT=split, **common, **launch_options(ck))
     launch(dv_scan_kernel, (_cdiv(V, cv["block"]), N * H, S),
@@ -264,26 +259,26 @@ def _contig(*xs):
 # one opaque node of its graph (no graph break; Dynamo does not trace the launches, the plan choice, the
 # stream cache or the host-side chunk table of packed GLA input), and eager mode runs exactly the same code.
 
-def _lightning_forward(q, k, v, log_lam, h0, cu, N, T, plan, silu):
-    return _fwd(q, k, v, None, log_lam, None, h0, cu, N, T, False, plan, act=silu)
+def _lightning_forward(q, k, v, log_lam, h0, cu, N, T, plan):
+    return _fwd(q, k, v, None, log_lam, None, h0, cu, N, T, False, plan)
 
 
-def _lightning_backward(q, k, v, log_lam, h0, dht, Hs, do, cu, N, T, plan, silu):
-    return _bwd_walks(q, k, v, None, log_lam, None, do, h0, dht, Hs, cu, N, T, False, plan, act=silu)
+def _lightning_backward(q, k, v, log_lam, h0, dht, Hs, do, cu, N, T, plan):
+    return _bwd_walks(q, k, v, None, log_lam, None, do, h0, dht, Hs, cu, N, T, False, plan)
 
 
 def _lightning_fwd_impl(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: Tensor | None,
-                   cu_seqlens: Tensor | None, silu: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                   cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     q, k, v, h0 = _contig(q, k, v, h0)
     N, T, cu = _layout(q, cu_seqlens)
 
     def measure(p):
         do = torch.randn_like(v)
-        return tuning.candidate_ms(lambda: _lightning_backward(
-            q, k, v, log_lam, h0, None, _lightning_forward(q, k, v, log_lam, h0, cu, N, T, p, silu)[2], do, cu, N, T,
-            p, silu))
+        return tuning.candidate_ms(lambda: _lightning_backward(q, k, v, log_lam, h0, None,
+                                                               _lightning_forward(q, k, v, log_lam, h0, cu, N, T, p)[2],
+                                                               do, cu, N, T, p))
     plan = _plan("lightning", q, v, N, T, cu_seqlens is not None, measure)
-    o, ht, Hs = _lightning_forward(q, k, v, log_lam, h0, cu, N, T, plan, silu)
+    o, ht, Hs = _lightning_forward(q, k, v, log_lam, h0, cu, N, T, plan)
     return o, ht, Hs, _seg_marker(q, plan)
 
 
@@ -291,7 +286,7 @@ _lightning_fwd = torch.library.custom_op("linscale::lightning_attn_fwd", _lightn
 
 
 @_lightning_fwd.register_fake
-def _(q, k, v, log_lam, h0, cu_seqlens, silu):
+def _(q, k, v, log_lam, h0, cu_seqlens):
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     ctx = torch.library.get_ctx()
     return (v.new_empty(v.shape), q.new_empty((N, q.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32),
@@ -300,12 +295,12 @@ def _(q, k, v, log_lam, h0, cu_seqlens, silu):
 
 
 def _lightning_bwd_impl(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: Tensor | None,
-                   cu_seqlens: Tensor | None, silu: bool, Hs: Tensor, seg: Tensor, do: Tensor, dht: Tensor | None
+                   cu_seqlens: Tensor | None, Hs: Tensor, seg: Tensor, do: Tensor, dht: Tensor | None
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     q, k, v, h0, do, dht = _contig(q, k, v, h0, do, dht)
     N, T, cu = _layout(q, cu_seqlens)
     plan = _replan("lightning", q, v, N, T, cu_seqlens, seg)
-    dq, dk, dv, dh0 = _lightning_backward(q, k, v, log_lam, h0, dht, Hs, do.to(v.dtype), cu, N, T, plan, silu)
+    dq, dk, dv, dh0 = _lightning_backward(q, k, v, log_lam, h0, dht, Hs, do.to(v.dtype), cu, N, T, plan)
     return dq, dk, dv, dh0 if dh0 is not None else _empty(q)
 
 
@@ -322,15 +317,14 @@ def _replan(op, q, v, N, T, cu_seqlens, seg) -> tuning.Plan:
 
 
 @_lightning_bwd.register_fake
-def _(q, k, v, log_lam, h0, cu_seqlens, silu, Hs, seg, do, dht):
+def _(q, k, v, log_lam, h0, cu_seqlens, Hs, seg, do, dht):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             h0.new_empty(h0.shape, dtype=torch.float32) if h0 is not None else _empty(q))
 
 
 def _lightning_setup(ctx, inputs, output) -> None:
-    q, k, v, log_lam, h0, cu_seqlens, silu = inputs
+    q, k, v, log_lam, h0, cu_seqlens = inputs
     ctx.set_materialize_grads(False)  # see _gla_setup
-    ctx.silu = silu
     ctx.save_for_backward(q, k, v, log_lam, h0, cu_seqlens, output[2], output[3])
 
 
@@ -338,8 +332,8 @@ def _lightning_grads(ctx, do, dht, bwd):
     q, k, v, log_lam, h0, cu_seqlens, Hs, seg = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(v)
-    dq, dk, dv, dh0 = bwd(q, k, v, log_lam, h0, cu_seqlens, ctx.silu, Hs, seg, do, dht)
-    return dq, dk, dv, None, dh0 if h0 is not None else None, None, None
+    dq, dk, dv, dh0 = bwd(q, k, v, log_lam, h0, cu_seqlens, Hs, seg, do, dht)
+    return dq, dk, dv, None, dh0 if h0 is not None else None, None
 
 
 def _lightning_autograd(ctx, do, dht, _dHs, _dseg):
@@ -380,20 +374,15 @@ def _eager(*xs: Tensor | None) -> bool:
 
 
 def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
-                          initial_state: Tensor | None, cu_seqlens: Tensor | None, silu: bool = False
-                          ) -> tuple[Tensor, Tensor]:
-    """`silu`: q, k are the pre-activation projections; the kernels apply SiLU to them as they load them and
-    return the gradients of the pre-activation inputs (ops.linear_attention.lightning_attn, `feature_map`)."""
+                          initial_state: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
     _check_device(q)
     if q.dtype == torch.float64:
-        if silu:
-            q, k = F.silu(q), F.silu(k)
         return _registered_fallback("lightning_attn")(q, k, v, decay, initial_state, cu_seqlens)
     # TNL's decay is a fixed constant: no gradient reaches it (its log is taken outside the graph of q, k, v)
     log_lam = None if decay is None else decay.detach().float().log().contiguous()
     if _eager(q, k, v, initial_state, cu_seqlens):
-        return _LightningEager.apply(q, k, v, log_lam, initial_state, cu_seqlens, silu)
-    o, ht, _, _ = _lightning_fwd(q, k, v, log_lam, initial_state, cu_seqlens, silu)
+        return _LightningEager.apply(q, k, v, log_lam, initial_state, cu_seqlens)
+    o, ht, _, _ = _lightning_fwd(q, k, v, log_lam, initial_state, cu_seqlens)
     return o, ht
 
 

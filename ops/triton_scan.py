@@ -33,12 +33,6 @@ rounded, or, with SPLIT (bf16 inputs, `ops.triton_linear_attn.WALK_PAIRS`, the d
 in two bf16 products (`dot_exact`). The scalar decay keeps bf16 operands. The gated dq / dk walks also store the state and its
 gradient every few chunks (`anchor_block`): d log_f's sum starts from their product there.
 
-Feature map (constexpr ACT, lightning only): q and k arrive as their pre-activation projections and
-every walk applies SiLU to the rows it loads (`silu`, in fp32, rounded back to the input dtype: the value a
-separate elementwise kernel would have written); the dq and dk walks multiply their gradients by SiLU's
-derivative at the pre-activation rows before storing them (`silu_grad`). The activations are then never
-written, read back or kept for the backward.
-
 Backward is three independent walks: dq walks forward (state h), dk and dv walk backward (state dh, the
 gradient of the state at the chunk's end); each recomputes the small products it needs instead of reading
 stored activations. Sequences come either as the rows of a [B, T] batch or packed with `cu_seqlens`
@@ -266,38 +260,6 @@ def _store_rows(ptr, x, bos, rows, rmask, i_h, H: tl.constexpr, D: tl.constexpr,
     tl.store(p, x.to(ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
-if os.environ.get("TRITON_INTERPRET") == "1":
-    @triton.jit
-    def sigmoid_fast(x):
-        return 1. / (1. + tl.exp(-x))
-else:
-    @triton.jit
-    def sigmoid_fast(x):
-        """sigmoid(x) = (tanh(x / 2) + 1) / 2 by one MUFU.TANH (tanh.approx.f32: absolute error about 2^-11,
-        below the bf16 rounding of the activation it makes). The exact form's exp and fp32 division, on
-        every q and k tile of every walk step, made the latency-bound walks slower than a separate SiLU pass."""
-        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x * 0.5], dtype=tl.float32,
-                                      is_pure=True, pack=1)
-        return 0.5 * t + 0.5
-
-
-@triton.jit
-def silu(x, ACT: tl.constexpr):
-    """x * sigmoid(x) in fp32, rounded back to x's dtype, when ACT; else x. Masked rows (0) stay 0."""
-    if ACT:
-        xf = x.to(tl.float32)
-        return (xf * sigmoid_fast(xf)).to(x.dtype)
-    return x
-
-
-@triton.jit
-def silu_grad(dy, x):
-    """dy * SiLU'(x) = dy * s (1 + x (1 - s)), s = sigmoid(x), in fp32: the gradient of SiLU's input."""
-    xf = x.to(tl.float32)
-    sg = 1. / (1. + tl.exp(-xf))
-    return dy * (sg * (1. + xf * (1. - sg)))
-
-
 # ----------------------------------------------------------------------------------------------------
 # the two-level scan of the split layout
 # ----------------------------------------------------------------------------------------------------
@@ -306,8 +268,7 @@ def silu_grad(dy, x):
 def seg_local_kernel(a, x, g, log_lam, slot, dec, cu, T, SC, SM1,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                      BK: tl.constexpr, BV: tl.constexpr, GATED: tl.constexpr, HAS_DECAY: tl.constexpr,
-                     REVERSE: tl.constexpr, F32: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
-                     ACT: tl.constexpr):
+                     REVERSE: tl.constexpr, F32: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(K, BK) * cdiv(V, BV), N * H, SM1): one segment's own part of a state, from zero.
     Forward (REVERSE=False; a = k, x = v): slot j <- sum over segment j's rows t of
     (k_t * exp(B_end - B_t))^T v_t, its state at the end had it started from 0.
@@ -336,7 +297,7 @@ def seg_local_kernel(a, x, g, log_lam, slot, dec, cu, T, SC, SM1,
         else:
             c = c1 - 1 - cc
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
-        b_a = silu(_load_rows(a, bos, rows, rmask, i_h, H, K, offs_k, kmask), ACT)
+        b_a = _load_rows(a, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_x = _load_rows(x, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         if GATED or HAS_DECAY:
             b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
@@ -394,7 +355,7 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
-                    VARLEN: tl.constexpr, PREC: tl.constexpr, ACT: tl.constexpr):
+                    VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(V, BV), N * H, segments); BK >= K holds every key column. Segment s > 0 starts from
     slot s-1 of Hs (the split layout's chained states); the sequence's last segment writes the final state.
     GATED: g holds the chunk-local cumulative log-decay, A the intra-chunk part of o (A v, fp32)."""
@@ -412,8 +373,8 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
     h += tl.load(_slot(Hs, i_nh, i_s - 1, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, i_s > 0), other=0.)
     for c in range(c0, c1):
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
-        b_q = silu(_load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask), ACT)
-        b_k = silu(_load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask), ACT)
+        b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)
@@ -433,16 +394,13 @@ def fwd_scan_kernel(q, k, v, g, log_lam, A, o, h0, ht, Hs, cu, T, SC, SM1,
 
 
 @triton.jit
-def dq_scan_kernel(q, k, v, g, log_lam, do, dq, h0, Hs, anc, cu, T, SC, SM1, AC,
+def dq_scan_kernel(k, v, g, log_lam, do, dq, h0, Hs, anc, cu, T, SC, SM1, AC,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_H0: tl.constexpr,
-                   ANCHOR: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr,
-                   ACT: tl.constexpr):
+                   ANCHOR: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
     """grid (cdiv(K, BK), N * H, segments); BV >= V. dq = (do h^T) * exp(b) + intra: (do v^T * D) k formed
     here when scalar, read from dq when gated. Segment s > 0 starts from the forward's chained state.
-    ACT: k is activated as loaded, and dq is taken back through SiLU at q's (pre-activation) rows; q is
-    read only then.
     ANCHOR (GLA): also stores the state before every AC-th chunk into `anc` (see `anchor_block`), one
     side of d log_f's anchors (`gla_dg_kernel`)."""
     i_k = tl.program_id(0)
@@ -462,7 +420,7 @@ def dq_scan_kernel(q, k, v, g, log_lam, do, dq, h0, Hs, anc, cu, T, SC, SM1, AC,
             if (c % AC == 0) & (c > 0):
                 tl.store(anchor_block(anc, bos, c, AC, i_h, H, K, V, offs_k, offs_v, BT), h, mask=hmask)
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
-        b_k = silu(_load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask), ACT)
+        b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
@@ -481,24 +439,21 @@ def dq_scan_kernel(q, k, v, g, log_lam, do, dq, h0, Hs, anc, cu, T, SC, SM1, AC,
         else:
             b_dA = tl.dot(b_do, tl.trans(b_v), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, False)
             b_dq += tl.dot(b_dA.to(dt), b_k, input_precision=PREC)
-        if ACT:
-            b_dq = silu_grad(b_dq, _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask))
         _store_rows(dq, b_dq, bos, rows, rmask, i_h, H, K, offs_k, kmask)
 
 
 @triton.jit
-def dk_scan_kernel(q, k, v, g, log_lam, do, dk, dht, dh0, Es, anc, cu, T, SC, SM1, AC,
+def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, anc, cu, T, SC, SM1, AC,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
                    STORE_DH0: tl.constexpr, ANCHOR: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
-                   SPLIT: tl.constexpr, ACT: tl.constexpr):
+                   SPLIT: tl.constexpr):
     """grid (cdiv(K, BK), N * H, segments); BV >= V; walks backward. dk = (v dh^T) * exp(b_L - b) + intra:
     (do v^T * D)^T q formed here when scalar, read from dk when gated. The sequence's last segment starts
     from d(final state), the others from slot s of Es (the chained state gradients); segment 0 writes
     d(initial state). ANCHOR (GLA): also stores dh at the boundary before every AC-th chunk into `anc`,
-    the other side of d log_f's anchors (`gla_dg_kernel`). ACT: as the dq walk, q activated, dk taken back
-    through SiLU at k's rows (k read only then)."""
+    the other side of d log_f's anchors (`gla_dg_kernel`)."""
     i_k = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -517,7 +472,7 @@ def dk_scan_kernel(q, k, v, g, log_lam, do, dk, dht, dh0, Es, anc, cu, T, SC, SM
             if ((c + 1) % AC == 0) & ((c + 1) * BT < L):
                 tl.store(anchor_block(anc, bos, c + 1, AC, i_h, H, K, V, offs_k, offs_v, BT), dh, mask=hmask)
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
-        b_q = silu(_load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask), ACT)
+        b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
@@ -537,8 +492,6 @@ def dk_scan_kernel(q, k, v, g, log_lam, do, dk, dht, dh0, Es, anc, cu, T, SC, SM
             # (do v^T * D)^T = (v do^T) * D^T
             b_dAt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC) * _scalar_mask(ll, BT, HAS_DECAY, True)
             b_dk += tl.dot(b_dAt.to(dt), b_q, input_precision=PREC)
-        if ACT:
-            b_dk = silu_grad(b_dk, _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask))
         _store_rows(dk, b_dk, bos, rows, rmask, i_h, H, K, offs_k, kmask)
     if STORE_DH0:
         tl.store(dh0 + hp, dh, mask=mask_and(hmask, i_s == 0))
@@ -549,7 +502,7 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATED: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr,
-                   VARLEN: tl.constexpr, PREC: tl.constexpr, ACT: tl.constexpr):
+                   VARLEN: tl.constexpr, PREC: tl.constexpr):
     """grid (cdiv(V, BV), N * H, segments); BK >= K; walks backward. dv = A^T do + (k * exp(b_L - b)) dh.
     Starts as the dk walk. GATED: A holds A^T do itself (fp32, formed in parallel over chunks)."""
     i_v = tl.program_id(0)
@@ -567,8 +520,8 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
     for cc in range(0, tl.maximum(c1 - c0, 0)):
         c = c1 - 1 - cc
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
-        b_q = silu(_load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask), ACT)
-        b_k = silu(_load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask), ACT)
+        b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
         b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
         b, b_last = _decay_rows(g, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
                                 GATED, HAS_DECAY, BT)

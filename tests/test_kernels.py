@@ -4,9 +4,6 @@ Every layout is forced on in turn (`ops.testing.force_plan`): the scan layout (o
 the split layout (segments of one or two chunks, their start states from the two-level scan). Every
 output and every input's gradient (q, k, v, log_f, initial state; the final state's gradient flows back
 too) must agree to relative error < 1e-3 in fp32."""
-import functools
-import types
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -61,21 +58,17 @@ def _recurrent64(kind, q, k, v, x, h0):
     return R.lightning_attn_recurrent(q, k, v, None if x is None else x.double(), h0)
 
 
-def _check_against_recurrence(kind, q, k, v, x, h0, cu=None, state_grad=True, layout="scan", anchor_chunks=None,
-                              feature_map=None):
+def _check_against_recurrence(kind, q, k, v, x, h0, cu=None, state_grad=True, layout="scan", anchor_chunks=None):
     """Run the triton impl in `layout` and the float64 recurrence (per document when packed) and compare
     outputs, final states and the gradients of every differentiable input (the loss also reads the
     final state unless `state_grad` is False). anchor_chunks: GLA d log_f's anchor spacing (default: the
-    kernels' own, which these short sequences never reach). feature_map 'silu' (lightning): q, k go in
-    pre-activation; the reference applies SiLU in float64, the gradients are those of the raw q, k."""
+    kernels' own, which these short sequences never reach)."""
     ins = [q, k, v] + ([h0] if h0 is not None else []) + ([x] if kind == "gla" else [])
     ins = [t.clone().requires_grad_(True) for t in ins]
     q_, k_, v_ = ins[:3]
     h0_ = ins[3] if h0 is not None else None
     x_ = ins[-1] if kind == "gla" else x
     f = gated_linear_attn if kind == "gla" else lightning_attn
-    if feature_map is not None:
-        f = functools.partial(lightning_attn, feature_map=feature_map)
     with force_plan(seg_chunks=LAYOUTS[layout], anchor_chunks=anchor_chunks):
         o, S = f(q_, k_, v_, x_, initial_state=h0_, output_final_state=True, cu_seqlens=cu, impl="triton")
         gen = torch.Generator().manual_seed(1)
@@ -86,8 +79,6 @@ def _check_against_recurrence(kind, q, k, v, x, h0, cu=None, state_grad=True, la
     q6, k6, v6 = ins64[:3]
     h6 = ins64[3] if h0 is not None else None
     x6 = ins64[-1] if kind == "gla" else x
-    if feature_map == "silu":
-        q6, k6 = F.silu(q6), F.silu(k6)
     bounds = [0, q.shape[1]] if cu is None else cu.tolist()
     outs, states = [], []
     for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
@@ -117,46 +108,6 @@ def test_matches_recurrence(kind, T, Dk, Dv, layout):
     q, k, v, x = _make(kind, T, 2, Dk, Dv)
     h0 = torch.randn(1, 2, Dk, Dv) * 0.5
     _check_against_recurrence(kind, q, k, v, x, h0, layout=layout)
-
-
-@pytest.mark.parametrize("kind,T,layout,packed", [("la", 83, "scan", False), ("la", 130, "split1", False),
-                                                  ("la", 130, "split2", True), ("nodecay", 77, "split1", False)])
-def test_silu_feature_map_inside_the_kernels(kind, T, layout, packed, monkeypatch):
-    """feature_map='silu' (TNL's phi): the walks apply SiLU to q, k as they load them and take dq, dk back
-    through it; against the float64 recurrence on SiLU(q), SiLU(k), gradients of the raw q, k, every
-    layout, packed too. The op itself must not apply F.silu on this path (that is the fused form's point)."""
-    import ops.linear_attention as la
-    q, k, v, x = _make(kind, T, 2, 32, 16, seed=11)
-    q, k = q * 2.0, k * 4.0  # pre-activations on both sides of 0, into SiLU's curved part
-    cu = torch.tensor([0, 50, T]) if packed else None
-    h0 = torch.randn(2 if packed else 1, 2, 32, 16) * 0.5
-
-    def no_silu(*a, **kw):
-        raise AssertionError("F.silu called outside the kernels")
-    monkeypatch.setattr(la, "F", types.SimpleNamespace(silu=no_silu))
-    _check_against_recurrence(kind, q, k, v, x, h0, cu=cu, layout=layout, feature_map="silu")
-
-
-def test_silu_feature_map_unfused_gives_the_same_values():
-    """OpsConfig.fused_feature_map=False applies F.silu before the kernels: the same outputs and gradients
-    as the fused form (both against each other in fp32), and the chunked twin takes the same argument."""
-    from ops.config import get_config, set_config
-    q, k, v, x = _make("la", 90, 2, 16, 16, seed=12)
-    outs = []
-    for fused, impl in ((True, "triton"), (False, "triton"), (True, "chunked")):
-        before = get_config()
-        set_config(fused_feature_map=fused)
-        try:
-            ins = [t.clone().requires_grad_(True) for t in (q, k, v)]
-            o = lightning_attn(*ins, x, impl=impl, feature_map="silu")
-            outs.append((o, *torch.autograd.grad((o * torch.cos(o)).sum(), ins)))
-        finally:
-            set_config(before)
-    for other in outs[1:]:
-        for a, b in zip(outs[0], other):
-            assert rel(a, b) < 1e-5
-    with pytest.raises(ValueError, match="feature_map"):
-        lightning_attn(q, k, v, x, feature_map="relu")
 
 
 @pytest.mark.parametrize("kind,layout", [("la", "split1"), ("nodecay", "scan"), ("gla", "split1")])
