@@ -86,7 +86,7 @@ bundle)
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   mkdir -p "$DIR"
   T0=$(date +%s)
-  Q=$(study_query)
+  Q=$(study_query) || die "cannot read the study config $CFG (above)"
   DATA=$(line 2 "$Q")
   [ -n "$DATA" ] || die "the study names no prepared dataset (data:), so there is nothing to carry"
   if [ ! -f "$DATA/train/meta.json" ]; then
@@ -183,7 +183,8 @@ device)
 collect)
   [ $# -ge 1 ] || die "collect needs the folder(s) holding results_part*.tgz (the device tool's files_at)"
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-  STUDY=$(line 1 "$(study_query)")
+  Q=$(study_query) || die "cannot read the study config $CFG (above)"
+  STUDY=$(line 1 "$Q")
   DOCS=$(dirname "$CFG")
   mkdir -p "$STUDY"
   n=0
