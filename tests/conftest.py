@@ -87,19 +87,3 @@ def slurm_cluster():
     yield
     if started:
         subprocess.run(["bash", str(script), "down"], capture_output=True, text=True, timeout=300)
-
-
-# The files that take longest on a 2-core machine (most of them drive subprocesses: Slurm jobs, study steps,
-# multi-rank runs), run first. `pytest -n 2 --dist loadfile` hands files to its workers in collection order:
-# in name order these come near the end, and the run then waits on one worker's long file while the other
-# has nothing left. Tests inside a file keep their order; every other file follows in name order. The two
-# files that submit Slurm jobs are kept apart, so that their jobs do not wait for each other's nodes.
-LONGEST_FIRST = ("test_slurm.py", "test_study_gpu_script.py", "test_train_long_context.py", "test_study.py",
-                 "test_scaling_fits.py", "test_kernels.py", "test_checkpoint_world_size.py",
-                 "test_train_distributed.py", "test_bad_inputs.py", "test_checkpoint_resume.py",
-                 "test_deepspeed_compile.py", "test_sequence_parallel_compile.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: file order kept otherwise
