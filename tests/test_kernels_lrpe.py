@@ -1,5 +1,7 @@
 """cosFormer2's fused feature map phi(silu(.)) for q and k (`ops.silu_lrpe`): the Triton kernel under the
 interpreter against the float64 plain-PyTorch twin and against the LRPE's definition."""
+import os
+
 import pytest
 import torch
 
@@ -155,7 +157,11 @@ def test_every_swept_launch_configuration_computes_the_same(monkeypatch):
     rq, rk = silu_lrpe_reference(*ref_leaves, t)
     ref = torch.autograd.grad(rq.sum() + 2 * rk.sum(), ref_leaves)
     assert (K.FWD_LAUNCH in bench.SWEEP) and (K.BWD_LAUNCH in bench.SWEEP)
-    for cfg in bench.SWEEP:
+    cfgs = bench.SWEEP
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        # the interpreter runs a program the same way for any warp count: one candidate per tile shape
+        cfgs = list({cfg[:2]: cfg for cfg in cfgs}.values())
+    for cfg in cfgs:
         monkeypatch.setattr(K, "FWD_LAUNCH", cfg)
         monkeypatch.setattr(K, "BWD_LAUNCH", cfg)
         leaves = [x.clone().requires_grad_() for x in (q, k, theta)]
