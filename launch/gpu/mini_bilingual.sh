@@ -98,18 +98,20 @@ bundle)
   # the loader reads train/, val/ and tokens/; parts/ and merge/ are the prepare step's scratch
   XZ_OPT=-6 tar -C "$(dirname "$DATA")" -cJf "$DIR/data.tar.xz" --exclude=parts --exclude=merge "$(basename "$DATA")"
   tar -C "$STUDY" -cf "$DIR/eval_inputs.tar" $(cd "$STUDY" && ls eval/valid_tokens.bin eval/csr_requests.json 2>/dev/null)
-  # the raw files of the tasks the GPU machine scores itself (the commonsense tasks are replayed here instead)
-  FILES=$($PY - "$CFG" "${SETS[@]}" <<'EOF'
+  # the raw files of the tasks the GPU machine scores itself (the commonsense tasks are replayed here instead),
+  # and the folder they are read from, in one Python process
+  EV=$($PY - "$CFG" "${SETS[@]}" <<'EOF'
 import sys
-from evaluation.local_data import EVAL_FILES
+from evaluation.local_data import EVAL_FILES, shared_data_dir
 from scaling.study.config import load_study
 from scaling.study.stages import TASK_FILES, csr_tasks
 study = load_study(sys.argv[1], overrides=sys.argv[2:])
 replayed = set(csr_tasks(study)) if study.evaluation.csr == "replay" else set()
+print(shared_data_dir())
 print(" ".join("eval/" + EVAL_FILES[f] for t in study.evaluation.tasks if t not in replayed for f in TASK_FILES.get(t, ())))
 EOF
-)
-  SHARED=$($PY -c "from evaluation.local_data import shared_data_dir; print(shared_data_dir())")
+) || die "cannot read the evaluation tasks of $CFG (above)"
+  SHARED=$(line 1 "$EV") FILES=$(line 2 "$EV")
   rm -f "$DIR/eval_data.tar.xz"
   if [ -n "$FILES" ]; then tar -C "$SHARED" -cJf "$DIR/eval_data.tar.xz" $FILES; fi
   if [[ " $FILES " == *wikitext* ]] && ! ls "$DIR"/lm_eval-*.whl >/dev/null 2>&1; then
