@@ -47,16 +47,23 @@ t.extractall(sys.argv[2], **({'filter': 'data'} if hasattr(tarfile, 'data_filter
 [ -f "$CFG" ] || die "run me from the repository root (no $CFG here)"
 
 # What the steps need from the config (with the overrides), from one Python process (each one imports torch):
-# line 1 the study directory, line 2 its prepared dataset (empty: none), line 3 the runs of PART when one is
-# given: 1 = the first half of the config's architectures, 2 = the rest, all = every run, a comma-separated
-# list of architectures (SIZES keeps only those sizes), or a comma-separated list of run names
+# line 1 the study directory, line 2 its prepared dataset (empty: none), line 3 the shared data folder, line 4
+# the raw files of the tasks the GPU machine scores itself (the commonsense tasks are replayed here instead),
+# line 5 the runs of PART when one is given: 1 = the first half of the config's architectures, 2 = the rest,
+# all = every run, a comma-separated list of architectures (SIZES keeps only those sizes), or a
+# comma-separated list of run names
 study_query() { $PY - "$CFG" "${1:-}" "${SIZES:-}" "${SETS[@]}" <<'EOF'
 import sys
+from evaluation.local_data import EVAL_FILES, shared_data_dir
 from scaling.study.config import load_study
 from scaling.study.plan import plan_study
+from scaling.study.stages import TASK_FILES, csr_tasks
 study = load_study(sys.argv[1], overrides=sys.argv[4:])
 print(study.out)
 print(study.data or "")
+print(shared_data_dir())
+replayed = set(csr_tasks(study)) if study.evaluation.csr == "replay" else set()
+print(" ".join("eval/" + EVAL_FILES[f] for t in study.evaluation.tasks if t not in replayed for f in TASK_FILES.get(t, ())))
 part = sys.argv[2]
 if not part:
     sys.exit(0)
@@ -98,20 +105,7 @@ bundle)
   # the loader reads train/, val/ and tokens/; parts/ and merge/ are the prepare step's scratch
   XZ_OPT=-6 tar -C "$(dirname "$DATA")" -cJf "$DIR/data.tar.xz" --exclude=parts --exclude=merge "$(basename "$DATA")"
   tar -C "$STUDY" -cf "$DIR/eval_inputs.tar" $(cd "$STUDY" && ls eval/valid_tokens.bin eval/csr_requests.json 2>/dev/null)
-  # the raw files of the tasks the GPU machine scores itself (the commonsense tasks are replayed here instead),
-  # and the folder they are read from, in one Python process
-  EV=$($PY - "$CFG" "${SETS[@]}" <<'EOF'
-import sys
-from evaluation.local_data import EVAL_FILES, shared_data_dir
-from scaling.study.config import load_study
-from scaling.study.stages import TASK_FILES, csr_tasks
-study = load_study(sys.argv[1], overrides=sys.argv[2:])
-replayed = set(csr_tasks(study)) if study.evaluation.csr == "replay" else set()
-print(shared_data_dir())
-print(" ".join("eval/" + EVAL_FILES[f] for t in study.evaluation.tasks if t not in replayed for f in TASK_FILES.get(t, ())))
-EOF
-) || die "cannot read the evaluation tasks of $CFG (above)"
-  SHARED=$(line 1 "$EV") FILES=$(line 2 "$EV")
+  SHARED=$(line 3 "$Q") FILES=$(line 4 "$Q")
   rm -f "$DIR/eval_data.tar.xz"
   if [ -n "$FILES" ]; then tar -C "$SHARED" -cJf "$DIR/eval_data.tar.xz" $FILES; fi
   if [[ " $FILES " == *wikitext* ]] && ! ls "$DIR"/lm_eval-*.whl >/dev/null 2>&1; then
@@ -146,7 +140,7 @@ device)
   export PYTHONPATH=$R:$S PYTHONUNBUFFERED=1
   export LINSCALE_SHARED_DATA=${LINSCALE_SHARED_DATA:-/tmp/mini_bilingual_shared}
   Q=$(study_query "$PART") || die "no runs for part $PART"
-  STUDY=$(line 1 "$Q") DATA=$(line 2 "$Q") RUNS=$(line 3 "$Q")
+  STUDY=$(line 1 "$Q") DATA=$(line 2 "$Q") RUNS=$(line 5 "$Q")
   mkdir -p "$(dirname "$DATA")" "$LINSCALE_SHARED_DATA" "$OUT"
   [ -f "$DATA/train/meta.json" ] || untar "$BUNDLE/data.tar.xz" "$(dirname "$DATA")"
   [ ! -f "$BUNDLE/eval_data.tar.xz" ] || untar "$BUNDLE/eval_data.tar.xz" "$LINSCALE_SHARED_DATA"
