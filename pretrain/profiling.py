@@ -20,7 +20,8 @@ logger = get_logger(__name__)
 
 # kernel classes, by kernel-name fragments (first match wins)
 KERNEL_CLASSES = [
-    ("linear attention (Triton)", ("scan_kernel", "gla_", "_lin_rec")),
+    ("linear attention (Triton)", ("scan_kernel", "gla_", "_lin_rec", "seg_local", "seg_combine")),
+    ("cos2 feature map (Triton)", ("silu_lrpe",)),
     ("softmax attention (SDPA)", ("flash", "fmha", "sdpa", "attention")),
     ("loss softmax pass (Triton)", ("_ce_rows",)),
     ("RMSNorm (Triton)", ("_rms_",)),

@@ -39,6 +39,35 @@ def test_summary_of_a_step():
     assert "ampere_bf16_gemm -> dq_scan_kernel 2000.0 ms" in line
 
 
+# which class each kernel module's launches belong to in a profile
+KERNEL_MODULE_CLASS = {"triton_scan": "linear attention (Triton)", "triton_gla_intra": "linear attention (Triton)",
+                       "triton_linear_attn": "linear attention (Triton)", "triton_lrpe": "cos2 feature map (Triton)",
+                       "triton_norm": "RMSNorm (Triton)", "triton_cross_entropy": "loss softmax pass (Triton)"}
+
+
+def test_every_kernel_of_ours_is_counted_with_its_op():
+    """The profiler names a Triton kernel by its function name: each @triton.jit function of the kernel
+    modules that a launch names (`*_kernel`) must fall in its op's class, not in Inductor's or "other"."""
+    import ast
+    from pathlib import Path
+    ops_dir = Path(P.__file__).resolve().parents[1] / "ops"
+    seen = 0
+    for f in sorted(ops_dir.glob("triton_*.py")):
+        if f.stem not in KERNEL_MODULE_CLASS:
+            assert not any(isinstance(n, ast.FunctionDef) and n.name.endswith("_kernel")
+                           for n in ast.parse(f.read_text()).body), f"{f.name}: kernels with no class in this test"
+            continue
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel"):
+                seen += 1
+                assert P.classify(node.name) == KERNEL_MODULE_CLASS[f.stem], (f.name, node.name)
+    assert seen >= 15
+    # Inductor's kernels and cuBLAS's keep their classes
+    assert P.classify("triton_poi_fused_mul_silu_0") == "fused elementwise (Inductor)"
+    assert P.classify("triton_red_fused__to_copy_add_mean_pow_1") == "fused elementwise (Inductor)"
+    assert P.classify("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "matmul (cuBLAS)"
+
+
 def test_step_profiler_profiles_the_named_step_only(monkeypatch, tmp_path, capsys):
     """--profile-step 3: the profiler runs around step 3 alone (pre_step sees progress.step == 2, the step
     about to run), writes the rank's JSON and logs one line; on CPU it says it profiles nothing."""
