@@ -7,6 +7,7 @@ Accuracy bar: relative error (norm of the difference / norm of the reference) <=
 state and every gradient (q, k, v, initial state, log_f), including GLA gates anywhere in [-20, 0],
 T = 64K and packed cu_seqlens."""
 import os
+import random
 import statistics
 
 import pytest
@@ -269,6 +270,93 @@ def test_packed_vs_float64(kind, layout):
     errs, finite = _compare(kind, q, k, v, x, h0, layout, cu=cu)
     print(kind, layout, {n: f"{e:.1e}" for n, e in errs.items()})
     assert finite and all(e <= BAR for e in errs.values()), errs
+
+
+def _random_case(seed: int) -> dict:
+    """A case no other test names: op, head widths (odd and not powers of two among them), batch, length
+    (a single token, a chunk and a row either side of one, thousands), packed documents (lengths 1, 63, 64,
+    65 and random), heads, dtype, layout (the shape rule or a forced segment length), gates, an initial
+    state, a transposed memory layout and a loss on the final state, all drawn from `seed`."""
+    from ops.linear_attention import TRITON_MAX_WIDTHS
+    rng = random.Random(seed)
+    kind = rng.choice(["la", "nodecay", "gla", "gla"])
+    mk, mv = TRITON_MAX_WIDTHS["gated_linear_attn" if kind == "gla" else "lightning_attn"]
+    widths = [16, 32, 48, 64, 80, 96, 128, 160, 192, 256]
+    case = dict(seed=seed, kind=kind, Dk=rng.choice([w for w in widths if w <= mk]),
+                Dv=rng.choice([w for w in widths if w <= mv]), H=rng.randint(1, 6),
+                dtype=rng.choice([torch.bfloat16, torch.bfloat16, torch.float16, torch.float32]),
+                layout=rng.choice(["auto", "scan", 1, 2, 3, 5]), gates=rng.choice(list(GATES)),
+                h0=rng.random() < 0.5, transposed=rng.random() < 0.5, state_loss=rng.random() < 0.5)
+    if rng.random() < 0.3:
+        case["lens"] = [rng.choice([1, 63, 64, 65, rng.randint(1, 3000)]) for _ in range(rng.randint(1, 6))]
+        case["B"], case["T"] = 1, sum(case["lens"])
+    else:
+        case["lens"] = None
+        case["B"], case["T"] = rng.randint(1, 3), rng.choice([1, 7, 63, 64, 65, 129, rng.randint(2, 5000)])
+    # gates in the inputs' dtype or in fp32, as a model may hand them over; never in fp16, whose range
+    # cannot hold d log_f at strong gates (log f = -20: every gradient is about e^-20, below fp16's 6e-8)
+    case["gate_dtype"] = rng.choice([torch.float32, case["dtype"]])
+    if case["gate_dtype"] == torch.float16:
+        case["gate_dtype"] = torch.float32
+    return case
+
+
+GATES = ("mixed", "wide", "moderate", "-20", "near1")
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_cases_vs_float64(seed):
+    """Randomly drawn cases (`_random_case`) against the float64 twin run per document: o, the final
+    state and every gradient within the bar, all finite; inputs in a transposed memory layout are read as
+    they lie (the gradients come back to the [B, H, T, D] storage)."""
+    c = _random_case(seed)
+    B, T, H, Dk, Dv, kind = c["B"], c["T"], c["H"], c["Dk"], c["Dv"], c["kind"]
+    g = torch.Generator(device=DEV).manual_seed(seed)
+
+    def leaf(*shape):  # [B, T, H, D] values, stored [B, H, T, D] when transposed
+        x = torch.randn(*shape, device=DEV, generator=g) * 0.5
+        return (x.transpose(1, 2).contiguous() if c["transposed"] else x).to(c["dtype"]).requires_grad_(True)
+
+    view = (lambda t: t.transpose(1, 2)) if c["transposed"] else (lambda t: t)  # noqa: E731
+    lq, lk, lv = leaf(B, T, H, Dk), leaf(B, T, H, Dk), leaf(B, T, H, Dv)
+    N = B if c["lens"] is None else len(c["lens"])
+    leaves = [lq, lk, lv]
+    h0 = (torch.randn(N, H, Dk, Dv, device=DEV, generator=g) * 0.1).requires_grad_(True) if c["h0"] else None
+    leaves += [h0] if h0 is not None else []
+    if kind == "gla":
+        x = _gates((B, T, H, Dk), c["gates"], g).to(c["gate_dtype"]).requires_grad_(True)
+        leaves.append(x)
+    else:
+        x = _decays(H) if kind == "la" else None
+    cu = None if c["lens"] is None else torch.tensor([0] + list(torch.tensor(c["lens"]).cumsum(0)), device=DEV)
+    q, k, v = view(lq), view(lk), view(lv)
+    assert q.is_contiguous() != c["transposed"] or min(T, H) == 1  # one token or one head: the same layout
+    sc = LAYOUTS.get(c["layout"], c["layout"])
+    with force_plan(seg_chunks=sc) if sc is not None else _nullctx():
+        o, S = _run(kind, q, k, v, x, h0, cu)
+        do = torch.randn(o.shape, device=DEV, generator=g)
+        dS = torch.randn(S.shape, device=DEV, generator=g) * float(c["state_loss"])
+        grads = torch.autograd.grad((o.float() * do).sum() + (S * dS).sum(), leaves)
+    d64 = [t.detach().double().requires_grad_(True) for t in leaves]
+    q6, k6, v6 = (view(t) for t in d64[:3])
+    h6 = d64[3] if h0 is not None else None
+    x6 = d64[-1] if kind == "gla" else (None if x is None else x.double())
+    bounds = [0, T] if cu is None else cu.tolist()
+    outs, states = [], []
+    for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        xs = x6[:, s:e] if kind == "gla" else x6
+        hs = None if h6 is None else (h6[i:i + 1] if cu is not None else h6)
+        oi, Si = _ref64(kind, q6[:, s:e], k6[:, s:e], v6[:, s:e], xs, hs)
+        outs.append(oi)
+        states.append(Si)
+    ro, rS = torch.cat(outs, 1), torch.cat(states, 0)
+    rg = torch.autograd.grad((ro * do.double()).sum() + (rS * dS.double()).sum(), d64)
+    names = ["dq", "dk", "dv"] + (["dh0"] if h0 is not None else []) + (["dlog_f"] if kind == "gla" else [])
+    errs = {"o": rel(o, ro), "S": rel(S, rS), **{n: rel(a, b) for n, a, b in zip(names, grads, rg)}}
+    finite = all(torch.isfinite(t).all() for t in (o, S, *grads))
+    print(c, {n: f"{e:.1e}" for n, e in errs.items()})
+    assert o.dtype == v.dtype and o.shape == (B, T, H, Dv) and S.dtype == torch.float32
+    assert finite and all(e <= BAR for e in errs.values()), (c, errs)
 
 
 def test_rms_norm_bf16():
