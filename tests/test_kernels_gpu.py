@@ -71,6 +71,19 @@ def _ref64(kind, q, k, v, x, h0=None):
     return R.lightning_attn_chunked(q, k, v, x, h0)
 
 
+def _ref64_per_doc(kind, q, k, v, x, h0, cu):
+    """The float64 twin run on each document of `cu` (the whole sequence without it); h0 per document."""
+    bounds = [0, q.shape[1]] if cu is None else cu.tolist()
+    outs, states = [], []
+    for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        xs = x[:, s:e] if kind == "gla" else x
+        hs = None if h0 is None else (h0[i:i + 1] if cu is not None else h0)
+        oi, Si = _ref64(kind, q[:, s:e], k[:, s:e], v[:, s:e], xs, hs)
+        outs.append(oi)
+        states.append(Si)
+    return torch.cat(outs, 1), torch.cat(states, 0)
+
+
 def _compare(kind, q, k, v, x, h0, layout, cu=None, state_loss=True):
     """Errors of o, S and every gradient (loss on o and, if state_loss, S) against float64."""
     ins = [q, k, v] + ([h0] if h0 is not None else []) + ([x] if kind == "gla" else [])
@@ -85,15 +98,7 @@ def _compare(kind, q, k, v, x, h0, layout, cu=None, state_loss=True):
     d64 = [t.detach().double().requires_grad_(True) for t in ins]
     x64 = d64[-1] if kind == "gla" else (None if x is None else x.double())
     h64 = d64[3] if h0 is not None else None
-    bounds = [0, q.shape[1]] if cu is None else cu.tolist()
-    outs, states = [], []
-    for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-        xs = x64[:, s:e] if kind == "gla" else x64
-        hs = None if h64 is None else (h64[i:i + 1] if cu is not None else h64)
-        oi, Si = _ref64(kind, d64[0][:, s:e], d64[1][:, s:e], d64[2][:, s:e], xs, hs)
-        outs.append(oi)
-        states.append(Si)
-    ro, rS = torch.cat(outs, 1), torch.cat(states, 0)
+    ro, rS = _ref64_per_doc(kind, d64[0], d64[1], d64[2], x64, h64, cu)
     rg = torch.autograd.grad((ro * do.double()).sum() + (rS * dS.double()).sum(), d64)
     names = ["dq", "dk", "dv"] + (["dh0"] if h0 is not None else []) + (["dlog_f"] if kind == "gla" else [])
     errs = {"o": rel(o, ro), "S": rel(S, rS), **{n: rel(a, b) for n, a, b in zip(names, grads, rg)}}
@@ -272,6 +277,9 @@ def test_packed_vs_float64(kind, layout):
     assert finite and all(e <= BAR for e in errs.values()), errs
 
 
+GATES = ("mixed", "wide", "moderate", "-20", "near1")
+
+
 def _random_case(seed: int) -> dict:
     """A case no other test names: op, head widths (odd and not powers of two among them), batch, length
     (a single token, a chunk and a row either side of one, thousands), packed documents (lengths 1, 63, 64,
@@ -299,9 +307,6 @@ def _random_case(seed: int) -> dict:
     if case["gate_dtype"] == torch.float16:
         case["gate_dtype"] = torch.float32
     return case
-
-
-GATES = ("mixed", "wide", "moderate", "-20", "near1")
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -338,18 +343,8 @@ def test_random_cases_vs_float64(seed):
         dS = torch.randn(S.shape, device=DEV, generator=g) * float(c["state_loss"])
         grads = torch.autograd.grad((o.float() * do).sum() + (S * dS).sum(), leaves)
     d64 = [t.detach().double().requires_grad_(True) for t in leaves]
-    q6, k6, v6 = (view(t) for t in d64[:3])
-    h6 = d64[3] if h0 is not None else None
     x6 = d64[-1] if kind == "gla" else (None if x is None else x.double())
-    bounds = [0, T] if cu is None else cu.tolist()
-    outs, states = [], []
-    for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-        xs = x6[:, s:e] if kind == "gla" else x6
-        hs = None if h6 is None else (h6[i:i + 1] if cu is not None else h6)
-        oi, Si = _ref64(kind, q6[:, s:e], k6[:, s:e], v6[:, s:e], xs, hs)
-        outs.append(oi)
-        states.append(Si)
-    ro, rS = torch.cat(outs, 1), torch.cat(states, 0)
+    ro, rS = _ref64_per_doc(kind, *(view(t) for t in d64[:3]), x6, d64[3] if h0 is not None else None, cu)
     rg = torch.autograd.grad((ro * do.double()).sum() + (rS * dS.double()).sum(), d64)
     names = ["dq", "dk", "dv"] + (["dh0"] if h0 is not None else []) + (["dlog_f"] if kind == "gla" else [])
     errs = {"o": rel(o, ro), "S": rel(S, rS), **{n: rel(a, b) for n, a, b in zip(names, grads, rg)}}
