@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pretrain.argtypes import non_negative_float, non_negative_int, positive_float, positive_int, ranged  # noqa: E402
@@ -45,6 +46,39 @@ ARCHS = ["llama", "tnl", "hgrn2", "cos2"]  # the measured matrix: the paper's fo
 SIZES = ["410m", "1b"]
 SEQS = [2048, 8192, 32768, 65536]
 AC_MODES = ["none", "mlp", "full"]
+
+def _names_arg(flag: str, kind: str) -> Callable[[str], list[str]]:
+    """A comma-separated list of architectures (aliases resolved to the registry's names) or sizes, each
+    checked here, so that a typo ends in one error line before any cell starts (each cell is a process of
+    its own)."""
+    def parse(text: str) -> list[str]:
+        from models.registry import canonical_arch
+        from models.sizes import SIZES as KNOWN_SIZES
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: empty; give comma-separated names")
+        if kind == "sizes":
+            bad = [x for x in names if x not in KNOWN_SIZES]
+            if bad:
+                raise argparse.ArgumentTypeError(f"{flag} {text!r}: {', '.join(map(repr, bad))} not known; "
+                                                 f"choose from {', '.join(KNOWN_SIZES)}")
+            return names
+        try:
+            return [canonical_arch(x) for x in names]
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{flag}: {err}") from None
+    return parse
+
+
+def _seqs_arg(text: str) -> list[int]:
+    try:
+        seqs = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        seqs = []
+    if not seqs or min(seqs) < 1:
+        raise argparse.ArgumentTypeError(f"--seqs {text!r}: give whole numbers >= 1, comma-separated, e.g. 2048,8192")
+    return seqs
+
 
 def cell_name(arch: str, size: str, seq: int, micro_tokens: int, ac: str, ac_fraction: float, compile_: bool,
               ops: dict | None = None) -> str:
@@ -396,9 +430,9 @@ def _report_device(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--archs", default=",".join(ARCHS), type=lambda s: s.split(","))
-    p.add_argument("--sizes", default=",".join(SIZES), type=lambda s: s.split(","))
-    p.add_argument("--seqs", default=",".join(map(str, SEQS)), type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--archs", default=ARCHS, type=_names_arg("--archs", "archs"), help="comma-separated")
+    p.add_argument("--sizes", default=SIZES, type=_names_arg("--sizes", "sizes"), help="comma-separated")
+    p.add_argument("--seqs", default=SEQS, type=_seqs_arg, help="comma-separated tokens per sequence (>= 1)")
     p.add_argument("--tokens-per-step", type=positive_int, default=65536)
     p.add_argument("--micro-tokens", type=positive_int, default=None, help="tokens per micro-batch (default max(seq, 8192))")
     p.add_argument("--ac", default="auto", choices=["auto"] + AC_MODES,
@@ -432,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
     if not torch.cuda.is_available() and not args.allow_cpu:
-        print("bench_train needs a CUDA GPU (it measures training throughput); --report works anywhere", file=sys.stderr)
+        print("error: bench_train needs a CUDA GPU (it measures training throughput); --report works anywhere", file=sys.stderr)
         return 2
     run_matrix(args)
     print(report(Path(args.out)))

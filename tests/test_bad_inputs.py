@@ -1283,11 +1283,17 @@ def test_every_command_has_the_handler(tmp_path):
     procs = clis(("bench_checkpoint.py", "--steps", "-1"),
                  ("bench_data.py", "--config", tmp_path / "missing.yaml"),
                  ("bench_scaling_calibration.py", "--repeats", "0"),
-                 ("study.py", "plan", "--config", tmp_path / "missing.yaml"))
+                 ("study.py", "plan", "--config", tmp_path / "missing.yaml"),
+                 ("bench_train.py", "--archs", "tnl,tnll"),
+                 ("bench_train.py", "--sizes", "1b,13b"),
+                 ("bench_train.py", "--seqs", "8k"))
     expect = ["argument --steps: -1: out of range; allowed: >= 1",
               f"error: data config {tmp_path / 'missing.yaml'} not found",
               "argument --repeats: 0: out of range; allowed: >= 1",
-              f"error: study config: {tmp_path / 'missing.yaml'}: no such file"]
+              f"error: study config: {tmp_path / 'missing.yaml'}: no such file",
+              "argument --archs: --archs: unknown arch 'tnll'; choose from llama, tnl, hgrn2, cos2",
+              "argument --sizes: --sizes '1b,13b': '13b' not known; choose from tiny, mini, 70m",
+              "argument --seqs: --seqs '8k': give whole numbers >= 1"]
     for proc, want in zip(procs, expect):
         assert proc.returncode == 2 and want in one_error_line(proc.stderr), (proc.args, proc.stderr[-2000:])
 
