@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ops import gated_linear_attn, lightning_attn  # noqa: E402
+from pretrain.argtypes import positive_int  # noqa: E402
 
 # measured rates (docs/benchmarks.md): bf16 dense matmul, device copy
 PEAKS = {"H200": (700e12, 4.2e12), "H100": (650e12, 3.0e12)}
@@ -649,8 +650,14 @@ def resources(a) -> None:
 
 
 def _shape(s: str) -> tuple[int, int]:
-    b, h = s.lower().split("x")
-    return int(b), int(h)
+    """'BxH', sequences by heads, both >= 1."""
+    try:
+        b, h = (int(x) for x in s.lower().split("x"))
+    except ValueError:
+        b = h = 0
+    if min(b, h) < 1:
+        raise argparse.ArgumentTypeError(f"{s!r}: give batch x heads as BxH with both >= 1, e.g. 2x12")
+    return b, h
 
 
 def main() -> None:
@@ -668,16 +675,16 @@ def main() -> None:
     mode.add_argument("--report", nargs="+", default=None, metavar="FILE",
                       help="print --matrix JSON files as one table with fla / ours per op (no GPU needed)")
     ap.add_argument("--shapes", type=_shape, nargs="+", default=SHAPES, metavar="BxH")
-    ap.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 32768, 65536])
+    ap.add_argument("--T", type=positive_int, nargs="+", default=[2048, 8192, 32768, 65536])
     ap.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
-    ap.add_argument("--skip", nargs="*", default=[], help="fla and/or sdpa: leave those anchors out")
-    ap.add_argument("--rep", type=int, default=60, help="do_bench time budget per measurement, ms")
-    ap.add_argument("--max-segments", type=int, default=32, help="--sweep: largest segment count tried")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["fla", "sdpa"], help="fla and/or sdpa: leave those anchors out")
+    ap.add_argument("--rep", type=positive_int, default=60, help="do_bench time budget per measurement, ms")
+    ap.add_argument("--max-segments", type=positive_int, default=32, help="--sweep: largest segment count tried")
     ap.add_argument("--launch", type=json.loads, default={}, help="--sweep/--warmup/--resources: launch overrides, JSON "
                     "{kernel: {key: value}} (through the test-only seam ops.testing.force_plan)")
     ap.add_argument("--json", default=None, help="write the results here (rewritten after every cell)")
     ap.add_argument("--resume", default=None, help="--matrix: an earlier --json file; its cells are kept, not re-run")
-    ap.add_argument("--D", type=int, default=128, help="--resources: head width")
+    ap.add_argument("--D", type=positive_int, default=128, help="--resources: head width")
     ap.add_argument("--level-blocks", action="store_true",
                     help="--resources: GLA's level kernels with the block products (ops.triton_linear_attn.LEVEL_BLOCKS)")
     ap.add_argument("--timing", choices=["wall", "gpu"], default="wall",
@@ -693,7 +700,8 @@ def main() -> None:
     if a.report:
         return report(a.report)
     if not torch.cuda.is_available():
-        sys.exit("bench_kernels needs a CUDA device (only --resources runs without one)")
+        from pretrain.errors import UserError
+        raise UserError("bench_kernels needs a CUDA device (only --resources and --report run without one)")
     # fla's kernels autotune on first use (minutes a process); with Triton's on-disk autotuning cache a
     # later process on the same machine reuses the configs fla chose, instead of timing them again
     os.environ.setdefault(AUTOTUNE_CACHE, "1")

@@ -1286,14 +1286,18 @@ def test_every_command_has_the_handler(tmp_path):
                  ("study.py", "plan", "--config", tmp_path / "missing.yaml"),
                  ("bench_train.py", "--archs", "tnl,tnll"),
                  ("bench_train.py", "--sizes", "1b,13b"),
-                 ("bench_train.py", "--seqs", "8k"))
+                 ("bench_train.py", "--seqs", "8k"),
+                 ("bench_kernels.py", "--matrix", "--shapes", "2x0"),
+                 ("bench_kernels.py", "--matrix", "--T", "0"))
     expect = ["argument --steps: -1: out of range; allowed: >= 1",
               f"error: data config {tmp_path / 'missing.yaml'} not found",
               "argument --repeats: 0: out of range; allowed: >= 1",
               f"error: study config: {tmp_path / 'missing.yaml'}: no such file",
               "argument --archs: --archs: unknown arch 'tnll'; choose from llama, tnl, hgrn2, cos2",
               "argument --sizes: --sizes '1b,13b': '13b' not known; choose from tiny, mini, 70m",
-              "argument --seqs: --seqs '8k': give whole numbers >= 1"]
+              "argument --seqs: --seqs '8k': give whole numbers >= 1",
+              "argument --shapes: '2x0': give batch x heads as BxH with both >= 1",
+              "argument --T: 0: out of range; allowed: >= 1"]
     for proc, want in zip(procs, expect):
         assert proc.returncode == 2 and want in one_error_line(proc.stderr), (proc.args, proc.stderr[-2000:])
 
