@@ -50,6 +50,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pretrain.argtypes import non_negative_float, non_negative_int, positive_float, positive_int, ranged  # noqa: E402
 
 SCENARIOS = ("scaling", "7b", "resume")
 PHASES = ("train", "export", "eval", "resume")
@@ -799,12 +800,28 @@ def _raise_interrupt(*_):
     raise KeyboardInterrupt
 
 
-def _csv(kind):
-    return lambda s: [kind(x) for x in s.split(",") if x]
+def _csv(kind, lo: int | None = None, hi: int | None = None, example: str = "1,2,4"):
+    """A comma-separated list; with bounds, whole numbers in [lo, hi]."""
+    def parse(s: str) -> list:
+        try:
+            items = [kind(x) for x in s.split(",") if x]
+        except ValueError:
+            items = []
+        if not items or (lo is not None and min(items) < lo) or (hi is not None and max(items) > hi):
+            span = "" if lo is None else f" from {lo}" + ("" if hi is None else f" to {hi}")
+            raise argparse.ArgumentTypeError(f"{s!r}: give a comma-separated list{span}, e.g. {example}")
+        return items
+    return parse
 
 
 def _pairs(s: str) -> list[tuple[int, int]]:
-    return [tuple(int(x) for x in p.split(":")) for p in s.split(",") if p]
+    try:
+        pairs = [tuple(int(x) for x in p.split(":")) for p in s.split(",") if p]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+        raise argparse.ArgumentTypeError(f"{s!r}: give FROM:TO GPU counts >= 1, comma-separated, e.g. 8:4,4:8")
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -817,23 +834,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rehearse", action="store_true", help="tiny model on CPU (gloo), world sizes 1/2/4")
     ap.add_argument("--archs", type=_csv(str)), ap.add_argument("--big-archs", type=_csv(str))
     ap.add_argument("--size"), ap.add_argument("--big-size")
-    ap.add_argument("--counts", type=_csv(int), help="GPU counts of the scaling scenario (default 1,2,4,8)")
-    ap.add_argument("--stages", type=_csv(int), help="ZeRO stages of the scaling scenario (default 1,2,3)")
+    ap.add_argument("--counts", type=_csv(int, 1), help="GPU counts of the scaling scenario (default 1,2,4,8)")
+    ap.add_argument("--stages", type=_csv(int, 0, 3, "1,2,3"), help="ZeRO stages of the scaling scenario (default 1,2,3)")
     ap.add_argument("--pairs", type=_pairs, help="resume scenario, FROM:TO GPU counts (default 8:4,4:8)")
-    ap.add_argument("--gpus", type=int, help="GPUs of the 7b scenario (default 8)")
-    ap.add_argument("--seq-len", type=int), ap.add_argument("--global-seqs", type=int)
-    ap.add_argument("--micro-batch", type=int), ap.add_argument("--steps", type=int)
-    ap.add_argument("--warm", type=int, help="first steps left out of the medians")
-    ap.add_argument("--big-steps", type=int), ap.add_argument("--big-global-seqs", type=int)
-    ap.add_argument("--resume-steps", type=int), ap.add_argument("--loss-rtol", type=float)
+    ap.add_argument("--gpus", type=positive_int, help="GPUs of the 7b scenario (default 8)")
+    ap.add_argument("--seq-len", type=positive_int), ap.add_argument("--global-seqs", type=positive_int)
+    ap.add_argument("--micro-batch", type=positive_int), ap.add_argument("--steps", type=positive_int)
+    ap.add_argument("--warm", type=non_negative_int, help="first steps left out of the medians")
+    ap.add_argument("--big-steps", type=positive_int), ap.add_argument("--big-global-seqs", type=positive_int)
+    ap.add_argument("--resume-steps", type=positive_int), ap.add_argument("--loss-rtol", type=ranged(float, gt=0))
     ap.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES), help="7b scenario phases")
-    ap.add_argument("--eval-limit", type=int, help="documents of the WikiText-2 evaluation (smoke runs)")
+    ap.add_argument("--eval-limit", type=positive_int, help="documents of the WikiText-2 evaluation (smoke runs)")
     ap.add_argument("--data", help="--data of every pretrain command (default: the embedded corpus on GPUs, "
                                    "a synthetic dataset in the rehearsal)")
     ap.add_argument("--pretrain-args", default="", help="extra pretrain flags, e.g. '--compile true'")
-    ap.add_argument("--time-budget", type=float, default=0, help="seconds; start no cell that may not end in it")
-    ap.add_argument("--cell-estimate", type=float, default=120, help="seconds a cell is assumed to take")
-    ap.add_argument("--cell-timeout", type=float, default=580, help="seconds before a command is killed")
+    ap.add_argument("--time-budget", type=non_negative_float, default=0, help="seconds; start no cell that may not end in it")
+    ap.add_argument("--cell-estimate", type=positive_float, default=120, help="seconds a cell is assumed to take")
+    ap.add_argument("--cell-timeout", type=positive_float, default=580, help="seconds before a command is killed")
     ap.add_argument("--keep-runs", action="store_true")
     ap.add_argument("--done", nargs="+", metavar="DIR", help="results of earlier commands: their cells are skipped")
     ap.add_argument("--print-plan", action="store_true", help="print the settings of every scenario and exit")
@@ -846,6 +863,8 @@ def main(argv: list[str] | None = None) -> int:
                 "steps", "warm", "big_steps", "big_global_seqs", "resume_steps", "loss_rtol", "data"):
         if getattr(args, key) is not None:
             setattr(plan, key, getattr(args, key))
+    if plan.warm >= plan.steps:
+        ap.error(f"--warm {plan.warm} leaves none of the {plan.steps} steps to time: give --warm below --steps")
     if args.pairs is not None:
         plan.resume_pairs = args.pairs
     if args.gpus is not None:
