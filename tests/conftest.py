@@ -6,6 +6,9 @@ from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# one intra-op thread per test process: the suite runs two workers, and many tests start ranks or Slurm
+# jobs of their own, on machines of a few cores, where a second thread per process only oversubscribes them
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
