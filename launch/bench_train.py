@@ -47,26 +47,27 @@ SIZES = ["410m", "1b"]
 SEQS = [2048, 8192, 32768, 65536]
 AC_MODES = ["none", "mlp", "full"]
 
-def _names_arg(flag: str, kind: str) -> Callable[[str], list[str]]:
-    """A comma-separated list of architectures (aliases resolved to the registry's names) or sizes, each
-    checked here, so that a typo ends in one error line before any cell starts (each cell is a process of
-    its own)."""
+
+def _names_arg(kind: str) -> Callable[[str], list[str]]:
+    """A comma-separated list of architectures (aliases resolved to the registry's names) or of sizes,
+    each checked here, so that a typo ends in one error line before any cell starts (each cell is a
+    process of its own)."""
     def parse(text: str) -> list[str]:
         from models.registry import canonical_arch
         from models.sizes import SIZES as KNOWN_SIZES
         names = [x.strip() for x in text.split(",") if x.strip()]
         if not names:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r}: empty; give comma-separated names")
+            raise argparse.ArgumentTypeError(f"{text!r}: empty; give comma-separated names")
         if kind == "sizes":
             bad = [x for x in names if x not in KNOWN_SIZES]
             if bad:
-                raise argparse.ArgumentTypeError(f"{flag} {text!r}: {', '.join(map(repr, bad))} not known; "
+                raise argparse.ArgumentTypeError(f"{', '.join(map(repr, bad))} not known; "
                                                  f"choose from {', '.join(KNOWN_SIZES)}")
             return names
         try:
             return [canonical_arch(x) for x in names]
         except ValueError as err:
-            raise argparse.ArgumentTypeError(f"{flag}: {err}") from None
+            raise argparse.ArgumentTypeError(str(err)) from None
     return parse
 
 
@@ -76,7 +77,7 @@ def _seqs_arg(text: str) -> list[int]:
     except ValueError:
         seqs = []
     if not seqs or min(seqs) < 1:
-        raise argparse.ArgumentTypeError(f"--seqs {text!r}: give whole numbers >= 1, comma-separated, e.g. 2048,8192")
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers >= 1, comma-separated, e.g. 2048,8192")
     return seqs
 
 
@@ -430,8 +431,8 @@ def _report_device(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--archs", default=ARCHS, type=_names_arg("--archs", "archs"), help="comma-separated")
-    p.add_argument("--sizes", default=SIZES, type=_names_arg("--sizes", "sizes"), help="comma-separated")
+    p.add_argument("--archs", default=ARCHS, type=_names_arg("archs"), help="comma-separated")
+    p.add_argument("--sizes", default=SIZES, type=_names_arg("sizes"), help="comma-separated")
     p.add_argument("--seqs", default=SEQS, type=_seqs_arg, help="comma-separated tokens per sequence (>= 1)")
     p.add_argument("--tokens-per-step", type=positive_int, default=65536)
     p.add_argument("--micro-tokens", type=positive_int, default=None, help="tokens per micro-batch (default max(seq, 8192))")
