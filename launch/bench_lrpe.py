@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="time the candidate launch configurations instead")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench_lrpe: needs a CUDA GPU (it times GPU kernels)", file=sys.stderr)
+        print("error: bench_lrpe needs a CUDA GPU (it times GPU kernels)", file=sys.stderr)
         return 2
     if args.sweep:
         res = sweep()

@@ -863,6 +863,15 @@ def main(argv: list[str] | None = None) -> int:
                 "steps", "warm", "big_steps", "big_global_seqs", "resume_steps", "loss_rtol", "data"):
         if getattr(args, key) is not None:
             setattr(plan, key, getattr(args, key))
+    from models.registry import canonical_arch
+    from models.sizes import SIZES
+    try:  # a typo ends here, in one line, not in every cell's pretrain command
+        plan.archs, plan.big_archs = [canonical_arch(a) for a in plan.archs], [canonical_arch(a) for a in plan.big_archs]
+    except ValueError as err:
+        ap.error(f"--archs/--big-archs: {err}")
+    for flag, size in (("--size", plan.size), ("--big-size", plan.big_size)):
+        if size not in SIZES:
+            ap.error(f"{flag} {size!r}: not known; choose from {', '.join(SIZES)}")
     if plan.warm >= plan.steps:
         ap.error(f"--warm {plan.warm} leaves none of the {plan.steps} steps to time: give --warm below --steps")
     if args.pairs is not None:

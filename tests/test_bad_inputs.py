@@ -1290,7 +1290,8 @@ def test_every_command_has_the_handler(tmp_path):
                  ("bench_kernels.py", "--matrix", "--shapes", "2x0"),
                  ("bench_kernels.py", "--matrix", "--T", "0"),
                  ("bench_multi_gpu.py", "--counts", "0,2"),
-                 ("bench_multi_gpu.py", "--rehearse", "--warm", "5", "--steps", "5"))
+                 ("bench_multi_gpu.py", "--rehearse", "--warm", "5", "--steps", "5"),
+                 ("bench_multi_gpu.py", "--rehearse", "--archs", "tnl,tnll", "--print-plan"))
     expect = ["argument --steps: -1: out of range; allowed: >= 1",
               f"error: data config {tmp_path / 'missing.yaml'} not found",
               "argument --repeats: 0: out of range; allowed: >= 1",
@@ -1301,7 +1302,8 @@ def test_every_command_has_the_handler(tmp_path):
               "argument --shapes: '2x0': give batch x heads as BxH with both >= 1",
               "argument --T: 0: out of range; allowed: >= 1",
               "argument --counts: '0,2': give a comma-separated list from 1",
-              "--warm 5 leaves none of the 5 steps to time"]
+              "--warm 5 leaves none of the 5 steps to time",
+              "--archs/--big-archs: unknown arch 'tnll'"]
     for proc, want in zip(procs, expect):
         assert proc.returncode == 2 and want in one_error_line(proc.stderr), (proc.args, proc.stderr[-2000:])
 
