@@ -90,3 +90,21 @@ def slurm_cluster():
     yield
     if started:
         subprocess.run(["bash", str(script), "down"], capture_output=True, text=True, timeout=300)
+
+
+# The files that take longest (seconds of a run of the suite on two CPU workers), started first: pytest-xdist
+# hands whole files to the workers in queue order, and by default it queues them by test count, which put
+# one-test files of a minute at the end, where one worker then ran alone. Longest first, the two end together.
+LONG_FILES = ("test_study_gpu_script.py", "test_slurm.py", "test_kernels.py", "test_study.py", "test_bad_inputs.py",
+              "test_train_long_context.py", "test_train_distributed.py", "test_checkpoint_world_size.py",
+              "test_checkpoint_resume.py", "test_scaling_fits.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # the controller's queue keeps the order of the items below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: the rest keep their order
