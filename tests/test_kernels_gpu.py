@@ -85,7 +85,8 @@ def _ref64_per_doc(kind, q, k, v, x, h0, cu):
 
 
 def _compare(kind, q, k, v, x, h0, layout, cu=None, state_loss=True):
-    """Errors of o, S and every gradient (loss on o and, if state_loss, S) against float64."""
+    """Errors of o, S and every gradient (loss on o and, if state_loss, S) against float64; asserts the
+    outputs' dtypes and shape."""
     ins = [q, k, v] + ([h0] if h0 is not None else []) + ([x] if kind == "gla" else [])
     ins = [t.detach().clone().requires_grad_(True) for t in ins]
     xi = ins[-1] if kind == "gla" else x
@@ -93,6 +94,8 @@ def _compare(kind, q, k, v, x, h0, layout, cu=None, state_loss=True):
     sc = LAYOUTS.get(layout, layout)  # a name, or a segment length in chunks
     with force_plan(seg_chunks=sc) if sc is not None else _nullctx():
         o, S = _run(kind, ins[0], ins[1], ins[2], xi, hi, cu)
+        # the ops' contract: o in v's dtype and shape, the final state in fp32
+        assert o.dtype == v.dtype and o.shape == v.shape and S.dtype == torch.float32, (o.dtype, o.shape, S.dtype)
         do, dS = torch.randn_like(o, dtype=torch.float32), torch.randn_like(S) * float(state_loss)
         grads = torch.autograd.grad((o.float() * do).sum() + (S * dS).sum(), ins)
     d64 = [t.detach().double().requires_grad_(True) for t in ins]
