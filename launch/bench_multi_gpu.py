@@ -50,7 +50,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pretrain.argtypes import non_negative_float, non_negative_int, positive_float, positive_int, ranged  # noqa: E402
+from models.registry import canonical_arch  # noqa: E402
+from models.sizes import canonical_size  # noqa: E402
+from pretrain.argtypes import (int_list, name_arg, name_list, non_negative_float, non_negative_int,  # noqa: E402
+                               positive_float, positive_int, ranged)
 
 SCENARIOS = ("scaling", "7b", "resume")
 PHASES = ("train", "export", "eval", "resume")
@@ -800,20 +803,6 @@ def _raise_interrupt(*_):
     raise KeyboardInterrupt
 
 
-def _csv(kind, lo: int | None = None, hi: int | None = None, example: str = "1,2,4"):
-    """A comma-separated list; with bounds, whole numbers in [lo, hi]."""
-    def parse(s: str) -> list:
-        try:
-            items = [kind(x) for x in s.split(",") if x]
-        except ValueError:
-            items = []
-        if not items or (lo is not None and min(items) < lo) or (hi is not None and max(items) > hi):
-            span = "" if lo is None else f" from {lo}" + ("" if hi is None else f" to {hi}")
-            raise argparse.ArgumentTypeError(f"{s!r}: give a comma-separated list{span}, e.g. {example}")
-        return items
-    return parse
-
-
 def _pairs(s: str) -> list[tuple[int, int]]:
     try:
         pairs = [tuple(int(x) for x in p.split(":")) for p in s.split(",") if p]
@@ -832,10 +821,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", metavar="DIR", nargs="+", help="print the markdown tables of the results in "
                     "these folders (one per device command) and exit")
     ap.add_argument("--rehearse", action="store_true", help="tiny model on CPU (gloo), world sizes 1/2/4")
-    ap.add_argument("--archs", type=_csv(str)), ap.add_argument("--big-archs", type=_csv(str))
-    ap.add_argument("--size"), ap.add_argument("--big-size")
-    ap.add_argument("--counts", type=_csv(int, 1), help="GPU counts of the scaling scenario (default 1,2,4,8)")
-    ap.add_argument("--stages", type=_csv(int, 0, 3, "1,2,3"), help="ZeRO stages of the scaling scenario (default 1,2,3)")
+    ap.add_argument("--archs", type=name_list(canonical_arch)), ap.add_argument("--big-archs", type=name_list(canonical_arch))
+    ap.add_argument("--size", type=name_arg(canonical_size)), ap.add_argument("--big-size", type=name_arg(canonical_size))
+    ap.add_argument("--counts", type=int_list(1), help="GPU counts of the scaling scenario (default 1,2,4,8)")
+    ap.add_argument("--stages", type=int_list(0, 3, "1,2,3"), help="ZeRO stages of the scaling scenario (default 1,2,3)")
     ap.add_argument("--pairs", type=_pairs, help="resume scenario, FROM:TO GPU counts (default 8:4,4:8)")
     ap.add_argument("--gpus", type=positive_int, help="GPUs of the 7b scenario (default 8)")
     ap.add_argument("--seq-len", type=positive_int), ap.add_argument("--global-seqs", type=positive_int)
@@ -863,15 +852,6 @@ def main(argv: list[str] | None = None) -> int:
                 "steps", "warm", "big_steps", "big_global_seqs", "resume_steps", "loss_rtol", "data"):
         if getattr(args, key) is not None:
             setattr(plan, key, getattr(args, key))
-    from models.registry import canonical_arch
-    from models.sizes import SIZES
-    try:  # a typo ends here, in one line, not in every cell's pretrain command
-        plan.archs, plan.big_archs = [canonical_arch(a) for a in plan.archs], [canonical_arch(a) for a in plan.big_archs]
-    except ValueError as err:
-        ap.error(f"--archs/--big-archs: {err}")
-    for flag, size in (("--size", plan.size), ("--big-size", plan.big_size)):
-        if size not in SIZES:
-            ap.error(f"{flag} {size!r}: not known; choose from {', '.join(SIZES)}")
     if plan.warm >= plan.steps:
         ap.error(f"--warm {plan.warm} leaves none of the {plan.steps} steps to time: give --warm below --steps")
     if args.pairs is not None:

@@ -36,10 +36,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pretrain.argtypes import non_negative_float, non_negative_int, positive_float, positive_int, ranged  # noqa: E402
+from models.registry import canonical_arch  # noqa: E402
+from models.sizes import canonical_size  # noqa: E402
+from pretrain.argtypes import (int_list, name_list, non_negative_float, non_negative_int, positive_float,  # noqa: E402
+                               positive_int, ranged)
 from pretrain.profiling import profile_call  # noqa: E402
 
 ARCHS = ["llama", "tnl", "hgrn2", "cos2"]  # the measured matrix: the paper's four, LLaMA the baseline
@@ -47,38 +49,6 @@ SIZES = ["410m", "1b"]
 SEQS = [2048, 8192, 32768, 65536]
 AC_MODES = ["none", "mlp", "full"]
 
-
-def _names_arg(kind: str) -> Callable[[str], list[str]]:
-    """A comma-separated list of architectures (aliases resolved to the registry's names) or of sizes,
-    each checked here, so that a typo ends in one error line before any cell starts (each cell is a
-    process of its own)."""
-    def parse(text: str) -> list[str]:
-        from models.registry import canonical_arch
-        from models.sizes import SIZES as KNOWN_SIZES
-        names = [x.strip() for x in text.split(",") if x.strip()]
-        if not names:
-            raise argparse.ArgumentTypeError(f"{text!r}: empty; give comma-separated names")
-        if kind == "sizes":
-            bad = [x for x in names if x not in KNOWN_SIZES]
-            if bad:
-                raise argparse.ArgumentTypeError(f"{', '.join(map(repr, bad))} not known; "
-                                                 f"choose from {', '.join(KNOWN_SIZES)}")
-            return names
-        try:
-            return [canonical_arch(x) for x in names]
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-    return parse
-
-
-def _seqs_arg(text: str) -> list[int]:
-    try:
-        seqs = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        seqs = []
-    if not seqs or min(seqs) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers >= 1, comma-separated, e.g. 2048,8192")
-    return seqs
 
 
 def cell_name(arch: str, size: str, seq: int, micro_tokens: int, ac: str, ac_fraction: float, compile_: bool,
@@ -431,9 +401,9 @@ def _report_device(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--archs", default=ARCHS, type=_names_arg("archs"), help="comma-separated")
-    p.add_argument("--sizes", default=SIZES, type=_names_arg("sizes"), help="comma-separated")
-    p.add_argument("--seqs", default=SEQS, type=_seqs_arg, help="comma-separated tokens per sequence (>= 1)")
+    p.add_argument("--archs", default=ARCHS, type=name_list(canonical_arch), help="comma-separated")
+    p.add_argument("--sizes", default=SIZES, type=name_list(canonical_size), help="comma-separated")
+    p.add_argument("--seqs", default=SEQS, type=int_list(1, example="2048,8192"), help="comma-separated tokens per sequence (>= 1)")
     p.add_argument("--tokens-per-step", type=positive_int, default=65536)
     p.add_argument("--micro-tokens", type=positive_int, default=None, help="tokens per micro-batch (default max(seq, 8192))")
     p.add_argument("--ac", default="auto", choices=["auto"] + AC_MODES,

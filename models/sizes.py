@@ -37,13 +37,19 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
 PAPER_SIZES = ("70m", "160m", "410m", "1b", "3b", "7b")
 
 
+def canonical_size(size: str) -> str:
+    """The registry name of `size` (case-insensitive); a clear error for unknown names."""
+    key = size.lower()
+    if key not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+    return key
+
+
 def model_config(arch: str, size: str, /, **overrides) -> ModelConfig:
     """The config of `arch` at registry `size`; keyword overrides replace any ModelConfig field (a custom
     shape overrides n_layers, d_model, n_heads, d_glu and names itself with `size=`)."""
     spec = get_arch(arch)
-    key = size.lower()
-    if key not in SIZES:
-        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+    key = canonical_size(size)
     l, d, h, g = SIZES[key]
     l = spec.layer_overrides.get(key, l)  # e.g. 410M: 25 layers for TNL and cos2
     base = dict(arch=spec.name, n_layers=l, d_model=d, n_heads=h, d_glu=g, size=key)

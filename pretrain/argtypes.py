@@ -47,3 +47,41 @@ non_negative_int = ranged(int, ge=0)
 positive_float = ranged(float, gt=0)
 non_negative_float = ranged(float, ge=0)
 fraction = ranged(float, ge=0, le=1)
+
+
+def int_list(lo: int | None = None, hi: int | None = None, example: str = "1,2,4") -> Callable[[str], list[int]]:
+    """An argparse `type` reading a comma-separated list of whole numbers, each in [lo, hi] (None: no bound)."""
+    span = ("" if lo is None else f" from {lo}") + ("" if hi is None else f" to {hi}")
+
+    def parse(text: str) -> list[int]:
+        try:
+            items = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            items = []
+        if not items or (lo is not None and min(items) < lo) or (hi is not None and max(items) > hi):
+            raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers{span}, comma-separated, e.g. {example}")
+        return items
+    return parse
+
+
+def name_arg(resolve: Callable[[str], str]) -> Callable[[str], str]:
+    """An argparse `type` for one registry name: `resolve` (e.g. models.registry.canonical_arch) returns the
+    registry's name or raises ValueError with the choices, which becomes the usage error."""
+    def parse(text: str) -> str:
+        try:
+            return resolve(text.strip())
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return parse
+
+
+def name_list(resolve: Callable[[str], str]) -> Callable[[str], list[str]]:
+    """An argparse `type` for a comma-separated list of registry names, each through `resolve` (name_arg)."""
+    one = name_arg(resolve)
+
+    def parse(text: str) -> list[str]:
+        names = [x for x in text.split(",") if x.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError(f"{text!r}: empty; give comma-separated names")
+        return [one(x) for x in names]
+    return parse

@@ -1297,13 +1297,13 @@ def test_every_command_has_the_handler(tmp_path):
               "argument --repeats: 0: out of range; allowed: >= 1",
               f"error: study config: {tmp_path / 'missing.yaml'}: no such file",
               "argument --archs: unknown arch 'tnll'; choose from llama, tnl, hgrn2, cos2",
-              "argument --sizes: '13b' not known; choose from tiny, mini, 70m",
-              "argument --seqs: '8k': give whole numbers >= 1",
+              "argument --sizes: unknown size '13b'; choose from tiny, mini, 70m",
+              "argument --seqs: '8k': give whole numbers from 1, comma-separated",
               "argument --shapes: '2x0': give batch x heads as BxH with both >= 1",
               "argument --T: 0: out of range; allowed: >= 1",
-              "argument --counts: '0,2': give a comma-separated list from 1",
+              "argument --counts: '0,2': give whole numbers from 1, comma-separated",
               "--warm 5 leaves none of the 5 steps to time",
-              "--archs/--big-archs: unknown arch 'tnll'"]
+              "argument --archs: unknown arch 'tnll'"]
     for proc, want in zip(procs, expect):
         assert proc.returncode == 2 and want in one_error_line(proc.stderr), (proc.args, proc.stderr[-2000:])
 
@@ -1319,3 +1319,23 @@ def test_model_info_bad_sizes(capsys):
         assert rc == 2 and expect in err and "Traceback" not in err, err
     proc = cli("model_info.py", "--arch", "tnl", "--size", "70m", "--seq-len", "0")  # as the terminal shows it
     assert proc.returncode == 2 and "--seq-len: 0: out of range" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_list_flags_of_the_benchmarks():
+    """The list types of the benchmarks' flags (pretrain.argtypes): registry names resolved (aliases, case),
+    whole numbers within their bounds; anything else a usage error naming the value and the choices."""
+    import argparse
+
+    from models.registry import canonical_arch
+    from models.sizes import canonical_size
+    from pretrain.argtypes import int_list, name_list
+    assert name_list(canonical_arch)("CosFormer2,tnl, llama") == ["cos2", "tnl", "llama"]
+    assert name_list(canonical_size)("1B,l2d128") == ["1b", "l2d128"]
+    assert int_list(0, 3)("1,0, 3") == [1, 0, 3]
+    for parse, text, want in ((name_list(canonical_arch), "tnl,gpt", "unknown arch 'gpt'; choose from llama, tnl"),
+                              (name_list(canonical_size), ",", "empty"),
+                              (int_list(1), "2,0", "'2,0': give whole numbers from 1,"),
+                              (int_list(0, 3), "4", "from 0 to 3"),
+                              (int_list(1), "2k", "'2k': give whole numbers")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(want)):
+            parse(text)
