@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="time the candidate launch configurations instead")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("error: bench_lrpe needs a CUDA GPU (it times GPU kernels)", file=sys.stderr)
-        return 2
+        from pretrain.errors import UserError
+        raise UserError("bench_lrpe needs a CUDA GPU (it times GPU kernels)")
     if args.sweep:
         res = sweep()
         if args.json:

@@ -437,8 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
     if not torch.cuda.is_available() and not args.allow_cpu:
-        print("error: bench_train needs a CUDA GPU (it measures training throughput); --report works anywhere", file=sys.stderr)
-        return 2
+        from pretrain.errors import UserError
+        raise UserError("bench_train needs a CUDA GPU (it measures training throughput); --report works anywhere")
     run_matrix(args)
     print(report(Path(args.out)))
     return 0
