@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from models.registry import canonical_arch  # noqa: E402
 from models.sizes import canonical_size  # noqa: E402
+from pretrain.distributed import free_port  # noqa: E402
 from pretrain.argtypes import (int_list, name_arg, name_list, non_negative_float, non_negative_int,  # noqa: E402
                                positive_float, positive_int, ranged)
 
@@ -439,7 +440,6 @@ class BenchRun:
         self.args, self.plan = args, plan
         self.out, self.work = Path(args.out), Path(args.work)
         self.t0 = time.time()
-        self.port = 29500 + os.getpid() % 400
         self.env = launch_env(plan)
         self.skipped_for_time: list[str] = []
 
@@ -454,8 +454,7 @@ class BenchRun:
         return None
 
     def next_port(self) -> int:
-        self.port += 1
-        return self.port
+        return free_port()  # a fresh one per launch: the last launch's port may still be held
 
     def settled(self, scenario: str, name: str, results: list[dict], need: float) -> bool:
         """True when the cell needs no run now: measured before (its result joins `results`) or no time left

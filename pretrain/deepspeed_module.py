@@ -35,7 +35,7 @@ from checkpoints.layout import DEEPSPEED_DIR, DEEPSPEED_META, UNIVERSAL_DIR
 from pretrain.batches import device_batch
 from pretrain.config import RunConfig
 from pretrain.deepspeed_config import build_deepspeed_config
-from pretrain.distributed import DistEnv, all_reduce_mean
+from pretrain.distributed import DistEnv, all_reduce_mean, free_port
 from pretrain.logs import get_logger
 from pretrain.train_module import StepResult, TrainModule, build_optimizer, compile_blocks, lr_at
 
@@ -99,10 +99,13 @@ class DeepSpeedTrainModule(TrainModule):
             raise RuntimeError(f"DeepSpeed accumulation {self.ds_config['gradient_accumulation_steps']} != "
                                f"trainer accumulation {accum}")  # both come from gradient_accumulation()
         if not torch.distributed.is_initialized():
-            # one process without a launcher: DeepSpeed still wants a process group (of one)
+            # one process without a launcher: DeepSpeed still wants a process group (of one), on a port
+            # of its own so that two such runs on one node do not collide
             for k, v in (("RANK", env.rank), ("LOCAL_RANK", env.local_rank), ("WORLD_SIZE", env.world_size),
-                         ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", 29500)):
+                         ("MASTER_ADDR", "127.0.0.1")):
                 os.environ.setdefault(k, str(v))
+            if not os.environ.get("MASTER_PORT"):
+                os.environ["MASTER_PORT"] = str(free_port())
             deepspeed.init_distributed(dist_backend=_backend(cfg, env), auto_mpi_discovery=False)
         model = model.to(env.device)
         if self.ds_config["zero_optimization"]["stage"] >= 3 and getattr(model, "blocks", None) is not None:

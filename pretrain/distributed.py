@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,15 @@ def resolve_device(requested: str, local_rank: int) -> torch.device:
         raise RuntimeError("--device cuda was asked for but no CUDA device is visible")
     torch.cuda.set_device(local_rank % torch.cuda.device_count())
     return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing on this host listens on now, picked by the kernel (bind to port 0). For a
+    rendezvous that only this machine's processes join (one process without a launcher, tests, the
+    one-host benchmarks): a fixed default such as 29500 collides when two such jobs share a node."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def first_host(nodelist: str) -> str:

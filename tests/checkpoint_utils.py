@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain.distributed import free_port  # noqa: F401  (the tests' rendezvous ports)
+
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 256
 
@@ -70,7 +72,7 @@ def pretrain_cmd(flags: list[str], nproc: int = 0) -> list[str]:
     script = str(ROOT / "launch" / "pretrain.py")
     if nproc:
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                "--master_port", str(29400 + os.getpid() % 500), script, *flags]
+                "--master_port", str(free_port()), script, *flags]
     return [sys.executable, script, *flags]
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_utils import ABORT_AT_EXIT_HOOK, ROOT, env, losses, make_dataset, pretrain_cmd, run_flags
+from checkpoint_utils import ABORT_AT_EXIT_HOOK, ROOT, env, free_port, losses, make_dataset, pretrain_cmd, run_flags
 
 DOC = ROOT / "docs" / "errors.md"
 
@@ -51,6 +52,7 @@ def pretrain(argv: list[str], capsys) -> tuple[int, str, str]:
 def cli(script: str, *args: str, timeout: int = 240, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     e = env()
     e.update(extra_env or {})
+    e = {k: v for k, v in e.items() if v is not None}  # None in extra_env: unset
     return subprocess.run([sys.executable, str(ROOT / "launch" / script), *map(str, args)], env=e,
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
@@ -390,7 +392,6 @@ def test_run_directory_lock_without_flock(tmp_path, monkeypatch):
     same Slurm job (a requeue) is taken over, and release removes the file."""
     import errno
     import fcntl
-    import socket
     from checkpoints.errors import RunDirectoryBusy
     from checkpoints.run_dir import RunLock
 
@@ -791,7 +792,7 @@ def test_ctrl_c_under_torchrun(dataset, tmp_path):
     from checkpoints import verify
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--tee", "3",
-           "--master_port", str(29900 + os.getpid() % 90), str(ROOT / "launch" / "pretrain.py"),
+           "--master_port", str(free_port()), str(ROOT / "launch" / "pretrain.py"),
            *map(str, run_flags(run, dataset, 500, "--save-every", "100", "--backend", "gloo"))]
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             start_new_session=True, preexec_fn=_terminal_sigint)  # a terminal's job
@@ -1201,8 +1202,16 @@ def test_checkpoint_of_another_engine(dataset, tmp_path, capsys):
     assert "Resume it with --zero 0" in line
     pytest.importorskip("deepspeed")
     run = tmp_path / "zero"
-    ds_env = {"DS_ACCELERATOR": "cpu", "MASTER_PORT": str(29650 + os.getpid() % 300)}
-    proc = cli("pretrain.py", *run_flags(run, dataset, 2, "--zero", "1"), extra_env=ds_env)
+    # one process without a launcher rendezvous on a port of its own: torch's default 29500 held by another
+    # job on the node (here by this test, unless something else already holds it) does not stop it
+    ds_env = {"DS_ACCELERATOR": "cpu", "MASTER_PORT": None}
+    with socket.socket() as held:
+        try:
+            held.bind(("127.0.0.1", 29500))
+            held.listen()
+        except OSError:
+            pass
+        proc = cli("pretrain.py", *run_flags(run, dataset, 2, "--zero", "1"), extra_env=ds_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = cli("pretrain.py", *run_flags(run, dataset, 4, "--zero", "0", "--resume", "auto"), extra_env=ds_env)
     assert proc.returncode == 2

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_utils import ROOT, env
+from checkpoint_utils import ROOT, env, free_port
 
 pytest.importorskip("deepspeed")
 
@@ -87,7 +87,7 @@ def _run(zero: int, world: int = 1, ac: str = "none") -> list[dict]:
     """Every rank's result (kept: a later test compares with it). Under ZeRO-3 every parameter is
     partitioned: the tiny model's are all below the generated persistence threshold (1e6 elements), which
     would keep them whole on every rank."""
-    port = str(29700 + 40 * zero + 20 * (world - 1) + 10 * (ac != "none") + os.getpid() % 10)
+    port = str(free_port())
     ds_json = ""
     if zero == 3:
         ds_json = str(_tmp_dir() / "ds-partition-all.json")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_utils import ROOT, env, make_dataset
+from checkpoint_utils import ROOT, env, free_port, make_dataset
 
 pytest.importorskip("deepspeed")
 
@@ -108,7 +108,7 @@ def test_single_process(reference):
 @pytest.mark.parametrize("how,zero,late_rtol", [("torchrun", 0, 1e-3), ("torchrun", 2, 1e-3), ("deepspeed", 3, 5e-3)])
 def test_two_processes_match_single(dataset, tmp_path, reference, how, zero, late_rtol):
     out = tmp_path / "run"
-    proc = launch(how, flags(dataset, out, "--zero", str(zero)), 29300 + zero + os.getpid() % 300)
+    proc = launch(how, flags(dataset, out, "--zero", str(zero)), free_port())
     check_run(rows(out), reference, rtol=1e-4, late_rtol=late_rtol)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stop"] == "finished" and summary["step"] == STEPS
@@ -148,9 +148,9 @@ def test_deepspeed_checkpoint_resume_continues_the_run(dataset, tmp_path, refere
     i = base.index("--max-steps")
     first, second = list(base), list(base)
     first[i + 1], second[i + 1] = "6", "9"
-    launch("torchrun", first, 29350 + os.getpid() % 300)
+    launch("torchrun", first, free_port())
     assert (out / "checkpoints" / "step_00000006" / "module" / "deepspeed").is_dir()
-    launch("torchrun", second + ["--resume", "auto"], 29360 + os.getpid() % 300)
+    launch("torchrun", second + ["--resume", "auto"], free_port())
     r = rows(out)
     assert [x["step"] for x in r] == list(range(1, 10))
     for a, b in zip(r[6:], reference[6:9]):
