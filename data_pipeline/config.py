@@ -5,6 +5,8 @@ import dataclasses
 import glob
 import hashlib
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,7 +100,26 @@ class DataConfig:
             if not hits:
                 missing.append(str(p))
             found.extend(hits)
-        return list(dict.fromkeys(found)), missing
+        unique: dict[Path, Path] = {}  # one file under two spellings (a/../b, a symlink) is read once
+        for f in found:
+            unique.setdefault(f.resolve(), f)
+        return list(unique.values()), missing
+
+    def part_inputs(self, part: int, num_parts: int) -> str:
+        """A digest of what part `part` of `num_parts` reads: every source's file count (which decides
+        the split) and, of the files it takes (every num_parts-th from `part`), path, size and
+        modification time. A part whose digest differs from the inputs' now was made from other files."""
+        h = hashlib.sha256()
+        for si, src in enumerate(self.sources):
+            if src.type == "hf":
+                h.update(f"{si} hf {si % num_parts == part}\n".encode())
+                continue
+            files, _ = self.files(src)
+            h.update(f"{si} {len(files)}\n".encode())
+            for f in files[part::num_parts]:
+                st = f.stat()
+                h.update(f"{f} {st.st_size} {st.st_mtime_ns}\n".encode())
+        return h.hexdigest()[:16]
 
     def hf_data_files(self, source: SourceConfig) -> list[str] | None:
         """An `hf` source's data_files with relative local paths resolved against the config file's
@@ -121,13 +142,51 @@ class DataConfig:
         return sum(h.stat().st_size for h in dict.fromkeys(hits)) if hits else None
 
 
-def _build(cls, raw: dict, where: str):
+def _type_ok(value, hint) -> bool:
+    """Whether a YAML value fits a field's annotation (int: not a bool; float: an int or a float)."""
+    if hint is type(None):
+        return value is None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in args)
+    if origin is list:
+        return isinstance(value, list) and all(_type_ok(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_type_ok(k, args[0]) and _type_ok(v, args[1]) for k, v in value.items())
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _type_name(hint) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin is list:
+        return "a list of " + {str: "strings", int: "integers", float: "numbers"}.get(args[0], _type_name(args[0]))
+    if origin is dict:
+        return f"a mapping of {_type_name(args[0])} to {_type_name(args[1])}"
+    return {type(None): "null", int: "an integer", float: "a number", bool: "true or false",
+            str: "a string"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _build(cls, raw: dict, where: str, skip: tuple[str, ...] = ()):
     if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(raw).__name__}")
+        raise ValueError(f"{where}: expected a mapping of keys to values, got {type(raw).__name__} {raw!r}")
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(raw) - names
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(names)}")
+    hints = typing.get_type_hints(cls)
+    for key, value in raw.items():
+        if key in ("paths", "data_files") and isinstance(value, str):
+            value = raw[key] = [value]  # one path may be given without a list
+        if key not in skip and not _type_ok(value, hints[key]):
+            raise ValueError(f"{where}: {key} must be {_type_name(hints[key])}, got {value!r}")
+        if hints[key] in (float, float | None) and isinstance(value, int):
+            raw[key] = float(value)  # 1 and 1.0 are one setting (and one config fingerprint)
     return cls(**raw)
 
 
@@ -141,15 +200,21 @@ def load_data_config(path: str | Path) -> DataConfig:
 
 
 def parse_data_config(raw: dict, base_dir: str | Path = ".", where: str = "data config") -> DataConfig:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: a data config is a mapping with at least `sources:` (see "
+                         f"launch/configs/data/example.yaml), got {type(raw).__name__} {raw!r}")
     raw = dict(raw)
     if not raw.get("sources"):
         raise ValueError(f"{where}: `sources` is missing or empty; list at least one source "
                          f"(see launch/configs/data/example.yaml)")
+    if not isinstance(raw["sources"], list):
+        raise ValueError(f"{where}: `sources` must be a list of sources (each a mapping with name, language, "
+                         f"paths...), got {raw['sources']!r}")
     sources = [_build(SourceConfig, s, f"{where}: sources[{i}]") for i, s in enumerate(raw.pop("sources"))]
     filters = _build(FilterConfig, raw.pop("filters", {}) or {}, f"{where}: filters")
     dedup = _build(DedupConfig, raw.pop("dedup", {}) or {}, f"{where}: dedup")
     cfg = _build(DataConfig, {**raw, "sources": sources, "filters": filters, "dedup": dedup,
-                              "base_dir": str(base_dir)}, where)
+                              "base_dir": str(base_dir)}, where, skip=("sources", "filters", "dedup", "base_dir"))
     _validate(cfg, where)
     return cfg
 
@@ -171,17 +236,31 @@ def _validate(cfg: DataConfig, where: str) -> None:
             raise ValueError(f"{tag}: type hf needs `dataset` (a Hugging Face dataset name)")
         if s.type != "hf" and not s.paths:
             raise ValueError(f"{tag}: `paths` is empty; give files or globs")
-        if isinstance(s.paths, str):
-            s.paths = [s.paths]
-        if isinstance(s.data_files, str):
-            s.data_files = [s.data_files]
         if s.text_unit not in TEXT_UNITS:
             raise ValueError(f"{tag}: text_unit {s.text_unit!r} is not one of {TEXT_UNITS}")
         if s.weight is not None and not s.weight >= 0:
             raise ValueError(f"{tag}: weight must be >= 0, got {s.weight}")
+        if s.max_documents is not None and s.max_documents < 1:
+            raise ValueError(f"{tag}: max_documents must be >= 1 (or left out: every document), got {s.max_documents}")
     for lang, w in cfg.mix.items():
         if lang not in LANGUAGES or not w >= 0:
             raise ValueError(f"{where}: mix must map languages {LANGUAGES} to weights >= 0, got {cfg.mix}")
+    if not all(s.weight is not None for s in cfg.sources):  # the mix splits the tokens by language
+        for s in cfg.sources:
+            if s.language not in cfg.mix:
+                raise ValueError(f"{where}: source {s.name!r} is in language {s.language!r}, which `mix` "
+                                 f"({cfg.mix}) gives no weight, so it would never be trained on; add "
+                                 f"{s.language}: <weight> to mix (0 to leave it out on purpose)")
+    for f in dataclasses.fields(cfg.filters):
+        v = getattr(cfg.filters, f.name)
+        if v < 0 or (f.name == "max_line_bytes" and v < 1):
+            raise ValueError(f"{where}: filters.{f.name} must be {'>= 1' if f.name == 'max_line_bytes' else '>= 0'}, "
+                             f"got {v}")
+    for key in ("num_perm", "bands", "ngram"):
+        if getattr(cfg.dedup, key) < 1:
+            raise ValueError(f"{where}: dedup.{key} must be >= 1, got {getattr(cfg.dedup, key)}")
+    if cfg.shard_tokens < 1:
+        raise ValueError(f"{where}: shard_tokens must be >= 1, got {cfg.shard_tokens}")
     if not 0 <= cfg.val_fraction < 1:
         raise ValueError(f"{where}: val_fraction must be in [0, 1), got {cfg.val_fraction}")
     if not 0 < cfg.dedup.threshold <= 1:

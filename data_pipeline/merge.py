@@ -81,13 +81,24 @@ class Parts:
         infos = [json.loads(p.read_text()) for p in sorted((self.out / "parts").glob("part-*/part.json"))]
         if not infos:
             raise FileNotFoundError(f"no prepared parts under {self.out / 'parts'}; run the parts first")
-        n = infos[0]["num_parts"]
+        counts = sorted({i["num_parts"] for i in infos})
+        if len(counts) > 1:
+            by = {c: sorted(i["part"] for i in infos if i["num_parts"] == c) for c in counts}
+            raise ValueError(f"{self.out}: its parts were prepared with different --num-parts ("
+                             + "; ".join(f"--num-parts {c}: parts {v}" for c, v in by.items())
+                             + "); prepare every part with one --num-parts, into a fresh --out")
+        n = counts[0]
         have = sorted(i["part"] for i in infos)
         if have != list(range(n)):
-            raise ValueError(f"{self.out}: parts {sorted(set(range(n)) - set(have))} of {n} are missing; "
-                             f"run them before the merge")
+            raise ValueError(f"{self.out}: parts {sorted(set(range(n)) - set(have))} of {n} are missing "
+                             f"(not prepared, or stopped before they finished); run them before the merge")
         if any(i["config_fingerprint"] != cfg.fingerprint() for i in infos):
             raise ValueError(f"{self.out}: parts were prepared with another data config; prepare them again")
+        stale = [i["part"] for i in infos if i.get("inputs") != cfg.part_inputs(i["part"], n)]
+        if stale:
+            raise ValueError(f"{self.out}: parts {stale} of {n} were prepared from other input files than the "
+                             f"config's paths hold now (files added, removed or changed since); prepare those "
+                             f"parts again (--part i --num-parts {n}), or every part if files were added or removed")
         self.infos = infos
         self.n = n
         self._maps: dict = {}  # memory maps reused across the tasks run in this process
@@ -147,7 +158,8 @@ def run_task(cfg: DataConfig, out: Path, stage: str, task: int, parts: Parts | N
     elif stage == "components":
         _need(mdir, [f"pairs-{b:03d}-{s:04d}.npy" for b in range(cfg.dedup.bands) for s in range(cfg.dedup.shards)],
               "pairs")
-        _save(mdir / "near.npy", component_drops_streamed(_PairFiles(sorted(mdir.glob("pairs-*.npy")))))
+        _save(mdir / "near.npy", component_drops_streamed(_PairFiles(
+            [mdir / f"pairs-{b:03d}-{s:04d}.npy" for b in range(cfg.dedup.bands) for s in range(cfg.dedup.shards)])))
     elif stage == "index":
         _write_source(cfg, parts, mdir, task)
     else:
@@ -405,7 +417,11 @@ def _write_source(cfg: DataConfig, parts: Parts, mdir: Path, si: int) -> None:
     token files laid end to end; two streaming passes (count, then fill), memory per file."""
     src = cfg.sources[si]
     lo, hi = si << 52, (si + 1) << 52
-    drops = [np.load(p) for p in sorted(mdir.glob("exact-*.npy"))] if cfg.dedup.exact else []
+    exact_files = [f"exact-{t:04d}.npy" for t in range(plan(cfg)["exact"])]
+    _need(mdir, exact_files, "exact")
+    if cfg.dedup.near:
+        _need(mdir, ["near.npy"], "components")
+    drops = [np.load(mdir / f) for f in exact_files]
     exact = np.sort(np.concatenate(drops)) if drops else np.zeros(0, np.int64)
     exact = exact[(exact >= lo) & (exact < hi)]
     near = np.load(mdir / "near.npy") if cfg.dedup.near else np.zeros(0, np.int64)

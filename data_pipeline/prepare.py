@@ -20,6 +20,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import sys
 import time
 from collections import Counter, deque
@@ -192,7 +193,9 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
     t0 = time.time()
     out = Path(out)
     pdir = out / "parts" / f"part-{part:05d}"
+    _clear_part(cfg, out, part)
     pdir.mkdir(parents=True, exist_ok=True)
+    inputs = cfg.part_inputs(part, num_parts)
     workers = workers or min(os.cpu_count() or 1, 8)
     counts = [Counts(s.name) for s in cfg.sources]
     removed = [Counter() for _ in cfg.sources]
@@ -260,13 +263,35 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
                         "chars_removed_by_filter": dict(removed_chars[si]),
                         "exact_duplicates_in_part": local_dups[si], "documents": writers[si].documents,
                         "tokens": writers[si].tokens})
-    info = {"part": part, "num_parts": num_parts, "config_fingerprint": cfg.fingerprint(),
+    info = {"part": part, "num_parts": num_parts, "config_fingerprint": cfg.fingerprint(), "inputs": inputs,
             "seconds": time.time() - t0, "workers": workers, "chars_in": chars_in, "tokens": tokens_out,
             "documents": len(docs), "sources": sources}
     (pdir / "part.json").write_text(json.dumps(info, indent=1))
     log.info("part %d/%d: %.1fM characters in, %.2fM tokens out, %.1f s (%.2fM tokens/s)", part, num_parts,
              chars_in / 1e6, tokens_out / 1e6, info["seconds"], tokens_out / max(info["seconds"], 1e-9) / 1e6)
     return info
+
+
+def _clear_part(cfg: DataConfig, out: Path, part: int) -> None:
+    """Before a part is (re)written: its completion record first (a part killed from here on is
+    missing, not stale), then its files, and the merged dataset, whose indexes point into the token
+    files about to be rewritten (the merge must run again over the new part)."""
+    pdir = out / "parts" / f"part-{part:05d}"
+    (pdir / "part.json").unlink(missing_ok=True)
+    for f in (list(pdir.iterdir()) if pdir.is_dir() else []):
+        f.unlink()
+    for src in cfg.sources:
+        for f in (out / "tokens" / src.name).glob(f"p{part:05d}-*"):
+            f.unlink()
+    merged = [d for d in ("train", "val", "merge", "stats.json") if (out / d).exists()]
+    if merged:
+        log.info("part %d is prepared again: removing the merged dataset's %s in %s (the merge runs again over "
+                 "the new part)", part, ", ".join(merged), out)
+    (out / "stats.json").unlink(missing_ok=True)
+    for d in ("train", "val"):
+        (out / d / "meta.json").unlink(missing_ok=True)  # first: a half-removed split is not a dataset
+    for d in ("train", "val", "merge"):
+        shutil.rmtree(out / d, ignore_errors=True)
 
 
 def merge(cfg: DataConfig, out: Path) -> dict:

@@ -219,6 +219,15 @@ class TokenStore:
         self.total = int(meta.tokens)
         if self.total == 0 or self.n == 0:
             raise ValueError(f"source {meta.name!r} in {root} holds no tokens")
+        for name, size in zip(meta.token_files, meta.token_file_tokens):
+            path = self.root / name
+            found = path.stat().st_size if path.is_file() else None
+            if found != int(size) * np.dtype(TOKEN_DTYPE).itemsize:
+                raise ValueError(
+                    f"{path}: " + ("missing" if found is None else f"holds {found // np.dtype(TOKEN_DTYPE).itemsize} tokens")
+                    + f" where {self.root / 'meta.json'} says {size}: the token files changed after the merge "
+                    f"wrote this index (a part prepared again?); run the merge again (prepare_data.py --merge-only) "
+                    f"or prepare the dataset afresh")
         self.file_start = np.concatenate([[0], np.cumsum(meta.token_file_tokens)]).astype(np.int64)
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
         self.seed, self.stream_id = seed, stream_id

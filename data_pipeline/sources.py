@@ -76,10 +76,13 @@ class TolerantDecompressor(io.RawIOBase):
     """A decompressing reader that never raises on damaged input: it returns every byte it could
     decompress, then ends, and sets `damage` to what went wrong ('truncated' or 'corrupt (...)').
     Concatenated members/frames/streams are read one after the other; zero padding after the last is
-    ignored (as gzip's own reader does). The input is fed in small chunks, so a corrupt spot loses only
-    what follows it (and, for zstd, the rest of its block)."""
+    ignored (as gzip's own reader does). The input is fed in chunks of CHUNK bytes; a decompressor that
+    fails inside one returns nothing of that call, so the member is then decompressed again from its
+    start in pieces of SALVAGE bytes, up to the corrupt spot: only what follows the damage is lost (for
+    zstd, with the rest of its block)."""
 
     CHUNK = 1 << 16
+    SALVAGE = 256
 
     def __init__(self, path: Path, kind: str) -> None:
         self._file = open(path, "rb")
@@ -89,6 +92,8 @@ class TolerantDecompressor(io.RawIOBase):
         self._out = b""
         self._done = False
         self.damage: str | None = None
+        self._member_start = 0  # file offset where the current member / frame / stream begins
+        self._member_out = 0  # bytes it has given so far
 
     def readable(self) -> bool:
         return True
@@ -113,6 +118,7 @@ class TolerantDecompressor(io.RawIOBase):
                         pass
             self._done = True
             return
+        end = self._file.tell()
         out = []
         try:
             while chunk:
@@ -120,13 +126,35 @@ class TolerantDecompressor(io.RawIOBase):
                     if not chunk.strip(b"\0"):
                         break  # zero padding
                     self._d, self._fed = _decompressor(self.kind), False
+                    self._member_start, self._member_out = end - len(chunk), 0
                 self._fed = True
                 out.append(self._d.decompress(chunk))
+                self._member_out += len(out[-1])
                 chunk = self._d.unused_data if self._d.eof else b""
         except _decompress_errors() as err:
             self.damage = f"corrupt ({type(err).__name__}: {' '.join(str(err).split())[:120]})"
             self._done = True
+            out.append(self._salvage())
         self._out += b"".join(out)
+
+    def _salvage(self) -> bytes:
+        """What the current member gives before its corrupt spot beyond what it has given already,
+        decompressed again from the member's start in small pieces."""
+        d = _decompressor(self.kind)
+        self._file.seek(self._member_start)
+        got, extra = 0, []
+        while not d.eof:
+            piece = self._file.read(self.SALVAGE)
+            if not piece:
+                break
+            try:
+                o = d.decompress(piece)
+            except _decompress_errors():
+                break
+            if got + len(o) > self._member_out:
+                extra.append(o[max(0, self._member_out - got):])
+            got += len(o)
+        return b"".join(extra)
 
     def close(self) -> None:
         if not self.closed:

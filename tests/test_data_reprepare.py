@@ -1,0 +1,193 @@
+"""An output folder used again: a part prepared again, inputs changed under prepared parts, merge stages
+run out of order or left from an earlier merge; damaged compressed input; config values of the wrong
+type. Each either gives the dataset a fresh prepare gives, or stops with an error that says what to run."""
+import gzip
+import json
+import random
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_pipeline import build_loader
+from data_pipeline.config import parse_data_config
+from data_pipeline.merge import run_task
+from data_pipeline.prepare import merge, prepare
+from data_pipeline.shards import documents, read_meta
+from data_pipeline.sources import damage_of, open_binary
+from data_pipeline.tokenizer import EOT_ID, decode
+from data_utils import english_text
+
+
+def _write_docs(folder: Path, name: str, seed: int, n: int = 12) -> list[str]:
+    rng = random.Random(seed)
+    docs = [f"Document {name} {i}. " + english_text(rng, 70) for i in range(n)]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return docs
+
+
+def _config(folder: Path, **dedup) -> "DataConfig":  # noqa: F821
+    return parse_data_config({"name": "re", "val_fraction": 0, "filters": {"min_chars": 50},
+                              "dedup": {"shards": 4, **dedup}, "mix": {"en": 1},
+                              "sources": [{"name": "s", "language": "en", "type": "jsonl",
+                                           "paths": [str(folder / "*.jsonl")]}]})
+
+
+def _train_docs(out: Path) -> list[str]:
+    split = out / "train"
+    docs = []
+    for s in read_meta(split)["sources"]:
+        for toks in documents(split, s["name"]):
+            assert toks[-1] == EOT_ID  # every document still ends where the index says it does
+            docs.append(decode(toks[:-1].tolist()))
+    return sorted(docs)
+
+
+def test_a_part_prepared_again_takes_the_merged_dataset_with_it(tmp_path):
+    """A file added and the part prepared again without the merge: the old train/ index (which pointed
+    into the rewritten token files) is gone, so nothing serves misaligned documents; the merge then gives
+    what a fresh folder gives."""
+    inp = tmp_path / "in"
+    _write_docs(inp, "b", 1)
+    out = tmp_path / "out"
+    prepare(_config(inp), out, workers=1, progress=False)
+    assert (out / "train" / "meta.json").is_file()
+    _write_docs(inp, "a", 2)  # sorts first: every document key of the old part moves
+    prepare(_config(inp), out, workers=1, do_merge=False, progress=False)
+    assert not (out / "train").exists() and not (out / "stats.json").exists() and not (out / "merge").exists()
+    with pytest.raises((FileNotFoundError, ValueError)):
+        build_loader(str(out), 64, 4, 4)
+    merge(_config(inp), out)
+    fresh = tmp_path / "fresh"
+    prepare(_config(inp), fresh, workers=1, progress=False)
+    assert _train_docs(out) == _train_docs(fresh)
+    assert json.loads((out / "stats.json").read_text())["sources"] == \
+        json.loads((fresh / "stats.json").read_text())["sources"]
+
+
+def test_the_merge_refuses_parts_made_from_other_files(tmp_path):
+    """Two parts, then a file of part 0 rewritten: the merge names the stale part instead of joining parts
+    of two different inputs; with that part prepared again it merges."""
+    inp = tmp_path / "in"
+    _write_docs(inp, "a", 1)
+    _write_docs(inp, "b", 2)
+    out = tmp_path / "out"
+    cfg = _config(inp)
+    for p in (0, 1):
+        prepare(cfg, out, workers=1, part=p, num_parts=2, do_merge=False, progress=False)
+    _write_docs(inp, "a", 3, n=14)  # part 0 reads a.jsonl (files i, i + 2, ... of the sorted list)
+    with pytest.raises(ValueError, match=r"parts \[0\] of 2 were prepared from other input files"):
+        merge(cfg, out)
+    prepare(cfg, out, workers=1, part=0, num_parts=2, do_merge=False, progress=False)
+    merge(cfg, out)
+    fresh = tmp_path / "fresh"
+    prepare(cfg, fresh, workers=1, progress=False)
+    assert _train_docs(out) == _train_docs(fresh)
+
+
+def test_parts_of_two_part_counts_are_named(tmp_path):
+    inp = tmp_path / "in"
+    for k in range(3):
+        _write_docs(inp, f"f{k}", k)
+    out = tmp_path / "out"
+    cfg = _config(inp)
+    for p in (0, 1, 2):
+        prepare(cfg, out, workers=1, part=p, num_parts=3, do_merge=False, progress=False)
+    prepare(cfg, out, workers=1, part=0, num_parts=2, do_merge=False, progress=False)
+    with pytest.raises(ValueError, match=r"different --num-parts \(--num-parts 2: parts \[0\]; --num-parts 3: "
+                                         r"parts \[1, 2\]\)"):
+        merge(cfg, out)
+
+
+def test_merge_outputs_of_an_earlier_config_are_not_read(tmp_path):
+    """The same folder prepared again with other dedup settings (other shard counts, threshold): the merge
+    reads only its own stage outputs, so the result is a fresh folder's."""
+    inp = tmp_path / "in"
+    docs = _write_docs(inp, "a", 1, n=20)
+    rng = random.Random(5)
+    near = [d.replace(".", " indeed.", 1) if rng.random() < 0.5 else d for d in docs]  # near copies
+    (inp / "b.jsonl").write_text("".join(json.dumps({"text": d + " Again."}) + "\n" for d in near))
+    out = tmp_path / "out"
+    prepare(_config(inp, threshold=0.5, shards=16), out, workers=1, progress=False)
+    strict = _config(inp, threshold=0.95, shards=4)
+    prepare(strict, out, workers=1, progress=False)
+    fresh = tmp_path / "fresh"
+    prepare(strict, fresh, workers=1, progress=False)
+    assert _train_docs(out) == _train_docs(fresh)
+    assert json.loads((out / "stats.json").read_text())["sources"] == \
+        json.loads((fresh / "stats.json").read_text())["sources"]
+
+
+def test_merge_stages_out_of_order_say_which_stage_to_run(tmp_path):
+    inp = tmp_path / "in"
+    _write_docs(inp, "a", 1)
+    _write_docs(inp, "b", 2)
+    out = tmp_path / "out"
+    cfg = _config(inp)
+    for p in (0, 1):
+        prepare(cfg, out, workers=1, part=p, num_parts=2, do_merge=False, progress=False)
+    with pytest.raises(FileNotFoundError, match="outputs of stage 'exact' are missing"):
+        run_task(cfg, out, "index", 0)
+    for t in range(4):
+        run_task(cfg, out, "exact", t)
+    with pytest.raises(FileNotFoundError, match="outputs of stage 'components' are missing"):
+        run_task(cfg, out, "index", 0)
+    run_task(cfg, out, "exact", 3)  # a stage's task run twice is harmless
+    with pytest.raises(FileNotFoundError, match="outputs of stage 'pairs' are missing"):
+        run_task(cfg, out, "components", 0)
+
+
+def test_token_files_changed_after_the_merge_are_refused(tmp_path):
+    inp = tmp_path / "in"
+    _write_docs(inp, "a", 1)
+    out = tmp_path / "out"
+    prepare(_config(inp), out, workers=1, progress=False)
+    token_file = next((out / "tokens" / "s").glob("*.tokens.bin"))
+    with open(token_file, "ab") as f:
+        f.write(np.arange(7, dtype=np.uint32).tobytes())
+    with pytest.raises(ValueError, match="the token files changed after the merge"):
+        build_loader(str(out), 64, 4, 4)
+
+
+def test_a_corrupt_spot_keeps_what_comes_before_it(tmp_path):
+    """A gzip file damaged in the middle: everything deflate decoded before the damage is returned (not
+    only what preceded the 64 KiB read in which the decompressor failed)."""
+    rng = random.Random(3)
+    text = "".join(json.dumps({"text": f"doc {i} " + english_text(rng, 60)}) + "\n" for i in range(4000)).encode()
+    blob = gzip.compress(text)
+    cut = len(blob) // 2 + 37
+    (tmp_path / "d.jsonl.gz").write_bytes(blob[:cut] + b"\xff" * 64 + blob[cut + 64:])
+    decodable = len(zlib.decompressobj(wbits=47).decompress(blob[:cut]))  # what the bytes before it give
+    with open_binary(tmp_path / "d.jsonl.gz") as f:
+        got = f.read()
+        assert damage_of(f) is not None
+    keep = decodable - 4096  # the last piece fed before the error is lost with it
+    assert len(got) >= keep and got[:keep] == text[:keep]
+
+
+@pytest.mark.parametrize("bad, key", [
+    ({"weight": "2"}, "weight"), ({"paths": [5]}, "paths"), ({"name": 5}, "name"),
+    ({"max_documents": -3}, "max_documents"),
+])
+def test_source_values_of_the_wrong_type_or_range(bad, key):
+    src = {"name": "a", "language": "en", "paths": ["x"], **bad}
+    with pytest.raises(ValueError, match=key):
+        parse_data_config({"sources": [src]})
+
+
+@pytest.mark.parametrize("bad, key", [
+    ({"val_fraction": "0.1"}, "val_fraction"), ({"mix": ["en", "zh"]}, "mix"),
+    ({"filters": {"min_chars": "200"}}, "min_chars"), ({"filters": {"max_line_bytes": -5}}, "max_line_bytes"),
+    ({"dedup": {"threshold": "high"}}, "threshold"), ({"dedup": {"bands": 0}}, "bands"),
+    ({"dedup": {"num_perm": 0, "bands": 1}}, "num_perm"), ({"dedup": {"exact": "no"}}, "exact"),
+    ({"dedup": {"ngram": 0}}, "ngram"), ({"shard_tokens": 0}, "shard_tokens"),
+    ({"mix": {"en": 1}, "sources": [{"name": "z", "language": "zh", "paths": ["x"]}]}, "gives no weight"),
+])
+def test_config_values_of_the_wrong_type_or_range(bad, key):
+    raw = {"sources": [{"name": "a", "language": "en", "paths": ["x"]}], **bad}
+    with pytest.raises(ValueError, match=key):
+        parse_data_config(raw)
+    with pytest.raises(ValueError, match="a data config is a mapping"):
+        parse_data_config("just a string")
