@@ -21,9 +21,12 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import sys
 import time
 from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +75,9 @@ _WORKER: dict = {}
 def _init_worker(cfg: DataConfig, pooled: bool = False) -> None:
     if pooled:
         _keep_heap()
+        # Ctrl-C reaches the whole process group: the parent alone handles it (it stops the pool); a
+        # worker that also raised KeyboardInterrupt would print a traceback of its own mid-batch
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER["cfg"] = cfg
     _WORKER["minhash"] = MinHasher(cfg.dedup.num_perm, cfg.dedup.bands, cfg.dedup.seed)
     get_tokenizer()
@@ -126,15 +132,26 @@ def _process(batch: _Batch) -> _Done:
     return out
 
 
-def _ordered_map(pool, fn, items, window: int):
-    """pool.imap with backpressure: imap's feeder thread would read the whole input ahead into memory."""
+def _ordered_map(pool: ProcessPoolExecutor, fn, items, window: int):
+    """pool.map in input order with backpressure (map would submit the whole input at once, reading it
+    ahead into memory). A worker that dies (the out-of-memory killer, a signal) raises
+    BrokenProcessPool here instead of leaving the caller waiting for its batch forever."""
     pending: deque = deque()
     for item in items:
-        pending.append(pool.apply_async(fn, (item,)))
+        pending.append(pool.submit(fn, item))
         if len(pending) >= window:
-            yield pending.popleft().get()
+            yield _result(pending.popleft())
     while pending:
-        yield pending.popleft().get()
+        yield _result(pending.popleft())
+
+
+def _result(future):
+    try:
+        return future.result()
+    except BrokenProcessPool as err:
+        raise RuntimeError("a prepare worker process died (killed by a signal: most often the out-of-memory "
+                           "killer); nothing of this part was kept: run it again, with fewer --workers if "
+                           "memory was short") from err
 
 
 def _assigned_sources(cfg: DataConfig, part: int, num_parts: int):
@@ -212,7 +229,8 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
     get_tokenizer()  # loaded once here: forked workers share it instead of each parsing the BPE file
     prepare_tables()  # the same for the filters' character tables
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    pool = ctx.Pool(workers, _init_worker, (cfg, True)) if workers > 1 else None
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(cfg, True)) \
+        if workers > 1 else None
     if pool is None:
         _init_worker(cfg)
     try:
@@ -244,8 +262,8 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
                 bar.set_postfix_str(f"{tokens_out / 1e6:.1f}M tok")
     finally:
         if pool is not None:
-            pool.close()
-            pool.join()
+            # queued batches are dropped; a batch a worker is on finishes (seconds), then the pool exits
+            pool.shutdown(wait=True, cancel_futures=True)
         if bar is not None:
             bar.close()
     sig_file.close()

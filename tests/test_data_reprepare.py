@@ -191,3 +191,72 @@ def test_config_values_of_the_wrong_type_or_range(bad, key):
         parse_data_config(raw)
     with pytest.raises(ValueError, match="a data config is a mapping"):
         parse_data_config("just a string")
+
+
+_KILLED_WORKER = """
+import os, signal, sys
+import data_pipeline.prepare as prep
+from data_pipeline.config import parse_data_config
+prep.BATCH_CHARS = 2000  # many small batches
+real = prep._process
+def dies_on_the_third(batch):
+    if batch.keys[0] & 0xFFFFFFFF >= 4:
+        os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
+    return real(batch)
+prep._process = dies_on_the_third
+cfg = parse_data_config({"name": "k", "val_fraction": 0, "filters": {"min_chars": 50}, "mix": {"en": 1},
+                         "sources": [{"name": "s", "language": "en", "type": "jsonl", "paths": [sys.argv[1]]}]})
+try:
+    prep.prepare(cfg, sys.argv[2], workers=2, progress=False)
+except RuntimeError as err:
+    print("ERROR", err)
+"""
+
+
+def test_a_worker_killed_mid_prepare_ends_it_with_an_error(tmp_path):
+    """A worker process killed (as by the out-of-memory killer) stops prepare with an error that says so,
+    instead of the parent waiting for that worker's batch forever."""
+    import subprocess
+    import sys
+    from checkpoint_utils import env
+    _write_docs(tmp_path / "in", "a", 1, n=30)
+    proc = subprocess.run([sys.executable, "-c", _KILLED_WORKER, str(tmp_path / "in" / "a.jsonl"), str(tmp_path / "out")],
+                          env=env(), capture_output=True, text=True, timeout=120)
+    assert "ERROR a prepare worker process died" in proc.stdout, proc.stdout + proc.stderr
+    assert not (tmp_path / "out" / "parts" / "part-00000" / "part.json").exists()
+
+
+def test_ctrl_c_stops_a_pooled_prepare(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) during `--workers 2`: prepare_data exits with the
+    interrupted code within seconds, and no worker prints a traceback of its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from checkpoint_utils import ROOT, env
+    rng = random.Random(4)
+    (tmp_path / "in").mkdir()
+    with open(tmp_path / "in" / "a.jsonl", "w") as f:  # enough to keep two workers busy for a while
+        for i in range(30000):
+            f.write(json.dumps({"text": f"Document {i}. " + english_text(rng, 120)}) + "\n")
+    (tmp_path / "c.yaml").write_text(json.dumps({"name": "c", "val_fraction": 0, "mix": {"en": 1}, "sources": [
+        {"name": "s", "language": "en", "type": "jsonl", "paths": [str(tmp_path / "in" / "a.jsonl")]}]}))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "prepare_data.py"), "--config",
+                             str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out"), "--workers", "2",
+                             "--no-progress"], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 60
+    while time.time() < deadline and len(_children(proc.pid)) < 2:  # the workers are up
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err, err[-3000:]
+
+
+def _children(pid: int) -> list[int]:
+    import subprocess
+    return [int(x) for x in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
