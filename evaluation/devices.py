@@ -20,6 +20,8 @@ def resolve_device(device: str | None) -> str:
         return auto_device_type()
     device = str(device)
     kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda", "mps") or (index and not index.isdigit()):
+        raise ValueError(f"--device {device!r}: not a device; use auto, cpu, cuda or cuda:N (mps on a Mac)")
     if kind == "cuda":
         if not torch.cuda.is_available():
             logger.warning(f"device {device!r} requested but CUDA is not available here; using the CPU")

@@ -86,27 +86,58 @@ def is_export(path: Path) -> bool:
 
 def find_snapshots(paths: list[str]) -> list[dict]:
     """One record per exported snapshot (run name, path, arch, size, step, tokens, flops), in step order."""
-    found = []
+    found, seen = [], set()
     for p in map(Path, paths):
         if is_export(p):
-            exports, run = [p], p.parent.parent.name if p.parent.name == EXPORTS else p.parent.name
+            run_dir = p.parent.parent if p.parent.name == EXPORTS else p.parent
+            exports, run = [p], run_dir.resolve().name
         else:
+            run_dir = p
             exports = sorted(Path(c).parent for c in glob.glob(str(p / EXPORTS / "*" / MODEL_CONFIG)))
             exports = [e for e in exports if is_export(e)]
-            run = p.name
+            run = run_dir.resolve().name  # `evaluate.py .` inside a run: its folder's name
             if not exports:
                 raise FileNotFoundError(f"{p}: neither an export directory (config.json + model.safetensors) "
                                         f"nor a run directory with exports/*/ (run launch/export.py first)")
         for e in exports:
-            meta = json.loads((e / MODEL_CONFIG).read_text())
+            if e.resolve() in seen:  # one export reached twice (a run and one of its exports, a symlink)
+                continue
+            seen.add(e.resolve())
+            try:
+                meta = json.loads((e / MODEL_CONFIG).read_text())
+            except ValueError as err:
+                raise ValueError(f"{e / MODEL_CONFIG}: not valid JSON ({err}); export that step again "
+                                 f"(launch/export.py RUN --step N --force) or leave it out") from None
             model = meta.get("model", {})
-            found.append({"run": run, "snapshot": e.name, "path": str(e.resolve()), "arch": model.get("arch"),
+            found.append({"run": run, "run_dir": str(run_dir.resolve()),
+                          "snapshot": e.name, "path": str(e.resolve()), "arch": model.get("arch"),
                           "size": model.get("size"), "step": meta.get("step"), "tokens": meta.get("tokens"),
                           "flops": meta.get("flops"), "flops_non_embedding": meta.get("flops_non_embedding"),
                           "train_seq_len": training_context(e), "max_seq_len": model.get("max_seq_len"),
                           "n_params": _n_params(model)})
+    _distinct_run_names(found)
     found.sort(key=lambda r: (r["run"], r["step"] if r["step"] is not None else -1, r["snapshot"]))
     return found
+
+
+def _distinct_run_names(found: list[dict]) -> None:
+    """Two runs of one name in different folders (/a/tnl, /b/tnl) are two runs: their names take as many
+    parent folders as it takes to tell them apart (a/tnl, b/tnl), in the tables, plots and cache."""
+    dirs: dict[str, set[str]] = {}
+    for r in found:
+        dirs.setdefault(r["run"], set()).add(r["run_dir"])
+    for name, paths in dirs.items():
+        if len(paths) < 2:
+            continue
+        parts = {d: Path(d).parts for d in paths}
+        depth = 2
+        while depth < max(map(len, parts.values())) and \
+                len({"/".join(v[-depth:]) for v in parts.values()}) < len(paths):
+            depth += 1
+        label = {d: "/".join(v[-depth:]) for d, v in parts.items()}
+        for r in found:
+            if r["run"] == name:
+                r["run"] = label[r["run_dir"]]
 
 
 def _n_params(model: dict) -> int | None:
@@ -123,6 +154,13 @@ def fingerprint(export: str) -> dict:
     return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def _files_key(patterns: list[str]) -> list:
+    """The files a list of globs matches now, each with size and mtime: a result over them is stale when a
+    file is added, removed or rewritten."""
+    files = sorted({f for pat in patterns for f in glob.glob(pat)})
+    return [[f, *(lambda st: (st.st_size, st.st_mtime_ns))(Path(f).stat())] for f in files]
+
+
 # -- tasks ------------------------------------------------------------------------------------------------
 
 def scoring_window_of(snap: dict, cfg: SweepConfig, warn=None) -> int:
@@ -131,14 +169,18 @@ def scoring_window_of(snap: dict, cfg: SweepConfig, warn=None) -> int:
 
 
 def task_settings(task: str, cfg: SweepConfig, window: int | None = None) -> dict:
-    """Everything a cached result depends on besides the weights (`window`: the resolved scoring window)."""
-    s = {"task": task, "limit": cfg.limit, "max_length": window if window is not None else cfg.max_length}
+    """Everything a cached result depends on besides the weights (`window`: the resolved scoring window):
+    the dtype the model runs in, and the input files as they are now (not only their patterns)."""
+    from evaluation.devices import resolve_device, resolve_dtype
+    dtype = str(resolve_dtype(cfg.dtype, resolve_device(cfg.device))).removeprefix("torch.")
+    s = {"task": task, "limit": cfg.limit, "max_length": window if window is not None else cfg.max_length,
+         "dtype": dtype}
     if task.startswith("niah_"):
         s.update(lengths=cfg.niah_lengths, depths=cfg.niah_depths, trials=cfg.niah_trials,
-                 haystack=cfg.niah_haystack, scoring=cfg.niah_scoring, threshold=cfg.niah_threshold,
+                 haystack=_files_key(cfg.niah_haystack), scoring=cfg.niah_scoring, threshold=cfg.niah_threshold,
                  placement="token_depth")
     if task == "valid_loss":
-        s.update(shards=cfg.valid_shards, seq_len=cfg.valid_seq_len, windows=cfg.valid_windows)
+        s.update(shards=_files_key(cfg.valid_shards), seq_len=cfg.valid_seq_len, windows=cfg.valid_windows)
     return s
 
 
@@ -222,9 +264,13 @@ def load_model(snap: dict, cfg: SweepConfig, tasks: list[str]):
     device = resolve_device(cfg.device)
     overrides = {}
     need = max(cfg.niah_lengths) + 64 if any(t.startswith("niah_") for t in tasks) else 0
+    if "valid_loss" in tasks:
+        need = max(need, cfg.valid_seq_len)
+    if any(t in ("wikitext2", "lambada_openai") or t in CSR_TASKS or t in SCROLLS_TASKS for t in tasks):
+        need = max(need, scoring_window_of(snap, cfg))
     meta = json.loads((Path(snap["path"]) / MODEL_CONFIG).read_text())
     if need > meta["model"].get("max_seq_len", 0):
-        overrides["max_seq_len"] = need  # LLaMA's RoPE table must cover the longest NIAH prompt
+        overrides["max_seq_len"] = need  # LLaMA's RoPE table must cover the longest input the tasks feed
     return load_pretrained(snap["path"], device=device, dtype=resolve_dtype(cfg.dtype, device), **overrides)
 
 
@@ -284,7 +330,17 @@ def sweep(cfg: SweepConfig) -> list[dict]:
         if todo:
             check_vocab(snap, todo)
             t0 = time.time()
-            model = load_model(snap, cfg, todo)
+            try:
+                model = load_model(snap, cfg, todo)
+            except Exception as err:  # noqa: BLE001  (a damaged export must not sink the other snapshots)
+                if isinstance(err, (KeyboardInterrupt, MemoryError)):
+                    raise
+                msg = f"cannot load {snap['path']}: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+                logger.warning(f"{label}: {msg}; skipped (export that step again: launch/export.py RUN "
+                               f"--step {snap['step']} --force)")
+                cached.update({t: {"error": msg} for t in todo})
+                rows.append({**snap, "results": cached})
+                continue
             for t in todo:
                 t1 = time.time()
                 res = run_tasks([t], model, snap, cfg, out).get(t, {"error": "no result"})

@@ -88,6 +88,58 @@ def test_find_snapshots_accepts_export_dirs(run_dir):
         sw.find_snapshots([str(run_dir / "exports")])
 
 
+
+def test_cache_follows_the_dtype_and_the_files_now_matched(run_dir, tmp_path, monkeypatch):
+    """A cached result is reused only for the same dtype and the same held-out files: another --dtype, or
+    a file added to what --valid-shards matches, runs the task again."""
+    rng = np.random.default_rng(1)
+    for k in range(2):
+        rng.integers(0, 100277, 3 * 17, dtype=np.uint32).tofile(tmp_path / f"v{k}.bin")
+    calls = []
+    real = sw.run_tasks
+    monkeypatch.setattr(sw, "run_tasks", lambda tasks, *a: calls.append(tasks) or real(tasks, *a))
+    cfg = sw.SweepConfig(runs=[str(run_dir / "exports" / "step_00000010")], tasks=["valid_loss"],
+                         valid_shards=[str(tmp_path / "v*.bin")], valid_seq_len=16, out=str(tmp_path / "out"),
+                         device="cpu", batch_size=2)
+    first = sw.sweep(cfg)[0]["results"]["valid_loss"]
+    assert len(calls) == 1 and first["windows"] == 6
+    sw.sweep(cfg)
+    assert len(calls) == 1  # cached
+    rng.integers(0, 100277, 2 * 17, dtype=np.uint32).tofile(tmp_path / "v2.bin")
+    grown = sw.sweep(cfg)[0]["results"]["valid_loss"]
+    assert len(calls) == 2 and grown["windows"] == 8
+    cfg.dtype = "bfloat16"
+    bf16 = sw.sweep(cfg)[0]["results"]["valid_loss"]
+    assert len(calls) == 3 and bf16["loss"] != grown["loss"]
+
+
+def test_runs_of_one_name_in_two_folders_stay_apart(tmp_path):
+    torch.manual_seed(0)
+    for parent in ("x", "y"):
+        save_pretrained(build_model("tnl", "tiny", max_seq_len=32), tmp_path / parent / "tnl" / "exports" / "step_00000010",
+                        extra={"step": 10, "tokens": 1000, "flops": 1e10})
+    snaps = sw.find_snapshots([str(tmp_path / "x" / "tnl"), str(tmp_path / "y" / "tnl"),
+                               str(tmp_path / "y" / "tnl" / "exports" / "step_00000010")])  # the last one twice
+    assert sorted(r["run"] for r in snaps) == ["x/tnl", "y/tnl"]
+
+
+def test_a_damaged_export_is_reported_and_the_others_evaluated(run_dir, tmp_path):
+    shards = tmp_path / "val.bin"
+    np.random.default_rng(0).integers(0, 100277, 3 * 17, dtype=np.uint32).tofile(shards)
+    w = run_dir / "exports" / "step_00000010" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    rows = sw.sweep(sw.SweepConfig(runs=[str(run_dir)], tasks=["valid_loss"], valid_shards=[str(shards)],
+                                   valid_seq_len=16, out=str(tmp_path / "out"), device="cpu"))
+    assert "cannot load" in rows[0]["results"]["valid_loss"]["error"]
+    assert rows[1]["results"]["valid_loss"]["windows"] == 3
+    assert (tmp_path / "out" / "results.csv").is_file()
+    (run_dir / "exports" / "step_00000030" / "config.json").write_text('{"step": 30,')
+    with pytest.raises(ValueError, match="step_00000030/config.json: not valid JSON"):
+        sw.find_snapshots([str(run_dir)])
+    with pytest.raises(ValueError, match="--device 'gpu': not a device"):
+        sw.load_model(rows[1], sw.SweepConfig(runs=[], device="gpu"), ["valid_loss"])
+
+
 # arXiv 2406.16690, Table 4: BoolQ acc, PIQA acc, HellaSwag acc_norm, WinoGrande acc, ARC-e acc, ARC-c acc_norm,
 # OBQA acc_norm, and the printed "CSR avg", for every architecture and size
 PAPER_TABLE4 = """
