@@ -4,6 +4,7 @@ RUN/exports/step_XXXXXXXX/{model.safetensors, config.json}, in the format of `mo
 config (arch, size, dimensions), the tokenizer, and step / tokens / FLOPs trained."""
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -66,7 +67,8 @@ def export_config(meta: dict, source: Source, dtype: str) -> dict:
     model = ModelConfig.from_dict(meta["model"])
     extra = {"arch": model.arch, "size": model.size, "step": meta["step"], "tokens": meta["tokens"],
              "flops": meta["flops"], "flops_non_embedding": meta.get("flops_non_embedding"),
-             "source": {"kind": source.kind, "path": str(source.path.resolve()), "run": source.path.parents[1].name},
+             "source": {"kind": source.kind, "path": str(source.path.resolve()), "run": source.path.parents[1].name,
+                        "manifest": source_digest(source)},
              "export_dtype": dtype, "code": meta.get("code")}
     # the training context: evaluation scores in windows of it (evaluation.context)
     train = (meta.get("config") or {}).get("train") or _run_train_config(source)
@@ -88,7 +90,18 @@ def _run_train_config(source: Source) -> dict:
     return train if isinstance(train, dict) else {}
 
 
-def already_exported(out: Path, step: int, dtype: str) -> bool:
+def source_digest(source: Source) -> str | None:
+    """The identity of a snapshot or checkpoint: a digest of its manifest, which lists every file's size
+    and checksum. A run resumed from an earlier checkpoint writes a new step N whose digest differs from
+    the abandoned branch's step N."""
+    try:
+        return hashlib.sha256((source.path / MANIFEST).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def already_exported(out: Path, source: Source, dtype: str) -> bool:
+    """An export of this very source (same step, same manifest) in this dtype is at `out`."""
     cfg = out / MODEL_CONFIG
     if not (cfg.is_file() and (out / MODEL_WEIGHTS).is_file()):
         return False
@@ -96,7 +109,9 @@ def already_exported(out: Path, step: int, dtype: str) -> bool:
         meta = json.loads(cfg.read_text())
     except ValueError:
         return False
-    return meta.get("step") == step and meta.get("export_dtype") == dtype
+    digest = source_digest(source)
+    return (meta.get("step") == source.step and meta.get("export_dtype") == dtype and digest is not None
+            and (meta.get("source") or {}).get("manifest") == digest)
 
 
 def export_one(source: Source, out: Path, dtype: str = "fp32") -> Path:
@@ -126,7 +141,7 @@ def export_run(run_dir: Path, which: str | int = "default", dtype: str = "fp32",
     for i, src in enumerate(sources, 1):
         out = run_dir / EXPORTS / step_name(src.step)
         label = f"[{min(i, n)}/{n}] step {src.step} ({src.kind})"
-        if not force and already_exported(out, src.step, dtype):
+        if not force and already_exported(out, src, dtype):
             log(f"{label}: already exported at {out}, skipped")
             done.append(out)
         else:

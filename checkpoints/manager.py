@@ -41,7 +41,7 @@ from checkpoints.atomic import atomic_write_text, fsync_dir, publish_dir
 from checkpoints.disk import device_of, disk_full_cause, free_bytes, headroom, human_bytes, looks_like_short_write
 from checkpoints.errors import CheckpointError, SaveFailed
 from checkpoints.hashio import FileRecord, save_safetensors, save_torch
-from checkpoints.layout import (CHECKPOINTS, LATEST, META, MODEL_WEIGHTS, MODULE_DIR, PARTS_DIR, SNAPSHOTS,
+from checkpoints.layout import (CHECKPOINTS, EXPORTS, LATEST, META, MODEL_WEIGHTS, MODULE_DIR, PARTS_DIR, SNAPSHOTS,
                                 TMP_SUFFIX, TORCH_MODEL, TRAINER_DIR, TRASH_SUFFIX, parse_step, step_dirs, step_name,
                                 tmp_dirs)
 from checkpoints.manifest import verify, write_manifest
@@ -308,7 +308,7 @@ class CheckpointManager(Callback):
 
     def _set_aside_later_history(self, path: Path) -> None:
         """Resuming one of this run's own earlier checkpoints starts a new branch of its history: the
-        checkpoints and snapshots after it belong to the abandoned branch. They are moved into
+        checkpoints, snapshots and exports after it belong to the abandoned branch. They are moved into
         `superseded-<time>/` folders (not deleted), so that `--resume auto` and retention only ever see
         one history and a replayed step never keeps a snapshot of the other branch."""
         try:
@@ -319,7 +319,7 @@ class CheckpointManager(Callback):
         if not inside or step is None:
             return
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        for parent in (self.ckpt_dir, self.snap_dir):
+        for parent in (self.ckpt_dir, self.snap_dir, self.run_dir / EXPORTS):
             later = [p for s, p in step_dirs(parent) if s > step]
             if not later:
                 continue

@@ -470,18 +470,37 @@ def test_resume_an_earlier_checkpoint_of_this_run(dataset, tmp_path, capsys):
     run = tmp_path / "run"
     flags = ("--save-every", "2", "--keep-last", "0", "--snapshot-every-tokens", str(2 * 96))
     assert pretrain(run_flags(run, dataset, 6, *flags), capsys)[0] == 0
+    from checkpoints.export import export_run
+    export_run(run, log=lambda m: None)  # exports of the old branch, steps 2, 4, 6
     old6 = (run / "snapshots" / "step_00000006" / "model.safetensors").read_bytes()
+    old_export6 = (run / "exports" / "step_00000006" / "model.safetensors").read_bytes()
     rc, out, _ = pretrain(run_flags(run, dataset, 4, *flags, "--lr", "1e-3", "--resume",
                                     run / "checkpoints" / "step_00000002"), capsys)
     assert rc == 0 and "abandoned branch" in out
     ckpt_aside = [p for p in (run / "checkpoints").iterdir() if p.name.startswith("superseded-")]
     snap_aside = [p for p in (run / "snapshots").iterdir() if p.name.startswith("superseded-")]
+    export_aside = [p for p in (run / "exports").iterdir() if p.name.startswith("superseded-")]
     assert len(ckpt_aside) == 1 and sorted(p.name for p in ckpt_aside[0].iterdir()) == ["step_00000004", "step_00000006"]
     assert len(snap_aside) == 1 and (snap_aside[0] / "step_00000006" / "model.safetensors").read_bytes() == old6
+    assert len(export_aside) == 1 and sorted(p.name for p in export_aside[0].iterdir()) == ["step_00000004", "step_00000006"]
     rc, out, _ = pretrain(run_flags(run, dataset, 6, *flags, "--lr", "1e-3", "--resume", "auto"), capsys)
     assert rc == 0 and "step_00000004 at step 4" in out  # the new branch's step 4, not the old step 6
     new6 = (run / "snapshots" / "step_00000006" / "model.safetensors").read_bytes()
     assert new6 != old6  # written by the new branch (lr 1e-3), not kept from the old one
+    # the export is of the new branch: step 2 (shared by both branches) is kept, steps 4 and 6 are new
+    logs = []
+    export_run(run, log=logs.append)
+    assert [("skipped" in m) for m in logs] == [True, False, False]
+    assert (run / "exports" / "step_00000006" / "model.safetensors").read_bytes() != old_export6
+    # an export left of the old branch (e.g. copied back) is not taken for the new step's: written again
+    (run / "exports" / "step_00000006" / "model.safetensors").write_bytes(old_export6)
+    cfg6 = run / "exports" / "step_00000006" / "config.json"
+    old_cfg = json.loads(cfg6.read_text())
+    old_cfg["source"]["manifest"] = "0" * 16
+    cfg6.write_text(json.dumps(old_cfg))
+    logs.clear()
+    export_run(run, log=logs.append)
+    assert [("skipped" in m) for m in logs] == [True, True, False]
 
 
 def _corrupt(path: Path) -> None:
