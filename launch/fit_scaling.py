@@ -73,6 +73,11 @@ def _main(argv=None) -> int:
     settings = args.settings()
     warnings = warmup_warnings(runs, args.skip_tokens, args.skip_warmup)
     results = []
+    lengths = sorted({r.seq_len for r in runs})
+    if args.seq_len is not None and args.seq_len not in lengths:
+        print(f"error: --seq-len {args.seq_len}: no run was trained at that context length (the runs have "
+              f"{lengths}); pass one of those, or leave --seq-len out", file=sys.stderr)
+        return 2
     for arch, rs in group_by_arch(runs).items():
         rs, seq_warn = select_seq_len(rs, args.seq_len)
         warnings += seq_warn
@@ -93,7 +98,7 @@ def _main(argv=None) -> int:
         for path in write_plots(results, args.plots, include_embedding):
             print(f"wrote {path}")
     if not any(r.loss_fit is not None for r in results):
-        print("error: no architecture could be fitted (see NOTE lines above)", file=sys.stderr)
+        print("error: no architecture could be fitted (the NOTE and WARNING lines above say why)", file=sys.stderr)
         return 1
     return 0
 

@@ -330,7 +330,14 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
     _warn_ended_while_winning(res, env)
 
     # L(C): the envelope's points where >= min_runs runs are present
-    if mask.sum() < 2:
+    in_range = env.mask(1, c_min, c_max)
+    if mask.sum() < 2 and (s.c_min is not None or s.c_max is not None) and in_range.sum() < 2:
+        lo, hi = flops_to_pflop_days(env.c.min()), flops_to_pflop_days(env.c.max())
+        given = [f"{flag} {v:g}" for flag, v in (("--c-min", s.c_min), ("--c-max", s.c_max)) if v is not None]
+        res.notes.append(f"{' and '.join(given)} leave{'s' if len(given) == 1 else ''} {in_range.sum()} envelope "
+                         f"point(s): the runs span C = {lo:.3g} to "
+                         f"{hi:.3g} PFLOP-days; set the bounds inside that range")
+    elif mask.sum() < 2:
         res.notes.append(f"{mask.sum()} envelope point(s) with >= {s.min_runs} runs present"
                          f"{' in the C range' if s.c_min or s.c_max else ''}: an L(C) fit needs >= 2 points; runs "
                          f"of neighbouring sizes must overlap in C (train each past the C where the next size "
@@ -340,7 +347,16 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
         res.loss_fit = _try(res, "L(C)", lambda: fit_power_law(c, env.loss[mask], 0, s.seed, s.ci, "L(C)"))
         res.offset_fit = _try(res, "eps + power law", lambda: fit_offset_power_law(
             c, env.loss[mask], 0, s.seed, s.ci, "eps + power law"))
-        if n_rep and res.loss_fit is not None:
+        unfitted = [sc.label for sc in res.curves if sc.fit is None]
+        if n_rep and res.loss_fit is not None and len(unfitted) == len(res.curves):
+            res.notes.append(f"no size has a learning-curve fit ({', '.join(unfitted)}): the run-bootstrap "
+                             f"intervals resample the residuals around those fits, so L(C) is given without an "
+                             f"interval; log >= 4 rows per size")
+        elif n_rep and res.loss_fit is not None:
+            if unfitted:
+                res.notes.append(f"sizes {', '.join(unfitted)} have no learning-curve fit: their runs enter every "
+                                 f"bootstrap replicate with their logged losses, so the intervals leave out their "
+                                 f"noise")
             table = _loss_table(runs, res.curves, env.c[mask], s, reps)          # [R, runs, points]
             table = np.where(np.isfinite(table), table, np.inf)
             env_rep = np.log(table.min(axis=1))                                # [R, points]

@@ -62,7 +62,8 @@ def _check_xy(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.n
     ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
     x, y = x[ok], y[ok]
     if len(x) < 2 or np.ptp(np.log(x)) == 0:
-        raise ValueError(f"{what}: a power-law fit needs >= 2 points at different x, got {len(x)}")
+        raise ValueError(f"a power-law fit needs >= 2 points at different x, got {len(x)} point(s) at "
+                         f"{len(np.unique(x))} distinct x")
     return x, y
 
 

@@ -206,7 +206,10 @@ def find_run_dirs(paths: list[str | Path], problems: list[str] | None = None) ->
         elif (p / CONFIG_FILE).exists() or (p / METRICS_FILE).exists():
             found.append(p)   # load_run says which file is missing
         else:
-            children = sorted(c for c in p.iterdir() if c.is_dir() and is_run_dir(c))
+            # a child with one of the two files is a damaged run (load_run says which file is missing);
+            # one with neither is another kind of folder (plots/, eval/) and is passed over
+            children = sorted(c for c in p.iterdir() if c.is_dir()
+                              and ((c / CONFIG_FILE).exists() or (c / METRICS_FILE).exists()))
             if not children:
                 msg = (f"{p}: not a run directory (no {CONFIG_FILE} / {METRICS_FILE}) and no run directories "
                        f"inside it")
@@ -218,7 +221,10 @@ def find_run_dirs(paths: list[str | Path], problems: list[str] | None = None) ->
     if not found:
         raise RunError("no runs found: give one or more run directories (e.g. runs/*)"
                        + (f" ({'; '.join(problems)})" if problems else ""))
-    return list(dict.fromkeys(found))
+    unique: dict[Path, Path] = {}  # one run under two spellings (runs/x and $PWD/runs/x, a symlink) once
+    for f in found:
+        unique.setdefault(f.resolve(), f)
+    return list(unique.values())
 
 
 def load_runs(paths: list[str | Path], include_embedding: bool = False, loss_key: str = "loss",

@@ -399,6 +399,19 @@ def test_single_size_is_explained_not_fitted(tmp_path):
     assert any(">= 2 sizes" in n for n in res.notes)
 
 
+def test_no_learning_curve_fit_gives_no_interval_rather_than_a_zero_width_one(tmp_path):
+    """Three rows a run: no size has a learning-curve fit for the replicates to resample around, so the
+    bootstrap would repeat the data and give an interval of width 0; L(C) comes without one, and says why."""
+    for k, size in enumerate(("tiny", "mini")):
+        write_run(tmp_path / f"llama-{size}", model_config("llama", size), LossLaw(), 1e8 * (k + 1), n_rows=3)
+    runs, _ = load_runs([tmp_path])
+    res = analyze_arch("llama", runs, FitSettings(n_boot=10, min_runs=1))
+    assert res.loss_fit is not None and res.loss_fit.ci_method != "runs"
+    lo, hi = res.loss_fit.exponent_ci if res.loss_fit.exponent_ci is not None else (np.nan, np.nan)
+    assert not np.isfinite(lo) or lo < hi  # no interval, or a real one
+    assert any("no size has a learning-curve fit" in n for n in res.notes)
+
+
 def test_no_handover_fits_the_loss_and_still_draws_every_panel(tmp_path, capsys):
     """Every size stops while it still wins (the smaller size is ahead wherever the pair overlaps): L(C) is fitted,
     N_opt and D_opt are not, and the plots are written all the same, the comparison's empty panels included."""
@@ -526,6 +539,14 @@ def test_c_bounds_are_in_the_unit_the_tables_print(sweep, tmp_path, capsys):
     lo, hi = json.loads(out.read_text())["archs"]["tnl"]["fit_c_range_pflop_days"]
     assert 0.01 <= lo and hi <= 10
     assert main([str(root), "--c-min", "5", "--c-max", "1"]) == 2
+    capsys.readouterr()
+    # bounds past every run's C: the note names the bound and the runs' range, not the runs' overlap
+    assert main([str(root), "--c-min", "1e6", "--n-boot", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "--c-min 1e+06 leaves 0 envelope point(s): the runs span C =" in out
+    # a context length no run was trained at
+    assert main([str(root), "--seq-len", "12345"]) == 2
+    assert "--seq-len 12345: no run was trained at that context length" in capsys.readouterr().err
 
 
 def test_warmup_rows_are_warned_and_skipped_on_request(tmp_path, capsys):

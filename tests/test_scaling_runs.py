@@ -203,6 +203,24 @@ def test_missing_files_and_empty_folders_are_clear_errors(tmp_path):
     assert "metrics.jsonl" in problems[1] and "not a directory" in problems[0]
 
 
+def test_a_run_given_twice_counts_once_and_a_damaged_child_is_named(tmp_path):
+    """One run under two spellings (a folder of runs and the run itself by an absolute path, a symlink) is
+    one run; a child of a folder of runs with only one of its two files is an error, not passed over."""
+    runs_dir = tmp_path / "runs"
+    for size in ("tiny", "mini"):
+        write_run(runs_dir / f"tnl-{size}", model_config("tnl", size), LossLaw(), 1e6, n_rows=10)
+    (tmp_path / "link").symlink_to(runs_dir / "tnl-mini")
+    found = find_run_dirs([runs_dir, (runs_dir / "tnl-mini").resolve(), tmp_path / "link"])
+    assert [p.name for p in found] == ["tnl-mini", "tnl-tiny"]
+    (runs_dir / "plots").mkdir()  # a folder that is not a run: passed over
+    (runs_dir / "tnl-half").mkdir()
+    (runs_dir / "tnl-half" / "config.json").write_text((runs_dir / "tnl-tiny" / "config.json").read_text())
+    with pytest.raises(RunError, match="missing metrics.jsonl"):
+        load_runs([runs_dir])
+    runs, problems = load_runs([runs_dir], skip_bad=True)
+    assert sorted(r.name for r in runs) == ["tnl-mini", "tnl-tiny"] and "tnl-half" in problems[0]
+
+
 def test_config_without_seq_len_is_rejected(tmp_path):
     d = tmp_path / "r"
     d.mkdir()
