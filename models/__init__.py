@@ -3,6 +3,7 @@ and the accounting."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -41,6 +42,9 @@ def save_pretrained(model: LanguageModel, path: str | Path, dtype: torch.dtype =
     tmp.mkdir(parents=True)
     state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(state, str(tmp / MODEL_WEIGHTS))
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp / MODEL_WEIGHTS, 0o666 & ~mask)  # safetensors writes 0600; readable like the other files
     meta = {"model": model.config.to_dict(), "tokenizer": ENCODING_NAME, "dtype": str(dtype).replace("torch.", "")}
     meta.update(extra or {})
     (tmp / MODEL_CONFIG).write_text(json.dumps(meta, indent=2))
