@@ -307,7 +307,10 @@ def sweep(cfg: SweepConfig) -> list[dict]:
                          "uint32 token files, e.g. a prepared dataset's val shards)"
                          + (f"; nothing matches {' '.join(cfg.valid_shards)}" if cfg.valid_shards else ""))
     snaps = find_snapshots(cfg.runs)
-    out = Path(cfg.out) if cfg.out else (Path(snaps[0]["path"]).parent.parent / "eval" if snaps else Path("eval"))
+    first = Path(cfg.runs[0]) if cfg.runs else None  # the default out is in the first run given
+    if first is not None and is_export(first):
+        first = first.parent.parent if first.parent.name == EXPORTS else first.parent
+    out = Path(cfg.out) if cfg.out else (first / "eval" if first is not None else Path("eval"))
     out.mkdir(parents=True, exist_ok=True)
     logger.info(f"evaluating {len(snaps)} snapshot(s) x {len(tasks)} task(s) -> {out}")
     rows = []
