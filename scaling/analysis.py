@@ -300,6 +300,16 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
             f"the learning curve there is not the constant-lr one L(D) = e + b*D^-beta describes: --skip-warmup "
             f"leaves them out")
 
+    for r in runs:  # a run that diverged still has rows, and they would be fitted like any others
+        n = len(r.loss)
+        if n >= 10:
+            best = float(np.min(r.loss))
+            tail = float(np.median(r.loss[-max(3, n // 10):]))
+            if tail > 1.2 * best:
+                res.warnings.append(
+                    f"run {r.name} ({r.label}): its loss ends at {tail:.3g} (median of its last rows), "
+                    f"{tail / best:.2f}x its lowest, {best:.3g}; did it diverge? Its rows are fitted as they are: "
+                    f"leave the run out, or resume it from a checkpoint before the rise")
     # learning curves of each size, then the replicate studies
     res.curves = size_curves(runs)
     for sc in res.curves:

@@ -412,6 +412,21 @@ def test_no_learning_curve_fit_gives_no_interval_rather_than_a_zero_width_one(tm
     assert any("no size has a learning-curve fit" in n for n in res.notes)
 
 
+def test_a_run_whose_loss_rises_at_its_end_is_warned_about(tmp_path):
+    for k, size in enumerate(("tiny", "mini")):
+        write_run(tmp_path / f"llama-{size}", model_config("llama", size), LossLaw(), 1e8 * (k + 1), n_rows=50)
+    runs, _ = load_runs([tmp_path])
+    assert not any("diverge" in w for w in analyze_arch("llama", runs).warnings)
+    f = tmp_path / "llama-mini" / "metrics.jsonl"
+    rows = [json.loads(line) for line in f.read_text().splitlines()]
+    for r in rows[-8:]:
+        r["loss"] *= 3
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs, _ = load_runs([tmp_path])
+    warned = [w for w in analyze_arch("llama", runs).warnings if "diverge" in w]
+    assert len(warned) == 1 and warned[0].startswith("run llama-mini")
+
+
 def test_no_handover_fits_the_loss_and_still_draws_every_panel(tmp_path, capsys):
     """Every size stops while it still wins (the smaller size is ahead wherever the pair overlaps): L(C) is fitted,
     N_opt and D_opt are not, and the plots are written all the same, the comparison's empty panels included."""
