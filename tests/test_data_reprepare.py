@@ -45,6 +45,18 @@ def _train_docs(out: Path) -> list[str]:
     return sorted(docs)
 
 
+def _two_parts(tmp_path: Path):
+    """Two input files prepared as two parts, not merged: (input folder, output folder, config)."""
+    inp = tmp_path / "in"
+    _write_docs(inp, "a", 1)
+    _write_docs(inp, "b", 2)
+    out = tmp_path / "out"
+    cfg = _config(inp)
+    for p in (0, 1):
+        prepare(cfg, out, workers=1, part=p, num_parts=2, do_merge=False, progress=False)
+    return inp, out, cfg
+
+
 def test_a_part_prepared_again_takes_the_merged_dataset_with_it(tmp_path):
     """A file added and the part prepared again without the merge: the old train/ index (which pointed
     into the rewritten token files) is gone, so nothing serves misaligned documents; the merge then gives
@@ -70,13 +82,7 @@ def test_a_part_prepared_again_takes_the_merged_dataset_with_it(tmp_path):
 def test_the_merge_refuses_parts_made_from_other_files(tmp_path):
     """Two parts, then a file of part 0 rewritten: the merge names the stale part instead of joining parts
     of two different inputs; with that part prepared again it merges."""
-    inp = tmp_path / "in"
-    _write_docs(inp, "a", 1)
-    _write_docs(inp, "b", 2)
-    out = tmp_path / "out"
-    cfg = _config(inp)
-    for p in (0, 1):
-        prepare(cfg, out, workers=1, part=p, num_parts=2, do_merge=False, progress=False)
+    inp, out, cfg = _two_parts(tmp_path)
     _write_docs(inp, "a", 3, n=14)  # part 0 reads a.jsonl (files i, i + 2, ... of the sorted list)
     with pytest.raises(ValueError, match=r"parts \[0\] of 2 were prepared from other input files"):
         merge(cfg, out)
@@ -121,13 +127,7 @@ def test_merge_outputs_of_an_earlier_config_are_not_read(tmp_path):
 
 
 def test_merge_stages_out_of_order_say_which_stage_to_run(tmp_path):
-    inp = tmp_path / "in"
-    _write_docs(inp, "a", 1)
-    _write_docs(inp, "b", 2)
-    out = tmp_path / "out"
-    cfg = _config(inp)
-    for p in (0, 1):
-        prepare(cfg, out, workers=1, part=p, num_parts=2, do_merge=False, progress=False)
+    _, out, cfg = _two_parts(tmp_path)
     with pytest.raises(FileNotFoundError, match="outputs of stage 'exact' are missing"):
         run_task(cfg, out, "index", 0)
     for t in range(4):
