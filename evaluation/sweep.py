@@ -168,13 +168,18 @@ def scoring_window_of(snap: dict, cfg: SweepConfig, warn=None) -> int:
     return scoring_window(snap["path"], snap.get("max_seq_len") or 8192, cfg.max_length, warn=warn)
 
 
-def task_settings(task: str, cfg: SweepConfig, window: int | None = None) -> dict:
-    """Everything a cached result depends on besides the weights (`window`: the resolved scoring window):
-    the dtype the model runs in, and the input files as they are now (not only their patterns)."""
+def run_dtype(cfg: SweepConfig) -> str:
+    """The dtype the models run in ('auto' resolved for the device), e.g. 'bfloat16'."""
     from evaluation.devices import resolve_device, resolve_dtype
-    dtype = str(resolve_dtype(cfg.dtype, resolve_device(cfg.device))).removeprefix("torch.")
+    return str(resolve_dtype(cfg.dtype, resolve_device(cfg.device))).removeprefix("torch.")
+
+
+def task_settings(task: str, cfg: SweepConfig, window: int | None = None, dtype: str | None = None) -> dict:
+    """Everything a cached result depends on besides the weights (`window`: the resolved scoring window;
+    `dtype`: run_dtype(cfg), computed here when not given): the dtype the model runs in, and the input
+    files as they are now (not only their patterns)."""
     s = {"task": task, "limit": cfg.limit, "max_length": window if window is not None else cfg.max_length,
-         "dtype": dtype}
+         "dtype": dtype or run_dtype(cfg)}
     if task.startswith("niah_"):
         s.update(lengths=cfg.niah_lengths, depths=cfg.niah_depths, trials=cfg.niah_trials,
                  haystack=_files_key(cfg.niah_haystack), scoring=cfg.niah_scoring, threshold=cfg.niah_threshold,
@@ -306,6 +311,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
         raise ValueError("task valid_loss needs held-out token files: pass --valid-shards FILE_OR_GLOB ... (flat "
                          "uint32 token files, e.g. a prepared dataset's val shards)"
                          + (f"; nothing matches {' '.join(cfg.valid_shards)}" if cfg.valid_shards else ""))
+    dtype = run_dtype(cfg)  # also checks --device before anything is loaded
     snaps = find_snapshots(cfg.runs)
     first = Path(cfg.runs[0]) if cfg.runs else None  # the default out is in the first run given
     if first is not None and is_export(first):
@@ -321,7 +327,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
         cached, todo = {}, []
         for t in tasks:
             f = cache_dir / f"{t}.json"
-            key = {"settings": task_settings(t, cfg, window), "weights": fp}
+            key = {"settings": task_settings(t, cfg, window, dtype), "weights": fp}
             if f.exists() and not cfg.force:
                 rec = json.loads(f.read_text())
                 if rec.get("key") == key:
@@ -350,7 +356,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
                 secs = time.time() - t1
                 if "error" not in res:
                     cache_dir.mkdir(parents=True, exist_ok=True)
-                    key = {"settings": task_settings(t, cfg, window), "weights": fp}
+                    key = {"settings": task_settings(t, cfg, window, dtype), "weights": fp}
                     tmp = cache_dir / f".{t}.json.tmp"
                     tmp.write_text(json.dumps({"key": key, "metrics": res, "seconds": secs}, indent=1))
                     tmp.rename(cache_dir / f"{t}.json")
