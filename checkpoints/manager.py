@@ -297,6 +297,11 @@ class CheckpointManager(Callback):
                           f"one of them regardless, pass --resume with its path")
                 logger.info(f"--resume auto: no complete checkpoint in {self.ckpt_dir} yet; starting from step 0")
                 return None
+            # what a stopped run wrote after its newest checkpoint (snapshots, exports) is replayed from
+            # it, under the flags given now, which may differ (another --lr): the old files are set aside,
+            # not kept as if they held the replayed steps' weights. Later checkpoints that auto passed over
+            # (corrupt, or another run's) stay where they are, named in the warnings above.
+            self._set_aside_later_history(path, checkpoints=False)
             return str(path)
         path = Path(target)
         problem = verify(path)
@@ -306,9 +311,11 @@ class CheckpointManager(Callback):
         self._set_aside_later_history(path)
         return target
 
-    def _set_aside_later_history(self, path: Path) -> None:
-        """Resuming one of this run's own earlier checkpoints starts a new branch of its history: the
-        checkpoints, snapshots and exports after it belong to the abandoned branch. They are moved into
+    def _set_aside_later_history(self, path: Path, checkpoints: bool = True) -> None:
+        """Resuming one of this run's own checkpoints starts a new branch of its history (an earlier one
+        by path, or the newest by `--resume auto` after a stop): the checkpoints (by path only: auto leaves
+        the later ones it passed over), snapshots and exports after it belong to the abandoned branch. They
+        are moved into
         `superseded-<time>/` folders (not deleted), so that `--resume auto` and retention only ever see
         one history and a replayed step never keeps a snapshot of the other branch."""
         try:
@@ -319,7 +326,7 @@ class CheckpointManager(Callback):
         if not inside or step is None:
             return
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        for parent in (self.ckpt_dir, self.snap_dir, self.run_dir / EXPORTS):
+        for parent in ((self.ckpt_dir,) if checkpoints else ()) + (self.snap_dir, self.run_dir / EXPORTS):
             later = [p for s, p in step_dirs(parent) if s > step]
             if not later:
                 continue
@@ -329,7 +336,7 @@ class CheckpointManager(Callback):
                 os.replace(p, dest / p.name)
             logger.info(f"--resume {path}: {len(later)} later {parent.name} of the abandoned branch "
                  f"({', '.join(p.name for p in later)}) moved to {dest}")
-        if (self.ckpt_dir / LATEST).is_file() and read_latest(self.ckpt_dir) != path.name:
+        if checkpoints and (self.ckpt_dir / LATEST).is_file() and read_latest(self.ckpt_dir) != path.name:
             atomic_write_text(self.ckpt_dir / LATEST, path.name + "\n")
 
     def load(self, path: Path) -> None:
@@ -648,7 +655,8 @@ class CheckpointManager(Callback):
         if self.last_snapshot_step == step:
             return None
         final = self.snap_dir / step_name(step)
-        # a replayed step after a resume: the existing snapshot holds the same weights
+        # a complete snapshot of this step is of this branch (a resume sets aside the later ones), e.g. one
+        # written just before the checkpoint it resumed: nothing to write again
         skip = self.env.is_main and verify(final, checksums=False) is None
         skip = broadcast_object(skip)
         if skip:

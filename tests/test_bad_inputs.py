@@ -503,6 +503,24 @@ def test_resume_an_earlier_checkpoint_of_this_run(dataset, tmp_path, capsys):
     assert [("skipped" in m) for m in logs] == [True, True, False]
 
 
+def test_resume_auto_after_a_stop_rewrites_the_replayed_snapshots(dataset, tmp_path, capsys):
+    """A run stopped after its checkpoint at step 3 had written the snapshot of step 4: --resume auto with
+    another --lr replays step 4, and its snapshot holds the new weights, not the stopped run's (which is
+    set aside in superseded-<time>/)."""
+    import shutil
+    run = tmp_path / "run"
+    flags = ("--save-every", "3", "--snapshot-every-tokens", str(2 * 96))
+    assert pretrain(run_flags(run, dataset, 5, *flags), capsys)[0] == 0
+    shutil.rmtree(run / "checkpoints" / "step_00000005")  # as if killed before its checkpoint was written
+    (run / "checkpoints" / "latest").write_text("step_00000003\n")
+    old4 = (run / "snapshots" / "step_00000004" / "model.safetensors").read_bytes()
+    rc, out, _ = pretrain(run_flags(run, dataset, 5, *flags, "--lr", "1e-3", "--resume", "auto"), capsys)
+    assert rc == 0 and "step_00000003 at step 3" in out
+    assert (run / "snapshots" / "step_00000004" / "model.safetensors").read_bytes() != old4
+    aside = [p for p in (run / "snapshots").iterdir() if p.name.startswith("superseded-")]
+    assert len(aside) == 1 and (aside[0] / "step_00000004" / "model.safetensors").read_bytes() == old4
+
+
 def _corrupt(path: Path) -> None:
     target = path / "module" / "model.pt"
     data = bytearray(target.read_bytes())
