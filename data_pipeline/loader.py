@@ -198,6 +198,19 @@ def doc_boundaries(input_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([flat, torch.tensor([b * t])]).to(torch.int32)
 
 
+def stack_batches(batches: list[dict[str, torch.Tensor]], seq_len: int) -> dict[str, torch.Tensor]:
+    """Batches of this loader joined along the batch dimension, as one batch of all their rows would be:
+    `cu_seqlens` (over whole windows of seq_len tokens) shifted by each batch's first row."""
+    out = {k: torch.cat([b[k] for b in batches]) for k in ("input_ids", "targets")}
+    if "cu_seqlens" in batches[0]:
+        cu, rows = [], 0
+        for b in batches:
+            cu.append(b["cu_seqlens"][:-1] + rows * seq_len)
+            rows += len(b["input_ids"])
+        out["cu_seqlens"] = torch.cat(cu + [torch.tensor([rows * seq_len], dtype=torch.int32)]).to(torch.int32)
+    return out
+
+
 def _check_batching(seq_len: int, global_batch: int, micro_batch: int, rank: int, world_size: int) -> None:
     if seq_len < 1 or micro_batch < 1 or global_batch < 1 or world_size < 1:
         raise ValueError(f"seq_len, global_batch, micro_batch and world_size must be positive, got "

@@ -82,7 +82,7 @@ class TrainConfig:
     doc_reset: bool = False        # reset linear-attention state at document starts (cu_seqlens)
     log_every: int = param(1, ge=1)
     eval_every: int = param(0, ge=0)            # validation loss every N steps (0: never)
-    eval_batches: int = param(8, ge=1)
+    eval_batches: int = param(8, ge=1)         # validation set: this many batches of 8 sequences (any micro-batch)
     allow_inexact_batch: bool = False  # accept a global batch the micro-batch/world size cannot reach exactly
     max_bad_steps: int = param(5, ge=0)         # stop after this many non-finite steps in a row (0: never stop)
     spike_factor: float = param(3.0, gt=1)      # log a loss spike when loss > factor x running mean

@@ -34,6 +34,9 @@ from pretrain.profiling import StepProfiler
 from pretrain.train_module import TorchTrainModule, TrainModule, lr_at
 
 logger = get_logger(__name__)
+# sequences per validation batch (--eval-batches counts these): the validation set does not depend on
+# --micro-batch
+EVAL_BATCH = 8
 
 
 def seed_everything(seed: int) -> None:
@@ -314,14 +317,21 @@ class Trainer:
         return {} if self.sp is None else {"sp_rank": self.sp.rank, "sp_size": self.sp.size}
 
     def _validation_batches(self, build_loader) -> list[dict]:
+        """The validation set: the first eval_batches x EVAL_BATCH sequences of the val split, the same
+        for any --micro-batch (a speed setting), with document resets as in training; grouped for the
+        forward into equal batches of at most --micro-batch rows (memory)."""
+        from data_pipeline.loader import stack_batches
         t = self.cfg.train
         try:
-            val = build_loader(self.cfg.data, t.seq_len, t.micro_batch, t.micro_batch, rank=0, world_size=1,
-                               seed=t.seed, split="val", **self._sp_segment())
+            val = build_loader(self.cfg.data, t.seq_len, 1, 1, rank=0, world_size=1, seed=t.seed, split="val",
+                               doc_starts=t.doc_reset, **self._sp_segment())
         except (TypeError, ValueError, FileNotFoundError) as err:
             logger.info(f"no validation split ({err}); validation loss disabled")
             return []
-        return [val.next_batch() for _ in range(t.eval_batches)]
+        n = t.eval_batches * EVAL_BATCH
+        rows = max(b for b in range(1, min(t.micro_batch, n) + 1) if n % b == 0)  # equal batches: a plain mean
+        seqs = [val.next_batch() for _ in range(n)]
+        return [stack_batches(seqs[i:i + rows], t.seq_len) for i in range(0, n, rows)]
 
     # -- state for checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -165,3 +165,36 @@ def test_packed_documents_read_the_lengths_back_once_per_forward(monkeypatch):
         torch.testing.assert_close(fresh, loss, rtol=0, atol=0)
     finally:
         ops.set_config(impl=before)
+
+
+def test_stacked_batches_are_the_batch_of_all_their_rows():
+    """Single-row batches joined (what the validation set is built from) equal one batch of those rows,
+    cu_seqlens included."""
+    from data_pipeline.loader import doc_boundaries, stack_batches
+    from data_pipeline.tokenizer import EOT_ID
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 50, (5, 17), generator=g)
+    ids[torch.rand(5, 17, generator=g) < 0.15] = EOT_ID
+    rows = [{"input_ids": r[None, :-1], "targets": r[None, 1:], "cu_seqlens": doc_boundaries(r[None, :-1])}
+            for r in ids]
+    got = stack_batches(rows, 16)
+    assert torch.equal(got["input_ids"], ids[:, :-1]) and torch.equal(got["targets"], ids[:, 1:])
+    assert torch.equal(got["cu_seqlens"], doc_boundaries(ids[:, :-1]))
+
+
+@pytest.mark.parametrize("doc_reset", [False, True])
+def test_validation_loss_does_not_depend_on_the_micro_batch(tmp_path, doc_reset):
+    """--micro-batch is a speed setting: the same weights score the same validation loss at any of them
+    (the validation set is a fixed number of sequences), with --doc-reset's resets as in training."""
+    import json
+    from checkpoint_utils import make_dataset, run_flags, run_pretrain
+    data = make_dataset(tmp_path / "data")
+    val = {}
+    for micro in (1, 3):
+        out = tmp_path / f"m{micro}"
+        extra = ["--eval-every", "1", "--eval-batches", "1"] + (["--doc-reset"] if doc_reset else [])
+        run_pretrain(run_flags(out, data, 1, *extra, batch=6, micro=micro))
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        val[micro] = [r["val_loss"] for r in rows if "val_loss" in r]
+    assert len(val[1]) == 1
+    assert val[3] == pytest.approx(val[1], rel=1e-5)
