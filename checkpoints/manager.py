@@ -304,10 +304,25 @@ class CheckpointManager(Callback):
             self._set_aside_later_history(path, checkpoints=False)
             return str(path)
         path = Path(target)
+        if path.is_dir() and ((path / CHECKPOINTS).is_dir() or path.name == CHECKPOINTS):
+            where = path / CHECKPOINTS if path.name != CHECKPOINTS else path
+            newest = step_dirs(where)
+            raise ValueError(f"--resume {target}: a run directory (or its checkpoints/), not one checkpoint; pass "
+                             f"one of its checkpoints ({where}/step_N"
+                             + (f", e.g. {newest[-1][1]}" if newest else "")
+                             + "), or --resume auto with --out set to that run")
         problem = verify(path)
         if problem is not None:
             raise ValueError(f"--resume {target}: {problem}. Pass a complete checkpoint directory "
                              f"({self.ckpt_dir}/step_N) or --resume auto to take the newest complete one")
+        try:
+            kind = json.loads((path / META).read_text()).get("kind")
+        except (OSError, ValueError):
+            kind = None
+        if kind == "snapshot":
+            raise ValueError(f"--resume {target}: a snapshot (the weights, for evaluation), which holds no optimizer "
+                             f"or data-loader state; resume from a checkpoint ({path.parent.parent / CHECKPOINTS}"
+                             f"/step_N)")
         self._set_aside_later_history(path)
         return target
 

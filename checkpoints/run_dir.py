@@ -84,7 +84,12 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         import fcntl
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):  # said in user terms by the caller
+                raise PermissionError(err.errno, err.strerror, str(self.path)) from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:

@@ -2,6 +2,7 @@
 holds the shape and the choices."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 
 VOCAB_SIZE = 100_280  # cl100k_base has 100,277 ids; padded for tensor-core friendly shapes
@@ -45,6 +46,13 @@ class ModelConfig:
             raise ValueError(f"model config: tnl_decay_schedule {self.tnl_decay_schedule!r}; choose code or paper")
         if self.gate_rank is None:
             self.gate_rank = self.head_dim
+        _positive("gate_rank", self.gate_rank)
+        for name, low, closed in (("rope_base", 0.0, False), ("norm_eps", 0.0, False), ("init_std", 0.0, False),
+                                  ("tpe_init_bound", 0.0, True)):
+            v = float(getattr(self, name))
+            if not (math.isfinite(v) and (v >= low if closed else v > low)):
+                raise ValueError(f"model config: {name} must be a finite number {'>=' if closed else '>'} {low:g}, "
+                                 f"got {getattr(self, name)}")
 
     @staticmethod
     def check_shape(n_layers: int, d_model: int, n_heads: int, d_glu: int) -> None:

@@ -57,5 +57,8 @@ def model_config(arch: str, size: str, /, **overrides) -> ModelConfig:
     if bad:
         raise ValueError(f"unknown model config field(s) {sorted(bad)}; "
                          f"known: {sorted(ModelConfig.__dataclass_fields__)}")
+    if "arch" in overrides and get_arch(overrides["arch"]).name != spec.name:
+        raise ValueError(f"model override arch={overrides['arch']} contradicts the architecture {spec.name}; "
+                         f"choose the architecture with --arch, not with --model arch=")
     base.update(overrides)
     return ModelConfig(**base)

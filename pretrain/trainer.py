@@ -175,6 +175,10 @@ class Trainer:
         self.metrics: MetricsLogger | None = None
         check_device(cfg.train.device)
         self.env = env = dist_env(cfg.train.device)
+        if cfg.ops.impl == "triton" and env.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise UserError("--ops-impl triton runs the Triton kernels, which need a CUDA GPU (or "
+                            "TRITON_INTERPRET=1, the slow CPU interpreter the tests use); on this device use "
+                            "--ops-impl auto (the PyTorch twins)")
         ops.set_config(cfg.ops)  # recorded in config.json with the rest of the run config
         self.run_dir = Path(cfg.run_dir)
         # rank 0 locks the directory (held until close()) and refuses to start over an earlier run

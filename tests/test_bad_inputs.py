@@ -521,6 +521,46 @@ def test_resume_auto_after_a_stop_rewrites_the_replayed_snapshots(dataset, tmp_p
     assert len(aside) == 1 and (aside[0] / "step_00000004" / "model.safetensors").read_bytes() == old4
 
 
+def test_settings_that_cannot_run_are_refused_at_start(dataset, tmp_path, capsys, monkeypatch):
+    """Each refused before the first step with one line naming the setting: model values no model can
+    take, an override of the architecture, the Triton kernels without a GPU, --resume given a run directory
+    or a snapshot, and a read-only --out."""
+    import errno
+    run = tmp_path / "run"
+    assert pretrain(run_flags(run, dataset, 2, "--snapshot-every-tokens", str(96)), capsys)[0] == 0
+    cases = [
+        (["--model", "init_std=-1"], "init_std must be a finite number > 0"),
+        (["--model", "init_std=nan"], "init_std must be a finite number > 0"),
+        (["--model", "rope_base=0", "--arch", "llama"], "rope_base must be a finite number > 0"),
+        (["--model", "gate_rank=0"], "gate_rank must be a positive integer"),
+        (["--model", "arch=llama"], "contradicts the architecture tnl; choose the architecture with --arch"),
+        (["--resume", str(run)], "a run directory (or its checkpoints/), not one checkpoint"),
+        (["--resume", str(run / "snapshots" / "step_00000001")], "a snapshot (the weights, for evaluation)"),
+    ]
+    for extra, want in cases:
+        flags = run_flags(tmp_path / "other", dataset, 1)
+        if "--arch" in extra:  # replace the default architecture rather than pass it twice
+            i = flags.index("--arch")
+            flags[i + 1] = extra[extra.index("--arch") + 1]
+            extra = extra[:extra.index("--arch")]
+        rc, _, err = pretrain(flags + extra, capsys)
+        assert rc == 2 and want in one_error_line(err), (extra, err[-2000:])
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    rc, _, err = pretrain(run_flags(tmp_path / "t", dataset, 1, "--ops-impl", "triton"), capsys)
+    assert rc == 2 and "--ops-impl triton runs the Triton kernels, which need a CUDA GPU" in one_error_line(err)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    import checkpoints.run_dir as run_dir_module
+    real_open = run_dir_module.os.open
+
+    def read_only(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(run_dir_module.os, "open", read_only)
+    rc, _, err = pretrain(run_flags(tmp_path / "ro", dataset, 1), capsys)
+    assert rc == 2 and "is not writable (Read-only file system); pass --out to a" in one_error_line(err)
+
+
 def _corrupt(path: Path) -> None:
     target = path / "module" / "model.pt"
     data = bytearray(target.read_bytes())
