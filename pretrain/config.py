@@ -484,6 +484,9 @@ def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
             raise ConfigError(f"--sp {cfg.dist.sp} must divide --seq-len {t.seq_len} (each rank takes an equal "
                               f"segment of every sequence); use e.g. --seq-len "
                               f"{max(1, t.seq_len // cfg.dist.sp) * cfg.dist.sp}")
+    if t.doc_reset and get_arch(cfg.arch).name == "llama":
+        raise ConfigError("--doc-reset resets the linear models' recurrent state at document starts; LLaMA keeps no "
+                          "state and runs packed documents with a plain causal mask: leave --doc-reset out")
     if cfg.dist.deepspeed_config and cfg.dist.zero == 0:  # it would be ignored without a word
         raise ConfigError(f"--deepspeed-config {cfg.dist.deepspeed_config} is read only by DeepSpeed, and this run "
                           f"is plain PyTorch/DDP (--zero 0): pass --zero 1, 2 or 3 with it, or drop it")

@@ -533,6 +533,7 @@ def test_settings_that_cannot_run_are_refused_at_start(dataset, tmp_path, capsys
         (["--model", "init_std=nan"], "init_std must be a finite number > 0"),
         (["--model", "rope_base=0", "--arch", "llama"], "rope_base must be a finite number > 0"),
         (["--model", "gate_rank=0"], "gate_rank must be a positive integer"),
+        (["--doc-reset", "--arch", "llama"], "LLaMA keeps no state"),
         (["--model", "arch=llama"], "contradicts the architecture tnl; choose the architecture with --arch"),
         (["--resume", str(run)], "a run directory (or its checkpoints/), not one checkpoint"),
         (["--resume", str(run / "snapshots" / "step_00000001")], "a snapshot (the weights, for evaluation)"),
