@@ -215,6 +215,13 @@ class LanguageModel(nn.Module):
                  eos_id: int | None = None, generator: torch.Generator | None = None) -> Tensor:
         """Prefill the prompt once, then decode one token at a time from the cache (greedy when
         temperature is 0). Returns prompt + generated ids; stops early when every row has hit `eos_id`."""
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"generate: the prompt must be token ids [batch, length >= 1], got shape "
+                             f"{tuple(input_ids.shape)}; start an empty prompt with a token such as <|endoftext|>")
+        if max_new_tokens < 0:
+            raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+        if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
+            raise ValueError(f"generate: top_k must be in [1, vocab_size={self.config.vocab_size}], got {top_k}")
         cache = self.new_cache()
         logits = self(input_ids, cache=cache)[:, -1]
         out = [input_ids]

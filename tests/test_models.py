@@ -114,6 +114,16 @@ def test_generate_equals_rerunning_the_prefix(arch):
             torch.testing.assert_close(model(out[:, :t])[:, -1].argmax(-1), out[:, t])
 
 
+def test_generate_refuses_what_it_cannot_decode():
+    model = small("tnl").eval()
+    with pytest.raises(ValueError, match="length >= 1"):
+        model.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(ValueError, match="top_k must be in"):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 2, temperature=1.0, top_k=model.config.vocab_size + 1)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), -1)
+
+
 @pytest.mark.parametrize("arch", LINEAR)
 def test_linear_models_decode_in_constant_memory(arch):
     model = small(arch).eval()
