@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 import ops
-from checkpoints.layout import CHECKPOINTS, DEEPSPEED_CONFIG, RUN_CONFIG, SUMMARY
+from checkpoints.layout import CHECKPOINTS, DEEPSPEED_CONFIG, RUN_CONFIG, SUMMARY, step_dirs
 from checkpoints.manager import CheckpointManager, check_resume_engine
 from models import LanguageModel, build_from_config, flops_per_step, get_arch, model_info
 from models.config import VOCAB_SIZE
@@ -255,6 +255,7 @@ class Trainer:
                     if t.profile_step else [])
         self.callbacks = [self.stability, self.speed, MemoryMonitor(env.device), *self.extra_callbacks, *profiler,
                           self.checkpointer]
+        self._check_same_model_without_checkpoints()
         for cb in self.callbacks:
             cb.post_attach()  # the checkpoint manager resumes here
 
@@ -316,6 +317,26 @@ class Trainer:
                             f" of {total:.0f} GiB) and is usually faster: the same global batch in fewer, larger "
                             f"micro-batches (docs/training.md, Micro-batch)")
         return mode, frac
+
+    def _check_same_model_without_checkpoints(self) -> None:
+        """--resume auto into a run that stopped before its first checkpoint starts from step 0 and appends to
+        its metrics: right for the same model (the replayed steps' rows supersede the old ones), wrong for
+        another, whose rows would be mixed into the first one's log. Checked on every rank (each reads the
+        run's files), before anything is written. With checkpoints, their own model check applies."""
+        from checkpoints.manager import model_config_mismatch
+        path = self.run_dir / RUN_CONFIG
+        if self.cfg.resume != "auto" or not path.is_file() or step_dirs(self.run_dir / CHECKPOINTS):
+            return
+        try:
+            saved = json.loads(path.read_text()).get("model") or {}
+        except ValueError:
+            return
+        diff = model_config_mismatch(saved, self.model_cfg.to_dict())
+        if diff:
+            raise UserError(f"--resume auto: {self.run_dir} holds no checkpoint yet, but its config.json and metrics "
+                            f"are of another model ({'; '.join(diff[:3]).replace('checkpoint', 'there')}); starting "
+                            f"here would mix this model's rows into its log: use another --out, or --overwrite to "
+                            f"move the old files aside")
 
     def _sp_segment(self) -> dict:
         return {} if self.sp is None else {"sp_rank": self.sp.rank, "sp_size": self.sp.size}
@@ -510,7 +531,6 @@ class Trainer:
 
     def _log_failure(self) -> OutputFailed:
         """The error a run ends with when rank 0 could not write metrics.jsonl (printed by rank 0 only)."""
-        from checkpoints.layout import step_dirs
         done = [p.name for s, p in step_dirs(self.run_dir / CHECKPOINTS) if s <= self.step]
         resume = (f"--resume auto continues from the newest checkpoint {done[-1]} (replaying the later steps)"
                   if done else "no checkpoint exists yet: the run starts again from step 0")

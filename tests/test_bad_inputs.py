@@ -546,6 +546,16 @@ def test_settings_that_cannot_run_are_refused_at_start(dataset, tmp_path, capsys
             extra = extra[:extra.index("--arch")]
         rc, _, err = pretrain(flags + extra, capsys)
         assert rc == 2 and want in one_error_line(err), (extra, err[-2000:])
+    # a run stopped before its first checkpoint, then --resume auto into it with another model
+    import shutil
+    stopped = tmp_path / "stopped"
+    assert pretrain(run_flags(stopped, dataset, 1), capsys)[0] == 0
+    shutil.rmtree(stopped / "checkpoints")
+    flags = run_flags(stopped, dataset, 1, "--resume", "auto")
+    flags[flags.index("--arch") + 1] = "llama"
+    rc, _, err = pretrain(flags, capsys)
+    assert rc == 2 and "holds no checkpoint yet, but its config.json and metrics are of another model" in err
+    assert pretrain(run_flags(stopped, dataset, 1, "--resume", "auto"), capsys)[0] == 0  # the same model: fine
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     rc, _, err = pretrain(run_flags(tmp_path / "t", dataset, 1, "--ops-impl", "triton"), capsys)
     assert rc == 2 and "--ops-impl triton runs the Triton kernels, which need a CUDA GPU" in one_error_line(err)
