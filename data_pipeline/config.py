@@ -105,18 +105,19 @@ class DataConfig:
             unique.setdefault(f.resolve(), f)
         return list(unique.values()), missing
 
-    def part_inputs(self, part: int, num_parts: int) -> str:
+    def part_inputs(self, part: int, num_parts: int, files: dict[int, list[Path]] | None = None) -> str:
         """A digest of what part `part` of `num_parts` reads: every source's file count (which decides
         the split) and, of the files it takes (every num_parts-th from `part`), path, size and
-        modification time. A part whose digest differs from the inputs' now was made from other files."""
+        modification time. A part whose digest differs from the inputs' now was made from other files.
+        `files`: source index -> self.files(source)[0], when the caller has listed them already."""
         h = hashlib.sha256()
         for si, src in enumerate(self.sources):
             if src.type == "hf":
                 h.update(f"{si} hf {si % num_parts == part}\n".encode())
                 continue
-            files, _ = self.files(src)
-            h.update(f"{si} {len(files)}\n".encode())
-            for f in files[part::num_parts]:
+            files_of = files[si] if files is not None else self.files(src)[0]
+            h.update(f"{si} {len(files_of)}\n".encode())
+            for f in files_of[part::num_parts]:
                 st = f.stat()
                 h.update(f"{f} {st.st_size} {st.st_mtime_ns}\n".encode())
         return h.hexdigest()[:16]

@@ -94,7 +94,8 @@ class Parts:
                              f"(not prepared, or stopped before they finished); run them before the merge")
         if any(i["config_fingerprint"] != cfg.fingerprint() for i in infos):
             raise ValueError(f"{self.out}: parts were prepared with another data config; prepare them again")
-        stale = [i["part"] for i in infos if i.get("inputs") != cfg.part_inputs(i["part"], n)]
+        listed = {si: cfg.files(src)[0] for si, src in enumerate(cfg.sources) if src.type != "hf"}  # once
+        stale = [i["part"] for i in infos if i.get("inputs") != cfg.part_inputs(i["part"], n, listed)]
         if stale:
             raise ValueError(f"{self.out}: parts {stale} of {n} were prepared from other input files than the "
                              f"config's paths hold now (files added, removed or changed since); prepare those "
