@@ -309,14 +309,33 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     for key in ("arch", "size"):
         if key in explicit:
             setattr(cfg, key, str(explicit.pop(key)))
+    preset = {}
     for k, v in SMALL_SIZE_PRESETS.get(cfg.size.lower(), {}).items():
         if k not in explicit:
             _set(cfg, k, v)
+            preset[k] = v
     for k, v in explicit.items():
         _set(cfg, k, v)
     cfg.model_overrides = overrides
-    validate(cfg, origin)
+    cfg.preset_values = preset  # not a field: not in config.json; for messages (preset_note)
+    try:
+        validate(cfg, origin)
+    except ConfigError as err:
+        raise ConfigError(f"{err}{preset_note(cfg)}") from None
     return cfg
+
+
+BATCH_FIELDS = ("train.seq_len", "train.global_batch_tokens", "train.micro_batch")
+
+
+def preset_note(cfg: RunConfig, keys: tuple[str, ...] = BATCH_FIELDS) -> str:
+    """A batch-shape error's tail naming the values a CPU size's preset set where no flag gave them (a
+    user who passed only --seq-len otherwise reads of a --micro-batch 4 they never set), or ''."""
+    given = {k: v for k, v in getattr(cfg, "preset_values", {}).items() if k in keys}
+    if not given:
+        return ""
+    return (f" (the {cfg.size} preset set " + ", ".join(f"{flag_name(k)} {v}" for k, v in given.items())
+            + ", which no flag gave: pass those flags too)")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from checkpoints.manager import CheckpointManager, check_resume_engine
 from models import LanguageModel, build_from_config, flops_per_step, get_arch, model_info
 from models.config import VOCAB_SIZE
 from pretrain.callbacks import Callback, TrainProgress
-from pretrain.config import RunConfig, ac_mode, gradient_accumulation, resolve_compile, save_config
+from pretrain.config import RunConfig, ac_mode, gradient_accumulation, preset_note, resolve_compile, save_config
 from pretrain.distributed import barrier, dist_env, init_process_group
 from pretrain.errors import ConfigError, OutputFailed, UserError, run_cli
 from pretrain.faults import injected_nonfinite_steps
@@ -199,7 +199,10 @@ class Trainer:
             raise ConfigError(f"--sp {sp} must divide the number of ranks ({env.world_size}): each sequence-parallel "
                               f"group is {sp} ranks")
         self.dp_size = env.world_size // sp  # ranks that draw distinct samples
-        self.accum = gradient_accumulation(cfg.global_batch, self.dp_size, t.micro_batch, t.allow_inexact_batch)
+        try:
+            self.accum = gradient_accumulation(cfg.global_batch, self.dp_size, t.micro_batch, t.allow_inexact_batch)
+        except ValueError as err:
+            raise ValueError(f"{err}{preset_note(cfg)}") from None
         # the batch actually trained on (differs from the requested one only with --allow-inexact-batch)
         self.global_batch = self.dp_size * t.micro_batch * self.accum
         self.tokens_per_step = self.dp_size * t.micro_batch * self.accum * t.seq_len

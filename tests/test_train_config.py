@@ -160,3 +160,16 @@ def test_slurm_ranks_and_master_addr(monkeypatch):
     assert first_host("node-a1,node-b2") == "node-a1"
     assert first_host("n[3,5-6]x") == "n3x"
     assert first_host("rack1-[02-03]") == "rack1-02"
+
+
+def test_batch_errors_name_the_values_a_preset_set():
+    """Only --seq-len given with a CPU size: the error says that the preset, not the user, set the other
+    batch values, and which flags to pass."""
+    from pretrain.config import ConfigError
+    with pytest.raises(ConfigError, match=r"the tiny preset set --global-batch-tokens 512, --micro-batch 4, "
+                                          r"which no flag gave"):
+        parse_config(["--arch", "tnl", "--size", "tiny", "--seq-len", "1024"])
+    with pytest.raises(ConfigError) as err:  # every value given: nothing to blame on the preset
+        parse_config(["--arch", "tnl", "--size", "tiny", "--seq-len", "1024", "--global-batch-tokens", "1000",
+                      "--micro-batch", "1"])
+    assert "preset" not in str(err.value)
