@@ -321,17 +321,19 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     try:
         validate(cfg, origin)
     except ConfigError as err:
-        raise ConfigError(f"{err}{preset_note(cfg)}") from None
+        raise ConfigError(f"{err}{preset_note(cfg, str(err))}") from None
     return cfg
 
 
 BATCH_FIELDS = ("train.seq_len", "train.global_batch_tokens", "train.micro_batch")
 
 
-def preset_note(cfg: RunConfig, keys: tuple[str, ...] = BATCH_FIELDS) -> str:
-    """A batch-shape error's tail naming the values a CPU size's preset set where no flag gave them (a
-    user who passed only --seq-len otherwise reads of a --micro-batch 4 they never set), or ''."""
-    given = {k: v for k, v in getattr(cfg, "preset_values", {}).items() if k in keys}
+def preset_note(cfg: RunConfig, message: str, keys: tuple[str, ...] = BATCH_FIELDS) -> str:
+    """The tail of an error `message` that names values a CPU size's preset set where no flag gave them
+    (a user who passed only --seq-len otherwise reads of a --micro-batch 4 they never set), or ''."""
+    given = {k: v for k, v in getattr(cfg, "preset_values", {}).items()
+             if k in keys and (flag_name(k) in message or k.split(".")[1].replace("_tokens", "").replace("_", " ")
+                               in message)}
     if not given:
         return ""
     return (f" (the {cfg.size} preset set " + ", ".join(f"{flag_name(k)} {v}" for k, v in given.items())

@@ -202,7 +202,7 @@ class Trainer:
         try:
             self.accum = gradient_accumulation(cfg.global_batch, self.dp_size, t.micro_batch, t.allow_inexact_batch)
         except ValueError as err:
-            raise ValueError(f"{err}{preset_note(cfg)}") from None
+            raise ValueError(f"{err}{preset_note(cfg, str(err))}") from None
         # the batch actually trained on (differs from the requested one only with --allow-inexact-batch)
         self.global_batch = self.dp_size * t.micro_batch * self.accum
         self.tokens_per_step = self.dp_size * t.micro_batch * self.accum * t.seq_len
