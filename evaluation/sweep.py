@@ -84,18 +84,25 @@ def is_export(path: Path) -> bool:
     return (path / MODEL_CONFIG).is_file() and (path / MODEL_WEIGHTS).is_file()
 
 
+def run_dir_of(path: Path) -> Path:
+    """The run directory of a path given on the command line: an export's run (RUN/exports/step_N -> RUN;
+    an export elsewhere: its parent folder), or the path itself."""
+    if is_export(path):
+        return path.parent.parent if path.parent.name == EXPORTS else path.parent
+    return path
+
+
 def find_snapshots(paths: list[str]) -> list[dict]:
     """One record per exported snapshot (run name, path, arch, size, step, tokens, flops), in step order."""
     found, seen = [], set()
     for p in map(Path, paths):
+        run_dir = run_dir_of(p)
+        run = run_dir.resolve().name  # `evaluate.py .` inside a run: its folder's name
         if is_export(p):
-            run_dir = p.parent.parent if p.parent.name == EXPORTS else p.parent
-            exports, run = [p], run_dir.resolve().name
+            exports = [p]
         else:
-            run_dir = p
             exports = sorted(Path(c).parent for c in glob.glob(str(p / EXPORTS / "*" / MODEL_CONFIG)))
             exports = [e for e in exports if is_export(e)]
-            run = run_dir.resolve().name  # `evaluate.py .` inside a run: its folder's name
             if not exports:
                 raise FileNotFoundError(f"{p}: neither an export directory (config.json + model.safetensors) "
                                         f"nor a run directory with exports/*/ (run launch/export.py first)")
@@ -157,8 +164,11 @@ def fingerprint(export: str) -> dict:
 def _files_key(patterns: list[str]) -> list:
     """The files a list of globs matches now, each with size and mtime: a result over them is stale when a
     file is added, removed or rewritten."""
-    files = sorted({f for pat in patterns for f in glob.glob(pat)})
-    return [[f, *(lambda st: (st.st_size, st.st_mtime_ns))(Path(f).stat())] for f in files]
+    out = []
+    for f in sorted({f for pat in patterns for f in glob.glob(pat)}):
+        st = Path(f).stat()
+        out.append([f, st.st_size, st.st_mtime_ns])
+    return out
 
 
 # -- tasks ------------------------------------------------------------------------------------------------
@@ -313,10 +323,8 @@ def sweep(cfg: SweepConfig) -> list[dict]:
                          + (f"; nothing matches {' '.join(cfg.valid_shards)}" if cfg.valid_shards else ""))
     dtype = run_dtype(cfg)  # also checks --device before anything is loaded
     snaps = find_snapshots(cfg.runs)
-    first = Path(cfg.runs[0]) if cfg.runs else None  # the default out is in the first run given
-    if first is not None and is_export(first):
-        first = first.parent.parent if first.parent.name == EXPORTS else first.parent
-    out = Path(cfg.out) if cfg.out else (first / "eval" if first is not None else Path("eval"))
+    # the default out is in the first run given
+    out = Path(cfg.out) if cfg.out else (run_dir_of(Path(cfg.runs[0])) / "eval" if cfg.runs else Path("eval"))
     out.mkdir(parents=True, exist_ok=True)
     logger.info(f"evaluating {len(snaps)} snapshot(s) x {len(tasks)} task(s) -> {out}")
     rows = []
@@ -341,9 +349,9 @@ def sweep(cfg: SweepConfig) -> list[dict]:
             t0 = time.time()
             try:
                 model = load_model(snap, cfg, todo)
+            except MemoryError:
+                raise
             except Exception as err:  # noqa: BLE001  (a damaged export must not sink the other snapshots)
-                if isinstance(err, (KeyboardInterrupt, MemoryError)):
-                    raise
                 msg = f"cannot load {snap['path']}: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
                 logger.warning(f"{label}: {msg}; skipped (export that step again: launch/export.py RUN "
                                f"--step {snap['step']} --force)")

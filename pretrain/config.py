@@ -318,22 +318,17 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
         _set(cfg, k, v)
     cfg.model_overrides = overrides
     cfg.preset_values = preset  # not a field: not in config.json; for messages (preset_note)
-    try:
-        validate(cfg, origin)
-    except ConfigError as err:
-        raise ConfigError(f"{err}{preset_note(cfg, str(err))}") from None
+    validate(cfg, origin)
     return cfg
 
 
 BATCH_FIELDS = ("train.seq_len", "train.global_batch_tokens", "train.micro_batch")
 
 
-def preset_note(cfg: RunConfig, message: str, keys: tuple[str, ...] = BATCH_FIELDS) -> str:
-    """The tail of an error `message` that names values a CPU size's preset set where no flag gave them
-    (a user who passed only --seq-len otherwise reads of a --micro-batch 4 they never set), or ''."""
-    given = {k: v for k, v in getattr(cfg, "preset_values", {}).items()
-             if k in keys and (flag_name(k) in message or k.split(".")[1].replace("_tokens", "").replace("_", " ")
-                               in message)}
+def preset_note(cfg: RunConfig) -> str:
+    """The tail of a batch-shape error naming the batch values a CPU size's preset set where no flag gave
+    them (a user who passed only --seq-len otherwise reads of a --micro-batch 4 they never set), or ''."""
+    given = {k: v for k, v in getattr(cfg, "preset_values", {}).items() if k in BATCH_FIELDS}
     if not given:
         return ""
     return (f" (the {cfg.size} preset set " + ", ".join(f"{flag_name(k)} {v}" for k, v in given.items())
@@ -493,7 +488,7 @@ def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
     if t.global_batch_tokens % t.seq_len:
         raise ConfigError(f"--global-batch-tokens {t.global_batch_tokens} is not a whole number of sequences of "
                           f"--seq-len {t.seq_len}; use a multiple, e.g. "
-                          f"{max(1, t.global_batch_tokens // t.seq_len) * t.seq_len}")
+                          f"{max(1, t.global_batch_tokens // t.seq_len) * t.seq_len}{preset_note(cfg)}")
     if cfg.dist.sp > 1:
         spec = get_arch(cfg.arch)
         if not spec.sequence_parallel:

@@ -17,7 +17,7 @@ import torch
 
 import ops
 from checkpoints.layout import CHECKPOINTS, DEEPSPEED_CONFIG, RUN_CONFIG, SUMMARY, step_dirs
-from checkpoints.manager import CheckpointManager, check_resume_engine
+from checkpoints.manager import CheckpointManager, check_resume_engine, model_config_mismatch
 from models import LanguageModel, build_from_config, flops_per_step, get_arch, model_info
 from models.config import VOCAB_SIZE
 from pretrain.callbacks import Callback, TrainProgress
@@ -202,7 +202,7 @@ class Trainer:
         try:
             self.accum = gradient_accumulation(cfg.global_batch, self.dp_size, t.micro_batch, t.allow_inexact_batch)
         except ValueError as err:
-            raise ValueError(f"{err}{preset_note(cfg, str(err))}") from None
+            raise ValueError(f"{err}{preset_note(cfg)}") from None
         # the batch actually trained on (differs from the requested one only with --allow-inexact-batch)
         self.global_batch = self.dp_size * t.micro_batch * self.accum
         self.tokens_per_step = self.dp_size * t.micro_batch * self.accum * t.seq_len
@@ -326,7 +326,6 @@ class Trainer:
         its metrics: right for the same model (the replayed steps' rows supersede the old ones), wrong for
         another, whose rows would be mixed into the first one's log. Checked on every rank (each reads the
         run's files), before anything is written. With checkpoints, their own model check applies."""
-        from checkpoints.manager import model_config_mismatch
         path = self.run_dir / RUN_CONFIG
         if self.cfg.resume != "auto" or not path.is_file() or step_dirs(self.run_dir / CHECKPOINTS):
             return

@@ -166,7 +166,8 @@ def test_batch_errors_name_the_values_a_preset_set():
     """Only --seq-len given with a CPU size: the error says that the preset, not the user, set the other
     batch values, and which flags to pass."""
     from pretrain.config import ConfigError
-    with pytest.raises(ConfigError, match=r"the tiny preset set --global-batch-tokens 512, which no flag gave"):
+    with pytest.raises(ConfigError, match=r"the tiny preset set --global-batch-tokens 512, --micro-batch 4, "
+                                          r"which no flag gave"):
         parse_config(["--arch", "tnl", "--size", "tiny", "--seq-len", "1024"])
     with pytest.raises(ConfigError) as err:  # every value given: nothing to blame on the preset
         parse_config(["--arch", "tnl", "--size", "tiny", "--seq-len", "1024", "--global-batch-tokens", "1000",
