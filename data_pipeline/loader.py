@@ -74,6 +74,10 @@ class ShardProvider:
     def window(self, source: int, index: int, seq_len: int, out: np.ndarray) -> None:
         self.stores[source].read(index * seq_len, seq_len + 1, out)
 
+    def distinct_windows(self, seq_len: int) -> list[int]:
+        """Windows of each source inside its first epoch; later ones repeat its documents."""
+        return [max(0, (st.total - 1) // seq_len) for st in self.stores]
+
     def cursors(self, counts: list[int], seq_len: int) -> list:
         return [list(st.cursor_at(c * seq_len)) for st, c in zip(self.stores, counts)]
 

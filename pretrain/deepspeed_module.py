@@ -27,6 +27,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -37,7 +38,7 @@ from pretrain.config import RunConfig
 from pretrain.deepspeed_config import build_deepspeed_config
 from pretrain.distributed import DistEnv, all_reduce_mean, free_port
 from pretrain.logs import get_logger
-from pretrain.train_module import StepResult, TrainModule, build_optimizer, compile_blocks, lr_at
+from pretrain.train_module import StepResult, TrainModule, build_optimizer, compile_blocks, lr_at, mean_loss
 
 logger = get_logger(__name__)
 
@@ -191,12 +192,13 @@ class DeepSpeedTrainModule(TrainModule):
         return math.sqrt(sq)
 
     @torch.no_grad()
-    def eval_loss(self, batches: list[dict]) -> float:
+    def eval_loss(self, batches: list[dict], stop: Callable[[], bool] | None = None) -> float | None:
         # every rank must run it under ZeRO-3 (parameters are gathered collectively)
         self.engine.eval()
-        losses = [float(self._forward(b)) for b in batches]
-        self.engine.train()
-        return sum(losses) / max(1, len(losses))
+        try:
+            return mean_loss(self._forward, batches, stop)
+        finally:
+            self.engine.train()
 
     # -- checkpoint contract (see checkpoints/) -------------------------------------------------------
     def save_state(self, directory: Path) -> None:

@@ -27,6 +27,17 @@ class StepResult:
     skipped: bool        # the update was skipped (non-finite loss or gradient norm)
 
 
+def mean_loss(forward: Callable[[dict], Tensor], batches: list[dict],
+              stop: Callable[[], bool] | None = None) -> float | None:
+    """The mean of forward(b) over `batches`, or None once stop() is true (see TrainModule.eval_loss)."""
+    total = 0.0
+    for i, b in enumerate(batches):
+        total += float(forward(b))
+        if stop is not None and i < len(batches) - 1 and stop():
+            return None
+    return total / max(1, len(batches))
+
+
 def lr_at(step: int, cfg: OptimConfig) -> float:
     """Linear warm-up from 0 to lr over warmup_steps, then constant (the paper's schedule). A pure
     function of the step, so a resumed run has nothing to restore."""
@@ -77,8 +88,10 @@ class TrainModule(ABC):
         update (reported in the result). `inject_nonfinite`: make this step's loss NaN (fault injection)."""
 
     @abstractmethod
-    def eval_loss(self, batches: list[dict]) -> float:
-        """Mean loss over `batches` without gradients (every rank calls it)."""
+    def eval_loss(self, batches: list[dict], stop: Callable[[], bool] | None = None) -> float | None:
+        """Mean loss over `batches` without gradients (every rank calls it). `stop`: a collective asked
+        after each batch but the last; once it is true the pass ends and gives None (a stop request
+        must not wait for a long validation pass: Slurm kills the job at the end of its grace time)."""
 
     @abstractmethod
     def compile(self) -> None:
@@ -201,11 +214,12 @@ class TorchTrainModule(TrainModule):
         return StepResult(loss_v, gn, skipped)
 
     @torch.no_grad()
-    def eval_loss(self, batches: list[dict]) -> float:
+    def eval_loss(self, batches: list[dict], stop: Callable[[], bool] | None = None) -> float | None:
         self.model.eval()
-        losses = [float(self.forward_loss(b)) for b in batches]
-        self.model.train()
-        return sum(losses) / max(1, len(losses))
+        try:
+            return mean_loss(self.forward_loss, batches, stop)
+        finally:
+            self.model.train()
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}

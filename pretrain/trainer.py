@@ -355,9 +355,26 @@ class Trainer:
         except (TypeError, ValueError, FileNotFoundError) as err:
             logger.info(f"no validation split ({err}); validation loss disabled")
             return []
-        n = t.eval_batches * EVAL_BATCH
+        wanted = t.eval_batches * EVAL_BATCH
+        # past a source's first epoch the split's windows repeat its documents: a larger set would weigh
+        # some text twice, so the set ends at the first repeat
+        caps = val.provider.distinct_windows(t.seq_len) if hasattr(val.provider, "distinct_windows") else None
+        seqs = []
+        while len(seqs) < wanted:
+            seq = val.next_batch()
+            if caps is not None and any(c > cap for c, cap in zip(val.counts, caps)):
+                break
+            seqs.append(seq)
+        n = len(seqs)
+        if n == 0:
+            logger.warning(f"validation loss disabled: the val split holds no whole window of {t.seq_len + 1} "
+                           f"tokens ({val.provider.describe()}); prepare a larger val split or lower --seq-len")
+            return []
+        if n < wanted:
+            logger.warning(f"--eval-batches {t.eval_batches} asks for {wanted} validation sequences of {t.seq_len} "
+                           f"tokens, but the val split holds {n} distinct ones: the validation set is those {n} "
+                           f"(lower --eval-batches to {max(1, n // EVAL_BATCH)} or prepare a larger val split)")
         rows = max(b for b in range(1, min(t.micro_batch, n) + 1) if n % b == 0)  # equal batches: a plain mean
-        seqs = [val.next_batch() for _ in range(n)]
         return [stack_batches(seqs[i:i + rows], t.seq_len) for i in range(0, n, rows)]
 
     # -- state for checkpoints ----------------------------------------------------------------------
@@ -447,6 +464,13 @@ class Trainer:
         finally:
             self.close()
 
+    def _stop_reason(self) -> str | None:
+        """The first callback's reason to stop now, or None (a collective: every rank calls it)."""
+        return next((r for r in (cb.stop_requested() for cb in self.callbacks) if r is not None), None)
+
+    def _stop_reason_now(self) -> bool:
+        return self._stop_reason() is not None
+
     def _fit(self) -> dict:
         self.announce()
         progress = Progress(self.total_steps(), self.env.is_main)
@@ -459,7 +483,7 @@ class Trainer:
         if self.done() and self.env.is_main:
             logger.info(self._nothing_to_train())
         while not self.done():
-            reason = next((r for r in (cb.stop_requested() for cb in self.callbacks) if r is not None), None)
+            reason = self._stop_reason()
             if reason is not None:  # 'signal'; 'save_failed' (post_train raises SaveFailed); 'log_failed' (below)
                 stop_reason = reason
                 break
@@ -485,7 +509,12 @@ class Trainer:
                     cb.pre_log_metrics(p, row)
                 if is_eval:
                     with self._stop_on_oom_or_compile_failure(p.step - 1):  # the evaluation after step p.step
-                        row["val_loss"] = self.module.eval_loss(self.val_batches)
+                        val_loss = self.module.eval_loss(self.val_batches, stop=self._stop_reason_now)
+                    if val_loss is None:
+                        logger.warning(f"step {p.step}: validation pass cut short by a stop request; no val_loss "
+                                       f"at this step")
+                    else:
+                        row["val_loss"] = val_loss
                     for cb in self.callbacks:
                         cb.post_eval()
                 self.metrics.log(row)

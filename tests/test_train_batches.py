@@ -198,3 +198,89 @@ def test_validation_loss_does_not_depend_on_the_micro_batch(tmp_path, doc_reset)
         val[micro] = [r["val_loss"] for r in rows if "val_loss" in r]
     assert len(val[1]) == 1
     assert val[3] == pytest.approx(val[1], rel=1e-5)
+
+
+def _validation_set(data, seq_len: int, eval_batches: int, micro: int = 4) -> list[dict]:
+    from types import SimpleNamespace
+    from data_pipeline import build_loader
+    from pretrain.trainer import Trainer
+    train = SimpleNamespace(seq_len=seq_len, eval_batches=eval_batches, micro_batch=micro, seed=0, doc_reset=False)
+    fake = SimpleNamespace(cfg=SimpleNamespace(data=str(data), train=train), _sp_segment=lambda: {})
+    return Trainer._validation_batches(fake, build_loader)
+
+
+def test_validation_set_ends_at_the_val_splits_first_repeat(tmp_path, caplog):
+    """--eval-batches past what the val split holds: the set is the split's distinct windows, each once
+    (not the split's documents again in a second epoch, weighted twice), and the log says so."""
+    import json
+    from checkpoint_utils import make_dataset
+    data = make_dataset(tmp_path / "data")
+    total = json.loads((data / "val" / "meta.json").read_text())["sources"][0]["tokens"]
+    seq = 64
+    batches = _validation_set(data, seq, eval_batches=100)
+    ids = torch.cat([b["input_ids"] for b in batches])
+    targets = torch.cat([b["targets"] for b in batches])
+    assert len(ids) == (total - 1) // seq  # every window of seq + 1 tokens inside the first epoch
+    assert len({tuple(r.tolist()) for r in ids}) == len(ids)
+    assert torch.equal(targets[:-1, -1], ids[1:, 0])  # consecutive windows of one stream, in its order
+    assert "holds" in caplog.text and "--eval-batches" in caplog.text
+
+    caplog.clear()
+    small = _validation_set(data, seq, eval_batches=1)
+    assert sum(len(b["input_ids"]) for b in small) == 8 and "--eval-batches" not in caplog.text
+    assert torch.equal(torch.cat([b["input_ids"] for b in small]), ids[:8])
+    assert _validation_set(data, total, eval_batches=1) == []  # not one whole window: no validation loss
+
+
+def test_mean_loss_stops_asking_at_the_last_batch():
+    from pretrain.train_module import mean_loss
+    seen, asked = [], []
+    stop_after = {"at": 2}
+
+    def stop():
+        asked.append(len(seen))
+        return len(seen) >= stop_after["at"]
+    batches = [{"v": float(v)} for v in (1, 2, 3, 4)]
+    forward = lambda b: (seen.append(b["v"]), torch.tensor(b["v"]))[1]  # noqa: E731
+    assert mean_loss(forward, batches, stop) is None and seen == [1.0, 2.0]
+    seen.clear(); asked.clear()
+    stop_after["at"] = 4
+    assert mean_loss(forward, batches, stop) == pytest.approx(2.5) and asked == [1, 2, 3]
+    assert mean_loss(forward, batches) == pytest.approx(2.5)
+
+
+def test_a_stop_signal_during_validation_ends_the_pass_and_saves(tmp_path):
+    """SIGTERM while the validation set is scored: the pass ends after the batch in flight (Slurm kills
+    the job at the end of its grace time), the step's row has no val_loss, and the run saves and stops."""
+    import json
+    import os
+    import signal
+    from checkpoint_utils import make_dataset, run_flags
+    from pretrain.callbacks import Callback
+    from pretrain.config import parse_config
+    from pretrain.trainer import Trainer
+    data = make_dataset(tmp_path / "data")
+    out = tmp_path / "run"
+    calls = []
+
+    class TermBeforeSecondEval(Callback):
+        def pre_log_metrics(self, progress, row):
+            if progress.step == 4:
+                calls.append(len(counted))
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        def post_step(self, progress):
+            if progress.step == 4:
+                calls.append(len(counted))
+
+    cfg = parse_config(run_flags(out, data, 8, "--eval-every", "2", "--eval-batches", "3", "--save-every", "100"))
+    trainer = Trainer(cfg, callbacks=[TermBeforeSecondEval()])
+    counted = []
+    forward = trainer.module.forward_loss
+    trainer.module.forward_loss = lambda b: (counted.append(1), forward(b))[1]
+    summary = trainer.fit()
+    assert summary["stop"] == "signal" and summary["step"] == 4
+    assert calls[1] - calls[0] == 1  # one of the 24 validation batches, then the pass ended
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert "val_loss" in rows[1] and rows[3]["step"] == 4 and "val_loss" not in rows[3]
+    assert (out / "checkpoints" / "step_00000004").is_dir()
