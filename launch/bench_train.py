@@ -17,7 +17,8 @@ the step). Activation checkpointing (`--ac auto`) takes the cheapest setting the
 out of memory the cell retries with every block checkpointed, and the JSON keeps every attempt.
 `--profile` adds the per-kernel-class share of one profiled step. Run under TORCH_LOGS=graph_breaks,
 each cell's JSON also keeps Dynamo's graph-break log lines (`graph_break_log`; empty: no break).
-`--ops FIELD=VALUE` runs the cells with those `ops.config.OpsConfig` options (named for them, so that an
+`--grad-accum-fusion off` runs the step with autograd's own gradient accumulation (an A/B of
+`pretrain/grad_accumulation.py`, named for it). `--ops FIELD=VALUE` runs the cells with those `ops.config.OpsConfig` options (named for them, so that an
 A/B lands in one `--out`; the report compares each with the LLaMA cell of the same options if there is
 one, else with the default one); every JSON records the ops config the cell ran with and the commit,
 marked `+dirty` when tracked files differed from it.
@@ -52,10 +53,11 @@ AC_MODES = ["none", "mlp", "full"]
 
 
 def cell_name(arch: str, size: str, seq: int, micro_tokens: int, ac: str, ac_fraction: float, compile_: bool,
-              ops: dict | None = None) -> str:
+              ops: dict | None = None, grad_accum_fusion: str = "auto") -> str:
     frac = "" if ac_fraction == 1.0 else f"{ac_fraction:g}"
     return (f"{arch}-{size}-s{seq}-m{micro_tokens}-ac{ac}{frac}" + ("" if compile_ else "-eager")
-            + "".join(f"-{k}-{_ops_value(v)}" for k, v in sorted((ops or {}).items())))
+            + "".join(f"-{k}-{_ops_value(v)}" for k, v in sorted((ops or {}).items()))
+            + ("" if grad_accum_fusion == "auto" else f"-gaf-{grad_accum_fusion}"))
 
 
 def _ops_value(v) -> str:
@@ -73,6 +75,13 @@ def _ops_arg(text: str) -> dict:
 def ops_label(ops: dict | None) -> str:
     """'side_streams=false' for the ops options a cell ran with ('' for the defaults)."""
     return ",".join(f"{k}={_ops_value(v)}" for k, v in sorted((ops or {}).items()))
+
+
+def variant_label(r: dict) -> str:
+    """The options a result ran with beyond the defaults: its ops options and the gradient-accumulation
+    fusion when off ('' for the defaults)."""
+    off = ["grad_accum_fusion=off"] if r.get("grad_accum_fusion", "auto") != "auto" else []
+    return ",".join([x for x in [ops_label(r.get("ops"))] if x] + off)
 
 
 def parse_ops(text: str) -> dict:
@@ -157,7 +166,8 @@ def run_cell(spec: dict) -> dict:
                 overrides = {"max_seq_len": max(seq, 8192)} if get_arch(arch).context_limited else {}
                 model = build_model(arch, size, **overrides)
             attempt["checkpointed_blocks"] = len(model.set_activation_checkpointing(mode, fraction))
-            module = TorchTrainModule(model, OptimConfig(warmup_steps=0), dev, "bf16" if cuda else "fp32")
+            module = TorchTrainModule(model, OptimConfig(warmup_steps=0), dev, "bf16" if cuda else "fp32",
+                                      fuse_grad_accumulation=spec.get("grad_accum_fusion", "auto") == "auto")
             if spec["compile"]:
                 module.compile()
             gen = torch.Generator().manual_seed(0)
@@ -251,7 +261,8 @@ def run_matrix(args) -> None:
             print(f"[bench] skip {arch} {size} seq {seq}: {args.tokens_per_step} tokens per step is not a whole "
                   f"number of {micro}-token micro-batches of whole sequences", flush=True)
             continue
-        name = cell_name(arch, size, seq, micro, args.ac, args.ac_fraction, not args.no_compile, args.ops)
+        name = cell_name(arch, size, seq, micro, args.ac, args.ac_fraction, not args.no_compile, args.ops,
+                         args.grad_accum_fusion)
         path = out / f"{name}@{slug}.json"
         if path.exists() and not args.force:
             print(f"[bench] {name}: measured already ({path})", flush=True)
@@ -262,7 +273,8 @@ def run_matrix(args) -> None:
             break
         spec = {"arch": arch, "size": size, "seq": seq, "micro_tokens": micro, "tokens_per_step": args.tokens_per_step,
                 "ac": args.ac, "ac_fraction": args.ac_fraction, "compile": not args.no_compile,
-                "warmup": args.warmup, "steps": args.steps, "profile": args.profile, "ops": args.ops, "commit": _commit(),
+                "warmup": args.warmup, "steps": args.steps, "profile": args.profile, "ops": args.ops,
+                "grad_accum_fusion": args.grad_accum_fusion, "commit": _commit(),
                 "date": dt.date.today().isoformat()}
         timeout = args.cell_timeout if left is None else max(30, min(args.cell_timeout, left))
         print(f"[bench] {name} ...", flush=True)
@@ -338,7 +350,7 @@ def _report_device(rows: list[dict]) -> str:
     # the ratio to LLaMA: against LLaMA's cell of the same size, length and micro-batch (a larger
     # micro-batch speeds up every architecture, so cells of different micro-batches are not compared)
     # (LLaMA run with the same ops options where there is one: most options touch only the linear models)
-    llama = {(r["size"], r["seq"], _micro_tokens(r), ops_label(r.get("ops"))): r for r in rows
+    llama = {(r["size"], r["seq"], _micro_tokens(r), variant_label(r)): r for r in rows
              if r["arch"] == "llama" and r.get("status") == "ok"}
     devices = sorted({r.get("device", "?") for r in rows})
     dates = sorted({r.get("date", "?") for r in rows})
@@ -358,13 +370,13 @@ def _report_device(rows: list[dict]) -> str:
                          f"{r.get('date', '?')} |")
             continue
         key = (r["size"], r["seq"], _micro_tokens(r))
-        ref = llama.get(key + (ops_label(r.get("ops")),)) or llama.get(key + ("",))
+        ref = llama.get(key + (variant_label(r),)) or llama.get(key + ("",))
         ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.3f}x" if ref else "-"
         first = next((a.get("first_step_s") for a in r["attempts"] if a.get("status") == "ok"), None)
         ac = _ac_label(r)
         if any(a.get("status") == "oom" for a in r["attempts"]):
             ac += " (" + ", ".join(a["ac"] for a in r["attempts"] if a.get("status") == "oom") + ": OOM)"
-        arch = r["arch"] + (f" ({ops_label(r.get('ops'))})" if r.get("ops") else "")
+        arch = r["arch"] + (f" ({variant_label(r)})" if variant_label(r) else "")
         lines.append(f"| {arch} | {r['size']} | {r['seq']} | {r['micro_batch']} x {r['accumulation']} | {ac} | "
                      f"{r['tokens_per_s'] / 1e3:,.1f}k | {_pct(r.get('mfu'))} | {r['peak_gib']:.1f} | {ratio} | "
                      f"{first:.0f} | {_breaks(r)} | {r.get('date', '?')} |")
@@ -415,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", type=_ops_arg, default={}, metavar="FIELD=VALUE[,...]",
                    help="ops options (ops.config.OpsConfig) of every cell, e.g. side_streams=false; cells are "
                         "named for them, so an A/B runs into one --out")
+    p.add_argument("--grad-accum-fusion", default="auto", choices=["auto", "off"],
+                   help="the blocks' weight gradients added into fp32 buffers by their own matmul (auto, as "
+                        "launch/pretrain.py on one process) or by autograd (off); off cells are named for it")
     p.add_argument("--profile", action="store_true", help="also profile one step (kernel classes)")
     p.add_argument("--order", default="size-seq", choices=["size-seq", "given"],
                    help="size-seq: by size, then length, then arch; given: arch, size, seq as listed")

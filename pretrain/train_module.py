@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from checkpoints.layout import TORCH_MODEL, TORCH_OPTIMIZER
+from pretrain import grad_accumulation
 from pretrain.batches import device_batch
 from pretrain.config import OptimConfig
 from pretrain.distributed import all_reduce_mean, get_rank
@@ -157,12 +158,23 @@ def allow_data_dependent_outputs() -> None:
 
 class TorchTrainModule(TrainModule):
     def __init__(self, model: nn.Module, optim_cfg: OptimConfig, device: torch.device, precision: str,
-                 ddp: bool = False):
+                 ddp: bool = False, fuse_grad_accumulation: bool | None = None):
+        """`fuse_grad_accumulation`: the blocks' projections add their weight gradients into fp32 buffers
+        in their own matmul (pretrain/grad_accumulation.py); one process only (DDP reduces in autograd's
+        hooks, which those weights no longer reach). None: fused without DDP."""
         self.device = device
         self.optim_cfg = optim_cfg
         self.model = model.to(device)
         self.precision = precision
         self.wrapped = self.model
+        if fuse_grad_accumulation is None:
+            fuse_grad_accumulation = not ddp
+        if fuse_grad_accumulation and ddp:
+            raise ValueError("fused gradient accumulation is for one process; DDP reduces the gradients in "
+                             "autograd's hooks")
+        if fuse_grad_accumulation:
+            grad_accumulation.fuse(self.model)
+        self.fused_grads = grad_accumulation.buffers_of(self.model)
         if ddp:
             # gradients as views into DDP's reduction buckets: no copy of every gradient into a bucket and
             # back, and no second fp32 copy of the gradients (4 GiB at 1B)
@@ -204,6 +216,7 @@ class TorchTrainModule(TrainModule):
                 (loss / n).backward()
             total += loss.detach() / n
         total = all_reduce_mean(total)
+        grad_accumulation.expose(self.fused_grads)
         # grad_clip 0 turns clipping off (as DeepSpeed's gradient_clipping 0); the norm is still reported
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip or math.inf)
         loss_v, gn = float(total), float(grad_norm)
@@ -211,6 +224,7 @@ class TorchTrainModule(TrainModule):
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        grad_accumulation.reset(self.fused_grads)
         return StepResult(loss_v, gn, skipped)
 
     @torch.no_grad()

@@ -233,7 +233,8 @@ class Trainer:
             from pretrain.deepspeed_module import DeepSpeedTrainModule
             self.module = DeepSpeedTrainModule(model, cfg, env, self.precision, self.accum)
         else:
-            self.module = TorchTrainModule(model, cfg.optim, env.device, self.precision, ddp=env.world_size > 1)
+            self.module = TorchTrainModule(model, cfg.optim, env.device, self.precision, ddp=env.world_size > 1,
+                                           fuse_grad_accumulation=t.grad_accum_fusion == "auto" and env.world_size == 1)
         self.compiled = resolve_compile(cfg, env.device.type)
         if self.compiled:
             self.module.compile()

@@ -29,7 +29,9 @@ def _compiled_run(model, ids, targets, cu):
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
-    TorchTrainModule(model, OptimConfig(), torch.device("cpu"), "fp32").compile(backend="aot_eager")
+    # several processes: the trainer's engine reduces in autograd's hooks (DDP), no fused accumulation
+    TorchTrainModule(model, OptimConfig(), torch.device("cpu"), "fp32",
+                     fuse_grad_accumulation=False).compile(backend="aot_eager")
     model.zero_grad()
     loss = model(ids, targets=targets, cu_seqlens=cu)
     loss.backward()

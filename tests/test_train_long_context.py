@@ -246,6 +246,7 @@ def test_regional_compile_one_graph_no_graph_break(arch, impl):
 
     from ops import set_default_impl
     from pretrain.config import OptimConfig
+    from pretrain.grad_accumulation import expose
     from pretrain.train_module import TorchTrainModule
     # one sequence and three blocks keep the interpreted kernels' launches few (each costs ~0.2-0.4 s on CPU)
     ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0))
@@ -259,9 +260,12 @@ def test_regional_compile_one_graph_no_graph_break(arch, impl):
         ref = torch.autograd.grad(loss, list(model.parameters()))
         torch._dynamo.reset()
         counters.clear()
-        TorchTrainModule(model, OptimConfig(), torch.device("cpu"), "fp32").compile(backend="aot_eager")
+        module = TorchTrainModule(model, OptimConfig(), torch.device("cpu"), "fp32")  # weight grads fused
+        module.compile(backend="aot_eager")
         loss2 = model(ids, targets=ids)
-        got = torch.autograd.grad(loss2, list(model.parameters()))
+        loss2.backward()
+        expose(module.fused_grads)
+        got = [p.grad for p in model.parameters()]
         assert counters["stats"]["unique_graphs"] == 2
         torch._dynamo.reset()
         whole = torch.compile(_tiny(arch, n_layers=3), backend="aot_eager", fullgraph=True)

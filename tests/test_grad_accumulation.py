@@ -1,0 +1,143 @@
+"""Weight gradients accumulated by their own matmul (pretrain/grad_accumulation.py) against autograd's
+accumulation: the same gradients over several micro-batches in float64, eager and compiled (one graph,
+no break, checkpointed blocks too), the same training run through the train module, the buffers zeroed
+between steps and absent from the state_dict."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from models import build_model
+from pretrain import grad_accumulation as GA
+from pretrain.config import OptimConfig
+from pretrain.train_module import TorchTrainModule
+
+ARCHS = ["llama", "tnl", "hgrn2", "cos2"]
+
+
+def _tiny(arch: str, n_layers: int = 2):
+    torch.manual_seed(0)
+    return build_model(arch, "tiny", vocab_size=256, n_layers=n_layers)
+
+
+def _micro_batches(n: int = 3, rows: int = 2, seq: int = 29) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 256, (rows, seq + 1), generator=g) for _ in range(n)]
+
+
+def _accumulate(model, batches) -> None:
+    for ids in batches:
+        (model(ids[:, :-1], targets=ids[:, 1:]) / len(batches)).backward()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_gradients_equal_autograds_over_micro_batches(arch):
+    ref = _tiny(arch).double()
+    model = copy.deepcopy(ref)
+    fused = GA.fuse(model)
+    kinds = {type(m).__name__ for m in model.blocks.modules()}
+    assert "AccumulatingLinear" in kinds and "Linear" not in kinds  # every projection of every block
+    batches = _micro_batches()
+    _accumulate(ref, batches)
+    _accumulate(model, batches)
+    assert all(p.grad is None for p in fused)  # autograd hands the fused weights nothing
+    pairs = GA.buffers_of(model)
+    assert [p for p, _ in pairs] == fused
+    GA.expose(pairs)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14, msg=name)
+    GA.reset(pairs)
+    assert all(float(g.abs().max()) == 0.0 for _, g in pairs)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_gradients_compiled_one_graph_with_checkpointed_blocks(arch):
+    """Regional compile of the fused blocks (one of three checkpointed whole): no graph break, the
+    blocks' two kinds give two graphs, and the gradients are the eager fused ones."""
+    from torch._dynamo.utils import counters
+    ref = _tiny(arch, n_layers=3)
+    ref.set_activation_checkpointing("full", 0.5)
+    model = copy.deepcopy(ref)
+    batches = _micro_batches(2)
+    _accumulate(ref, batches)
+    torch._dynamo.reset()
+    counters.clear()
+    module = TorchTrainModule(model, OptimConfig(), torch.device("cpu"), "fp32", fuse_grad_accumulation=True)
+    module.compile(backend="aot_eager")
+    try:
+        _accumulate(model, batches)
+        assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] == 2
+    finally:
+        torch._dynamo.reset()
+    GA.expose(module.fused_grads)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_inductor_keeps_the_accumulation_in_the_graph():
+    """Inductor (the GPU's backend) compiles the fused block whole: no break at the mutating custom op,
+    and the buffer holds the sum of two micro-batches."""
+    ref = _tiny("tnl", n_layers=1)
+    model = copy.deepcopy(ref)
+    pairs = [(p, g) for p, g in zip(GA.fuse(model), [m.main_grad for m in model.modules()
+                                                      if isinstance(m, GA.AccumulatingLinear)])]
+    batches = _micro_batches(2)
+    torch._dynamo.reset()
+    try:
+        model.blocks[0] = torch.compile(model.blocks[0], backend="inductor", fullgraph=True)
+        _accumulate(model, batches)
+    finally:
+        torch._dynamo.reset()
+    _accumulate(ref, batches)
+    GA.expose(pairs)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_train_module_steps_match_autograds_and_zero_the_buffers():
+    steps = [_micro_batches(3) for _ in range(3)]
+    runs = {}
+    for fused in (False, True):
+        model = _tiny("hgrn2")
+        module = TorchTrainModule(model, OptimConfig(lr=3e-3, warmup_steps=0), torch.device("cpu"), "fp32",
+                                  fuse_grad_accumulation=fused)
+        mbs = [[{"input_ids": ids[:, :-1], "targets": ids[:, 1:]} for ids in step] for step in steps]
+        runs[fused] = ([module.train_step(mb, i) for i, mb in enumerate(mbs)], model)
+        assert (len(module.fused_grads) > 0) == fused
+        assert all(p.grad is None for p in model.parameters())
+        assert all(float(g.abs().max()) == 0.0 for _, g in module.fused_grads)
+    (plain, m0), (fused, m1) = runs[False], runs[True]
+    for a, b in zip(plain, fused):
+        assert a.loss == pytest.approx(b.loss, rel=1e-6) and a.grad_norm == pytest.approx(b.grad_norm, rel=1e-5)
+    assert m1.state_dict().keys() == m0.state_dict().keys()  # the buffers are not part of the checkpoint
+    for (name, p), q in zip(m1.named_parameters(), m0.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_no_grad_forward_skips_the_function_and_ddp_refuses_the_fusion():
+    model = _tiny("tnl")
+    GA.fuse(model)
+    ids = _micro_batches(1)[0]
+    with torch.no_grad():
+        logits = model(ids)
+    assert logits.shape == (*ids.shape, 256)
+    with pytest.raises(ValueError, match="one process"):
+        TorchTrainModule(_tiny("tnl"), OptimConfig(), torch.device("cpu"), "fp32", ddp=True,
+                         fuse_grad_accumulation=True)
+
+
+def test_trainer_fuses_in_one_process_and_off_opts_out(tmp_path):
+    from checkpoint_utils import make_dataset, run_flags
+    from pretrain.config import parse_config
+    from pretrain.trainer import Trainer
+    data = make_dataset(tmp_path / "data")
+    on = Trainer(parse_config(run_flags(tmp_path / "a", data, 1)))
+    off = Trainer(parse_config(run_flags(tmp_path / "b", data, 1, "--grad-accum-fusion", "off")))
+    try:
+        assert len(on.module.fused_grads) > 0 and off.module.fused_grads == []
+    finally:
+        on.close()
+        off.close()
