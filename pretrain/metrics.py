@@ -18,6 +18,24 @@ logger = get_logger(__name__)
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "H800": 989e12, "B200": 2250e12}
 
 
+def logged_row_at(run_dir: Path, step: int) -> dict:
+    """The metrics.jsonl row of `step` in `run_dir` (the last one written for it), or {}: what a start that
+    trains nothing (a finished run resumed) reports as its final loss."""
+    row: dict = {}
+    try:
+        with open(Path(run_dir) / METRICS, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(r, dict) and r.get("step") == step:
+                    row = r
+    except OSError:
+        pass
+    return row
+
+
 def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None

@@ -28,7 +28,7 @@ from pretrain.faults import injected_nonfinite_steps
 from pretrain.logs import get_logger
 from pretrain.memory import (choose_checkpointing, configure_allocator, describe_setting, estimate_peak_gib,
                              fit_warning, larger_micro_batch)
-from pretrain.metrics import MetricsLogger, Progress, peak_flops
+from pretrain.metrics import MetricsLogger, Progress, logged_row_at, peak_flops
 from pretrain.monitors import MemoryMonitor, SpeedMonitor, StabilityMonitor, TrainingStopped
 from pretrain.profiling import StepProfiler
 from pretrain.train_module import TorchTrainModule, TrainModule, lr_at
@@ -535,6 +535,8 @@ class Trainer:
         self.metrics.close()
         if stop_reason == "log_failed":
             raise self._log_failure()
+        if not last and self.env.is_main:  # nothing logged in this start: the run's own row of this step
+            last = logged_row_at(self.run_dir, p.step)
         summary = {"step": p.step, "tokens": p.tokens, "flops": p.flops, "final_loss": last.get("loss"),
                    "val_loss": last.get("val_loss"), "bad_steps_total": self.stability.bad_steps_total,
                    "stop": stop_reason}

@@ -208,7 +208,7 @@ class Cluster:
     def submit(self, name: str, *sbatch_opts: str, nodes: int = 1, tasks_per_node: int = 2, hold: str = "",
                args: tuple[str, ...] = (), **env: str) -> Job:
         run_dir, log = self.tmp / name, self.tmp / f"{name}.out"
-        e = dict(self.env, RUN_DIR=str(run_dir), LINSCALE_TEST_HOLD=hold, **env)
+        e = {**self.env, "RUN_DIR": str(run_dir), "LINSCALE_TEST_HOLD": hold, **env}
         p = subprocess.run(["sbatch", "--parsable", f"--job-name=t-{name}", f"--output={log}", f"--nodes={nodes}",
                             f"--ntasks-per-node={tasks_per_node}", *sbatch_opts, str(SBATCH), "tnl", "tiny",
                             *TRAIN_ARGS, *args], env=e, cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -371,9 +371,24 @@ def abort_at_exit(c: Cluster) -> Outcome:
     return Outcome(job, info, job.rows(), job.text())
 
 
+def out_and_overwrite_flags(c: Cluster) -> Outcome:
+    """`--out DIR --overwrite` among the trainer's flags (no RUN_DIR) into a directory that holds an older
+    run: the script inspects and requeues DIR; attempt 0 sets the old run aside, the requeued attempt 1
+    continues this run (it takes neither --overwrite nor a --resume of the submission again)."""
+    out = c.tmp / "out_flag"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')  # an older run in the same directory
+    job = c.submit("out_flag_env", hold=f"0:{HOLD}", args=("--out", str(out), "--overwrite"), RUN_DIR="")
+    job.run_dir = out
+    job.wait_held(0, HOLD)
+    sh("scancel", "--signal=USR1", "--batch", job.id)
+    info = job.wait_end()
+    return Outcome(job, info, job.rows(), job.text())
+
+
 SCENARIOS = [reference, usr1_batch, usr1_full_two_nodes, requeue_and_cap, usr1_and_requeue, requeue_refused,
              time_limit, preemption, user_cancel, crash_kill, crash_bad_flag, early_warning, usr1_at_start,
-             abort_at_exit]
+             abort_at_exit, out_and_overwrite_flags]
 
 
 # -- fixtures --------------------------------------------------------------------------------------------------
@@ -587,3 +602,42 @@ def test_a_rank_aborting_at_exit_after_the_run_finished_completes_the_job(outcom
     assert "requeue" not in o.log.split("trainer exited")[-1]
     assert_bitwise(o, ref)
     assert_truthful(o)
+
+
+def test_out_flag_names_the_run_and_restarts_neither_overwrite_nor_resume(outcomes):
+    o, ref = outcome(outcomes, "out_and_overwrite_flags"), outcome(outcomes, "reference")
+    assert o.info["JobState"] == "COMPLETED" and o.info["Restarts"] == "1", o.log[-3000:]
+    assert f"checkpoint step {HOLD} written" in o.log and f"requeued job {o.job.id}" in o.log
+    assert "restart 1: --overwrite was for the first attempt" in o.log
+    assert f"resumed from {o.job.run_dir / 'checkpoints' / f'step_{HOLD:08d}'} at step {HOLD}" in o.log
+    assert_bitwise(o, ref)
+    assert_truthful(o)
+    attempt = json.loads((o.job.run_dir / "slurm_attempt.json").read_text())
+    assert (attempt["restart"], attempt["exit"], attempt["stop"], attempt["checkpoint"]) == (1, 0, "finished", STEPS)
+
+
+def test_missing_arch_and_size_is_a_usage_error(tmp_path):
+    p = subprocess.run(["bash", str(SBATCH), "--max-steps", "3"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=60, env={**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path)})
+    assert p.returncode == 2 and "usage: sbatch launch/slurm/pretrain.sbatch ARCH SIZE" in p.stdout
+    assert not (tmp_path / "runs").exists()
+    p = subprocess.run(["bash", str(SBATCH), "tnl", "tiny", "--out", "a"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=60, env={**os.environ, "RUN_DIR": "b"})
+    assert p.returncode == 2 and "name two run directories" in p.stdout
+
+
+def test_hostfile_slots_follow_each_nodes_tasks(tmp_path):
+    """--ntasks without --ntasks-per-node: Slurm spreads the tasks unevenly (SLURM_TASKS_PER_NODE "3,2(x2),1");
+    each node gets its own count. GPUs on the node win where the job has them."""
+    (tmp_path / "scontrol").write_text("#!/bin/bash\nprintf 'n1\\nn2\\nn3\\nn4\\n'\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GPUS_PER_NODE"))}
+    base.update(PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_NODELIST="n[1-4]")
+    script = str(ROOT / "launch" / "slurm" / "hostfile.sh")
+
+    def lines(**env):
+        return subprocess.run(["bash", script], env={**base, **env}, capture_output=True, text=True,
+                              check=True).stdout.split("\n")[:-1]
+    assert lines(SLURM_TASKS_PER_NODE="3,2(x2),1") == ["n1 slots=3", "n2 slots=2", "n3 slots=2", "n4 slots=1"]
+    assert lines(SLURM_TASKS_PER_NODE="4(x4)", SLURM_GPUS_ON_NODE="8")[0] == "n1 slots=8"
+    assert lines() == [f"n{i} slots=1" for i in range(1, 5)]

@@ -140,6 +140,11 @@ def test_registry_sizes_follow_the_study_recipe_not_the_cpu_presets(tmp_path, da
     ({"evaluation": {"tasks": ["mmlu"]}}, "unknown ['mmlu']"),
     ({"snapshots": {"log_points": 0}}, "no run would leave a snapshot"),
     ({"archs": ["mamba"]}, "unknown arch"),
+    ({"archs": [1]}, "archs must be a list of names"),
+    ({"sizes": [{"name": "p/x", "n_layers": 1, "d_model": 32, "n_heads": 2, "d_glu": 64}]}, "without spaces or slashes"),
+    ({"per_run": ["llama"]}, "per_run must be a mapping"),
+    ({"fit": {"args": [1, 2]}}, "as strings"),
+    ({"evaluation": {"tasks": ["valid_loss"], "device": "gpu9"}}, "evaluation.device 'gpu9'"),
 ])
 def test_bad_configs_are_clear_errors(tmp_path, dataset, change, message):
     from scaling.study import StudyConfigError, load_study
@@ -442,6 +447,42 @@ def test_slurm_resubmission_leaves_out_finished_runs(tmp_path, dataset):
     assert [script_runs(Path(train[-1]), i)[1]["RUN_DIR"] for i in (0, 1)] == [str(p.run_dir) for p in plans[2:]]
     assert "--dependency=aftercorr:101" in ev_after and not any(a.startswith("--dependency") for a in ev_now)
     assert "--dependency=afterany:101:102:103" in report
+
+
+def test_slurm_resubmission_after_a_failed_training_task(tmp_path, dataset):
+    """A run whose training task failed: its evaluation task (aftercorr) would never start. The evaluation
+    arrays are submitted with --kill-on-invalid-dep=yes; a task Slurm still holds as never satisfiable is
+    cancelled and its run submitted again, and `status` reads the failure from the run's Slurm attempt
+    record (a finished job is invisible to squeue; sacct needs accounting)."""
+    log = tmp_path / "sbatch.log"
+    fake_slurm(tmp_path / "bin", log)
+    path = study_yaml(tmp_path, dataset)
+    e = {**env(), "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    run = lambda: subprocess.run([sys.executable, str(STUDY), "run", "--config", str(path), "--slurm"],  # noqa: E731
+                                 env=e, capture_output=True, text=True, timeout=300)
+    res = run()
+    assert res.returncode == 0, res.stderr[-2000:]
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert "--kill-on-invalid-dep=yes" in calls[1] and "--kill-on-invalid-dep=yes" in calls[2]
+    from scaling.study import load_study, plan_study
+    plans = plan_study(load_study(path))
+    # task 1 of the training array failed; Slurm holds evaluation task 102_1 as never satisfiable
+    plans[1].run_dir.mkdir(parents=True)
+    (plans[1].run_dir / "slurm_attempt.json").write_text(json.dumps(
+        {"job_id": "101", "restart": 0, "exit": 1, "stop": "-", "checkpoint": -1}))
+    (tmp_path / "bin" / "squeue").write_text('#!/bin/bash\necho "102_1|PENDING|DependencyNeverSatisfied"\n')
+    (tmp_path / "bin" / "scancel").write_text(f'#!/bin/bash\necho "$*" >> {tmp_path / "scancel.log"}\n')
+    (tmp_path / "bin" / "scancel").chmod(0o755)
+    status = subprocess.run([sys.executable, str(STUDY), "status", "--config", str(path)], env=e,
+                            capture_output=True, text=True, timeout=300).stdout
+    row = next(line for line in status.splitlines() if line.startswith(plans[1].name))
+    assert " failed " in row and "Slurm job 101 exited 1" in row, status
+    res = run()
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "scancel.log").read_text().split() == ["102_1"]
+    assert "not submitted again" not in res.stdout
+    train = [line.split() for line in log.read_text().splitlines()][3]
+    assert "#SBATCH --array=0-3" in Path(train[-1]).read_text()  # every untrained run, the failed one too
 
 
 def test_study_sizes_keep_the_paper_proportions():

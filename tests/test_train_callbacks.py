@@ -119,3 +119,19 @@ def test_speed_monitor_warns_when_one_step_reaches_dynamos_recompile_limit(monke
     assert "step 1:" not in out.err
     assert f"step 2: torch.compile built {dynamo_config.recompile_limit} graphs in one step" in out.err
     assert "TORCH_LOGS=recompiles" in out.err and "--no-compile" in out.err
+
+
+def test_a_start_that_trains_nothing_keeps_the_runs_final_loss(dataset, tmp_path):
+    """A finished run started again (a job resubmitted, `--resume auto` at the same limit) trains nothing;
+    its summary still gives the run's final loss and validation loss, from its own metrics row."""
+    from pretrain.config import parse_config
+    from pretrain.trainer import Trainer
+    torch.set_num_threads(1)
+    run = tmp_path / "run"
+    flags = run_flags(run, dataset, 2, "--save-every", "2", "--eval-every", "2", "--eval-batches", "1")
+    first = Trainer(parse_config(flags)).fit()
+    assert first["final_loss"] is not None and first["val_loss"] is not None
+    (run / "summary.json").unlink()  # as pretrain.sbatch does before each attempt
+    again = Trainer(parse_config(flags + ["--resume", "auto"])).fit()
+    assert (again["step"], again["final_loss"], again["val_loss"]) == (2, first["final_loss"], first["val_loss"])
+    assert json.loads((run / "summary.json").read_text())["final_loss"] == first["final_loss"]

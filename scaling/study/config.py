@@ -142,6 +142,9 @@ def _sizes(raw: Any) -> list[SizeSpec]:
                 raise _err(f"sizes[{i}]: a custom size needs exactly name, {', '.join(SHAPE_KEYS)}"
                            + (f"; missing {missing}" if missing else "") + (f"; unknown {sorted(unknown)}" if unknown else ""))
             name = str(s["name"]).lower()
+            if not name or any(c in name for c in "/\\ \t") or name.startswith("."):
+                raise _err(f"sizes[{i}]: name {s['name']!r} must be a short name without spaces or slashes "
+                           f"(it names the run directory, runs/<arch>-<size>, and its evaluation folder)")
             shape = tuple(_int(s[k], f"sizes[{i}].{k}") for k in SHAPE_KEYS)
             if name in SIZES and SIZES[name] != shape:
                 raise _err(f"sizes[{i}]: name {name!r} is a registry size with another shape {SIZES[name]}; "
@@ -251,6 +254,10 @@ def _evaluation(raw: Any) -> EvalSpec:
         spec.snapshots = _int(spec.snapshots, "evaluation.snapshots")
     if spec.export_dtype not in ("fp32", "bf16"):
         raise _err(f"evaluation.export_dtype {spec.export_dtype!r}: choose fp32 or bf16")
+    kind, _, index = str(spec.device).partition(":")
+    if not isinstance(spec.device, str) or not (spec.device == "auto" or kind in ("cpu", "cuda", "mps")) \
+            or (index and not index.isdigit()):
+        raise _err(f"evaluation.device {spec.device!r}: use auto, cpu, cuda or cuda:N")
     if spec.csr not in CSR_MODES:
         raise _err(f"evaluation.csr {spec.csr!r}: choose direct (lm-eval where the snapshots are evaluated) or "
                    f"replay (requests built here, scored on the evaluating machine, metrics computed by the report)")
@@ -298,6 +305,8 @@ def parse_study(raw: dict, path: Path | None = None, base: Path | None = None) -
     archs_raw = raw.get("archs", list(arch_names()))
     if not isinstance(archs_raw, list) or not archs_raw:
         raise _err(f"archs must be a non-empty list from {', '.join(arch_names())}")
+    if not all(isinstance(a, str) for a in archs_raw):
+        raise _err(f"archs must be a list of names from {', '.join(arch_names())}; got {archs_raw!r}")
     try:
         archs = list(dict.fromkeys(canonical_arch(a) for a in archs_raw))
     except ValueError as err:
@@ -313,7 +322,11 @@ def parse_study(raw: dict, path: Path | None = None, base: Path | None = None) -
     model = _model(raw.get("model"), "model")
     per_run: dict[str, dict[str, Any]] = {}
     keys = set(archs) | {s.name for s in sizes} | {f"{a}-{s.name}" for a in archs for s in sizes}
-    for k, v in (raw.get("per_run") or {}).items():
+    per_run_raw = raw.get("per_run") or {}
+    if not isinstance(per_run_raw, dict):
+        raise _err(f"per_run must be a mapping of an arch, a size or an arch-size to its recipe changes, e.g. "
+                   f"{{llama: {{train: {{micro_batch: 2}}}}}}; got {per_run_raw!r}")
+    for k, v in per_run_raw.items():
         k = str(k).lower()
         if k not in keys:
             raise _err(f"per_run.{k}: not an arch, a size or an arch-size of this study ({', '.join(sorted(keys))})")
@@ -327,8 +340,10 @@ def parse_study(raw: dict, path: Path | None = None, base: Path | None = None) -
     if not log_points and not every:
         raise _err("snapshots: log_points and every_tokens are both 0, so no run would leave a snapshot to evaluate")
     fit = raw.get("fit") or {}
-    if not isinstance(fit, dict) or set(fit) - {"args"} or not isinstance(fit.get("args", []), list):
-        raise _err("fit must be a mapping {args: [extra launch/fit_scaling.py flags]}")
+    if not isinstance(fit, dict) or set(fit) - {"args"} or not isinstance(fit.get("args", []), list) \
+            or not all(isinstance(a, str) for a in fit.get("args", [])):
+        raise _err("fit must be a mapping {args: [extra launch/fit_scaling.py flags, as strings]}, e.g. "
+                   "{args: ['--c-min', '1e18']}")
     return StudyConfig(name=name, path=path, out=out, data=data, archs=archs, sizes=sizes, tokens=tokens,
                        seq_len=seq_len, global_batch_tokens=gbt, recipe=recipe, model=model, per_run=per_run,
                        snapshot_log_points=log_points, snapshot_every_tokens=every,

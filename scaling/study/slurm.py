@@ -4,8 +4,9 @@
   (the project's job script: srun ranks, DeepSpeed, checkpoint and requeue on the time-limit warning) with
   the run's flags; `--resume auto` makes every restart and resubmission continue the run.
 - export + evaluate: one array over the same runs in the same order, `--dependency=aftercorr` on the
-  training array, so a run's evaluation starts as soon as that run has trained; runs that are trained
-  already go into a second array without a dependency.
+  training array, so a run's evaluation starts as soon as that run has trained; `--kill-on-invalid-dep=yes`
+  ends the evaluation task of a run whose training failed (else it would stay pending for good, and the
+  report with it); runs that are trained already go into a second array without a dependency.
 - report: one job after both (`afterany`, so a study with a failed run is still fitted and reported).
 
 Runs whose training, export and evaluation are complete are left out; a run in a job that Slurm still
@@ -105,8 +106,14 @@ def report_script(study: StudyConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+# a pending job whose dependency failed: Slurm never starts it (without --kill-on-invalid-dep it stays)
+NEVER_RUNS = "DEPENDENCY_NEVER_SATISFIED"
+HELD = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED")
+
+
 def _sbatch(cmd: str, script: Path, dependency: str | None) -> str:
-    args = [cmd, "--parsable"] + ([f"--dependency={dependency}"] if dependency else []) + [str(script)]
+    args = [cmd, "--parsable"] + ([f"--dependency={dependency}", "--kill-on-invalid-dep=yes"] if dependency else []) \
+        + [str(script)]
     res = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed (exit {res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
@@ -122,14 +129,15 @@ def read_submissions(study: StudyConfig) -> list[dict]:
 
 def job_states(study: StudyConfig, squeue: str = "squeue", sacct: str = "sacct") -> dict[str, dict[str, str]]:
     """{run: {stage: state}} for the study's submitted jobs: squeue for jobs Slurm holds, sacct (where
-    accounting is on) for finished ones; the newest submission of a run and stage wins."""
+    accounting is on) for finished ones; the newest submission of a run and stage wins. A pending job whose
+    dependency can never be satisfied (its run's training failed) is NEVER_RUNS."""
     subs = read_submissions(study)
     if not subs:
         return {}
     ids = sorted({s["job_id"] for s in subs})
     states: dict[str, str] = {}
     for cmd in ([sacct, "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(ids)],
-                [squeue, "-h", "-r", "-o", "%i|%T", "-j", ",".join(ids)]):
+                [squeue, "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(ids)]):
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.SubprocessError):
@@ -138,8 +146,11 @@ def job_states(study: StudyConfig, squeue: str = "squeue", sacct: str = "sacct")
             continue
         for line in res.stdout.splitlines():
             if "|" in line:
-                jid, st = line.split("|", 1)
-                states[jid.strip()] = st.strip().split()[0] if st.strip() else ""
+                jid, st, *reason = line.split("|")
+                st = st.strip().split()[0] if st.strip() else ""
+                if st == "PENDING" and reason and "DependencyNeverSatisfied" in reason[0]:
+                    st = NEVER_RUNS
+                states[jid.strip()] = st
     out: dict[str, dict[str, str]] = {}
     for s in subs:
         for i, run in enumerate(s["runs"]):
@@ -151,8 +162,18 @@ def job_states(study: StudyConfig, squeue: str = "squeue", sacct: str = "sacct")
     return out
 
 
+def _never_running_tasks(study: StudyConfig, held: dict[str, dict[str, str]]) -> list[str]:
+    """Job ids (array tasks as JOB_TASK) of the study's submissions that Slurm holds but will never start."""
+    out = []
+    for s in read_submissions(study):
+        for i, run in enumerate(s["runs"]):
+            if any(held.get(run, {}).get(stage) == NEVER_RUNS for stage in s["stages"]):
+                out.append(f"{s['job_id']}_{i}" if s.get("array") else s["job_id"])
+    return sorted(set(out))
+
+
 def submit(study: StudyConfig, plans: list[RunPlan], sbatch: str = "sbatch", squeue: str = "squeue",
-           sacct: str = "sacct", dry_run: bool = False, log=print) -> dict:
+           sacct: str = "sacct", dry_run: bool = False, log=print, scancel: str = "scancel") -> dict:
     """Write the scripts and submit what is missing; returns {"train": job, "evaluate": [jobs], "report": job}
     (job ids, or script paths with dry_run)."""
     out = slurm_dir(study)
@@ -162,12 +183,17 @@ def submit(study: StudyConfig, plans: list[RunPlan], sbatch: str = "sbatch", squ
     for problem in evaluation_problems(study):  # the jobs may see another file system: warn, do not refuse
         log(f"[study] WARNING: on this machine {problem}")
     held = job_states(study, squeue, sacct)
-    busy = {r for r, st in held.items() if any(v in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING",
-                                                      "COMPLETING", "SUSPENDED") for v in st.values())}
-    to_train, to_eval = [], []
+    busy = {r for r, st in held.items() if any(v in HELD for v in st.values())}
+    stale = _never_running_tasks(study, held)
+    if stale and not dry_run:
+        # tasks that can never start (their run's training failed): they would hold a report job for good
+        subprocess.run([scancel, *stale], capture_output=True, text=True)
+        log(f"[study] cancelled {len(stale)} job(s) whose dependency failed: {', '.join(stale)}")
+    to_train, to_eval, skipped = [], [], []
     for p in plans:
         if p.name in busy:
             log(f"[study] {p.name}: a job of it is still pending or running in Slurm; not submitted again")
+            skipped.append(p.name)
             continue
         st = run_status(study, p)
         if st.complete:
@@ -175,7 +201,9 @@ def submit(study: StudyConfig, plans: list[RunPlan], sbatch: str = "sbatch", squ
         (to_eval if train_done(p) else to_train).append(p)
     result: dict = {"train": None, "evaluate": [], "report": None}
     if not to_train and not to_eval:
-        log("[study] every run is trained and evaluated; submitting only the report")
+        log("[study] " + (f"{len(skipped)} run(s) still held by Slurm jobs, every other run is trained and "
+                          f"evaluated" if skipped else "every run is trained and evaluated")
+            + "; submitting only the report")
     stamp = time.strftime("%Y%m%d-%H%M%S")
 
     def go(kind: str, script_text: str, runs: list[RunPlan] | None, stages: list[str], dep: str | None) -> str:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checkpoints.layout import METRICS, MODEL_CONFIG
+
+SLURM_ATTEMPT = "slurm_attempt.json"  # written by launch/slurm/pretrain.sbatch at the end of each attempt
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
 from scaling.study.stages import (EVALUATE, EXPORT, TRAIN, csr_tasks, eval_dir, read_state, read_summary, run_change,
@@ -57,6 +59,23 @@ def _alive(rec: dict | None) -> bool:
     return True
 
 
+def _failed_slurm_attempt(study: StudyConfig, plan: RunPlan) -> str:
+    """'Slurm job J exited N ...' when the newest record of the run's training is a Slurm attempt
+    (launch/slurm/pretrain.sbatch writes <run>/slurm_attempt.json) that failed, else ''. Finished jobs are
+    invisible to squeue, and sacct needs accounting: the run directory keeps how the job ended."""
+    from scaling.study.stages import state_path
+    path = Path(plan.run_dir) / SLURM_ATTEMPT
+    try:
+        rec = json.loads(path.read_text())
+        local = state_path(study, plan.name, TRAIN)
+        if local.is_file() and local.stat().st_mtime > path.stat().st_mtime:
+            return ""
+        code = int(rec.get("exit", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return ""
+    return f"Slurm job {rec.get('job_id')} exited {code} (stop: {rec.get('stop')})" if code else ""
+
+
 def _evaluated(study: StudyConfig, plan: RunPlan, steps: list[int]) -> int:
     from checkpoints.layout import step_name
     e = study.evaluation
@@ -90,6 +109,9 @@ def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = 
                                                                          "TIMEOUT", "CANCELLED"):
         train = "failed"
         note = (rec or {}).get("error", "") or f"Slurm: {jobs.get(TRAIN)}"
+    elif _failed_slurm_attempt(study, plan):
+        train = "failed"
+        note = _failed_slurm_attempt(study, plan)
     elif rec and rec.get("status") in ("stopped", "running"):
         train = "stopped"  # a local process that ended without a record of finishing: continue with `run`
     elif step:
@@ -108,6 +130,8 @@ def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = 
             note = f"{stage}: {r.get('error', '')}"
         if jobs.get(stage) in ("RUNNING", "PENDING") and not note:
             note = f"{stage}: Slurm {jobs[stage].lower()}"
+        elif jobs.get(stage) == "DEPENDENCY_NEVER_SATISFIED" and not note:
+            note = f"{stage}: its Slurm job never starts (its training failed): `run --slurm` again"
     snaps = [s for s, _ in step_dirs(plan.run_dir / SNAPSHOTS)]
     exports = [s for s, p in step_dirs(plan.run_dir / EXPORTS) if (p / MODEL_CONFIG).is_file()]
     # a study copied without its weights (snapshots left behind) still shows what was exported and evaluated
