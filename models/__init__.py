@@ -82,6 +82,9 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype:
     path = Path(path)
     meta = pretrained_meta(path)
     cfg_dict = dict(meta["model"])
+    unknown = sorted(set(overrides) - set(ModelConfig.__dataclass_fields__))
+    if unknown:  # a misspelt override would otherwise load the saved value without a word
+        raise ValueError(f"unknown model config field(s) {unknown}; known: {', '.join(ModelConfig.__dataclass_fields__)}")
     cfg_dict.update(overrides)
     with torch.device("meta"):
         model = LanguageModel(ModelConfig.from_dict(cfg_dict))

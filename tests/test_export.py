@@ -141,6 +141,9 @@ def test_snapshot_loads_as_it_is(trained, tmp_path):
     model = load_pretrained(snap)
     assert torch.equal(logits_of(model, batch()), logits_of(trainer.model, batch()))
     assert load_pretrained(snap, dtype=torch.bfloat16).embed.weight.dtype == torch.bfloat16
+    assert load_pretrained(snap, max_seq_len=64).config.max_seq_len == 64
+    with pytest.raises(ValueError, match=r"unknown model config field\(s\) \['max_seq_lenn'\]"):
+        load_pretrained(snap, max_seq_lenn=64)  # a misspelt override is not dropped in silence
 
     exported = export_one(Source(6, "snapshot", snap), tmp_path / "export")
     lm_snap = LinscaleLM(pretrained=str(snap), device="cpu", dtype="float32", batch_size=2)
