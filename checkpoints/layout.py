@@ -1,7 +1,7 @@
 """Where things live in a run directory (the one place for these names):
 
     RUN/config.json                  the run's configuration (RUN_CONFIG)
-    RUN/metrics.jsonl, RUN/summary.json, RUN/deepspeed_config.json
+    RUN/metrics.jsonl, RUN/summary.json, RUN/deepspeed_config.json, RUN/slurm_attempt.json
     RUN/checkpoints/step_00001000/   resume checkpoint (module/, trainer/, meta.json, manifest.json)
     RUN/checkpoints/step_00002000.tmp/   one being written (never loaded; removed at the next start)
     RUN/checkpoints/latest           name of the newest published checkpoint, written last
@@ -28,6 +28,7 @@ TRASH_SUFFIX = ".trash"
 RUN_CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+SLURM_ATTEMPT = "slurm_attempt.json"  # launch/slurm/pretrain.sbatch: how its last attempt ended
 DEEPSPEED_CONFIG = "deepspeed_config.json"
 TENSORBOARD = "tensorboard"
 

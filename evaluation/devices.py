@@ -12,6 +12,14 @@ logger = get_logger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def device_kind(device: str) -> tuple[str, str]:
+    """('cuda', '1') for 'cuda:1'; raises ValueError for a name that is not auto, cpu, cuda[:N] or mps."""
+    kind, _, index = str(device).partition(":")
+    if kind not in ("cpu", "cuda", "mps") or (index and not index.isdigit()):
+        raise ValueError(f"--device {device!r}: not a device; use auto, cpu, cuda or cuda:N (mps on a Mac)")
+    return kind, index
+
+
 def resolve_device(device: str | None) -> str:
     """auto -> cuda if present, else cpu. A CUDA (or MPS) device that this machine does not have falls back to
     the CPU with a warning: lm-eval's CLI passes --device cuda:0 by default, which would otherwise make every
@@ -19,9 +27,7 @@ def resolve_device(device: str | None) -> str:
     if device in (None, "auto"):
         return auto_device_type()
     device = str(device)
-    kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda", "mps") or (index and not index.isdigit()):
-        raise ValueError(f"--device {device!r}: not a device; use auto, cpu, cuda or cuda:N (mps on a Mac)")
+    kind, index = device_kind(device)
     if kind == "cuda":
         if not torch.cuda.is_available():
             logger.warning(f"device {device!r} requested but CUDA is not available here; using the CPU")

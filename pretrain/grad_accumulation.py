@@ -67,23 +67,19 @@ class AccumulatingLinear(nn.Linear):
         return _Linear.apply(x, self.weight, self.main_grad)
 
 
-def fuse(model: nn.Module) -> list[nn.Parameter]:
+def fuse(model: nn.Module) -> list[tuple[nn.Parameter, Tensor]]:
     """Turn the bias-free nn.Linear modules of `model.blocks` into AccumulatingLinear, each with a zeroed
-    `main_grad` buffer of its weight's dtype (fp32 weights under autocast; not in the state_dict). Call before compiling. Returns the
-    weights whose gradients now live in the buffers (empty for a model without blocks)."""
-    params = []
+    `main_grad` buffer of its weight's dtype (fp32 weights under autocast; not in the state_dict). Call
+    before compiling. Returns (weight, main_grad) of each, the weights whose gradients now live in the
+    buffers (empty for a model without blocks)."""
+    pairs = []
     for block in getattr(model, "blocks", []):
         for m in block.modules():
             if type(m) is nn.Linear and m.bias is None and m.weight.requires_grad:
                 m.__class__ = AccumulatingLinear
                 m.register_buffer("main_grad", torch.zeros_like(m.weight), persistent=False)
-                params.append(m.weight)
-    return params
-
-
-def buffers_of(model: nn.Module) -> list[tuple[nn.Parameter, Tensor]]:
-    """(weight, main_grad) of every AccumulatingLinear in `model`."""
-    return [(m.weight, m.main_grad) for m in model.modules() if isinstance(m, AccumulatingLinear)]
+                pairs.append((m.weight, m.main_grad))
+    return pairs
 
 
 def expose(pairs: list[tuple[nn.Parameter, Tensor]]) -> None:

@@ -36,15 +36,14 @@ def _accumulate(model, batches) -> None:
 def test_fused_gradients_equal_autograds_over_micro_batches(arch):
     ref = _tiny(arch).double()
     model = copy.deepcopy(ref)
-    fused = GA.fuse(model)
+    pairs = GA.fuse(model)
+    fused = [p for p, _ in pairs]
     kinds = {type(m).__name__ for m in model.blocks.modules()}
     assert "AccumulatingLinear" in kinds and "Linear" not in kinds  # every projection of every block
     batches = _micro_batches()
     _accumulate(ref, batches)
     _accumulate(model, batches)
     assert all(p.grad is None for p in fused)  # autograd hands the fused weights nothing
-    pairs = GA.buffers_of(model)
-    assert [p for p, _ in pairs] == fused
     GA.expose(pairs)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14, msg=name)
@@ -82,8 +81,7 @@ def test_inductor_keeps_the_accumulation_in_the_graph():
     and the buffer holds the sum of two micro-batches."""
     ref = _tiny("tnl", n_layers=1)
     model = copy.deepcopy(ref)
-    pairs = [(p, g) for p, g in zip(GA.fuse(model), [m.main_grad for m in model.modules()
-                                                      if isinstance(m, GA.AccumulatingLinear)])]
+    pairs = GA.fuse(model)
     batches = _micro_batches(2)
     torch._dynamo.reset()
     try:

@@ -29,8 +29,8 @@ def test_bf16_fused_accumulation_is_closer_to_float64_than_autograds():
     ref = _mlp(d, g)
     plain, fused = copy.deepcopy(ref), copy.deepcopy(ref)
     ref = ref.double()
-    fused_weights = GA.fuse(torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([fused])}))
-    assert len(fused_weights) == 2
+    pairs = GA.fuse(torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([fused])}))
+    assert len(pairs) == 2
     gen = torch.Generator(device="cuda").manual_seed(1)
     for _ in range(micro):
         x = torch.randn(1, n, d, device="cuda", generator=gen)
@@ -38,7 +38,7 @@ def test_bf16_fused_accumulation_is_closer_to_float64_than_autograds():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             plain(x).float().square().mean().div(micro).backward()
             fused(x).float().square().mean().div(micro).backward()
-    GA.expose(GA.buffers_of(fused))
+    GA.expose(pairs)
     for r, p, f in zip(ref.parameters(), plain.parameters(), fused.parameters()):
         assert f.grad.dtype == torch.float32
         err_plain = float((p.grad.double() - r.grad).norm() / r.grad.norm())

@@ -123,6 +123,12 @@ def _int(value: Any, key: str, minimum: int = 1) -> int:
     return value
 
 
+def _plain_name(name: str) -> bool:
+    """A name that can name a directory by itself: not empty, no slash or whitespace, no leading dot."""
+    return bool(name) and not name.startswith(".") and not any(c in name for c in "/\\") \
+        and not any(c.isspace() for c in name)
+
+
 def _sizes(raw: Any) -> list[SizeSpec]:
     if not isinstance(raw, list) or not raw:
         raise _err("sizes must be a non-empty list of registry names (e.g. 70m) or shapes "
@@ -142,7 +148,7 @@ def _sizes(raw: Any) -> list[SizeSpec]:
                 raise _err(f"sizes[{i}]: a custom size needs exactly name, {', '.join(SHAPE_KEYS)}"
                            + (f"; missing {missing}" if missing else "") + (f"; unknown {sorted(unknown)}" if unknown else ""))
             name = str(s["name"]).lower()
-            if not name or any(c in name for c in "/\\ \t") or name.startswith("."):
+            if not _plain_name(name):
                 raise _err(f"sizes[{i}]: name {s['name']!r} must be a short name without spaces or slashes "
                            f"(it names the run directory, runs/<arch>-<size>, and its evaluation folder)")
             shape = tuple(_int(s[k], f"sizes[{i}].{k}") for k in SHAPE_KEYS)
@@ -254,10 +260,14 @@ def _evaluation(raw: Any) -> EvalSpec:
         spec.snapshots = _int(spec.snapshots, "evaluation.snapshots")
     if spec.export_dtype not in ("fp32", "bf16"):
         raise _err(f"evaluation.export_dtype {spec.export_dtype!r}: choose fp32 or bf16")
-    kind, _, index = str(spec.device).partition(":")
-    if not isinstance(spec.device, str) or not (spec.device == "auto" or kind in ("cpu", "cuda", "mps")) \
-            or (index and not index.isdigit()):
-        raise _err(f"evaluation.device {spec.device!r}: use auto, cpu, cuda or cuda:N")
+    if spec.device != "auto":
+        from evaluation.devices import device_kind
+        try:
+            if not isinstance(spec.device, str):
+                raise ValueError(spec.device)
+            device_kind(spec.device)
+        except ValueError:
+            raise _err(f"evaluation.device {spec.device!r}: use auto, cpu, cuda or cuda:N") from None
     if spec.csr not in CSR_MODES:
         raise _err(f"evaluation.csr {spec.csr!r}: choose direct (lm-eval where the snapshots are evaluated) or "
                    f"replay (requests built here, scored on the evaluating machine, metrics computed by the report)")
@@ -294,7 +304,7 @@ def parse_study(raw: dict, path: Path | None = None, base: Path | None = None) -
     if unknown:
         raise _err(f"unknown key(s) {sorted(unknown)}; known: {', '.join(TOP_KEYS)}")
     name = raw.get("name")
-    if not isinstance(name, str) or not name or any(c in name for c in "/ \\"):
+    if not isinstance(name, str) or not _plain_name(name):
         raise _err("name is required: a short name without spaces or slashes (it names the study directory)")
     base = Path(base or Path.cwd())
     out = Path(raw.get("out") or f"studies/{name}")

@@ -127,15 +127,14 @@ def read_submissions(study: StudyConfig) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def job_states(study: StudyConfig, squeue: str = "squeue", sacct: str = "sacct") -> dict[str, dict[str, str]]:
-    """{run: {stage: state}} for the study's submitted jobs: squeue for jobs Slurm holds, sacct (where
-    accounting is on) for finished ones; the newest submission of a run and stage wins. A pending job whose
-    dependency can never be satisfied (its run's training failed) is NEVER_RUNS."""
-    subs = read_submissions(study)
-    if not subs:
-        return {}
-    ids = sorted({s["job_id"] for s in subs})
+def _task_states(study: StudyConfig, squeue: str = "squeue", sacct: str = "sacct") -> dict[str, str]:
+    """{job id or JOB_TASK: state} of the study's submitted jobs: squeue for jobs Slurm holds, sacct (where
+    accounting is on) for finished ones. A pending job whose dependency can never be satisfied (its run's
+    training failed) is NEVER_RUNS."""
+    ids = sorted({s["job_id"] for s in read_submissions(study)})
     states: dict[str, str] = {}
+    if not ids:
+        return states
     for cmd in ([sacct, "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(ids)],
                 [squeue, "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(ids)]):
         try:
@@ -151,8 +150,12 @@ def job_states(study: StudyConfig, squeue: str = "squeue", sacct: str = "sacct")
                 if st == "PENDING" and reason and "DependencyNeverSatisfied" in reason[0]:
                     st = NEVER_RUNS
                 states[jid.strip()] = st
+    return states
+
+
+def _by_run(study: StudyConfig, states: dict[str, str]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
-    for s in subs:
+    for s in read_submissions(study):
         for i, run in enumerate(s["runs"]):
             key = f"{s['job_id']}_{i}" if s.get("array") else s["job_id"]
             st = states.get(key)
@@ -162,14 +165,10 @@ def job_states(study: StudyConfig, squeue: str = "squeue", sacct: str = "sacct")
     return out
 
 
-def _never_running_tasks(study: StudyConfig, held: dict[str, dict[str, str]]) -> list[str]:
-    """Job ids (array tasks as JOB_TASK) of the study's submissions that Slurm holds but will never start."""
-    out = []
-    for s in read_submissions(study):
-        for i, run in enumerate(s["runs"]):
-            if any(held.get(run, {}).get(stage) == NEVER_RUNS for stage in s["stages"]):
-                out.append(f"{s['job_id']}_{i}" if s.get("array") else s["job_id"])
-    return sorted(set(out))
+def job_states(study: StudyConfig, squeue: str = "squeue", sacct: str = "sacct") -> dict[str, dict[str, str]]:
+    """{run: {stage: state}} for the study's submitted jobs (`_task_states`); the newest submission of a
+    run and stage wins."""
+    return _by_run(study, _task_states(study, squeue, sacct))
 
 
 def submit(study: StudyConfig, plans: list[RunPlan], sbatch: str = "sbatch", squeue: str = "squeue",
@@ -182,9 +181,10 @@ def submit(study: StudyConfig, plans: list[RunPlan], sbatch: str = "sbatch", squ
     prepare_eval_inputs(study, log)
     for problem in evaluation_problems(study):  # the jobs may see another file system: warn, do not refuse
         log(f"[study] WARNING: on this machine {problem}")
-    held = job_states(study, squeue, sacct)
+    tasks = _task_states(study, squeue, sacct)
+    held = _by_run(study, tasks)
     busy = {r for r, st in held.items() if any(v in HELD for v in st.values())}
-    stale = _never_running_tasks(study, held)
+    stale = sorted(t for t, st in tasks.items() if st == NEVER_RUNS)
     if stale and not dry_run:
         # tasks that can never start (their run's training failed): they would hold a report job for good
         subprocess.run([scancel, *stale], capture_output=True, text=True)

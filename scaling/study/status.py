@@ -8,9 +8,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from checkpoints.layout import METRICS, MODEL_CONFIG
-
-SLURM_ATTEMPT = "slurm_attempt.json"  # written by launch/slurm/pretrain.sbatch at the end of each attempt
+from checkpoints.layout import METRICS, MODEL_CONFIG, SLURM_ATTEMPT
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
 from scaling.study.stages import (EVALUATE, EXPORT, TRAIN, csr_tasks, eval_dir, read_state, read_summary, run_change,
@@ -109,9 +107,9 @@ def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = 
                                                                          "TIMEOUT", "CANCELLED"):
         train = "failed"
         note = (rec or {}).get("error", "") or f"Slurm: {jobs.get(TRAIN)}"
-    elif _failed_slurm_attempt(study, plan):
+    elif slurm_failure := _failed_slurm_attempt(study, plan):
         train = "failed"
-        note = _failed_slurm_attempt(study, plan)
+        note = slurm_failure
     elif rec and rec.get("status") in ("stopped", "running"):
         train = "stopped"  # a local process that ended without a record of finishing: continue with `run`
     elif step:
