@@ -21,6 +21,7 @@ from models.registry import get_arch
 from ops import linear_cross_entropy
 
 RESIDUAL_PROJECTIONS = ("out_proj", "down_proj")  # scaled by 1/sqrt(2l) at init
+IGNORE_INDEX = -100  # targets that count in no loss
 
 
 @dataclass
@@ -81,6 +82,10 @@ class Block(nn.Module):
         return self.training and torch.is_grad_enabled() and mixer_kwargs.get("state") is None
 
 
+def _is_integer(t: Tensor) -> bool:
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+
+
 def check_token_ids(input_ids: Tensor, vocab_size: int) -> None:
     """Raise ValueError unless every id lies in [0, vocab_size). Reads values: free for a CPU tensor, a host
     sync for one on a GPU."""
@@ -88,6 +93,56 @@ def check_token_ids(input_ids: Tensor, vocab_size: int) -> None:
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"token ids must lie in [0, {vocab_size}), got min {lo}, max {hi}")
+
+
+def check_input_shapes(input_ids: Tensor, targets: Tensor | None = None, cu_seqlens: Tensor | None = None) -> None:
+    """The checks that read no values (free under torch.compile and on any device): ids [batch, time >= 1]
+    of an integer dtype, targets of their shape, cu_seqlens 1-D integer offsets."""
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be [batch, time], got shape {shape}")
+    if not _is_integer(input_ids):
+        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids holds no tokens (shape {tuple(input_ids.shape)}); pass at least one "
+                         f"sequence of at least one token")
+    if targets is not None:
+        if not isinstance(targets, Tensor) or tuple(targets.shape) != tuple(input_ids.shape):
+            shape = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
+            raise ValueError(f"targets must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}")
+        if not _is_integer(targets):
+            raise ValueError(f"targets must be integer token ids (or -100 to ignore a position), got dtype "
+                             f"{targets.dtype}")
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 \
+                or not _is_integer(cu_seqlens):
+            what = (f"shape {tuple(cu_seqlens.shape)}, dtype {cu_seqlens.dtype}" if isinstance(cu_seqlens, Tensor)
+                    else type(cu_seqlens).__name__)
+            raise ValueError(f"cu_seqlens must be a 1-D integer tensor of document start offsets in the "
+                             f"flattened batch, [0, ..., batch x time], got {what}")
+
+
+def check_input_values(input_ids: Tensor, vocab_size: int, targets: Tensor | None = None,
+                       cu_seqlens: Tensor | None = None) -> None:
+    """`check_input_shapes`, then the values: ids in [0, vocab_size), targets in [0, vocab_size) or -100,
+    cu_seqlens from 0 to batch x time, strictly increasing. Reads values: free for CPU tensors, a host sync
+    for tensors on a GPU."""
+    check_input_shapes(input_ids, targets, cu_seqlens)
+    check_token_ids(input_ids, vocab_size)
+    if targets is not None:
+        bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= vocab_size))
+        if bool(bad.any()):
+            first = int(targets[bad].flatten()[0])
+            raise ValueError(f"targets must lie in [0, {vocab_size}) or be {IGNORE_INDEX} (ignored), got "
+                             f"{int(bad.sum())} outside, e.g. {first}")
+    if cu_seqlens is not None:
+        c = cu_seqlens.tolist()
+        n = input_ids.numel()
+        if c[0] != 0 or c[-1] != n:
+            raise ValueError(f"cu_seqlens must start at 0 and end at batch x time = {n} (offsets into the "
+                             f"flattened batch), got {c[0]} ... {c[-1]}")
+        if any(b <= a for a, b in zip(c[:-1], c[1:])):
+            raise ValueError(f"cu_seqlens must be strictly increasing (no empty document), got {c}")
 
 
 def checkpointed_blocks(n_layers: int, fraction: float) -> list[int]:
@@ -156,8 +211,7 @@ class LanguageModel(nn.Module):
     def hidden_states(self, input_ids: Tensor, cache: InferenceCache | None = None,
                       cu_seqlens: Tensor | None = None, check_ids: bool = True) -> Tensor:
         cfg = self.config
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [batch, time], got shape {tuple(input_ids.shape)}")
+        check_input_shapes(input_ids)
         # the range check reads values: eager only, so that a compiled forward stays one graph
         if check_ids and not torch.compiler.is_compiling():
             check_token_ids(input_ids, cfg.vocab_size)
@@ -189,8 +243,13 @@ class LanguageModel(nn.Module):
         reset their state at each document start. `check_ids=False` skips the check that every id lies in
         the vocabulary, for a caller that has checked them already: on a GPU the check reads two values
         back, which stalls the GPU until the host has launched the next work (the train modules check on
-        the host, before the copy; `check_token_ids`)."""
-        B, T = input_ids.shape if input_ids.dim() == 2 else (None, None)
+        the host, before the copy; `check_input_values`); it also skips the range checks of `targets` and
+        `cu_seqlens`, whose shapes are checked always."""
+        check_input_shapes(input_ids, targets, cu_seqlens)
+        if check_ids and not torch.compiler.is_compiling():
+            check_input_values(input_ids, self.config.vocab_size, targets, cu_seqlens)
+            check_ids = False  # done
+        B, T = input_ids.shape
         if cu_seqlens is not None:
             # the ops take packed documents as one batch-1 row: cu_seqlens indexes the flattened batch
             input_ids, cu_seqlens = input_ids.reshape(1, -1), cu_seqlens.to(input_ids.device)
@@ -198,7 +257,8 @@ class LanguageModel(nn.Module):
         if cu_seqlens is not None:
             h = h.reshape(B, T, -1)
         if targets is not None:
-            return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.embed.weight, targets.reshape(-1))
+            return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.embed.weight, targets.reshape(-1),
+                                        ignore_index=IGNORE_INDEX)
         return self.logits(h)
 
     def logits(self, h: Tensor) -> Tensor:
@@ -222,18 +282,25 @@ class LanguageModel(nn.Module):
             raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
         if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
             raise ValueError(f"generate: top_k must be in [1, vocab_size={self.config.vocab_size}], got {top_k}")
+        # every generated token but the last is fed back: positions up to prompt + max_new_tokens - 1
+        need = input_ids.shape[1] + max(max_new_tokens - 1, 0)
+        if get_arch(self.config.arch).context_limited and need > self.config.max_seq_len:
+            raise ValueError(f"generate: a prompt of {input_ids.shape[1]} tokens and {max_new_tokens} new ones "
+                             f"need {need} positions, past this model's max_seq_len={self.config.max_seq_len} "
+                             f"(its RoPE table); generate fewer tokens or load it with "
+                             f"load_pretrained(path, max_seq_len={need})")
         cache = self.new_cache()
         logits = self(input_ids, cache=cache)[:, -1]
         out = [input_ids]
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        for _ in range(max_new_tokens):
+        for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, generator)
             if eos_id is not None:
                 nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
                 done |= nxt == eos_id
             out.append(nxt[:, None])
-            if eos_id is not None and bool(done.all()):
-                break
+            if i == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
+                break  # the last token is never fed back
             logits = self(nxt[:, None], cache=cache)[:, -1]
         return torch.cat(out, dim=1)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.lm import check_token_ids
+from models.lm import check_input_values
 
 
 def to_device(x: Tensor, device: torch.device) -> Tensor:
@@ -24,12 +24,14 @@ def to_device(x: Tensor, device: torch.device) -> Tensor:
 
 def device_batch(batch: dict, device: torch.device, vocab_size: int) -> dict:
     """The model's keyword arguments for a loader batch: ids and targets on `device`, and `check_ids` False
-    when the ids were checked against the vocabulary here (ids that arrive on the CPU; ids already on an
-    accelerator are left to the model's check). Raises ValueError for ids outside [0, vocab_size)."""
+    when the batch was checked here (ids that arrive on the CPU, with their targets and document offsets;
+    ids already on an accelerator are left to the model's check). Raises ValueError for ids or targets
+    outside the vocabulary and for document offsets that do not describe the batch."""
     ids = batch["input_ids"]
-    checked = ids.device.type == "cpu"
+    checked = ids.device.type == "cpu" and all(
+        t is None or t.device.type == "cpu" for t in (batch.get("targets"), batch.get("cu_seqlens")))
     if checked:
-        check_token_ids(ids, vocab_size)
+        check_input_values(ids, vocab_size, batch.get("targets"), batch.get("cu_seqlens"))
     # document offsets stay where they are: the model moves them, and a sequence-parallel model reads them
     # on the host first (`pretrain.sequence_parallel`)
     return {"input_ids": to_device(ids, device), "targets": to_device(batch["targets"], device),

@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.lm import IGNORE_INDEX
 from models.registry import arch_names, get_arch
 from ops.sequence_parallel import Segments, SequenceParallel, active, enter, leave, segment_prefix
 
@@ -165,7 +166,7 @@ class SequenceParallelPlan:
         targets = kwargs.get("targets", args[1] if len(args) > 1 else None)
         if targets is None:
             return out
-        count = (targets != -100).sum().to(out.dtype)
+        count = (targets != IGNORE_INDEX).sum().to(out.dtype)
         mine = torch.where(count > 0, out, torch.zeros_like(out)) * count
         totals = torch.stack([mine.detach(), count])
         dist.all_reduce(totals, group=self.sp.group)

@@ -288,6 +288,51 @@ def test_rope_table_shorter_than_seq_len(tmp_path, capsys):
     assert "load_pretrained(path, max_seq_len=10)" in str(exc.value)
 
 
+@pytest.mark.parametrize("arch", ["llama", "tnl", "hgrn2", "cos2"])
+def test_model_called_with_a_malformed_batch(arch):
+    """Every architecture names the faulty argument the same way, for ids, targets and document offsets."""
+    import torch
+
+    from models import build_model
+    torch.manual_seed(0)
+    model = build_model(arch, "tiny", vocab_size=97)
+    ids = torch.randint(0, 97, (2, 5))
+    with pytest.raises(ValueError, match=r"input_ids holds no tokens \(shape \(2, 0\)\)"):
+        model(ids[:, :0])
+    with pytest.raises(ValueError, match="input_ids must be integer token ids, got dtype torch.float32"):
+        model(ids.float())
+    with pytest.raises(ValueError, match=r"input_ids must be \[batch, time\], got shape \(10,\)"):
+        model(ids.flatten())
+    bad = ids.clone()
+    bad[1, 3] = 97
+    with pytest.raises(ValueError, match=r"targets must lie in \[0, 97\) or be -100 \(ignored\), got 1 outside, e.g. 97"):
+        model(ids, targets=bad)
+    bad[1, 3] = -5
+    with pytest.raises(ValueError, match="e.g. -5"):
+        model(ids, targets=bad)
+    with pytest.raises(ValueError, match=r"targets must have the shape of input_ids \(2, 5\), got \(2, 4\)"):
+        model(ids, targets=ids[:, :4])
+    with pytest.raises(ValueError, match="targets must be integer"):
+        model(ids, targets=ids.float())
+    for cu, msg in (([0, 3, 9], r"end at batch x time = 10.*got 0 \.\.\. 9"),
+                    ([1, 4, 10], r"start at 0 .*got 1 \.\.\. 10"),
+                    ([0, 4, 4, 10], r"strictly increasing \(no empty document\), got \[0, 4, 4, 10\]"),
+                    ([0, 6, 4, 10], "strictly increasing")):
+        with pytest.raises(ValueError, match=msg):
+            model(ids, targets=ids, cu_seqlens=torch.tensor(cu, dtype=torch.int32))
+    for cu in (torch.tensor([[0, 10]]), torch.tensor([0.0, 10.0]), torch.tensor([0])):
+        with pytest.raises(ValueError, match="cu_seqlens must be a 1-D integer tensor"):
+            model(ids, cu_seqlens=cu)
+    # ignored targets (-100) and well-formed offsets pass, as do the same batches with the value checks off
+    ok = ids.clone()
+    ok[0, 0] = -100
+    loss = model(ids, targets=ok, cu_seqlens=None if arch == "llama" else torch.tensor([0, 4, 10]))
+    assert torch.isfinite(loss)
+    # the shape checks read no values, so they hold where the value checks are skipped
+    with pytest.raises(ValueError, match="input_ids holds no tokens"):
+        model(ids[:, :0], check_ids=False)
+
+
 def test_device_without_cuda(capsys, tmp_path):
     """--device cuda without a GPU: one line saying so (not a traceback)."""
     import torch

@@ -268,6 +268,20 @@ def test_bad_inputs_give_clear_errors():
     assert build_model("cosformer2", "tiny", vocab_size=11).config.arch == "cos2"
 
 
+def test_generate_refuses_a_length_past_the_rope_table_before_decoding():
+    llama = small("llama", max_seq_len=16)
+    prompt = torch.randint(0, 97, (1, 10))
+    calls = []
+    hook = llama.embed.register_forward_hook(lambda *a: calls.append(1))
+    with pytest.raises(ValueError, match=r"10 tokens and 8 new ones need 17 positions.*max_seq_len=16.*"
+                                         r"load_pretrained\(path, max_seq_len=17\)"):
+        llama.generate(prompt, max_new_tokens=8)
+    assert calls == []  # refused before the prefill
+    hook.remove()
+    assert llama.generate(prompt, max_new_tokens=7).shape == (1, 17)  # the last token is never fed back
+    assert small("tnl").generate(prompt, max_new_tokens=30).shape == (1, 40)  # no table in a linear model
+
+
 @pytest.mark.parametrize("arch", LINEAR)
 def test_cu_seqlens_resets_state_at_document_starts(arch):
     """A packed [B, T] batch with document boundaries equals running each document on its own."""

@@ -94,6 +94,21 @@ def test_device_batch_checks_ids_on_the_host_with_the_models_message():
                                rtol=0, atol=0)
 
 
+def test_device_batch_checks_targets_and_document_offsets_on_the_host():
+    V = 50
+    batch = _batch(V)
+    batch["targets"][0, 2] = V + 3
+    with pytest.raises(ValueError, match=rf"targets must lie in \[0, {V}\).*e.g. {V + 3}"):
+        device_batch(batch, torch.device("cpu"), V)
+    batch = _batch(V)
+    n = batch["input_ids"].numel()
+    batch["cu_seqlens"] = torch.tensor([0, 5, n - 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"end at batch x time = {n}"):
+        device_batch(batch, torch.device("cpu"), V)
+    batch["cu_seqlens"] = torch.tensor([0, 5, n], dtype=torch.int32)
+    assert device_batch(batch, torch.device("cpu"), V)["check_ids"] is False
+
+
 def test_ids_already_on_the_device_are_left_to_the_models_check():
     ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
     moved = device_batch({"input_ids": ids, "targets": ids}, torch.device("meta"), 10)
@@ -155,7 +170,7 @@ def test_packed_documents_read_the_lengths_back_once_per_forward(monkeypatch):
         torch.testing.assert_close(again, loss, rtol=0, atol=0)
         same = cu.clone()
         model(batch["input_ids"], targets=batch["targets"], cu_seqlens=same)
-        same[1] = 60  # in place: the version counter moves
+        same[1] = 30  # in place: the version counter moves
         moved = model(batch["input_ids"], targets=batch["targets"], cu_seqlens=same)
         assert len(reads) == 4 and not torch.equal(moved, loss)
         # every layer building its own table gives the same loss
