@@ -123,10 +123,12 @@ def check_input_shapes(input_ids: Tensor, targets: Tensor | None = None, cu_seql
 
 
 def check_input_values(input_ids: Tensor, vocab_size: int, targets: Tensor | None = None,
-                       cu_seqlens: Tensor | None = None) -> None:
+                       cu_seqlens: Tensor | None = None, segments: int = 1) -> None:
     """`check_input_shapes`, then the values: ids in [0, vocab_size), targets in [0, vocab_size) or -100,
-    cu_seqlens from 0 to batch x time, strictly increasing. Reads values: free for CPU tensors, a host sync
-    for tensors on a GPU."""
+    cu_seqlens from 0 to batch x time, strictly increasing. `segments` > 1: the ids are one of that many
+    equal segments of each sequence (a sequence-parallel rank's share), and cu_seqlens describes the whole
+    sequences, batch x time x segments tokens. Reads values: free for CPU tensors, a host sync for tensors
+    on a GPU."""
     check_input_shapes(input_ids, targets, cu_seqlens)
     check_token_ids(input_ids, vocab_size)
     if targets is not None:
@@ -137,9 +139,10 @@ def check_input_values(input_ids: Tensor, vocab_size: int, targets: Tensor | Non
                              f"{int(bad.sum())} outside, e.g. {first}")
     if cu_seqlens is not None:
         c = cu_seqlens.tolist()
-        n = input_ids.numel()
+        n = input_ids.numel() * segments
         if c[0] != 0 or c[-1] != n:
-            raise ValueError(f"cu_seqlens must start at 0 and end at batch x time = {n} (offsets into the "
+            whole = "batch x time" if segments == 1 else f"batch x time x {segments} sequence-parallel segments"
+            raise ValueError(f"cu_seqlens must start at 0 and end at {whole} = {n} (offsets into the "
                              f"flattened batch), got {c[0]} ... {c[-1]}")
         if any(b <= a for a, b in zip(c[:-1], c[1:])):
             raise ValueError(f"cu_seqlens must be strictly increasing (no empty document), got {c}")

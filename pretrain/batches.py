@@ -22,16 +22,17 @@ def to_device(x: Tensor, device: torch.device) -> Tensor:
     return x.to(device, non_blocking=True)
 
 
-def device_batch(batch: dict, device: torch.device, vocab_size: int) -> dict:
+def device_batch(batch: dict, device: torch.device, vocab_size: int, segments: int = 1) -> dict:
     """The model's keyword arguments for a loader batch: ids and targets on `device`, and `check_ids` False
     when the batch was checked here (ids that arrive on the CPU, with their targets and document offsets;
     ids already on an accelerator are left to the model's check). Raises ValueError for ids or targets
-    outside the vocabulary and for document offsets that do not describe the batch."""
+    outside the vocabulary and for document offsets that do not describe the batch. `segments`: the
+    sequence-parallel group size; each rank's ids are one segment of sequences its cu_seqlens describes whole."""
     ids = batch["input_ids"]
     checked = ids.device.type == "cpu" and all(
         t is None or t.device.type == "cpu" for t in (batch.get("targets"), batch.get("cu_seqlens")))
     if checked:
-        check_input_values(ids, vocab_size, batch.get("targets"), batch.get("cu_seqlens"))
+        check_input_values(ids, vocab_size, batch.get("targets"), batch.get("cu_seqlens"), segments)
     # document offsets stay where they are: the model moves them, and a sequence-parallel model reads them
     # on the host first (`pretrain.sequence_parallel`)
     return {"input_ids": to_device(ids, device), "targets": to_device(batch["targets"], device),

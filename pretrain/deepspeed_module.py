@@ -145,7 +145,8 @@ class DeepSpeedTrainModule(TrainModule):
     # -- one optimizer step ---------------------------------------------------------------------------
     def _forward(self, batch: dict) -> Tensor:
         # autocast (when the config asks for it) is applied by the engine around the module's forward
-        return self.engine(**device_batch(batch, self.device, self.model.config.vocab_size))
+        return self.engine(**device_batch(batch, self.device, self.model.config.vocab_size,
+                                        self.sequence_segments))
 
     def train_step(self, micro_batches: list[dict], step: int, inject_nonfinite: bool = False) -> StepResult:
         if len(micro_batches) != self.accum:

@@ -82,6 +82,7 @@ class TrainModule(ABC):
 
     model: nn.Module          # the bare model (no DDP or engine wrapper)
     device: torch.device
+    sequence_segments: int = 1  # --sp: each rank's batch is one of this many segments of every sequence
 
     @abstractmethod
     def train_step(self, micro_batches: list[dict], step: int, inject_nonfinite: bool = False) -> StepResult:
@@ -193,7 +194,7 @@ class TorchTrainModule(TrainModule):
         return contextlib.nullcontext()
 
     def forward_loss(self, batch: dict) -> Tensor:
-        kwargs = device_batch(batch, self.device, self.model.config.vocab_size)
+        kwargs = device_batch(batch, self.device, self.model.config.vocab_size, self.sequence_segments)
         with self.autocast():
             return self.wrapped(**kwargs)
 

@@ -235,6 +235,7 @@ class Trainer:
         else:
             self.module = TorchTrainModule(model, cfg.optim, env.device, self.precision, ddp=env.world_size > 1,
                                            fuse_grad_accumulation=t.grad_accum_fusion == "auto" and env.world_size == 1)
+        self.module.sequence_segments = sp
         self.compiled = resolve_compile(cfg, env.device.type)
         if self.compiled:
             self.module.compile()

@@ -109,6 +109,23 @@ def test_device_batch_checks_targets_and_document_offsets_on_the_host():
     assert device_batch(batch, torch.device("cpu"), V)["check_ids"] is False
 
 
+def test_a_sequence_parallel_segment_is_checked_against_its_whole_sequences():
+    """Under --sp N a rank's ids are one of N segments of each sequence while cu_seqlens describes the whole
+    sequences (N x the rank's tokens): the host check counts the segments, and still refuses offsets that
+    describe neither the segment nor the whole."""
+    V = 50
+    batch = _batch(V)
+    n = batch["input_ids"].numel()
+    batch["cu_seqlens"] = torch.tensor([0, 3, n + 1, 2 * n], dtype=torch.int32)
+    assert device_batch(batch, torch.device("cpu"), V, segments=2)["check_ids"] is False
+    with pytest.raises(ValueError, match=rf"end at batch x time = {n}"):
+        device_batch(batch, torch.device("cpu"), V)
+    for end in (n, 3 * n):
+        batch["cu_seqlens"] = torch.tensor([0, 3, end], dtype=torch.int32)
+        with pytest.raises(ValueError, match=rf"end at batch x time x 2 sequence-parallel segments = {2 * n}"):
+            device_batch(batch, torch.device("cpu"), V, segments=2)
+
+
 def test_ids_already_on_the_device_are_left_to_the_models_check():
     ids = torch.zeros(1, 4, dtype=torch.long, device="meta")
     moved = device_batch({"input_ids": ids, "targets": ids}, torch.device("meta"), 10)
