@@ -19,6 +19,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_output_dir(path: str | Path, what: str) -> Path:
+    """Create the output folder `path` (and its parents) for the input `what` (a flag, e.g. `--out eval`),
+    or raise NotADirectoryError naming what is in the way: one line at the command line (pretrain.errors),
+    not mkdir's FileExistsError traceback when `path` or a parent is a file."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise NotADirectoryError(f"{what}: cannot create the folder {path} ({blocker} is a file, not a directory); "
+                                 f"pass a folder path, or move {blocker} away") from None
+    return path
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Replace `path` with `text` in one step: readers see the old content or the new, never a mix."""
     path = Path(path)

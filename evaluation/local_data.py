@@ -48,13 +48,37 @@ def eval_path(name: str, data_dir: str | Path | None = None) -> Path:
     return path
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
+def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
+    """The records of a JSON-lines file, each a JSON object holding the `required` keys. A line that does not
+    parse (a file cut short), a record of another kind, or a file with no record is an error naming the file
+    and line: evaluating on what is left would report a number over a silently different set."""
+    rows = []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as err:
+                raise ValueError(f"{path}, line {n}: not valid JSON ({err}); is the file cut short? Restore it "
+                                 f"from the shared data folder") from None
+            if not isinstance(row, dict) or any(k not in row for k in required):
+                missing = [k for k in required if not isinstance(row, dict) or k not in row]
+                raise ValueError(f"{path}, line {n}: a record without {', '.join(map(repr, missing)) or 'an object'}"
+                                 f" (expected the keys {', '.join(required)}); is this the right file?")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no records (an empty file); restore it from the shared data folder")
+    return rows
 
 
-def read_labels(path: str | Path) -> list[str]:
-    return [x.strip() for x in Path(path).read_text().splitlines() if x.strip()]
+def read_labels(path: str | Path, n: int | None = None, of: str | Path | None = None) -> list[str]:
+    """The non-empty lines of a labels file; with `n`, exactly n of them (one per record of the file `of`)."""
+    labels = [x.strip() for x in Path(path).read_text().splitlines() if x.strip()]
+    if n is not None and len(labels) != n:
+        raise ValueError(f"{path}: {len(labels)} labels for the {n} records of {of}; the two files do not belong "
+                         f"together (one is cut short?)")
+    return labels
 
 
 # -- perplexity sets ------------------------------------------------------------------------------------
@@ -63,7 +87,8 @@ def wikitext_documents(path: str | Path | None = None) -> list[str]:
     """The raw WikiText pages, split as EleutherAI/wikitext_document_level (lm-eval's `wikitext` data)
     splits wiki.*.raw: a new page starts at each level-1 heading line (' = Title = '); lines keep their
     own text and are joined with '\\n'; an empty page before the first heading is dropped."""
-    text = Path(path or eval_path("wikitext2_test")).read_text(encoding="utf-8")
+    path = Path(path or eval_path("wikitext2_test"))
+    text = path.read_text(encoding="utf-8")
     pages, current = [], []
     for line in text.split("\n"):
         heading = line.replace("= = =", "===").replace("= =", "==").strip()
@@ -74,11 +99,13 @@ def wikitext_documents(path: str | Path | None = None) -> list[str]:
             current = []
         current.append(line)
     pages.append("\n".join(current))
+    if not any(p.strip() for p in pages):
+        raise ValueError(f"{path}: no text (an empty file); restore wiki.test.raw from the shared data folder")
     return pages
 
 
 def lambada_texts(path: str | Path | None = None) -> list[str]:
-    return [r["text"] for r in read_jsonl(path or eval_path("lambada_openai"))]
+    return [r["text"] for r in read_jsonl(path or eval_path("lambada_openai"), ("text",))]
 
 
 # -- lm-eval custom_dataset loaders (called with the task's metadata as keyword arguments) --------------
@@ -97,21 +124,21 @@ def load_lambada_openai(data_dir: str | None = None, **_):
 
 
 def load_piqa(data_dir: str | None = None, **_):
-    rows = read_jsonl(eval_path("piqa", data_dir))
-    labels = read_labels(eval_path("piqa_labels", data_dir))
+    rows = read_jsonl(eval_path("piqa", data_dir), ("goal", "sol1", "sol2"))
+    labels = read_labels(eval_path("piqa_labels", data_dir), len(rows), eval_path("piqa", data_dir))
     return _dataset("validation", [{"goal": r["goal"], "sol1": r["sol1"], "sol2": r["sol2"], "label": int(y)}
                                    for r, y in zip(rows, labels, strict=True)])
 
 
 def load_siqa(data_dir: str | None = None, **_):
     rows = read_jsonl(eval_path("siqa", data_dir))
-    labels = read_labels(eval_path("siqa_labels", data_dir))
+    labels = read_labels(eval_path("siqa_labels", data_dir), len(rows), eval_path("siqa", data_dir))
     return _dataset("validation", [{**r, "label": y} for r, y in zip(rows, labels, strict=True)])
 
 
 def _ai2_multiple_choice(name: str, data_dir: str | None, question_key: str):
     rows = []
-    for r in read_jsonl(eval_path(name, data_dir)):
+    for r in read_jsonl(eval_path(name, data_dir), ("id", "question", "answerKey")):
         choices = r["question"]["choices"]
         rows.append({"id": r["id"], question_key: r["question"]["stem"], "answerKey": r["answerKey"],
                      "choices": {"text": [c["text"] for c in choices], "label": [c["label"] for c in choices]}})
@@ -146,7 +173,7 @@ def boolq_label(raw) -> int:
 def load_boolq(data_dir: str | None = None, **_):
     return _dataset("validation", [{"question": r["question"], "passage": r["passage"], "idx": r["idx"],
                                     "label": boolq_label(r["label"])}
-                                   for r in read_jsonl(eval_path("boolq", data_dir))])
+                                   for r in read_jsonl(eval_path("boolq", data_dir), ("question", "passage", "idx", "label"))])
 
 
 def load_hellaswag(data_dir: str | None = None, **_):
@@ -154,7 +181,7 @@ def load_hellaswag(data_dir: str | None = None, **_):
     lm-eval's fields with ctx_b empty, so lm-eval's own process_docs builds the query. Lost in the
     conversion: lm-eval capitalises ctx_b, which here stays as klosax wrote it."""
     rows = []
-    for r in read_jsonl(eval_path("hellaswag", data_dir)):
+    for r in read_jsonl(eval_path("hellaswag", data_dir), ("ind", "ctx", "endings", "label")):
         label, _, ctx = r["ctx"].partition(": ")
         rows.append({"ind": r["ind"], "activity_label": label, "ctx_a": ctx, "ctx_b": "",
                      "endings": r["endings"], "label": str(r["label"])})
@@ -164,7 +191,7 @@ def load_hellaswag(data_dir: str | None = None, **_):
 def load_winogrande(data_dir: str | None = None, **_):
     """llm-foundry's WinoGrande: context_options = sentence up to the blank with each option filled in,
     continuation = the rest after the blank; the same partial scoring lm-eval's winogrande does."""
-    return _dataset("validation", read_jsonl(eval_path("winogrande", data_dir)))
+    return _dataset("validation", read_jsonl(eval_path("winogrande", data_dir), ("context_options", "continuation", "gold")))
 
 
 def winogrande_doc_to_text(doc: dict) -> int:

@@ -116,6 +116,12 @@ def token_windows(files: Iterable[str | Path], window: int, max_windows: int | N
     import numpy as np
     n = 0
     for f in files:
+        size = Path(f).stat().st_size
+        if size == 0:  # an empty shard holds no window (np.memmap refuses to map it)
+            continue
+        if size % 4:
+            raise ValueError(f"{f}: {size} bytes, not a whole number of uint32 tokens; --valid-shards takes flat "
+                             f"uint32 token files (a prepared dataset's shards); is it another format, or cut short?")
         toks = np.memmap(f, dtype=np.uint32, mode="r")
         for s in range(0, len(toks) - window + 1, window):
             yield np.asarray(toks[s:s + window], dtype=np.int64)

@@ -10,13 +10,18 @@ under OUT/plots/ (metrics with at least two snapshots of a run), and NIAH heatma
 from __future__ import annotations
 
 import csv
+import functools
 import glob
+import hashlib
+import itertools
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from checkpoints.atomic import make_output_dir
 from checkpoints.layout import EXPORTS, MODEL_CONFIG, MODEL_WEIGHTS
 from evaluation.context import scoring_window, training_context
 from pretrain.argtypes import positive_int, ranged
@@ -161,14 +166,75 @@ def fingerprint(export: str) -> dict:
     return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def matched_files(patterns: list[str]) -> list[str]:
+    """The files a list of globs matches now, sorted, each once: a file matched by two patterns (`val/*.bin
+    val/shard0.bin`, or one spelt two ways) is read once, or its tokens would weigh twice in the mean."""
+    seen, out = set(), []
+    for f in sorted({f for pat in patterns for f in glob.glob(pat)}):
+        real = os.path.realpath(f)
+        if real not in seen:
+            seen.add(real)
+            out.append(f)
+    return out
+
+
 def _files_key(patterns: list[str]) -> list:
     """The files a list of globs matches now, each with size and mtime: a result over them is stale when a
     file is added, removed or rewritten."""
     out = []
-    for f in sorted({f for pat in patterns for f in glob.glob(pat)}):
+    for f in matched_files(patterns):
         st = Path(f).stat()
         out.append([f, st.st_size, st.st_mtime_ns])
     return out
+
+
+# the evaluation files (local_data.EVAL_FILES) each task reads: part of its cache key
+TASK_DATA = {"wikitext2": ("wikitext2_test",), "lambada_openai": ("lambada_openai",), "boolq": ("boolq",),
+             "piqa": ("piqa", "piqa_labels"), "siqa": ("siqa", "siqa_labels"), "hellaswag": ("hellaswag",),
+             "winogrande": ("winogrande",), "arc_easy": ("arc_easy",), "arc_challenge": ("arc_challenge",),
+             "openbookqa": ("openbookqa",)}
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def file_digest(path: str | Path) -> str | None:
+    """A digest of a file's content (None when it does not exist): the same file copied or moved elsewhere keeps
+    it, an edited, cut or replaced one does not."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return _digest(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+def data_key(task: str, cfg: SweepConfig) -> dict:
+    """The content of the evaluation data a task reads now ({file name: digest}): a cached result is stale when
+    $LINSCALE_SHARED_DATA points at another copy of the data, or a file was repaired or replaced."""
+    from evaluation import local_data
+    if task.startswith("niah_") and not cfg.niah_haystack:
+        d = local_data.shared_data_dir() / local_data.HAYSTACK_DIR
+        files = sorted(d.glob("*.txt.gz")) + sorted(d.glob("*.txt"))
+        return {f.name: file_digest(f) for f in files}
+    base = local_data.shared_data_dir() / "eval"
+    return {local_data.EVAL_FILES[n]: file_digest(base / local_data.EVAL_FILES[n]) for n in TASK_DATA.get(task, ())}
+
+
+def same_key(cached: dict | None, key: dict) -> bool:
+    """Whether a cached result's key matches. A result cached before the data's digest was part of the key
+    (no settings.data) matches on everything else: it is not redone on the mere upgrade."""
+    if not isinstance(cached, dict):
+        return False
+    settings = cached.get("settings")
+    if isinstance(settings, dict) and "data" not in settings:
+        key = {**key, "settings": {k: v for k, v in key["settings"].items() if k != "data"}}
+    return cached == key
 
 
 # -- tasks ------------------------------------------------------------------------------------------------
@@ -189,7 +255,7 @@ def task_settings(task: str, cfg: SweepConfig, window: int | None = None, dtype:
     `dtype`: run_dtype(cfg), computed here when not given): the dtype the model runs in, and the input
     files as they are now (not only their patterns)."""
     s = {"task": task, "limit": cfg.limit, "max_length": window if window is not None else cfg.max_length,
-         "dtype": dtype or run_dtype(cfg)}
+         "dtype": dtype or run_dtype(cfg), "data": data_key(task, cfg)}
     if task.startswith("niah_"):
         s.update(lengths=cfg.niah_lengths, depths=cfg.niah_depths, trials=cfg.niah_trials,
                  haystack=_files_key(cfg.niah_haystack), scoring=cfg.niah_scoring, threshold=cfg.niah_threshold,
@@ -215,9 +281,15 @@ def run_tasks(tasks: list[str], model, snap: dict, cfg: SweepConfig, out: Path) 
                                                    limit=cfg.limit)
             results[t]["window"] = window
         elif t == "valid_loss":
-            files = sorted(f for pat in cfg.valid_shards for f in glob.glob(pat))
-            results[t] = perplexity.validation_loss(model, perplexity.token_windows(files, cfg.valid_seq_len + 1),
-                                                    cfg.batch_size, cfg.valid_windows)
+            files = matched_files(cfg.valid_shards)
+            windows = perplexity.token_windows(files, cfg.valid_seq_len + 1)
+            first = next(windows, None)
+            if first is None:
+                raise ValueError(f"--valid-shards {' '.join(cfg.valid_shards)}: the {len(files)} file(s) matched hold "
+                                 f"no window of --valid-seq-len {cfg.valid_seq_len} + 1 tokens (each file is cut "
+                                 f"into whole windows); pass a smaller --valid-seq-len or longer files")
+            results[t] = perplexity.validation_loss(model, itertools.chain([first], windows), cfg.batch_size,
+                                                    cfg.valid_windows)
         elif t.startswith("niah_"):
             from evaluation import niah
             ncfg = niah.NiahConfig(mode=t.removeprefix("niah_"), lengths=tuple(cfg.niah_lengths),
@@ -325,7 +397,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
     snaps = find_snapshots(cfg.runs)
     # the default out is in the first run given
     out = Path(cfg.out) if cfg.out else (run_dir_of(Path(cfg.runs[0])) / "eval" if cfg.runs else Path("eval"))
-    out.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out, f"--out {out}" if cfg.out else f"the results folder {out} (default: <first run>/eval)")
     logger.info(f"evaluating {len(snaps)} snapshot(s) x {len(tasks)} task(s) -> {out}")
     rows = []
     for n, snap in enumerate(snaps, 1):
@@ -337,8 +409,11 @@ def sweep(cfg: SweepConfig) -> list[dict]:
             f = cache_dir / f"{t}.json"
             key = {"settings": task_settings(t, cfg, window, dtype), "weights": fp}
             if f.exists() and not cfg.force:
-                rec = json.loads(f.read_text())
-                if rec.get("key") == key:
+                try:
+                    rec = json.loads(f.read_text())
+                except (OSError, ValueError):   # a damaged cache entry is a miss, not the end of the sweep
+                    rec = {}
+                if isinstance(rec, dict) and same_key(rec.get("key"), key) and isinstance(rec.get("metrics"), dict):
                     cached[t] = rec["metrics"]
                     continue
             todo.append(t)

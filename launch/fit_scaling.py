@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from checkpoints.atomic import make_output_dir  # noqa: E402
 from scaling.analysis import analyze_arch  # noqa: E402
 from scaling.fit_config import FitScalingConfig  # noqa: E402
 from scaling.report import console_summary, to_json  # noqa: E402
@@ -44,6 +45,20 @@ def check_c_bounds(args: FitScalingConfig) -> str | None:
     return None
 
 
+def prepare_outputs(args: FitScalingConfig) -> None:
+    """Make the folders of --json, --markdown and --plots before any fit runs, so that a path that cannot be
+    written (a file in the way, a directory given as --json) is one error line up front, not a traceback after
+    the fits (and their bootstrap) are done."""
+    for flag, f in (("--json", args.json), ("--markdown", args.markdown)):
+        if f is None:
+            continue
+        if f.is_dir():
+            raise IsADirectoryError(f"{flag} {f}: is a directory; give a file path, e.g. {f / ('fits.json' if flag == '--json' else 'table.md')}")
+        make_output_dir(f.parent, f"{flag} {f}")
+    if args.plots is not None:
+        make_output_dir(args.plots, f"--plots {args.plots}")
+
+
 def warmup_warnings(runs, skip_tokens: float, skip_warmup: bool) -> list[str]:
     """--skip-tokens that ends inside a run's warm-up: a cut meant to drop the warm-up that does not."""
     if skip_warmup or skip_tokens <= 0:
@@ -64,6 +79,7 @@ def _main(argv=None) -> int:
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return 2
+    prepare_outputs(args)
     try:
         runs, problems = load_runs(args.runs, include_embedding, args.loss_key, args.skip_tokens, args.skip_bad,
                                    skip_warmup=args.skip_warmup)
@@ -85,12 +101,10 @@ def _main(argv=None) -> int:
             results.append(analyze_arch(arch, rs, settings))
     print(console_summary(results, problems, include_embedding, warnings))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(to_json(results, settings, include_embedding, warnings), indent=1))
         print(f"\nwrote {args.json}")
     if args.markdown:
         from scaling.report import markdown_tables
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(markdown_tables(results, include_embedding) + "\n")
         print(f"wrote {args.markdown}")
     if args.plots:

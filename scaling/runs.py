@@ -246,10 +246,23 @@ def load_runs(paths: list[str | Path], include_embedding: bool = False, loss_key
                 raise RunError(msg)
             problems.append(msg)
             continue
+        copy = next((r for r in runs if same_run(r, run)), None)
+        if copy is not None:
+            problems.append(f"{p}: a copy of {copy.path} (the same model, context length and logged rows), counted "
+                            f"once: two copies would count as two runs at every C (--min-runs) and weigh twice in "
+                            f"every fit")
+            continue
         runs.append(run)
     if not runs:
         raise RunError("no usable runs: " + "; ".join(problems))
     return runs, problems
+
+
+def same_run(a: Run, b: Run) -> bool:
+    """Whether two run directories hold one run (a copy: `cp -r runs/x backup/x`): the same model config and
+    context length, and the same logged (tokens, loss) rows. Two seeds of one size differ in their losses."""
+    return (a.cfg == b.cfg and a.seq_len == b.seq_len and a.tokens.shape == b.tokens.shape
+            and bool(np.array_equal(a.tokens, b.tokens)) and bool(np.array_equal(a.loss, b.loss)))
 
 
 def group_by_arch(runs: list[Run]) -> dict[str, list[Run]]:

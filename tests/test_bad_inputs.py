@@ -1413,6 +1413,81 @@ def test_evaluate_bad_input(dataset, tmp_path, capsys):
     assert "argument --tasks: invalid choice: 'bogus' (choose from" in proc.stderr and "'wikitext2'" in proc.stderr
 
 
+def _tiny_export(path: Path) -> Path:
+    from models import build_model, save_pretrained
+    return save_pretrained(build_model("tnl", "tiny", max_seq_len=64), path,
+                           extra={"step": 1, "tokens": 64, "flops": 1e9, "train_seq_len": 32})
+
+
+def test_output_folder_blocked_by_a_file(tmp_path, capsys, monkeypatch):
+    """An output folder that cannot be made because a file is in the way (or --json naming a directory): one
+    error line naming the flag and the file, before any model is loaded or any fit runs; mkdir's
+    FileExistsError traceback before (fit_scaling's only after all the fits)."""
+    export = _tiny_export(tmp_path / "exp")
+    (tmp_path / "F").write_text("a file")
+    from evaluation import sweep as sw
+    monkeypatch.setattr(sw, "load_model", lambda *a: pytest.fail("a model was loaded"))
+    for out in (tmp_path / "F", tmp_path / "F" / "eval"):
+        rc, err = _evaluate_main([export, "--tasks", "wikitext2", "--device", "cpu", "--out", out], capsys)
+        assert rc == 2 and f"--out {out}: cannot create the folder {out} ({tmp_path / 'F'} is a file, not a " \
+            f"directory)" in one_error_line(err), err
+    from scaling.synthetic import LossLaw, write_run
+    from models.sizes import model_config
+    for size in ("l1d32", "l1d64"):
+        write_run(tmp_path / "runs" / f"tnl-{size}", model_config("tnl", size), LossLaw(), 1e8, n_rows=20)
+    monkeypatch.setattr("launch.fit_scaling.analyze_arch", lambda *a: pytest.fail("a fit ran"))
+    from launch.fit_scaling import main as fit_main
+    (tmp_path / "D").mkdir()
+    for args, expect in ((["--json", tmp_path / "F" / "fits.json"], f"--json {tmp_path / 'F' / 'fits.json'}: cannot create the folder"),
+                         (["--markdown", tmp_path / "F" / "t.md"], "is a file, not a directory"),
+                         (["--plots", tmp_path / "F"], f"--plots {tmp_path / 'F'}: cannot create the folder"),
+                         (["--json", tmp_path / "D"], f"--json {tmp_path / 'D'}: is a directory; give a file path")):
+        rc, err = in_process(fit_main, [tmp_path / "runs", "--n-boot", "0", *args], capsys)
+        assert rc == 2 and expect in one_error_line(err), (args, err)
+
+
+def test_evaluation_data_damaged(tmp_path, capsys, monkeypatch):
+    """Evaluation files cut short, empty or of another kind, and held-out token files of the wrong size: one line
+    naming the file (and line) and the fix; before, a ZeroDivisionError traceback (empty wiki.test.raw), a JSON
+    message naming no file, or mmap's 'cannot mmap an empty file' that sank every other shard."""
+    export = _tiny_export(tmp_path / "exp")
+    data = tmp_path / "shared" / "eval"
+    (data / "wikitext-2-raw").mkdir(parents=True)
+    (data / "wikitext-2-raw" / "wiki.test.raw").write_text("")
+    (data / "lambada").mkdir()
+    lam = data / "lambada" / "lambada_test.jsonl"
+    lam.write_text('{"text": "a b c"}\n{"text": "d e')
+    monkeypatch.setenv("LINSCALE_SHARED_DATA", str(tmp_path / "shared"))
+    base = [export, "--device", "cpu", "--out", tmp_path / "eval"]
+    rc, err = _evaluate_main([*base, "--tasks", "wikitext2"], capsys)
+    assert rc == 2 and f"{data / 'wikitext-2-raw' / 'wiki.test.raw'}: no text (an empty file)" in one_error_line(err)
+    rc, err = _evaluate_main([*base, "--tasks", "lambada_openai"], capsys)
+    assert rc == 2 and f"{lam}, line 2: not valid JSON" in one_error_line(err) and "cut short" in err
+    lam.write_text('{"text": "a b c"}\n{"txt": "d e f"}\n')
+    rc, err = _evaluate_main([*base, "--tasks", "lambada_openai"], capsys)
+    assert rc == 2 and f"{lam}, line 2: a record without 'text'" in one_error_line(err)
+    (data / "piqa").mkdir()
+    (data / "piqa" / "valid.jsonl").write_text('{"goal": "g", "sol1": "a", "sol2": "b"}\n' * 3)
+    (data / "piqa" / "valid-labels.lst").write_text("0\n1\n")
+    from evaluation.local_data import load_piqa
+    with pytest.raises(ValueError, match=r"valid-labels.lst: 2 labels for the 3 records of .*valid.jsonl"):
+        load_piqa()
+    import numpy as np
+    np.arange(3 * 33, dtype=np.uint32).tofile(tmp_path / "v0.bin")
+    (tmp_path / "v1.bin").write_bytes(b"")
+    rc, err = _evaluate_main([*base, "--tasks", "valid_loss", "--valid-shards", tmp_path / "v*.bin",
+                              "--valid-seq-len", "32"], capsys)
+    assert rc == 0, err   # the empty shard holds no window; the other is read
+    rows = json.loads((tmp_path / "eval" / "results.json").read_text())["snapshots"]
+    assert rows[0]["results"]["valid_loss"]["windows"] == 3
+    (tmp_path / "v2.bin").write_bytes(b"\0" * 6)
+    rc, err = _evaluate_main([*base, "--tasks", "valid_loss", "--valid-shards", tmp_path / "v*.bin",
+                              "--valid-seq-len", "32", "--force"], capsys)
+    assert rc == 2 and f"{tmp_path / 'v2.bin'}: 6 bytes, not a whole number of uint32 tokens" in one_error_line(err)
+    rc, err = _evaluate_main([*base, "--tasks", "valid_loss", "--valid-shards", tmp_path / "v1.bin"], capsys)
+    assert rc == 2 and "hold no window of --valid-seq-len 2048 + 1 tokens" in one_error_line(err)
+
+
 def test_every_command_has_the_handler(tmp_path):
     """Every command in launch/ (benchmarks and the study driver too) runs under the one user-error
     handler, so a bad flag or file ends in one `error:` line and exit 2, never a traceback; numeric

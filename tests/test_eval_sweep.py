@@ -266,3 +266,80 @@ def test_plot_styles_colour_by_architecture_shade_by_size():
     assert sw.compute_axis(full)[0] == "flops_non_embedding" and "without the embedding" in sw.compute_axis(full)[1]
     full[0]["flops_non_embedding"] = None
     assert sw.compute_axis(full)[0] == "flops" and "including the embedding" in sw.compute_axis(full)[1]
+
+
+def test_a_shard_matched_twice_is_read_once(run_dir, tmp_path):
+    """--valid-shards given a file twice (a glob and the file, or two spellings of it) reads it once: its tokens
+    weighed twice in the mean before. An empty shard holds no window and is passed over; a file of a size that
+    is not whole uint32 tokens is named."""
+    from evaluation.perplexity import token_windows, validation_loss
+    from models import load_pretrained
+    f = tmp_path / "val.bin"
+    np.random.default_rng(2).integers(0, 100277, 3 * 17 + 5, dtype=np.uint32).tofile(f)
+    (tmp_path / "val_empty.bin").write_bytes(b"")
+    export = run_dir / "exports" / "step_00000010"
+    cfg = sw.SweepConfig(runs=[str(export)], tasks=["valid_loss"], valid_seq_len=16, device="cpu", batch_size=2,
+                         valid_shards=[str(f), str(tmp_path / "val*.bin"), str(tmp_path / "." / "val.bin")],
+                         out=str(tmp_path / "out"), plots=False)
+    got = sw.sweep(cfg)[0]["results"]["valid_loss"]
+    ref = validation_loss(load_pretrained(export), token_windows([f], 17), 2)  # the file once, by hand
+    assert got["windows"] == ref["windows"] == 3 and got["tokens"] == 48
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-9)
+    (tmp_path / "val_cut.bin").write_bytes(b"\0" * 10)
+    cfg.force = True
+    with pytest.raises(ValueError, match=r"val_cut.bin: 10 bytes, not a whole number of uint32 tokens"):
+        sw.sweep(cfg)
+
+
+def _lambada(path, texts):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+
+
+def test_cache_follows_the_evaluation_data(run_dir, tmp_path, monkeypatch):
+    """The cached LAMBADA result is redone when the data it was computed on changes ($LINSCALE_SHARED_DATA at
+    another copy, a repaired file): it was reused before, so a fixed data folder kept reporting the old numbers.
+    A result cached before the data was in the key is kept; a damaged cache entry is a miss, not a crash."""
+    from evaluation.perplexity import lambada_openai
+    from models import load_pretrained
+    data = tmp_path / "shared"
+    lam = data / "eval" / "lambada" / "lambada_test.jsonl"
+    _lambada(lam, ["the cat sat on the mat", "a b c d"])
+    monkeypatch.setenv("LINSCALE_SHARED_DATA", str(data))
+    calls = []
+    real = sw.run_tasks
+    monkeypatch.setattr(sw, "run_tasks", lambda tasks, *a: calls.append(tasks) or real(tasks, *a))
+    export = run_dir / "exports" / "step_00000010"
+    cfg = sw.SweepConfig(runs=[str(export)], tasks=["lambada_openai"], device="cpu", out=str(tmp_path / "out"),
+                         plots=False)
+    sw.sweep(cfg)
+    sw.sweep(cfg)
+    assert len(calls) == 1
+    _lambada(lam, ["one two three four five", "x y z", "hello there world"])   # the data repaired
+    got = sw.sweep(cfg)[0]["results"]["lambada_openai"]
+    assert len(calls) == 2
+    ref = lambada_openai(load_pretrained(export), lam, max_length=32)
+    assert got["examples"] == 3 and got["perplexity"] == pytest.approx(ref["perplexity"], rel=1e-9)
+    # the same content copied elsewhere is the same data: cached
+    other = tmp_path / "copy"
+    _lambada(other / "eval" / "lambada" / "lambada_test.jsonl", ["one two three four five", "x y z", "hello there world"])
+    monkeypatch.setenv("LINSCALE_SHARED_DATA", str(other))
+    sw.sweep(cfg)
+    assert len(calls) == 2
+    entry = tmp_path / "out" / "cache" / "run_a" / "step_00000010" / "lambada_openai.json"
+    rec = json.loads(entry.read_text())
+    del rec["key"]["settings"]["data"]           # as written before the data was part of the key
+    entry.write_text(json.dumps(rec))
+    sw.sweep(cfg)
+    assert len(calls) == 2
+    entry.write_text(entry.read_text()[:40])     # cut short
+    assert sw.sweep(cfg)[0]["results"]["lambada_openai"]["examples"] == 3
+    assert len(calls) == 3
+
+
+def test_out_that_is_a_file_is_refused_before_any_model(run_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(sw, "load_model", lambda *a: pytest.fail("a model was loaded"))
+    (tmp_path / "taken").write_text("x")
+    cfg = sw.SweepConfig(runs=[str(run_dir)], tasks=["wikitext2"], device="cpu", out=str(tmp_path / "taken" / "eval"))
+    with pytest.raises(NotADirectoryError, match=r"--out .*taken/eval: cannot create the folder .*taken is a file"):
+        sw.sweep(cfg)

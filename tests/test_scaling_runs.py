@@ -235,3 +235,30 @@ def test_a_run_with_no_usable_rows_is_named(tmp_path):
     d = _write(tmp_path / "r", cfg, json.dumps({"step": 1, "tokens": 64, "loss": math.nan}) + "\n")
     with pytest.raises(RunError, match="no usable rows"):
         load_runs([d])
+
+
+def test_a_copied_run_counts_once(tmp_path):
+    """A run directory copied under another name (runs/x and runs/x.bak) is one run, named as a copy: as two, it
+    met --min-runs at C where only that one size was trained and weighed twice in the fits. Two seeds of one size
+    (other losses) stay two runs."""
+    import shutil
+    from scaling.analysis import FitSettings, analyze_arch
+    runs_dir = tmp_path / "runs"
+    law = LossLaw()
+    write_run(runs_dir / "tnl-l1d32", model_config("tnl", "l1d32"), law, 3e7, n_rows=40)
+    write_run(runs_dir / "tnl-l1d64", model_config("tnl", "l1d64"), law, 3e8, n_rows=40, early_rows=0)
+    shutil.copytree(runs_dir / "tnl-l1d32", runs_dir / "tnl-l1d32.bak")
+    runs, problems = load_runs([runs_dir])
+    assert sorted(r.name for r in runs) == ["tnl-l1d32", "tnl-l1d64"]
+    assert len(problems) == 1 and "tnl-l1d32.bak: a copy of" in problems[0] and "counted once" in problems[0]
+    # the envelope of the study without the copy: every point where only the small size was logged has one run
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0))
+    small = next(r for r in runs if r.name == "tnl-l1d32")
+    large = next(r for r in runs if r.name == "tnl-l1d64")
+    only_small = res.envelope.c < large.compute[0] * (1 - 1e-9)
+    assert only_small.any() and (res.envelope.coverage[only_small] == 1).all()
+    assert not res.fit_mask[only_small].any()   # below --min-runs 2: not fitted
+    assert small.compute[0] < large.compute[0]
+    write_run(runs_dir / "tnl-l1d32-seed1", model_config("tnl", "l1d32"), law, 3e7, n_rows=40, noise=0.01, seed=1)
+    runs, problems = load_runs([runs_dir])
+    assert len(runs) == 3 and len(problems) == 1
