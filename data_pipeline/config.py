@@ -5,6 +5,7 @@ import dataclasses
 import glob
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -239,19 +240,27 @@ def _validate(cfg: DataConfig, where: str) -> None:
             raise ValueError(f"{tag}: `paths` is empty; give files or globs")
         if s.text_unit not in TEXT_UNITS:
             raise ValueError(f"{tag}: text_unit {s.text_unit!r} is not one of {TEXT_UNITS}")
-        if s.weight is not None and not s.weight >= 0:
-            raise ValueError(f"{tag}: weight must be >= 0, got {s.weight}")
+        if s.weight is not None and not (s.weight >= 0 and math.isfinite(s.weight)):
+            raise ValueError(f"{tag}: weight must be a finite number >= 0, got {s.weight}")
         if s.max_documents is not None and s.max_documents < 1:
             raise ValueError(f"{tag}: max_documents must be >= 1 (or left out: every document), got {s.max_documents}")
     for lang, w in cfg.mix.items():
-        if lang not in LANGUAGES or not w >= 0:
-            raise ValueError(f"{where}: mix must map languages {LANGUAGES} to weights >= 0, got {cfg.mix}")
+        if lang not in LANGUAGES or not (w >= 0 and math.isfinite(w)):
+            raise ValueError(f"{where}: mix must map languages {LANGUAGES} to finite weights >= 0, got {cfg.mix}")
     if not all(s.weight is not None for s in cfg.sources):  # the mix splits the tokens by language
         for s in cfg.sources:
             if s.language not in cfg.mix:
                 raise ValueError(f"{where}: source {s.name!r} is in language {s.language!r}, which `mix` "
                                  f"({cfg.mix}) gives no weight, so it would never be trained on; add "
                                  f"{s.language}: <weight> to mix (0 to leave it out on purpose)")
+    weighted = [s.weight for s in cfg.sources] if all(s.weight is not None for s in cfg.sources) \
+        else [cfg.mix.get(s.language, 0.0) for s in cfg.sources]
+    if not sum(weighted) > 0:  # every share 0: nothing could be trained on (the loader would refuse)
+        what = ("every source's `weight` is 0" if all(s.weight is not None for s in cfg.sources) else
+                f"`mix` ({cfg.mix}) gives weight 0 to every language of the sources "
+                f"({sorted({s.language for s in cfg.sources})})")
+        raise ValueError(f"{where}: {what}, so no source would ever be trained on; give at least one source "
+                         f"(or language in `mix`) a weight > 0")
     for f in dataclasses.fields(cfg.filters):
         v = getattr(cfg.filters, f.name)
         if v < 0 or (f.name == "max_line_bytes" and v < 1):

@@ -78,9 +78,50 @@ def _init_worker(cfg: DataConfig, pooled: bool = False) -> None:
         # Ctrl-C reaches the whole process group: the parent alone handles it (it stops the pool); a
         # worker that also raised KeyboardInterrupt would print a traceback of its own mid-batch
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (forked with it)
+        _die_with_parent()
     _WORKER["cfg"] = cfg
     _WORKER["minhash"] = MinHasher(cfg.dedup.num_perm, cfg.dedup.bands, cfg.dedup.seed)
     get_tokenizer()
+
+
+def _die_with_parent() -> None:
+    """A pool worker ends when the prepare process does, however that ends (SIGKILL included): otherwise
+    it waits for its next batch forever, holding its memory. Linux only (prctl PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
+class _TermAsInterrupt:
+    """SIGTERM (kill, a job scheduler's stop) in the prepare process raises KeyboardInterrupt, as Ctrl-C
+    does: the pool is shut down in `finally` (its workers would otherwise be left running, orphaned),
+    nothing of the part is recorded as done, and prepare_data exits with `interrupted` (130). Only in
+    the main thread and only where SIGTERM has its default action (a caller's own handler stays)."""
+
+    def __enter__(self):
+        import threading
+        self.old = None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self.old = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGTERM, self.old)
+        return False
 
 
 # glibc malloc: arrays up to this size come from the heap, and the heap keeps up to _TRIM bytes of free
@@ -205,6 +246,11 @@ def _file_docs(cfg: DataConfig, src: SourceConfig, si: int, files: list[Path], p
 def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, workers: int = 0,
                  progress: bool = True) -> dict:
     """Filter, hash and tokenize this part's share of the input into OUT/tokens and OUT/parts/part-<i>."""
+    with _TermAsInterrupt():
+        return _prepare_part(cfg, out, part, num_parts, workers, progress)
+
+
+def _prepare_part(cfg: DataConfig, out: Path, part: int, num_parts: int, workers: int, progress: bool) -> dict:
     if not 0 <= part < num_parts:
         raise ValueError(f"part {part} is outside [0, {num_parts})")
     t0 = time.time()
@@ -312,6 +358,22 @@ def _clear_part(cfg: DataConfig, out: Path, part: int) -> None:
         shutil.rmtree(out / d, ignore_errors=True)
 
 
+def _clear_parts_from(cfg: DataConfig, out: Path, first: int) -> None:
+    """Remove parts `first`, `first`+1, ... of OUT (records and token files): prepare run again on a used
+    folder with a smaller --num-parts would otherwise leave them for the merge, which then refuses the
+    mix of part counts after every part has been prepared (and the finished dataset removed)."""
+    numbers = (d.name[len("part-"):] for d in (out / "parts").glob("part-*") if d.is_dir())
+    stale = sorted(int(k) for k in numbers  # only the folders prepare names (part-00003), never a copy's
+                   if k.isascii() and k.isdigit() and f"{int(k):05d}" == k and int(k) >= first)
+    if stale:
+        log.info("removing parts %s of an earlier prepare with more parts from %s", stale, out)
+    for k in stale:
+        _clear_part(cfg, out, k)
+        (out / "parts" / f"part-{k:05d}").rmdir()
+        for f in (out / "tokens").glob(f"*/p{k:05d}-*"):  # sources of an earlier config too
+            f.unlink()
+
+
 def merge(cfg: DataConfig, out: Path) -> dict:
     """Global dedup over all parts, the train/val split, the loader's indexes and stats.json: every stage
     of merge.py on this machine, one task after another."""
@@ -340,9 +402,12 @@ def prepare(cfg: DataConfig, out: Path, workers: int = 0, part: int | None = Non
             do_merge: bool = True, progress: bool = True) -> dict | None:
     """One-machine default: every part in turn (usually one), then merge."""
     parts = range(num_parts) if part is None else [part]
-    for p in parts:
-        prepare_part(cfg, out, p, num_parts, workers, progress)
-    return merge(cfg, out) if do_merge else None
+    with _TermAsInterrupt():
+        if part is None:  # every part is prepared here: parts of an earlier, larger --num-parts are stale
+            _clear_parts_from(cfg, Path(out), num_parts)
+        for p in parts:
+            prepare_part(cfg, out, p, num_parts, workers, progress)
+        return merge(cfg, out) if do_merge else None
 
 
 def _bar(progress: bool, desc: str):

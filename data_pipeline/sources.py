@@ -16,6 +16,7 @@ import io
 import json
 import lzma
 import logging
+import os
 import re
 import zlib
 from collections import Counter
@@ -455,6 +456,92 @@ def check_inputs(cfg: DataConfig, where: str = "data config") -> None:
         raise FileNotFoundError(f"{where}: no input file matches for {'; '.join(empty)}. Fix the paths or globs "
                                 f"(relative ones are read from the config's folder, {cfg.base_dir}) or remove "
                                 f"the source")
+
+
+# what prepare writes inside --out (one sample path of each kind, relative to it): a source pattern that
+# could match any of them would read the dataset's own outputs back as input
+_OUTPUT_SAMPLES = ("tokens/{s}/p00000-00000.tokens.bin", "tokens/{s}/p00000-00000.docs.npy",
+                   "parts/part-00000/part.json", "parts/part-00000/docs.npy", "parts/part-00000/sigs.u32",
+                   "parts/part-00000/exact.npy", "parts/part-00000/band-000.offsets.npy",
+                   "merge/exact-0000.npy", "merge/pairs-000-0000.npy", "merge/near.npy",
+                   "merge/source-0000.json", "merge/source-0000.json.tmp", "train/meta.json",
+                   "train/{s}.index.npy", "val/meta.json", "val/{s}.index.npy.tmp", "stats.json")
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    """The paths glob.glob(pattern, recursive=True) can match, as a regular expression: `**` as a whole
+    path component is any number of folders, `*` and `?` stay inside one component, `[...]` a class."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if pattern.startswith("**/", i) and (i == 0 or pattern[i - 1] == "/"):
+            out.append("(?:[^/]*/)*")
+            i += 3
+            continue
+        if pattern.startswith("**", i) and (i == 0 or pattern[i - 1] == "/") and i + 2 == n:
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[" and "]" in pattern[i + 2:]:
+            j = pattern.index("]", i + 2)
+            body = pattern[i + 1:j]
+            neg = body.startswith("!")
+            body = body[neg:].replace("\\", "\\\\").replace("[", "\\[")  # `-` stays a range, as in glob
+            out.append("[" + ("^" if neg else "") + ("\\" if body.startswith("^") else "") + body + "]")
+            i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    try:
+        return re.compile("".join(out) + r"\Z")
+    except re.error:  # a class glob cannot match either (a reversed range, `[z-a]`): the pattern matches nothing
+        return re.compile(r"(?!)")
+
+
+def _spellings(pattern: str) -> set[str]:
+    """The pattern made absolute and normalized, and with its folders before the first wildcard resolved
+    as glob reads them (through symlinks, `..` after a symlink): --out may be given under either spelling."""
+    parts = Path(pattern).parts
+    k = next((i for i, c in enumerate(parts) if re.search(r"[*?[]", c)), len(parts))
+    return {os.path.abspath(pattern), str(Path(*parts[:k]).resolve().joinpath(*parts[k:]))}
+
+
+def check_out_is_not_input(cfg: DataConfig, out, where: str = "data config") -> None:
+    """Refuse a data config whose source paths match (or could match, once written) files prepare writes
+    into `out`: the tokens, part records, merge outputs and indexes would be read back as documents of a
+    later source or part, and the merge would then find the inputs changed under it."""
+    out = Path(out).expanduser()
+    real = out.resolve()
+    roots = {os.path.abspath(out), str(real)}
+    names = [s.name for s in cfg.sources]
+    hits = []
+    for src in cfg.sources:
+        if src.type == "hf":
+            continue
+        files, _ = cfg.files(src)
+        inside = [f for f in map(Path.resolve, files)
+                  if real in f.parents and f.relative_to(real).parts[0] in _OUTPUT_DIRS]
+        for pattern in src.paths:
+            p = Path(pattern).expanduser()
+            rxs = [_glob_regex(sp) for sp in _spellings(str(p if p.is_absolute() else Path(cfg.base_dir) / p))]
+            if any(rx.match(f"{r}/{sample.format(s=name)}") for rx in rxs for r in roots
+                   for sample in _OUTPUT_SAMPLES for name in names):  # any source's token files and indexes
+                hits.append(f"source {src.name!r} ({pattern!r})")
+                break
+        else:
+            if inside:
+                hits.append(f"source {src.name!r} ({inside[0]})")
+    if hits:
+        raise ValueError(f"{where}: the paths of {'; '.join(hits)} match files that prepare writes into --out "
+                         f"{out} (tokens/, parts/, merge/, train/, val/): the dataset would read its own output "
+                         f"as input; give an --out outside the inputs' globs, or narrow the globs (e.g. *.jsonl)")
+
+
+_OUTPUT_DIRS = ("tokens", "parts", "merge", "train", "val", "stats.json")
 
 
 def iter_source(cfg: DataConfig, src: SourceConfig, counts: Counts, files: list[Path] | None = None

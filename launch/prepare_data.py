@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from data_pipeline.config import load_data_config  # noqa: E402
 from data_pipeline.merge import STAGES, plan, run_task  # noqa: E402
 from data_pipeline.prepare import merge, prepare, summary  # noqa: E402
-from data_pipeline.sources import check_inputs  # noqa: E402
+from data_pipeline.sources import check_inputs, check_out_is_not_input  # noqa: E402
 from pretrain.argtypes import non_negative_int  # noqa: E402
 from pretrain.errors import run_cli  # noqa: E402
 
@@ -52,6 +52,7 @@ def _main(argv=None) -> int:
     if a.merge_plan:
         print(json.dumps(plan(cfg)))
         return 0
+    check_out_is_not_input(cfg, Path(a.out), f"--config {a.config}")
     if a.merge_stage:
         if a.task is None:
             p.error("--merge-stage needs --task (0 .. tasks-1; --merge-plan prints the counts)")

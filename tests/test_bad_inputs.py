@@ -1280,6 +1280,41 @@ def test_prepare_keeps_nothing(tmp_path, capsys):
         in err.getvalue(), err.getvalue()
 
 
+def test_prepare_out_inside_its_inputs(tmp_path, capsys):
+    """A data config whose globs match, or once written would match, what prepare_data writes into --out
+    (`<dir>/**/*` with --out inside <dir>; a `*.bin` reaching the token files, also relative with `./`,
+    through a symlinked folder, or with a character class): one line naming the source, its pattern and
+    --out, exit 2, nothing written. A narrow glob (`<dir>/*.jsonl`) beside --out prepares, a second time too."""
+    from launch.prepare_data import main
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_bytes(_jsonl(_records(4)))
+    (data / "b.bin").write_text(_records(1)[0])
+    (tmp_path / "alias").symlink_to(data, target_is_directory=True)
+    out = data / "ds"
+
+    def prepare(kind: str, pattern: str) -> tuple[int, str]:
+        cfg = tmp_path / "data.yaml"  # relative patterns are read from here
+        cfg.write_text(json.dumps({"name": "t", "val_fraction": 0, "dedup": {"near": False},
+                                   "filters": {"min_chars": 10, "min_stop_share": 0},
+                                   "sources": [{"name": "s", "language": "en", "type": kind, "paths": [pattern]}]}))
+        return in_process(main, ["--config", cfg, "--out", out, "--workers", "1", "--no-progress"], capsys)
+
+    for kind, pattern in (("jsonl", str(data / "**" / "*")), ("text", str(data / "**" / "*.bin")),
+                          ("text", "./data/*/*/*/*.bin"), ("text", "alias/**/*.bin"),
+                          ("text", "data/*/tokens/[a-z]/*.bin")):
+        rc, err = prepare(kind, pattern)
+        assert rc == 2, (pattern, err)
+        line = one_error_line(err)
+        assert f"source 's' ({pattern!r}) match files that prepare writes into --out {out}" in line, line
+        assert "give an --out outside the inputs' globs, or narrow the globs" in line
+        assert not out.exists(), pattern
+    for _ in range(2):
+        rc, err = prepare("jsonl", str(data / "*.jsonl"))
+        assert rc == 0 and "Traceback" not in err, err
+        assert (out / "train" / "meta.json").is_file()
+
+
 def test_out_is_a_file(dataset, tmp_path, capsys):
     """--out naming a file (or a path under one): one line saying which path is a file, exit 2."""
     f = tmp_path / "a_file"

@@ -4,6 +4,8 @@ type. Each either gives the dataset a fresh prepare gives, or stops with an erro
 import gzip
 import json
 import random
+import re
+import sys
 import zlib
 from pathlib import Path
 
@@ -107,6 +109,25 @@ def test_parts_of_two_part_counts_are_named(tmp_path):
         merge(cfg, out)
 
 
+def test_fewer_parts_in_a_used_folder_replace_the_earlier_parts(tmp_path):
+    """A folder prepared with 2 parts, prepared again with 1: the part (and token files) past the new count
+    are removed instead of failing the merge on a mix of part counts; the result is a fresh folder's."""
+    inp = tmp_path / "in"
+    _write_docs(inp, "a", 1)
+    _write_docs(inp, "b", 2)
+    out, cfg = tmp_path / "out", _config(inp)
+    prepare(cfg, out, workers=1, num_parts=2, progress=False)
+    assert list((out / "tokens" / "s").glob("p00001-*"))
+    prepare(cfg, out, workers=1, num_parts=1, progress=False)
+    assert sorted(d.name for d in (out / "parts").iterdir()) == ["part-00000"]
+    assert not list((out / "tokens" / "s").glob("p00001-*"))
+    fresh = tmp_path / "fresh"
+    prepare(cfg, fresh, workers=1, num_parts=1, progress=False)
+    assert _train_docs(out) == _train_docs(fresh)
+    assert json.loads((out / "stats.json").read_text())["sources"] == \
+        json.loads((fresh / "stats.json").read_text())["sources"]
+
+
 def test_merge_outputs_of_an_earlier_config_are_not_read(tmp_path):
     """The same folder prepared again with other dedup settings (other shard counts, threshold): the merge
     reads only its own stage outputs, so the result is a fresh folder's."""
@@ -169,7 +190,9 @@ def test_a_corrupt_spot_keeps_what_comes_before_it(tmp_path):
 
 @pytest.mark.parametrize("bad, key", [
     ({"weight": "2"}, "weight"), ({"paths": [5]}, "paths"), ({"name": 5}, "name"),
-    ({"max_documents": -3}, "max_documents"),
+    ({"max_documents": -3}, "max_documents"), ({"weight": float("nan")}, "weight must be a finite number"),
+    ({"weight": float("inf")}, "weight must be a finite number"),
+    ({"weight": 0}, "every source's `weight` is 0, so no source would ever be trained on"),
 ])
 def test_source_values_of_the_wrong_type_or_range(bad, key):
     src = {"name": "a", "language": "en", "paths": ["x"], **bad}
@@ -184,13 +207,24 @@ def test_source_values_of_the_wrong_type_or_range(bad, key):
     ({"dedup": {"num_perm": 0, "bands": 1}}, "num_perm"), ({"dedup": {"exact": "no"}}, "exact"),
     ({"dedup": {"ngram": 0}}, "ngram"), ({"shard_tokens": 0}, "shard_tokens"),
     ({"mix": {"en": 1}, "sources": [{"name": "z", "language": "zh", "paths": ["x"]}]}, "gives no weight"),
+    ({"mix": {"en": float("inf")}}, "finite weights"), ({"mix": {"en": float("nan")}}, "finite weights"),
+    ({"mix": {"en": 0, "zh": 1}}, "gives weight 0 to every language of the sources"),
+    ({"sources": [{"name": "a", "language": "en", "paths": ["x"], "weight": 0},
+                  {"name": "b", "language": "zh", "paths": ["y"], "weight": 0.0}]}, "every source's `weight` is 0"),
 ])
 def test_config_values_of_the_wrong_type_or_range(bad, key):
     raw = {"sources": [{"name": "a", "language": "en", "paths": ["x"]}], **bad}
-    with pytest.raises(ValueError, match=key):
+    with pytest.raises(ValueError, match=re.escape(key)):
         parse_data_config(raw)
     with pytest.raises(ValueError, match="a data config is a mapping"):
         parse_data_config("just a string")
+
+
+def test_weight_zero_for_some_sources_leaves_them_out():
+    """0 for some sources (or languages) is a choice, not an error, while another share is > 0."""
+    two = [{"name": "a", "language": "en", "paths": ["x"]}, {"name": "b", "language": "zh", "paths": ["y"]}]
+    parse_data_config({"sources": two, "mix": {"en": 0, "zh": 1}})
+    parse_data_config({"sources": [{**two[0], "weight": 0}, {**two[1], "weight": 2}]})
 
 
 _KILLED_WORKER = """
@@ -255,6 +289,85 @@ def test_ctrl_c_stops_a_pooled_prepare(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err, err[-3000:]
+
+
+_SLOW_WORKERS = """
+import sys, time
+import data_pipeline.prepare as prep
+prep.BATCH_CHARS = 2000  # many small batches, each slow: the part is still running when it is stopped
+real = prep._process
+def slow(batch):
+    time.sleep(0.3)
+    return real(batch)
+prep._process = slow
+from launch.prepare_data import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_pooled_prepare_stopped_leaves_no_workers_and_no_part(tmp_path, sig):
+    """A signal to the prepare process alone during `--workers 2`: SIGTERM (`kill PID`, a scheduler's stop)
+    acts as Ctrl-C (exit 130, the pool shut down); after SIGKILL the workers end with it instead of
+    waiting for their next batch forever. Either way no worker is left and the part is not recorded as
+    done; prepare_data run again completes."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from checkpoint_utils import ROOT, env
+    _write_docs(tmp_path / "in", "a", 1, n=160)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"name": "c", "val_fraction": 0, "filters": {"min_chars": 50}, "mix": {"en": 1},
+                               "sources": [{"name": "s", "language": "en", "type": "jsonl",
+                                            "paths": [str(tmp_path / "in" / "*.jsonl")]}]}))
+    args = ["--config", str(cfg), "--out", str(tmp_path / "out"), "--workers", "2", "--no-progress"]
+    log = tmp_path / "log.txt"  # a file, not a pipe: a worker left running would hold a pipe open
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-c", _SLOW_WORKERS, *args], env=env(), cwd=ROOT,
+                                stdout=f, stderr=subprocess.STDOUT)
+    workers: list[int] = []
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and len(_children(proc.pid)) < 2 and proc.poll() is None:  # workers up
+            time.sleep(0.05)
+        workers = _children(proc.pid)
+        assert len(workers) == 2, log.read_text()
+        time.sleep(0.5)
+        os.kill(proc.pid, getattr(signal, sig))  # the parent only, not its process group
+        proc.wait(timeout=60)
+        err = log.read_text()
+        if sig == "SIGTERM":
+            assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err[-3000:]
+        else:
+            assert proc.returncode == -signal.SIGKILL
+        deadline = time.time() + 10
+        while time.time() < deadline and any(map(_alive, workers)):
+            time.sleep(0.05)
+        assert not any(map(_alive, workers)), f"workers left running after {sig}"
+    finally:
+        for pid in [proc.pid, *workers]:  # a failure above leaves nothing behind
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert (tmp_path / "out" / "parts" / "part-00000").is_dir()  # stopped mid-part, not before it
+    assert not (tmp_path / "out" / "parts" / "part-00000" / "part.json").exists()
+    assert not (tmp_path / "out" / "train").exists()
+    again = subprocess.run([sys.executable, str(ROOT / "launch" / "prepare_data.py"), *args], env=env(),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (tmp_path / "out" / "parts" / "part-00000" / "part.json").is_file()
+    assert _train_docs(tmp_path / "out")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (an exited orphan may linger as a zombie where nothing reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _children(pid: int) -> list[int]:
