@@ -38,7 +38,8 @@ def check_state_and_lengths(op: str, q: Tensor, v: Tensor, initial_state: Tensor
     if cu_seqlens is not None:
         if B != 1:
             _fail(f"{op}: with `cu_seqlens` the input must be packed into batch 1, got batch {B}")
-        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        if (not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2
+                or cu_seqlens.dtype not in (torch.int32, torch.int64)):
             _fail(f"{op}: `cu_seqlens` must be a 1-D int32/int64 tensor [0, ..., T] of at least 2 entries")
         if check_values:
             c = cu_seqlens.tolist()
@@ -48,6 +49,9 @@ def check_state_and_lengths(op: str, q: Tensor, v: Tensor, initial_state: Tensor
                 _fail(f"{op}: `cu_seqlens` must be strictly increasing, got {c}")
         n_seq = cu_seqlens.numel() - 1
     if initial_state is not None:
+        if not isinstance(initial_state, Tensor):
+            _fail(f"{op}: `initial_state` must be a torch.Tensor [sequences, heads, Dk, Dv] or None, "
+                  f"got {type(initial_state).__name__}")
         want = (n_seq, H, Dk, Dv)
         if tuple(initial_state.shape) != want:
             _fail(f"{op}: `initial_state` must have shape [sequences, heads, Dk, Dv] = {list(want)}, "
@@ -75,5 +79,7 @@ def check_log_f(op: str, q: Tensor, log_f: Tensor, check_values: bool) -> None:
         _fail(f"{op}: `log_f` must have the shape of `q` {tuple(q.shape)}, got {shape}")
     if log_f.device != q.device:
         _fail(f"{op}: `log_f` is on {log_f.device}, inputs on {q.device}")
-    if check_values and bool((log_f > 0).any()):
-        _fail(f"{op}: `log_f` is a log forget gate and must be <= 0, got max {log_f.max().item():.4g}")
+    # one reduction that also catches NaN (NaN > 0 is False): a NaN gate would spread through the state
+    if check_values and not bool((log_f <= 0).all()):
+        got = "NaN" if bool(log_f.isnan().any()) else f"max {log_f.max().item():.4g}"
+        _fail(f"{op}: `log_f` is a log forget gate and must be <= 0 (not NaN), got {got}")

@@ -127,7 +127,8 @@ def gated_linear_attn(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
                       initial_state: Tensor | None = None, output_final_state: bool = False,
                       cu_seqlens: Tensor | None = None, *, impl: str | None = None,
                       check_values: bool = True) -> Tensor | tuple[Tensor, Tensor]:
-    """S_t = diag(exp(log_f_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t; log_f [B,T,H,Dk] <= 0.
+    """S_t = diag(exp(log_f_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t; log_f [B,T,H,Dk] <= 0, -inf (a reset)
+    included; below `ops.reference.LOG_F_FLOOR` (-104, where exp is 0 in fp32) it counts as that floor.
     Returns as `lightning_attn`."""
     check_qkv("gated_linear_attn", q, k, v)
     check_log_f("gated_linear_attn", q, log_f, check_values)

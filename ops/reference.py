@@ -23,6 +23,15 @@ def state_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+# Gated ops: a log forget gate below this counts as this value. exp(-104) rounds to 0 in fp32 (below half
+# the smallest subnormal), so such a gate forgets the whole state either way (in float64 the floor moves
+# results by less than e^-104, relative). Without it the chunked forms' cumulative sums b break: log f =
+# -inf (a hard reset) or two gates near -3.4e38 make b -inf, and b_i - b_j NaN; a gate of -1e4 leaves b so
+# large that the differences b_i - b_j of the milder gates after it keep only fp32's absolute resolution
+# there (1e-3). The step-by-step recurrence needs no floor (exp(-inf) = 0).
+LOG_F_FLOOR = -104.0
+
+
 # ----------------------------------------------------------------------------------------------------
 # lightning attention: scalar decay per head
 # ----------------------------------------------------------------------------------------------------
@@ -116,7 +125,7 @@ def gated_linear_attn_chunked(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
         qc = q[:, start:start + n].to(sd).transpose(1, 2)  # [B,H,n,Dk]
         kc = k[:, start:start + n].to(sd).transpose(1, 2)
         vc = v[:, start:start + n].to(sd).transpose(1, 2)
-        b = log_f[:, start:start + n].to(sd).transpose(1, 2).cumsum(dim=2)  # [B,H,n,Dk], <= 0
+        b = log_f[:, start:start + n].to(sd).clamp(min=LOG_F_FLOOR).transpose(1, 2).cumsum(dim=2)  # [B,H,n,Dk], <= 0
         diff = b.unsqueeze(3) - b.unsqueeze(2)  # [B,H,i,j,Dk] = b_i - b_j
         diff = diff.masked_fill(~causal[:n, :n].view(1, 1, n, n, 1), float("-inf"))
         A = torch.einsum("bhid,bhjd,bhijd->bhij", qc, kc, diff.exp())

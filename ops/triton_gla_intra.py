@@ -32,7 +32,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ops.reference import LOG_F_FLOOR
 from ops.triton_scan import anchor_block, dot32, exp_ftz, seq_bounds, tf32_round, walk_program
+
+# log f below LOG_F_FLOOR counts as LOG_F_FLOOR (see ops.reference): f is 0 in fp32 either way, and b, the
+# chunk-local cumsum every later kernel reads, stays finite (log f = -inf made b_i - b_j NaN) and small
+# enough to keep the differences of milder gates after a strong one
+_FLOOR = tl.constexpr(LOG_F_FLOOR)
 
 
 @triton.jit
@@ -79,6 +85,7 @@ def gla_cumsum_kernel(g, bc, tame, cu, chunks, T, NT, H: tl.constexpr, K: tl.con
     m = (rows < eos - bos)[:, None] & (offs_k < K)[None, :]
     p = ((bos + rows) * H + i_h)[:, None] * K + offs_k[None, :]
     gt = tl.load(g + p, mask=m, other=0.).to(tl.float32)
+    gt = tl.where(gt < _FLOOR, _FLOOR, gt)  # not tl.maximum: a NaN gate stays NaN (max.f32 drops it)
     # a half's span: its decay from its first row to its last, i.e. the gates of its other rows (padded
     # rows load log f = 0); the largest over the key channels and the two halves. The backward reads
     # these flags, so both passes agree.

@@ -6,7 +6,9 @@ Importing this module registers it (`ops/__init__.py` does so when Triton is ins
 
 Gradients flow to q, k, v, log_f and the initial state (and from the final state, when it is used).
 A lightning `decay` is a fixed per-head constant (TNL does not learn it): it gets no gradient.
-float64 inputs take the chunked plain-PyTorch twin (float64 is only ever a reference).
+float64 inputs take the chunked plain-PyTorch twin (float64 is only ever a reference), and so do
+sequences of no tokens (the walks of an empty sequence have no chunk to end on, so they would write no
+final state and no initial state's gradient).
 """
 from __future__ import annotations
 
@@ -376,7 +378,7 @@ def _eager(*xs: Tensor | None) -> bool:
 def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
                           initial_state: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
     _check_device(q)
-    if q.dtype == torch.float64:
+    if q.dtype == torch.float64 or q.shape[1] == 0:
         return _registered_fallback("lightning_attn")(q, k, v, decay, initial_state, cu_seqlens)
     # TNL's decay is a fixed constant: no gradient reaches it (its log is taken outside the graph of q, k, v)
     log_lam = None if decay is None else decay.detach().float().log().contiguous()
@@ -596,7 +598,7 @@ _GlaEager = _eager_entry("_GlaEager", _gla_fwd_impl, _gla_setup, _gla_grads, _gl
 def gated_linear_attn_triton(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
                              initial_state: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
     _check_device(q)
-    if q.dtype == torch.float64:
+    if q.dtype == torch.float64 or q.shape[1] == 0:
         return _registered_fallback("gated_linear_attn")(q, k, v, log_f, initial_state, cu_seqlens)
     if _eager(q, k, v, log_f, initial_state, cu_seqlens):
         return _GlaEager.apply(q, k, v, log_f, initial_state, cu_seqlens)

@@ -251,9 +251,10 @@ def test_gla_level_dqk_walks_key_blocks(key_blocks, level_blocks):
 @pytest.mark.parametrize("layout", ["scan", "split1"])
 def test_gla_level_blocks(layout):
     """The level kernels with the pairs inside aligned blocks taken by one product (force_plan(level_blocks=4)):
-    four chunks that are not tame, with largest single-step decays 6, 20, 30 and 200, get blocks of 16, 8,
-    4 rows and none (flags -4, -3, -2, 0) and must all match the float64 recurrence; the last chunk holds
-    44 rows, so its last block of 16 is partly padding."""
+    four chunks that are not tame, with largest single-step decays 6, 20, 30 and 100, get blocks of 16, 8,
+    4 and 2 rows (flags -4, -3, -2, -1) and must all match the float64 recurrence; the last chunk holds
+    44 rows, so its last block of 16 is partly padding. (No single step decays by more than e^-104,
+    ops.reference.LOG_F_FLOOR, so blocks of 2 rows are always within TAME_SPAN.)"""
     import ops.triton_linear_attn as TL
     T = 236
     q, k, v, _ = _make("gla", T, 1, 16, 16, seed=41)
@@ -263,10 +264,10 @@ def test_gla_level_blocks(layout):
     x[:, 64:128] = -20.0 * u[:, 64:128]         # G < 20: 7 G <= 140 < 15 G
     x[:, 128:192] = -30.0 + u[:, 128:192]       # G 30: 3 G <= 140 < 7 G
     x[:, 192:] = -5.0 * u[:, 192:]
-    x[:, 200, :, 3] = -200.0                    # G 200: every level its own product
+    x[:, 200, :, 3] = -100.0                    # G 100: G <= 140 < 3 G
     with force_plan(level_blocks=4):
         _, flags = TL._gla_cumsum(x, torch.zeros(1, dtype=torch.int32), T, (4, None))
-        assert flags[0, ::64, 0].tolist() == [-4, -3, -2, 0], flags[0, ::64, 0]
+        assert flags[0, ::64, 0].tolist() == [-4, -3, -2, -1], flags[0, ::64, 0]
         _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 1, 16, 16) * 0.5, layout=layout)
     _, flags = TL._gla_cumsum(x, torch.zeros(1, dtype=torch.int32), T, (4, None))
     assert flags[0, ::64, 0].tolist() == [0, 0, 0, 0]  # the default: a product per level
@@ -357,6 +358,65 @@ def test_backward_uses_the_forward_segments(kind):
     rgrads = torch.autograd.grad((ro * do.double()).sum(), i64)
     errs = [rel(a, b) for a, b in zip(grads, rgrads)]
     assert all(e < TOL for e in errs), errs
+
+
+def _gates_past_the_floor(T, H, D, seed):
+    """Mild gates (log f in [-0.01, 0]) with, in every other key channel, a hard reset (log f = -inf) at a
+    chunk's first token (64) and mid-chunk (30, 100), and -1e4 and -3e38 (two of which overflow a sum to
+    -inf) a few tokens before milder ones of the same chunk."""
+    x = -0.01 * torch.rand(1, T, H, D, generator=torch.Generator().manual_seed(seed))
+    ch = torch.arange(D) % 2 == 1
+    for t, val in ((30, -float("inf")), (64, -float("inf")), (100, -float("inf")), (10, -1e4), (75, -1e4),
+                   (110, -3e38), (111, -3e38)):
+        x[:, t, :, ch] = val
+    return x
+
+
+@pytest.mark.parametrize("layout", ["scan", "split1", "split2"])
+def test_gla_gates_below_the_floor(layout):
+    """log f below -104 (exp underflows to 0 in fp32) counts as -104 (ops.reference.LOG_F_FLOOR): a hard
+    reset by log f = -inf gave NaN (the chunk-local cumsum b went -inf, b_i - b_j NaN), and -1e4 before
+    milder gates left b too large for their differences (rel err 4e-3 in fp32). Every output and gradient
+    against the float64 recurrence, which takes exp(-inf) = 0 as it is; the chunked twin too."""
+    T = 130
+    q, k, v, _ = _make("gla", T, 2, 16, 16, seed=61)
+    x = _gates_past_the_floor(T, 2, 16, seed=62)
+    _check_against_recurrence("gla", q, k, v, x, torch.randn(1, 2, 16, 16), layout=layout)
+    if layout == "scan":
+        o, S = gated_linear_attn(q, k, v, x, output_final_state=True, impl="chunked")
+        ro, rS = R.gated_linear_attn_recurrent(q.double(), k.double(), v.double(), x.double())
+        assert rel(o, ro) < TOL and rel(S, rS) < TOL, (rel(o, ro), rel(S, rS))
+
+
+@pytest.mark.parametrize("kind", ["la", "gla"])
+def test_empty_sequence_keeps_the_initial_state(kind):
+    """T = 0: the final state is the initial state and its gradient passes through unchanged (the walks of
+    an empty sequence have no chunk to end on: the kernels left both uninitialised)."""
+    f = gated_linear_attn if kind == "gla" else lightning_attn
+    q, v = torch.randn(2, 0, 2, 16), torch.randn(2, 0, 2, 8)
+    x = torch.zeros(2, 0, 2, 16) if kind == "gla" else torch.tensor([0.9, 0.5])
+    h0 = torch.randn(2, 2, 16, 8, requires_grad=True)
+    o, S = f(q, q, v, x, initial_state=h0, output_final_state=True, impl="triton")
+    assert o.shape == (2, 0, 2, 8) and torch.equal(S, h0.detach())
+    dS = torch.randn(S.shape)
+    (dh0,) = torch.autograd.grad((S * dS).sum(), [h0])
+    assert torch.equal(dh0, dS)
+    _, S = f(q, q, v, x, output_final_state=True, impl="triton")
+    assert torch.equal(S, torch.zeros(2, 2, 16, 8))
+
+
+def test_argument_types_and_nan_gates_refused_by_name():
+    """A list for `cu_seqlens` or `initial_state`, and a NaN gate, are refused with a ValueError naming the
+    argument (they raised AttributeError from inside the checks, or ran on and spread NaN)."""
+    q, v = torch.randn(1, 10, 2, 16), torch.randn(1, 10, 2, 8)
+    lf = -torch.rand(1, 10, 2, 16)
+    with pytest.raises(ValueError, match="`cu_seqlens` must be a 1-D int32/int64 tensor"):
+        gated_linear_attn(q, q, v, lf, cu_seqlens=[0, 10])
+    with pytest.raises(ValueError, match="`initial_state` must be a torch.Tensor .* got list"):
+        lightning_attn(q, q, v, None, initial_state=[[0.0]])
+    lf[0, 3, 1, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"`log_f` .* must be <= 0 \(not NaN\), got NaN"):
+        gated_linear_attn(q, q, v, lf, impl="triton")
 
 
 def test_non_contiguous_inputs():
