@@ -4,8 +4,8 @@ turn. Skipped without CUDA; on a GPU machine run `TRITON_INTERPRET=0 pytest test
 (conftest turns the interpreter on unless told otherwise).
 
 Accuracy bar: relative error (norm of the difference / norm of the reference) <= 5e-3 on o, the final
-state and every gradient (q, k, v, initial state, log_f), including GLA gates anywhere in [-20, 0],
-T = 64K and packed cu_seqlens."""
+state and every gradient (q, k, v, initial state, log_f), including GLA gates anywhere in [-20, 0], hard
+resets (log f = -inf) and gates below the -104 floor, T = 64K and packed cu_seqlens."""
 import os
 import random
 import statistics
@@ -46,6 +46,14 @@ def _gates(shape, kind, g):
         return torch.full(shape, -20.0, device=DEV)
     if kind == "near1":
         return -1e-6 * torch.rand(shape, device=DEV, generator=g)
+    if kind == "floor":  # HGRN2-like gates with, in every third key channel, hard resets (log f = -inf) at a
+        # chunk start and mid-chunk, and gates far below the -104 floor before milder ones of their chunk
+        x = F.logsigmoid(torch.randn(shape, device=DEV, generator=g) * 3 + 2)
+        ch = torch.arange(shape[-1], device=DEV) % 3 == 0
+        T = shape[1]
+        for t, val in ((64, -float("inf")), (T // 3, -float("inf")), (T // 2, -1e4), (T // 2 + 1, -3e38)):
+            x[:, t, :, ch] = val
+        return x
     raise ValueError(kind)
 
 
@@ -121,7 +129,7 @@ class _nullctx:
 @pytest.mark.parametrize("kind,Dk,Dv,gates", [
     ("la", 128, 128, None), ("la", 64, 96, None), ("nodecay", 256, 128, None), ("nodecay", 96, 64, None),
     ("gla", 128, 128, "mixed"), ("gla", 128, 128, "wide"), ("gla", 128, 128, "moderate"), ("gla", 256, 64, "mixed"),
-    ("gla", 96, 64, "wide"),
+    ("gla", 96, 64, "wide"), ("gla", 128, 128, "floor"),
     # the head widths of the small study sizes (models/sizes.py l1d32 ... l1d96: one head of width d)
     ("la", 32, 32, None), ("la", 48, 48, None), ("nodecay", 96, 96, None), ("gla", 32, 32, "mixed"),
     ("gla", 48, 48, "wide"), ("gla", 96, 96, "mixed"),
