@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -196,7 +197,7 @@ class NiahConfig:
     batch_size: int = 8
     alpha_d: float = 1.5
     alpha_c: float = 1.5
-    threshold: float = 5.5                 # success: cell score >= threshold (exact scoring: > half the trials exact)
+    threshold: float = 5.5                 # success: cell score >= threshold (exact scoring: at least half the trials exact)
     scoring: str = "exact"                 # "exact" | "partial" (score_reply)
 
 
@@ -244,15 +245,23 @@ def run_niah(model, cfg: NiahConfig, progress: Callable[[str], None] | None = No
                    for (t, i, _), info in zip(keys, infos)]
         replies = generate_tokens(model, prompts, cfg.max_new_tokens, cfg.batch_size, eos_id=EOT_ID,
                                   stop=lambda new: re.search(r"\d\D", tok.decode(new)) is not None)
+        trial_scores: dict[int, list[float]] = {}
+        trial_depths: dict[int, list[float]] = {}
         for (t, i, _), r, info in zip(keys, replies, infos):
             text = tok.decode(r)
             s = score_reply(text, needles[(t, i, j)].value, cfg.scoring)
-            scores[i, j] += s / cfg.trials
-            achieved[i, j] += info["achieved_depth"] / cfg.trials
+            trial_scores.setdefault(i, []).append(s)
+            trial_depths.setdefault(i, []).append(info["achieved_depth"])
             cells.append({"length": L, "depth": depths[i], "achieved_depth": info["achieved_depth"],
                           "needle_token": info["needle_token"], "trial": t, "key": needles[(t, i, j)].key,
                           "value": needles[(t, i, j)].value, "reply": text, "score": s,
                           "exact": s == 10.0})
+        for i in trial_scores:
+            # the correctly rounded mean (sum, then divide): adding s/trials trial by trial rounds at each
+            # step, which puts half of 10 trials exact at 5.5 or at 5.499999999999998 by which trials they
+            # are, so that a cell at the threshold would pass or fail by the order of its trials
+            scores[i, j] = math.fsum(trial_scores[i]) / cfg.trials
+            achieved[i, j] = math.fsum(trial_depths[i]) / cfg.trials
         if progress is not None:
             progress(f"niah {cfg.mode} length {L}: mean score {scores[:, j].mean():.2f}")
     metrics = summarize(scores, depths, lengths, cfg.alpha_d, cfg.alpha_c, cfg.threshold)

@@ -8,6 +8,7 @@ of context+continuation; is_greedy means every continuation token is the argmax.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -203,4 +204,9 @@ def validation_loss(model: LanguageModel, windows: Iterable[Sequence[int] | Tens
     if count == 0:
         raise ValueError("validation_loss: no window with at least 2 tokens")
     loss = total / count
-    return {"loss": loss, "perplexity": float(torch.tensor(loss).exp()), "tokens": count, "windows": n_win}
+    # math.exp, not torch: torch.tensor(loss) is float32, which holds the perplexity to 7 digits only
+    try:
+        ppl = math.exp(loss)
+    except OverflowError:   # a diverged model: report inf, as torch's exp does
+        ppl = math.inf
+    return {"loss": loss, "perplexity": ppl, "tokens": count, "windows": n_win}

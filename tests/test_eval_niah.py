@@ -124,3 +124,33 @@ def test_niah_end_to_end_tiny_model(arch, haystack, tmp_path):
             ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
     assert tok.decode(ids[len(prompt):]).startswith(cell["reply"])
     assert niah.plot_heatmap(res, tmp_path / "e2e.png").exists()
+
+
+def test_half_the_trials_exact_is_a_success_whatever_their_order(monkeypatch, tmp_path):
+    """Two cells with 5 of 10 trials exact (trials 0-4 in one, 0-2 and 6-7 in the other) both score exactly 5.5,
+    the default threshold, so both succeed and the column's penalty is 1. A running sum of s/trials puts the
+    first at 5.499999999999998 (a failure beside a success of the same count, penalty 2^-0.5)."""
+    tok = get_tokenizer()
+    f = tmp_path / "hay.txt"
+    f.write_text(" ".join(f"Sentence number {i} talks about rivers and hills." for i in range(2000)))
+    trials, length = 10, 200
+    hay = niah.haystack_tokens([str(f)], length + 997 * trials)
+    exact_trials = {10: {0, 1, 2, 3, 4}, 50: {0, 1, 2, 6, 7}}
+
+    def reader(model, prompts, max_new_tokens, batch_size=8, eos_id=None, stop=None, **_):
+        out = []
+        for p in prompts:
+            (t,) = [t for t in range(trials) if p[1:6] == hay[997 * t:997 * t + 5]]   # the trial's haystack offset
+            text = tok.decode(p)
+            m = re.search(r"is (\d{7})\.", text)
+            depth = 10 if m.start() < 0.3 * len(text) else 50
+            out.append(tok.encode_ordinary(f" {m.group(1)}." if t in exact_trials[depth] else " 42."))
+        return out
+
+    monkeypatch.setattr(scoring, "generate_tokens", reader)
+    res = niah.run_niah(None, niah.NiahConfig(lengths=(length,), depths=(10, 50), trials=trials, haystack=(str(f),)))
+    exact = {d: sorted(c["trial"] for c in res["cells"] if c["depth"] == d and c["exact"]) for d in (10, 50)}
+    assert exact == {d: sorted(v) for d, v in exact_trials.items()}
+    assert res["scores"] == [[5.5], [5.5]]
+    assert res["metrics"]["penalty"] == {length: 1.0}
+    assert res["metrics"]["niah_score"] == pytest.approx(0.5)   # a = 0.5 in every cell, p = 1

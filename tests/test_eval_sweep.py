@@ -1,6 +1,7 @@
 """The snapshot sweep: discovery, the per-(snapshot, task) cache, tables and plots."""
 import csv
 import json
+import math
 import os
 
 import numpy as np
@@ -79,6 +80,8 @@ def test_validation_loss_matches_forward_pass():
         nll = [torch.nn.functional.cross_entropy(model(w[None, :-1])[0], w[1:], reduction="sum") for w in windows]
     assert got["tokens"] == 8 * 3 + 4
     assert got["loss"] == pytest.approx(float(sum(nll)) / got["tokens"], rel=1e-5)
+    # exp of the float64 mean in float64 (a float32 exp is off by ~1e-8, the perplexity good to 7 digits)
+    assert got["perplexity"] == pytest.approx(math.exp(got["loss"]), rel=1e-14)
 
 
 def test_find_snapshots_accepts_export_dirs(run_dir):
