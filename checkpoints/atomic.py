@@ -19,6 +19,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def file_in_the_way(path: str | Path) -> Path | None:
+    """The file (not a directory) at `path` or at one of its parents, which keeps `path` from being made a
+    folder; None when there is none."""
+    path = Path(path)
+    return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+
+
 def make_output_dir(path: str | Path, what: str) -> Path:
     """Create the output folder `path` (and its parents) for the input `what` (a flag, e.g. `--out eval`),
     or raise NotADirectoryError naming what is in the way: one line at the command line (pretrain.errors),
@@ -27,7 +34,7 @@ def make_output_dir(path: str | Path, what: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        blocker = file_in_the_way(path) or path
         raise NotADirectoryError(f"{what}: cannot create the folder {path} ({blocker} is a file, not a directory); "
                                  f"pass a folder path, or move {blocker} away") from None
     return path

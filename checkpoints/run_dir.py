@@ -24,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
+from checkpoints.atomic import atomic_write_text, file_in_the_way
 from checkpoints.disk import device_of, free_bytes, human_bytes
 from checkpoints.errors import CheckpointError, RunDirectoryBusy
 from checkpoints.layout import (CHECKPOINTS, DEEPSPEED_CONFIG, EXPORTS, METRICS, RUN_CONFIG, SNAPSHOTS, SUMMARY,
@@ -196,7 +197,6 @@ def read_run_id(run_dir: Path) -> str | None:
 
 
 def write_run_id(run_dir: Path, run_id: str | None = None) -> str:
-    from checkpoints.atomic import atomic_write_text
     run_id = run_id or uuid.uuid4().hex
     atomic_write_text(Path(run_dir) / RUN_INFO, json.dumps({"run_id": run_id, "created": time.strftime(
         "%Y-%m-%dT%H:%M:%S"), "host": socket.gethostname()}, indent=1) + "\n")
@@ -266,7 +266,7 @@ def open_run_directory(run_dir: Path, resume: str | None, overwrite: bool, is_ma
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        blocker = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
+        blocker = file_in_the_way(run_dir)
         why = f"{blocker} is a file, not a directory" if blocker is not None else err.strerror
         raise PermissionError(f"run directory {run_dir} cannot be created ({why}); pass --out to a "
                               f"directory you can write") from None

@@ -247,16 +247,16 @@ def _validate(cfg: DataConfig, where: str) -> None:
     for lang, w in cfg.mix.items():
         if lang not in LANGUAGES or not (w >= 0 and math.isfinite(w)):
             raise ValueError(f"{where}: mix must map languages {LANGUAGES} to finite weights >= 0, got {cfg.mix}")
-    if not all(s.weight is not None for s in cfg.sources):  # the mix splits the tokens by language
+    by_weight = all(s.weight is not None for s in cfg.sources)  # else the mix splits the tokens by language
+    if not by_weight:
         for s in cfg.sources:
             if s.language not in cfg.mix:
                 raise ValueError(f"{where}: source {s.name!r} is in language {s.language!r}, which `mix` "
                                  f"({cfg.mix}) gives no weight, so it would never be trained on; add "
                                  f"{s.language}: <weight> to mix (0 to leave it out on purpose)")
-    weighted = [s.weight for s in cfg.sources] if all(s.weight is not None for s in cfg.sources) \
-        else [cfg.mix.get(s.language, 0.0) for s in cfg.sources]
+    weighted = [s.weight for s in cfg.sources] if by_weight else [cfg.mix.get(s.language, 0.0) for s in cfg.sources]
     if not sum(weighted) > 0:  # every share 0: nothing could be trained on (the loader would refuse)
-        what = ("every source's `weight` is 0" if all(s.weight is not None for s in cfg.sources) else
+        what = ("every source's `weight` is 0" if by_weight else
                 f"`mix` ({cfg.mix}) gives weight 0 to every language of the sources "
                 f"({sorted({s.language for s in cfg.sources})})")
         raise ValueError(f"{where}: {what}, so no source would ever be trained on; give at least one source "

@@ -30,12 +30,23 @@ EVAL_FILES = {
     "winogrande": "winogrande/winogrande_llmfoundry_format.jsonl",
     "hellaswag": "hellaswag/hellaswag_val_from_klosax.jsonl",
 }
+# the EVAL_FILES each task reads (part of an evaluation's cache key: a result is stale when they change)
+TASK_FILES = {"wikitext2": ("wikitext2_test",), "lambada_openai": ("lambada_openai",), "boolq": ("boolq",),
+              "piqa": ("piqa", "piqa_labels"), "siqa": ("siqa", "siqa_labels"), "hellaswag": ("hellaswag",),
+              "winogrande": ("winogrande",), "arc_easy": ("arc_easy",), "arc_challenge": ("arc_challenge",),
+              "openbookqa": ("openbookqa",)}
 HAYSTACK_DIR = "train/en/gutenberg"
 
 
 def shared_data_dir() -> Path:
     """The shared data folder: $LINSCALE_SHARED_DATA, else `shared/data` beside the checkout's folder."""
     return Path(os.environ.get("LINSCALE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+def haystack_files() -> list[Path]:
+    """NIAH's default haystack: the books under HAYSTACK_DIR (gzipped or plain text); [] when there are none."""
+    d = shared_data_dir() / HAYSTACK_DIR
+    return sorted(d.glob("*.txt.gz")) + sorted(d.glob("*.txt"))
 
 
 def eval_path(name: str, data_dir: str | Path | None = None) -> Path:

@@ -145,10 +145,10 @@ def random_needle(rng: random.Random) -> Needle:
 
 
 def default_haystack_files() -> list[Path]:
-    d = local_data.shared_data_dir() / local_data.HAYSTACK_DIR
-    files = sorted(d.glob("*.txt.gz")) + sorted(d.glob("*.txt"))
+    files = local_data.haystack_files()
     if not files:
-        raise FileNotFoundError(f"no haystack text under {d}: pass haystack files (plain or .gz text)")
+        raise FileNotFoundError(f"no haystack text under {local_data.shared_data_dir() / local_data.HAYSTACK_DIR}: "
+                                f"pass haystack files (plain or .gz text)")
     return files
 
 

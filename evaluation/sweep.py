@@ -188,13 +188,6 @@ def _files_key(patterns: list[str]) -> list:
     return out
 
 
-# the evaluation files (local_data.EVAL_FILES) each task reads: part of its cache key
-TASK_DATA = {"wikitext2": ("wikitext2_test",), "lambada_openai": ("lambada_openai",), "boolq": ("boolq",),
-             "piqa": ("piqa", "piqa_labels"), "siqa": ("siqa", "siqa_labels"), "hellaswag": ("hellaswag",),
-             "winogrande": ("winogrande",), "arc_easy": ("arc_easy",), "arc_challenge": ("arc_challenge",),
-             "openbookqa": ("openbookqa",)}
-
-
 @functools.lru_cache(maxsize=256)
 def _digest(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256()
@@ -219,11 +212,10 @@ def data_key(task: str, cfg: SweepConfig) -> dict:
     $LINSCALE_SHARED_DATA points at another copy of the data, or a file was repaired or replaced."""
     from evaluation import local_data
     if task.startswith("niah_") and not cfg.niah_haystack:
-        d = local_data.shared_data_dir() / local_data.HAYSTACK_DIR
-        files = sorted(d.glob("*.txt.gz")) + sorted(d.glob("*.txt"))
-        return {f.name: file_digest(f) for f in files}
+        return {f.name: file_digest(f) for f in local_data.haystack_files()}
     base = local_data.shared_data_dir() / "eval"
-    return {local_data.EVAL_FILES[n]: file_digest(base / local_data.EVAL_FILES[n]) for n in TASK_DATA.get(task, ())}
+    return {local_data.EVAL_FILES[n]: file_digest(base / local_data.EVAL_FILES[n])
+            for n in local_data.TASK_FILES.get(task, ())}
 
 
 def same_key(cached: dict | None, key: dict) -> bool:
