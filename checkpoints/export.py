@@ -26,6 +26,8 @@ class Source:
     step: int
     kind: str   # 'snapshot' | 'checkpoint'
     path: Path
+    # a snapshot's checkpoint of the same step: the same weights, exported when the snapshot is corrupt
+    fallback: Source | None = None
 
 
 def find_sources(run_dir: Path) -> dict[str, list[Source]]:
@@ -47,7 +49,9 @@ def select(run_dir: Path, which: str | int) -> list[Source]:
         raise FileNotFoundError(f"{run_dir}: no complete snapshot ({run_dir}/{SNAPSHOTS}/step_N) or checkpoint "
                                 f"({run_dir}/{CHECKPOINTS}/step_N) to export; is it a run directory?")
     by_step: dict[int, Source] = {}
-    for s in ckpts + snaps:  # snapshots last: they replace a checkpoint of the same step
+    for s in ckpts + snaps:  # snapshots last: they replace a checkpoint of the same step (kept as fallback)
+        if s.kind == "snapshot" and s.step in by_step:
+            s.fallback = by_step[s.step]
         by_step[s.step] = s
     if isinstance(which, int):
         if which not in by_step:
@@ -130,7 +134,8 @@ def export_one(source: Source, out: Path, dtype: str = "fp32") -> Path:
 def export_run(run_dir: Path, which: str | int = "default", dtype: str = "fp32", force: bool = False,
                log: Callable[[str], None] = print) -> list[Path]:
     """Export the selected snapshots/checkpoints of a run; already exported ones are skipped (unless
-    force). A corrupt source is skipped with a warning. Returns the export directories written or found."""
+    force). A corrupt source is skipped with a warning (a corrupt snapshot for its checkpoint of the same
+    step, where there is one). Returns the export directories written or found."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}; choose {' or '.join(DTYPES)}")
     run_dir = Path(run_dir)
@@ -138,24 +143,28 @@ def export_run(run_dir: Path, which: str | int = "default", dtype: str = "fp32",
     newest_intact_only = which == "default" and all(s.kind == "checkpoint" for s in sources)
     done, problems = [], []
     n = 1 if newest_intact_only else len(sources)
-    for i, src in enumerate(sources, 1):
-        out = run_dir / EXPORTS / step_name(src.step)
-        label = f"[{min(i, n)}/{n}] step {src.step} ({src.kind})"
-        if not force and already_exported(out, src, dtype):
-            log(f"{label}: already exported at {out}, skipped")
-            done.append(out)
-        else:
+    for i, first in enumerate(sources, 1):
+        out = run_dir / EXPORTS / step_name(first.step)
+        src: Source | None = first
+        while src is not None:  # a corrupt snapshot: its checkpoint of the same step holds the same weights
+            label = f"[{min(i, n)}/{n}] step {src.step} ({src.kind})"
+            if not force and already_exported(out, src, dtype):
+                log(f"{label}: already exported at {out}, skipped")
+                done.append(out)
+                break
             problem = verify(src.path)
-            if problem is not None:
-                problems.append(f"{src.path}: {problem}")
-                log(f"{label}: WARNING: {src.path} is incomplete or corrupt ({problem}); skipped"
-                    + ("; trying the next older checkpoint" if newest_intact_only and i < len(sources) else ""))
-                continue
-            t0 = time.perf_counter()
-            export_one(src, out, dtype)
-            log(f"{label} -> {out} ({dtype}, {time.perf_counter() - t0:.1f} s)")
-            done.append(out)
-        if newest_intact_only:
+            if problem is None:
+                t0 = time.perf_counter()
+                export_one(src, out, dtype)
+                log(f"{label} -> {out} ({dtype}, {time.perf_counter() - t0:.1f} s)")
+                done.append(out)
+                break
+            problems.append(f"{src.path}: {problem}")
+            log(f"{label}: WARNING: {src.path} is incomplete or corrupt ({problem}); skipped"
+                + ("; trying its checkpoint of the same step" if src.fallback is not None else "")
+                + ("; trying the next older checkpoint" if newest_intact_only and i < len(sources) else ""))
+            src = src.fallback
+        if newest_intact_only and src is not None:
             break
     if not done:
         raise ValueError(f"{run_dir}: nothing exported, every selected source is incomplete or corrupt: "

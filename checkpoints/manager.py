@@ -296,6 +296,9 @@ class CheckpointManager(Callback):
                           f"--overwrite (they are moved to {self.run_dir}/overwritten-<time>/); to use "
                           f"one of them regardless, pass --resume with its path")
                 logger.info(f"--resume auto: no complete checkpoint in {self.ckpt_dir} yet; starting from step 0")
+                # the steps are replayed from 0, under the flags given now: what the stopped attempt wrote
+                # (snapshots, exports) is not kept as if it held the replayed steps' weights
+                self._set_aside_after(0, "--resume auto (no checkpoint: from step 0)", checkpoints=False)
                 return None
             # what a stopped run wrote after its newest checkpoint (snapshots, exports) is replayed from
             # it, under the flags given now, which may differ (another --lr): the old files are set aside,
@@ -340,6 +343,13 @@ class CheckpointManager(Callback):
         step = parse_step(path.name)
         if not inside or step is None:
             return
+        self._set_aside_after(step, f"--resume {path}", checkpoints)
+        if checkpoints and (self.ckpt_dir / LATEST).is_file() and read_latest(self.ckpt_dir) != path.name:
+            atomic_write_text(self.ckpt_dir / LATEST, path.name + "\n")
+
+    def _set_aside_after(self, step: int, why: str, checkpoints: bool) -> None:
+        """Move this run's checkpoints (with `checkpoints`), snapshots and exports of steps after `step` into
+        `superseded-<time>/` folders next to them; `why` starts the log line."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for parent in ((self.ckpt_dir,) if checkpoints else ()) + (self.snap_dir, self.run_dir / EXPORTS):
             later = [p for s, p in step_dirs(parent) if s > step]
@@ -349,10 +359,8 @@ class CheckpointManager(Callback):
             dest.mkdir(exist_ok=True)
             for p in later:
                 os.replace(p, dest / p.name)
-            logger.info(f"--resume {path}: {len(later)} later {parent.name} of the abandoned branch "
-                 f"({', '.join(p.name for p in later)}) moved to {dest}")
-        if checkpoints and (self.ckpt_dir / LATEST).is_file() and read_latest(self.ckpt_dir) != path.name:
-            atomic_write_text(self.ckpt_dir / LATEST, path.name + "\n")
+            logger.info(f"{why}: {len(later)} later {parent.name} of the abandoned branch "
+                        f"({', '.join(p.name for p in later)}) moved to {dest}")
 
     def load(self, path: Path) -> None:
         path = Path(path)
@@ -411,7 +419,7 @@ class CheckpointManager(Callback):
 
     def post_step(self, progress: TrainProgress | None = None) -> None:
         """After every step: the snapshot and the checkpoint that are due (staged now, written in the
-        background unless --no-async-save)."""
+        background unless --async-save false)."""
         p = self.progress
         if not self._reserved:
             self._reserve_staging()
@@ -596,12 +604,14 @@ class CheckpointManager(Callback):
         name = step_name(step)
         tmp = self.ckpt_dir / (name + TMP_SUFFIX)
         parts = tmp / PARTS_DIR
-        for sub in (MODULE_DIR, TRAINER_DIR, PARTS_DIR):
-            (tmp / sub).mkdir(parents=True, exist_ok=True)
         trainer_state = copy.deepcopy(self.trainer_state.state_dict())
         module_dir = tmp / MODULE_DIR
         write_module: Callable[[], dict] | None = None
         try:
+            # a folder that cannot be made (read-only, a file in the way) fails like any write of the save:
+            # exit 4 with the previous checkpoint named, on every rank
+            for sub in (MODULE_DIR, TRAINER_DIR, PARTS_DIR):
+                (tmp / sub).mkdir(parents=True, exist_ok=True)
             # a host copy now, files written (and hashed) by write(); or, where the module cannot, saved now
             write_module = self.module.stage_state(self._module_buffers, module_dir)
             if write_module is None:

@@ -7,10 +7,13 @@ earlier run left there.
   systems), the file is created exclusively instead and a leftover one is taken over when its pid is gone
   on this host.
 - Identity. `RUN/run.json` holds a run id, made at a fresh start; every checkpoint records it, so
-  `--resume auto` only ever continues this run's own history.
+  `--resume auto` only ever continues this run's own history. A resume where run.json is missing (lost,
+  or the checkpoints copied to a new --out) takes the id its newest checkpoint records.
 - A fresh start (no `--resume`) in a directory that already holds a run (checkpoints, snapshots, exports
   or logged metrics) is refused; `--overwrite` moves those files into `RUN/overwritten-<time>/` first.
 - Unfinished saves (`*.tmp`, `*.trash`) are removed, under the lock, before anything else is written.
+- A file where `checkpoints/` or `snapshots/` goes is refused at start, not at the first save after hours
+  of training.
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ from pathlib import Path
 from checkpoints.atomic import atomic_write_text, file_in_the_way
 from checkpoints.disk import device_of, free_bytes, human_bytes
 from checkpoints.errors import CheckpointError, RunDirectoryBusy
-from checkpoints.layout import (CHECKPOINTS, DEEPSPEED_CONFIG, EXPORTS, METRICS, RUN_CONFIG, SNAPSHOTS, SUMMARY,
-                                TENSORBOARD, step_dirs, tmp_dirs)
+from checkpoints.layout import (CHECKPOINTS, DEEPSPEED_CONFIG, EXPORTS, META, METRICS, RUN_CONFIG, SNAPSHOTS,
+                                SUMMARY, TENSORBOARD, step_dirs, tmp_dirs)
 from pretrain.logs import get_logger
 
 LOCK_FILE = ".lock"
@@ -196,6 +199,20 @@ def read_run_id(run_dir: Path) -> str | None:
         return None
 
 
+def recorded_run_id(run_dir: Path) -> tuple[str, Path] | None:
+    """The run id the newest checkpoint (else snapshot) of `run_dir` records in its meta.json, with that
+    directory; None when none records one."""
+    for sub in (CHECKPOINTS, SNAPSHOTS):
+        for _, path in reversed(step_dirs(Path(run_dir) / sub)):
+            try:
+                run_id = json.loads((path / META).read_text()).get("run_id")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(run_id, str) and run_id:
+                return run_id, path
+    return None
+
+
 def write_run_id(run_dir: Path, run_id: str | None = None) -> str:
     run_id = run_id or uuid.uuid4().hex
     atomic_write_text(Path(run_dir) / RUN_INFO, json.dumps({"run_id": run_id, "created": time.strftime(
@@ -250,6 +267,16 @@ def _probe_writable(run_dir: Path) -> None:
                               f"directory you can write") from None
 
 
+def _refuse_files_in_the_way(run_dir: Path) -> None:
+    """A file (or a dangling link) where the run's checkpoints/ or snapshots/ folder goes: refused now, before
+    the first step, rather than found by the first save, after the steps before it were trained."""
+    for sub in (CHECKPOINTS, SNAPSHOTS):
+        path = run_dir / sub
+        if (path.exists() or path.is_symlink()) and not path.is_dir():
+            raise NotADirectoryError(f"run directory {run_dir}: {path} is a file, not a directory, and the run's "
+                                     f"{sub} are written there; move it away or pass another --out")
+
+
 def _is_within(path: Path, root: Path) -> bool:
     try:
         Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
@@ -281,6 +308,8 @@ def open_run_directory(run_dir: Path, resume: str | None, overwrite: bool, is_ma
         for tmp in remove_unfinished_saves(run_dir):
             logger.info(f"removed {tmp} (a save that never finished)")
         _probe_writable(run_dir)
+        if not overwrite:  # (--overwrite moves it aside with the rest)
+            _refuse_files_in_the_way(run_dir)
         earlier = previous_run(run_dir)
         inside = resume not in (None, "auto") and _is_within(Path(resume), run_dir)
         if overwrite and inside:
@@ -300,7 +329,13 @@ def open_run_directory(run_dir: Path, resume: str | None, overwrite: bool, is_ma
                     f"{run_dir}/{OVERWRITTEN_PREFIX}<time>/), or another --out")
             write_run_id(run_dir)
         elif read_run_id(run_dir) is None:
-            write_run_id(run_dir)
+            # a resume without run.json (lost, or checkpoints copied into a new --out): a fresh id would make
+            # every checkpoint "another run's", and --resume auto would refuse them from then on
+            recorded = recorded_run_id(run_dir)
+            write_run_id(run_dir, recorded[0] if recorded else None)
+            if recorded:
+                logger.info(f"{run_dir / RUN_INFO} was missing; the run's id {recorded[0]} is taken from "
+                            f"{recorded[1]}")
     except BaseException:
         lock.release()
         raise

@@ -1316,11 +1316,20 @@ def test_prepare_out_inside_its_inputs(tmp_path, capsys):
 
 
 def test_out_is_a_file(dataset, tmp_path, capsys):
-    """--out naming a file (or a path under one): one line saying which path is a file, exit 2."""
+    """--out naming a file (or a path under one): one line saying which path is a file, exit 2. A file
+    where the run's checkpoints/ or snapshots/ go is refused the same way before the first step (found by
+    the first save, it cost every step trained before it)."""
     f = tmp_path / "a_file"
     f.write_text("x")
     rc, _, err = pretrain(run_flags(f / "run", dataset, 1), capsys)
     assert rc == 2 and f"({f} is a file, not a directory)" in one_error_line(err)
+    for sub in ("checkpoints", "snapshots"):
+        run = tmp_path / f"run_{sub}"
+        run.mkdir()
+        (run / sub).write_text("x")
+        rc, _, err = pretrain(run_flags(run, dataset, 2, "--save-every", "0"), capsys)
+        assert rc == 2 and f"{run / sub} is a file, not a directory" in one_error_line(err)
+        assert not (run / "metrics.jsonl").exists()  # nothing trained
     from launch.prepare_data import main
     cfg = tmp_path / "d.yaml"
     cfg.write_text("sources: [{name: s, language: en, type: jsonl, paths: [x.jsonl]}]\n")

@@ -256,6 +256,71 @@ def test_sigusr1_stops_the_loop_with_a_checkpoint(dataset, tmp_path, monkeypatch
     assert signal.getsignal(signal.SIGUSR1) is before  # handlers are given back at the end
 
 
+def _pretrain(argv: list, capsys) -> tuple[int, str, str]:
+    """launch/pretrain.py's main in this process: (exit code, stdout, stderr)."""
+    from pretrain.trainer import main
+    rc = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_a_checkpoint_folder_that_cannot_be_made_fails_the_save(dataset, tmp_path, capsys, monkeypatch):
+    """The save's own folder cannot be created (a read-only checkpoints/, EROFS): the documented failed
+    save (exit 4, one line naming the step and the intact previous checkpoint), not a bare OSError."""
+    import errno
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if "step_00000004.tmp" in str(self):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    run = tmp_path / "run"
+    rc, _, err = _pretrain(run_flags(run, dataset, 8, "--save-every", "2", "--keep-last", "0"), capsys)
+    assert rc == 4, err
+    assert "Traceback" not in err
+    line = next(ln for ln in err.splitlines() if "error:" in ln)
+    assert line.startswith("error: checkpoint step 4 not written: ") and "Read-only file system" in line, line
+    assert "step_00000002 is intact" in line and "--resume auto" in line, line
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step_00000002"]
+
+
+def test_resume_auto_before_the_first_checkpoint_sets_the_snapshots_aside(dataset, tmp_path, capsys):
+    """A run stopped before its first checkpoint, resumed with --resume auto and another --lr, trains from
+    step 0 again: its snapshots hold the new run's weights, and the stopped attempt's are moved to
+    superseded-<time>/ (not kept as if they were the replayed steps')."""
+    run, ref = tmp_path / "run", tmp_path / "ref"
+    flags = ("--save-every", "0", "--snapshot-every-tokens", str(2 * TPS), "--snapshot-log-points", "0")
+    assert _pretrain(run_flags(run, dataset, 4, *flags), capsys)[0] == 0
+    shutil.rmtree(run / "checkpoints")  # as if killed before the final checkpoint was written
+    old = {s: (run / "snapshots" / f"step_{s:08d}" / "model.safetensors").read_bytes() for s in (2, 4)}
+    rc, out, _ = _pretrain(run_flags(run, dataset, 4, *flags, "--lr", "1e-3", "--resume", "auto"), capsys)
+    assert rc == 0 and "starting from step 0" in out
+    assert _pretrain(run_flags(ref, dataset, 4, *flags, "--lr", "1e-3"), capsys)[0] == 0
+    for s in (2, 4):
+        name = f"step_{s:08d}"
+        got = (run / "snapshots" / name / "model.safetensors").read_bytes()
+        assert got == (ref / "snapshots" / name / "model.safetensors").read_bytes() and got != old[s]
+    aside = [p for p in (run / "snapshots").iterdir() if p.name.startswith("superseded-")]
+    assert len(aside) == 1 and (aside[0] / "step_00000004" / "model.safetensors").read_bytes() == old[4]
+
+
+def test_resume_auto_without_run_json_takes_the_checkpoints_run_id(finished_run, dataset, tmp_path, capsys):
+    """A run directory whose run.json is lost (or checkpoints copied into a new --out): --resume auto
+    continues from its newest checkpoint under the run id the checkpoints record, rather than making a new
+    id under which every checkpoint is "another run's" (refused, then and at every later resume)."""
+    run = copy_run(finished_run, tmp_path / "run")
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    (run / "run.json").unlink()
+    rc, out, err = _pretrain(run_flags(run, dataset, 12, "--save-every", "3", "--keep-last", "0",
+                                       "--resume", "auto"), capsys)
+    assert rc == 0, err
+    assert "another run" not in err and "step_00000009 at step 9" in out
+    assert json.loads((run / "run.json").read_text())["run_id"] == run_id
+    assert json.loads((run / "checkpoints" / "step_00000012" / "meta.json").read_text())["run_id"] == run_id
+
+
 def test_snapshot_schedule():
     s = SnapshotSchedule(every_tokens=1000, log_points=4, tokens_per_step=10)
     # log points 10 * 100^(i/4): 10, 31.6, 100, 316 tokens -> steps 1, 4, 10, 32; then every 100 steps

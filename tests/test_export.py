@@ -129,6 +129,30 @@ def test_corrupt_snapshot_is_skipped_and_bad_requests_are_explained(trained, tmp
     assert main([str(tmp_path / "missing")]) == 2
 
 
+def test_corrupt_snapshot_is_exported_from_its_checkpoint_of_the_same_step(trained, tmp_path, capsys):
+    """A corrupt snapshot whose step also has an intact checkpoint (typically the final step): exported
+    from the checkpoint (the same weights), with a warning, by --step and by the default selection; not
+    refused with "nothing exported", nor left out of the exports the sweep finds."""
+    from launch.export import main
+    from safetensors.torch import load_file
+    run, _ = trained
+    run = Path(shutil.copytree(run, tmp_path / run.name))
+    shutil.rmtree(run / "exports", ignore_errors=True)
+    with open(run / "snapshots" / "step_00000006" / "model.safetensors", "r+b") as f:
+        f.truncate(100)
+    assert main([str(run), "--step", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING" in out and "trying its checkpoint of the same step" in out
+    cfg = json.loads((run / "exports" / "step_00000006" / "config.json").read_text())
+    assert cfg["source"]["kind"] == "checkpoint" and cfg["step"] == 6
+    got = load_file(run / "exports" / "step_00000006" / "model.safetensors")
+    want = torch.load(run / "checkpoints" / "step_00000006" / "module" / "model.pt")
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in got)
+    shutil.rmtree(run / "exports")
+    assert main([str(run)]) == 0
+    assert sorted(p.name for p in (run / "exports").iterdir()) == ["step_00000003", "step_00000006"]
+
+
 def test_snapshot_loads_as_it_is(trained, tmp_path):
     """A snapshot is loadable without an export: load_pretrained gives the training model's logits, and
     the lm-eval model scores it in the run's training context with the same numbers as its export."""
