@@ -26,3 +26,22 @@ def test_summary_gives_the_stop_reason_and_the_step_it_ended_at(tmp_path):
     assert result(tmp_path) == ["-1", "-", "-1"]
     (tmp_path / "summary.json").write_text('["not", "a", "summary"]')
     assert result(tmp_path) == ["-1", "-", "-1"]
+
+
+def test_newest_tells_a_new_checkpoint_of_the_same_step_from_an_old_one(tmp_path):
+    """--newest names the newest complete checkpoint's file, not only its step: pretrain.sbatch compares it with
+    the job's first start to know whether an attempt of the job has saved (a run set aside by --overwrite had
+    a checkpoint of the same step)."""
+    import os
+    newest = lambda: subprocess.run([sys.executable, str(ROOT / "launch" / "slurm" / "attempt_result.py"), "--newest",  # noqa: E731
+                                     str(tmp_path)], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert newest() == "none"
+    ckpt = tmp_path / "checkpoints" / "step_00000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.pt").write_bytes(b"x" * 10)
+    from checkpoints.manifest import write_manifest
+    write_manifest(ckpt)
+    first = newest()
+    assert first.startswith("step_00000004@")
+    os.utime(ckpt / "manifest.json", ns=(1, 1))   # the same step, written at another time
+    assert newest() not in (first, "none")

@@ -97,6 +97,13 @@ class _Finder:
 if os.environ.get("LINSCALE_TEST_HOLD") and _holds():
     sys.meta_path.insert(0, _Finder())
 
+# LINSCALE_TEST_STALL=R: the trainer of attempt R stalls as it starts, before it handles any signal (a model
+# still loading), so that a stop there kills it with nothing saved
+if (os.environ.get("LINSCALE_TEST_STALL") == os.environ.get("SLURM_RESTART_COUNT", "0") and sys.argv
+        and sys.argv[0].endswith("pretrain.py")):
+    print(f"[test-stall] rank {os.environ.get('SLURM_PROCID')} stalls at start", flush=True)
+    time.sleep(float(os.environ.get("LINSCALE_TEST_HOLD_MAX", "600")))
+
 # LINSCALE_TEST_ABORT_AT_EXIT=R: the trainer of rank R aborts at exit (checkpoint_utils.ABORT_AT_EXIT_HOOK)
 ABORT_HERE = os.environ.get("LINSCALE_TEST_ABORT_AT_EXIT", "none") == os.environ.get("SLURM_PROCID")
 ''' + ABORT_AT_EXIT_HOOK
@@ -386,9 +393,28 @@ def out_and_overwrite_flags(c: Cluster) -> Outcome:
     return Outcome(job, info, job.rows(), job.text())
 
 
+def resume_path_requeued_at_start(c: Cluster) -> Outcome:
+    """`--resume PATH` (another run's checkpoint at step HOLD) into a new run directory, and `scontrol requeue`
+    while the first attempt's trainer is still starting: nothing of this job is saved, so the restart must
+    resume from PATH again, not start from scratch with --resume auto."""
+    src = c.tmp / "resume_src"
+    p = subprocess.run([sys.executable, str(ROOT / "launch" / "pretrain.py"), "--arch", "tnl", "--size", "tiny",
+                        "--data", str(c.data), "--out", str(src), "--device", "cpu", "--micro-batch", str(MICRO),
+                        "--global-batch-tokens", str(BATCH * SEQ), *TRAIN_ARGS, "--max-steps", str(HOLD)],
+                       env={**c.env, "LINSCALE_TEST_HOLD": ""}, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ckpt = src / "checkpoints" / f"step_{HOLD:08d}"
+    job = c.submit("resume_path", tasks_per_node=1, args=("--resume", str(ckpt)), ZERO="0", LINSCALE_TEST_STALL="0",
+                   LINSCALE_TEST_HOLD_MAX="300")
+    job.wait("the trainer stalling at start", lambda i: "[test-stall] rank 0 stalls" in job.text())
+    sh("scontrol", "requeue", job.id)
+    info = job.wait_end()
+    return Outcome(job, info, job.rows(), job.text(), {"ckpt": ckpt})
+
+
 SCENARIOS = [reference, usr1_batch, usr1_full_two_nodes, requeue_and_cap, usr1_and_requeue, requeue_refused,
              time_limit, preemption, user_cancel, crash_kill, crash_bad_flag, early_warning, usr1_at_start,
-             abort_at_exit, out_and_overwrite_flags]
+             abort_at_exit, out_and_overwrite_flags, resume_path_requeued_at_start]
 
 
 # -- fixtures --------------------------------------------------------------------------------------------------
@@ -617,13 +643,46 @@ def test_out_flag_names_the_run_and_restarts_neither_overwrite_nor_resume(outcom
 
 
 def test_missing_arch_and_size_is_a_usage_error(tmp_path):
+    job = {**os.environ, "SLURM_JOB_ID": "7"}
     p = subprocess.run(["bash", str(SBATCH), "--max-steps", "3"], capture_output=True, text=True, cwd=tmp_path,
-                       timeout=60, env={**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path)})
+                       timeout=60, env={**job, "SLURM_SUBMIT_DIR": str(tmp_path)})
     assert p.returncode == 2 and "usage: sbatch launch/slurm/pretrain.sbatch ARCH SIZE" in p.stdout
     assert not (tmp_path / "runs").exists()
     p = subprocess.run(["bash", str(SBATCH), "tnl", "tiny", "--out", "a"], capture_output=True, text=True,
-                       cwd=tmp_path, timeout=60, env={**os.environ, "RUN_DIR": "b"})
+                       cwd=tmp_path, timeout=60, env={**job, "RUN_DIR": "b"})
     assert p.returncode == 2 and "name two run directories" in p.stdout
+
+
+def test_outside_a_slurm_job_is_refused_with_the_way_to_run(tmp_path):
+    """`bash pretrain.sbatch` outside any job: one line saying to submit it (it died on an unset variable)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    p = subprocess.run(["bash", str(SBATCH), "tnl", "tiny"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=60, env=env)
+    assert p.returncode == 2 and "not inside a Slurm job" in p.stdout and "sbatch" in p.stdout, p.stdout + p.stderr
+    assert "unbound variable" not in p.stderr and not (tmp_path / "runs").exists()
+
+
+def test_a_restart_before_any_checkpoint_repeats_the_first_attempts_resume(outcomes):
+    o, ref = outcome(outcomes, "resume_path_requeued_at_start"), outcome(outcomes, "reference")
+    assert o.info["JobState"] == "COMPLETED" and o.info["Restarts"] == "1", o.log[-3000:]
+    first, second = o.log.split("restart 1 (cap")
+    assert "[test-stall]" in first and "got SIGTERM" in first and "no new checkpoint (newest: none)" in first
+    assert "repeating the first attempt's --resume" in second, second[-3000:]
+    assert f"resumed from {o.extra['ckpt']} at step {HOLD}" in second, second[-3000:]
+    # the restart trained from PATH's step on: no step of its own before it
+    assert sorted(losses(o.rows)) == list(range(HOLD + 1, STEPS + 1)), sorted(losses(o.rows))
+
+
+@pytest.mark.parametrize("size", [("--ntasks", "2"), ("--ntasks", "3", "--nodes", "2"), ()])
+def test_any_job_size_is_accepted(slurm_cluster, size):
+    """The job's size comes from the submission alone: `--ntasks N` (without --ntasks-per-node) is a size
+    Slurm can place, so the script must not pin nodes or tasks per node that sbatch would keep beside it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    if "SLURM_CONF" in os.environ:
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    p = subprocess.run(["sbatch", "--test-only", *size, str(SBATCH), "tnl", "tiny"], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "to start at" in p.stderr, p.stderr
 
 
 def test_hostfile_slots_follow_each_nodes_tasks(tmp_path):

@@ -193,6 +193,7 @@ def test_report_without_a_fit_still_reports(tmp_path, dataset):
     plans = plan_study(cfg)
     plans[0].run_dir.mkdir(parents=True)
     (plans[0].run_dir / "metrics.jsonl").write_text("")
+    (plans[0].run_dir / "summary.json").write_text(json.dumps({"stop": "finished", "step": plans[0].steps}))
     (report_dir(cfg)).mkdir(parents=True)
     (report_dir(cfg) / "fits.json").write_text("{}")          # from an earlier report: must not be shown as current
     path = write_report(cfg, plans, "STATUS TABLE", log=lambda m: None)
@@ -200,6 +201,27 @@ def test_report_without_a_fit_still_reports(tmp_path, dataset):
     assert "STATUS TABLE" in text and "The fit failed" in text and "--bogus-flag" in text
     assert not (report_dir(cfg) / "fits.json").exists()
     assert "unrecognized arguments: --bogus-flag" in (report_dir(cfg) / "fit_console.txt").read_text()
+
+
+def test_only_runs_trained_to_their_planned_step_are_fitted(tmp_path, dataset):
+    """A run that failed, was stopped or still trains has logged rows up to where it ended: the fit leaves it
+    out (its truncated curve would end the envelope early and fake a handover), and the report names it."""
+    from scaling.study import load_study, plan_study
+    from scaling.study.report import report_dir, write_report
+    cfg = load_study(study_yaml(tmp_path, dataset, fit={"args": ["--bogus-flag"]}))
+    plans = plan_study(cfg)
+    done, failed, stopped = plans[0], plans[1], plans[2]
+    for p in (done, failed, stopped):
+        p.run_dir.mkdir(parents=True)
+        (p.run_dir / "metrics.jsonl").write_text('{"step": 1, "tokens": 96, "loss": 5.0}\n')
+    (done.run_dir / "summary.json").write_text(json.dumps({"stop": "finished", "step": done.steps}))
+    (stopped.run_dir / "summary.json").write_text(json.dumps({"stop": "signal", "step": 1}))
+    logged: list[str] = []
+    text = write_report(cfg, plans, "STATUS TABLE", log=logged.append).read_text()
+    fit_call = next(m for m in logged if "fit_scaling.py" in m)   # the fit's command line (it fails on --bogus-flag)
+    assert str(done.run_dir) in fit_call
+    assert str(failed.run_dir) not in fit_call and str(stopped.run_dir) not in fit_call
+    assert f"Left out of the scaling-law fit, not trained to their planned step: {failed.name}, {stopped.name}" in text
 
 
 # -- a whole study, locally -------------------------------------------------------------------------------
@@ -281,6 +303,25 @@ def test_stopped_study_continues_to_the_losses_of_an_uninterrupted_one(finished_
     study("run", "--config", path)
     for name in ("llama-a", "hgrn2-a", "llama-b", "hgrn2-b"):
         assert losses(tmp / "u" / "runs" / name) == losses(tmp / "t" / "runs" / name), name
+
+
+def test_ctrl_c_outside_training_is_a_stop_not_a_failure(tmp_path, dataset):
+    """Ctrl-C during export or evaluation reaches the stage as KeyboardInterrupt: its record says stopped, and
+    `status` does not show the run as failed (the stage runs again with the next `run`)."""
+    from scaling.study import load_study, plan_study
+    from scaling.study.stages import EXPORT, TRAIN, read_state, tracked
+    from scaling.study.status import run_status
+    cfg = load_study(study_yaml(tmp_path, dataset))
+    plan = plan_study(cfg)[0]
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+    for stage in (TRAIN, EXPORT):
+        with pytest.raises(KeyboardInterrupt):
+            tracked(cfg, plan.name, stage, interrupted)
+        assert read_state(cfg, plan.name, stage)["status"] == "stopped"
+    status = run_status(cfg, plan)
+    assert status.train == "stopped" and "KeyboardInterrupt" not in status.note, status
 
 
 def test_deadline_stops_before_the_next_stage(tmp_path, dataset):

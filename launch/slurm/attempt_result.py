@@ -1,13 +1,17 @@
 """How far a run directory got, for launch/slurm/pretrain.sbatch (before and after each attempt of a job):
 
-    python launch/slurm/attempt_result.py RUN_DIR   ->   "<step> <stop> <stop_step>"
+    python launch/slurm/attempt_result.py RUN_DIR            ->   "<step> <stop> <stop_step>"
+    python launch/slurm/attempt_result.py --newest RUN_DIR   ->   "<checkpoint>@<mtime_ns>" or "none"
 
 <step>: the step of the newest complete checkpoint on disk (its manifest present and every file the size the
 manifest says; checksums are not read, which for a large model would take minutes), -1 when there is none.
 <stop>: the `stop` field of RUN_DIR/summary.json ("finished", "signal"), "-" when there is no summary
 (the trainer did not reach its end). <stop_step>: the summary's `step`, the step that run ended at (-1
 without a summary): a summary left by an earlier attempt names a step at or before that attempt's
-checkpoints, so the script can tell this attempt's summary from a stale one."""
+checkpoints, so the script can tell this attempt's summary from a stale one.
+--newest: which file the newest complete checkpoint is (its folder and its manifest's modification time), so
+that the script can tell whether an attempt saved one since an earlier moment, even one of the same step
+(a run that --overwrite set aside had its own step 4)."""
 from __future__ import annotations
 
 import json
@@ -35,6 +39,15 @@ def newest_complete_step(run_dir: Path) -> int:
     return -1
 
 
+def newest_complete(run_dir: Path) -> str:
+    """'<folder>@<manifest mtime_ns>' of the newest checkpoint that passes the quick verification, or 'none'."""
+    from checkpoints.manifest import MANIFEST
+    for _, path in reversed(step_dirs(Path(run_dir) / CHECKPOINTS)):
+        if verify(path, checksums=False) is None:
+            return f"{path.name}@{(path / MANIFEST).stat().st_mtime_ns}"
+    return "none"
+
+
 def stop_reason(run_dir: Path) -> tuple[str, int]:
     """The summary's (stop, step), ("-", -1) when there is none or it cannot be read."""
     try:
@@ -45,6 +58,9 @@ def stop_reason(run_dir: Path) -> tuple[str, int]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} RUN_DIR")
-    print(newest_complete_step(Path(sys.argv[1])), *stop_reason(Path(sys.argv[1])))
+    if len(sys.argv) == 3 and sys.argv[1] == "--newest":
+        print(newest_complete(Path(sys.argv[2])))
+    elif len(sys.argv) == 2:
+        print(newest_complete_step(Path(sys.argv[1])), *stop_reason(Path(sys.argv[1])))
+    else:
+        sys.exit(f"usage: {sys.argv[0]} [--newest] RUN_DIR")

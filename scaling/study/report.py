@@ -38,15 +38,29 @@ def report_dir(study: StudyConfig) -> Path:
 
 # -- fits ----------------------------------------------------------------------------------------------
 
+def fit_runs(plans: list[RunPlan]) -> tuple[list[RunPlan], list[RunPlan]]:
+    """(runs fitted, runs left out): only a run trained to its planned step enters the fit. The rows of a
+    failed, stopped or still running run end where it ended, not where the plan does: the envelope would
+    take its last rows as the size's, and a larger size as winning after it only because it stopped (a false
+    handover); a diverged run's last rows are not a learning curve at all."""
+    from scaling.study.stages import train_done
+    fitted = [p for p in plans if train_done(p)]
+    return fitted, [p for p in plans if p not in fitted and (p.run_dir / METRICS).is_file()]
+
+
 def run_fit(study: StudyConfig, plans: list[RunPlan], log=print) -> dict | None:
-    """launch/fit_scaling.py over the runs that have logged steps; its console output is kept in
-    fit_console.txt. Returns fits.json (None when nothing could be fitted)."""
+    """launch/fit_scaling.py over the runs trained to their planned step (`fit_runs`); its console output is
+    kept in fit_console.txt. Returns fits.json (None when nothing could be fitted)."""
     import importlib.util
     out = report_dir(study)
     (out / "plots").mkdir(parents=True, exist_ok=True)
-    runs = [str(p.run_dir) for p in plans if (p.run_dir / METRICS).is_file()]
+    fitted, left_out = fit_runs(plans)
+    if left_out:
+        log(f"[study] report: not trained to their planned step, left out of the fit: "
+            f"{', '.join(p.name for p in left_out)}")
+    runs = [str(p.run_dir) for p in fitted]
     if not runs:
-        log("[study] report: no run has logged a step yet; nothing to fit")
+        log("[study] report: no run is trained to its planned step yet; nothing to fit")
         return None
     script = Path(__file__).resolve().parents[2] / "launch" / "fit_scaling.py"
     spec = importlib.util.spec_from_file_location("linscale_fit_scaling", script)
@@ -341,6 +355,10 @@ def write_markdown(study: StudyConfig, plans: list[RunPlan], fits: dict | None, 
              f"{flops_to_pflop_days(sum(p.flops_non_embedding for p in plans)):.3g} PFLOP-days non-embedding "
              f"({flops_to_pflop_days(sum(p.flops for p in plans)):.3g} with the embedding term).", "",
              "## Runs", "", "```", status_table, "```", ""]
+    left_out = fit_runs(plans)[1]
+    if left_out:
+        lines += [f"Left out of the scaling-law fit, not trained to their planned step: "
+                  f"{', '.join(p.name for p in left_out)}.", ""]
     if fit_error:
         console = out / "fit_console.txt"
         last = console.read_text().strip().splitlines()[-1:] if console.is_file() else []

@@ -71,12 +71,17 @@ def read_state(study: StudyConfig, run: str, stage: str) -> dict | None:
 
 
 def tracked(study: StudyConfig, run: str, stage: str, fn, *args, **kwargs):
-    """Run a stage with its state recorded: running, then done / stopped / failed (with the error)."""
+    """Run a stage with its state recorded: running, then done / stopped / failed (with the error). Ctrl-C
+    is a stop, not a failure of the stage: `run` again does the stage again (the trainer itself takes a
+    Ctrl-C in training as a stop and checkpoints; elsewhere it arrives as KeyboardInterrupt)."""
     write_state(study, run, stage, "running")
     try:
         result = fn(*args, **kwargs)
     except StageStopped as err:
         write_state(study, run, stage, "stopped", error=str(err))
+        raise
+    except KeyboardInterrupt:
+        write_state(study, run, stage, "stopped", error="interrupted (Ctrl-C)")
         raise
     except BaseException as err:
         write_state(study, run, stage, "failed", error=f"{type(err).__name__}: {err}",
