@@ -1,5 +1,7 @@
 """Parameters and training FLOPs of a model by the paper's formulas:
-`python launch/model_info.py --arch tnl --size 7b [--batch 480] [--seq-len 8192] [--json]`."""
+`python launch/model_info.py --arch tnl --size 7b [--batch 480] [--seq-len 8192] [--model FIELD=VALUE] [--json]`.
+`--model` overrides a ModelConfig field as launch/pretrain.py's flag does (e.g. a custom shape,
+`--model n_layers=8 --model d_model=1024`), so the counts are those of the model that run would train."""
 import argparse
 import dataclasses
 import json
@@ -10,7 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models import model_config, model_info  # noqa: E402
 from pretrain.argtypes import positive_int  # noqa: E402
-from pretrain.errors import run_cli  # noqa: E402
+from pretrain.config import describe_model_flags, model_overrides_from_flags  # noqa: E402
+from pretrain.errors import ConfigError, run_cli  # noqa: E402
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -19,13 +22,25 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", required=True)
     p.add_argument("--batch", type=positive_int, default=480, help="sequences per step (>= 1)")
     p.add_argument("--seq-len", type=positive_int, default=8192, help="tokens per sequence (>= 1)")
+    p.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a ModelConfig field as launch/pretrain.py does, e.g. --model d_model=1024 "
+                        "(repeatable)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    info = model_info(model_config(a.arch, a.size), a.batch, a.seq_len)
+    overrides = model_overrides_from_flags(a.model)
+    try:
+        cfg = model_config(a.arch, a.size, **overrides)
+    except ValueError as err:
+        if not overrides:
+            raise
+        # name the overrides too: the shape error may come from their combination with the size's shape
+        raise ConfigError(f"{describe_model_flags(a.arch, a.size, overrides)}: {err}") from None
+    info = model_info(cfg, a.batch, a.seq_len)
     if a.json:
-        print(json.dumps(dataclasses.asdict(info), indent=2))
+        print(json.dumps({**dataclasses.asdict(info), "model": cfg.to_dict()}, indent=2))
         return 0
-    print(f"{info.arch} {info.size} (batch {info.batch} x seq {info.seq_len})")
+    print(f"{info.arch} {info.size}: l={cfg.n_layers}, d={cfg.d_model}, h={cfg.n_heads} (e={cfg.head_dim}), "
+          f"g={cfg.d_glu} (batch {info.batch} x seq {info.seq_len})")
     print(f"  non-embedding parameters: {info.params_non_embedding / 1e6:,.1f}M "
           f"(paper formula {info.params_non_embedding_paper / 1e6:,.1f}M)")
     print(f"  total parameters:         {info.params_total / 1e6:,.1f}M")

@@ -20,11 +20,13 @@ def paper_non_embedding_params(cfg: ModelConfig) -> int:
 
 def exact_params(cfg: ModelConfig) -> dict[str, int]:
     """Every parameter the models build, by formula; tests check it against numel. The small terms the
-    paper omits: RMSNorm gains (LLaMA) and each architecture's `extra_params` (cos2's learned LRPE angles,
-    h*e = d per layer, and TPE decays, e)."""
+    paper omits: RMSNorm gains (LLaMA by default; every architecture with `norm_type='rmsnorm'`, each
+    block's `norms_per_layer` and the final norm) and each architecture's `extra_params` (cos2's learned
+    LRPE angles, h*e = d per layer, and TPE decays, e)."""
+    spec = get_arch(cfg.arch)
     l, d, v = cfg.n_layers, cfg.d_model, cfg.vocab_size
     norm_gain = d if cfg.norm_type == "rmsnorm" else 0
-    extra = (2 * l + 1) * norm_gain + get_arch(cfg.arch).extra_params(cfg)
+    extra = (spec.norms_per_layer * l + 1) * norm_gain + spec.extra_params(cfg)
     non_emb = paper_non_embedding_params(cfg) + extra
     return {"non_embedding": non_emb, "embedding": v * d, "total": non_emb + v * d}
 

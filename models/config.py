@@ -47,6 +47,7 @@ class ModelConfig:
         if self.gate_rank is None:
             self.gate_rank = self.head_dim
         _positive("gate_rank", self.gate_rank)
+        spec.check_config(self)  # what this architecture alone needs (LLaMA's RoPE: an even head width)
         for name, low, closed in (("rope_base", 0.0, False), ("norm_eps", 0.0, False), ("init_std", 0.0, False),
                                   ("tpe_init_bound", 0.0, True)):
             v = float(getattr(self, name))

@@ -152,6 +152,7 @@ SPEC = ArchSpec(
     name="cos2", title="cosFormer2", token_mixer=Cos2TokenMixer, channel_mixer=sglu, default_norm="srmsnorm",
     paper_params=paper_params, extra_params=extra_params, layer_flops=layer_flops, model_flops=model_flops,
     extras={"tpe": tpe}, aliases=("cosformer2",), layer_overrides={"410m": 25}, sequence_parallel=True,
+    norms_per_layer=3,
     sp_positions=True, sp_carries={"tpe": tpe_sp_carry},
     act_bytes_per_d=51,
     paper_law={"L": (3.5877, -0.0756), "N_opt": (2.65e8, 0.6516), "D_opt": (4.23e10, 0.4529)},

@@ -147,6 +147,6 @@ def lower_bounds(cfg: ModelConfig) -> HgrnLowerBounds:
 SPEC = ArchSpec(
     name="hgrn2", title="HGRN2", token_mixer=Hgrn2TokenMixer, channel_mixer=sglu, default_norm="srmsnorm",
     paper_params=paper_params, layer_flops=layer_flops, model_flops=model_flops,
-    extras={"lower_bounds": lower_bounds}, sequence_parallel=True, act_bytes_per_d=48,
+    extras={"lower_bounds": lower_bounds}, sequence_parallel=True, norms_per_layer=3, act_bytes_per_d=48,
     paper_law={"L": (3.4788, -0.0753), "N_opt": (2.66e8, 0.6427), "D_opt": (4.80e10, 0.4500)},
     color="#2ca02c")

@@ -74,6 +74,15 @@ def rebuild_rope(model: nn.Module, device) -> None:
         block.token_mixer.rope_cos, block.token_mixer.rope_sin = cos, sin
 
 
+def check_config(cfg: ModelConfig) -> None:
+    """RoPE rotates the channel pairs (i, i + e/2) of each head, so the head width must be even (an odd one
+    would fail only at the first forward, in a shape mismatch inside `apply_rope`)."""
+    if cfg.head_dim % 2:
+        raise ValueError(f"model config: LLaMA's RoPE rotates pairs of channels, so the head width e = d/h must be "
+                         f"even; d_model={cfg.d_model} / n_heads={cfg.n_heads} gives e = {cfg.head_dim}: choose "
+                         f"d_model and n_heads with an even quotient (the paper's sizes have e = 128)")
+
+
 def paper_params(cfg: ModelConfig) -> int:
     l, d, g = cfg.n_layers, cfg.d_model, cfg.d_glu
     return 4 * l * d * d + 3 * l * d * g
@@ -87,6 +96,6 @@ def layer_flops(cfg: ModelConfig, n: int) -> int:
 SPEC = ArchSpec(
     name="llama", title="LLaMA", token_mixer=LlamaAttention, channel_mixer=swiglu, default_norm="rmsnorm",
     paper_params=paper_params, layer_flops=layer_flops, context_limited=True, act_bytes_per_d=36,
-    rebuild_buffers=rebuild_rope,
+    rebuild_buffers=rebuild_rope, check_config=check_config,
     paper_law={"L": (3.7087, -0.0798), "N_opt": (1.82e8, 0.7118), "D_opt": (2.56e10, 0.5102)},
     color="#1f77b4")

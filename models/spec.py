@@ -57,6 +57,10 @@ def _no_buffers(model: nn.Module, device) -> None:
     return None
 
 
+def _no_check(cfg: ModelConfig) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     """Everything architecture-specific. Notation of the formulas as the paper: l layers, d width, h heads,
@@ -84,12 +88,18 @@ class ArchSpec:
         LRPE), so the sequence-parallel plan hands each rank's mixers the global positions of its segment.
     sp_carries: extra name -> (extra, x, cu_seqlens, sp) -> what the state carried in from the ranks before
         adds to that extra's output (cos2's TPE recurrence); the sequence-parallel plan adds it.
+    norms_per_layer: the `Norm`s a block holds, each with a gain of d parameters under 'rmsnorm' (the
+        accounting counts them): the block's two pre-norms, plus one inside a token mixer that normalises
+        its output (TNL, HGRN2, cos2: 3).
     act_bytes_per_d: activation bytes a block keeps per token, in units of d, for the memory estimate
         (`pretrain.memory`; measured for the four paper architectures, a high guess otherwise).
     color: the plots' hue (None: grey).
     describe: model -> lines the trainer logs at start (e.g. TNL's decay table).
     rebuild_buffers: (model, device) -> recompute the buffers a checkpoint does not hold (LLaMA's RoPE
         tables), after `load_pretrained` built the model on the meta device.
+    check_config: cfg -> None; raises ValueError (what is wrong) for a config this architecture cannot run
+        beyond `ModelConfig.check_shape` (LLaMA: RoPE needs an even head width). ModelConfig calls it, so a
+        bad `--model` override is refused when the run config is parsed, not at the first forward.
     """
     name: str
     title: str
@@ -108,7 +118,9 @@ class ArchSpec:
     sequence_parallel: bool = False
     sp_positions: bool = False
     sp_carries: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    norms_per_layer: int = 2
     act_bytes_per_d: int = 64
     color: str | None = None
     describe: Callable[[nn.Module], list[str]] = _no_lines
     rebuild_buffers: Callable[[nn.Module, Any], None] = _no_buffers
+    check_config: Callable[[ModelConfig], None] = _no_check

@@ -114,6 +114,7 @@ def describe(model: nn.Module) -> list[str]:
 SPEC = ArchSpec(
     name="tnl", title="TNL", token_mixer=TnlTokenMixer, channel_mixer=sglu, default_norm="srmsnorm",
     paper_params=paper_params, layer_flops=layer_flops, extras={"decays": TnlDecays},
-    aliases=("transnormer", "transnormerllm"), layer_overrides={"410m": 25}, sequence_parallel=True, act_bytes_per_d=44,
+    aliases=("transnormer", "transnormerllm"), layer_overrides={"410m": 25}, sequence_parallel=True, norms_per_layer=3,
+    act_bytes_per_d=44,
     paper_law={"L": (3.5391, -0.0768), "N_opt": (2.74e8, 0.6470), "D_opt": (4.43e10, 0.4684)},
     color="#ff7f0e", describe=describe)

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import yaml
 
 from models import ModelConfig, model_config
-from models.registry import ACCEPTED_ARCH_NAMES, arch_names, get_arch
-from models.sizes import SIZES
+from models.registry import ACCEPTED_ARCH_NAMES, arch_names, canonical_arch, get_arch
+from models.sizes import SIZES, canonical_size
 from ops.config import OpsConfig
 from pretrain.errors import ConfigError
 
@@ -461,6 +461,17 @@ def _check_model_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def model_overrides_from_flags(values: list[str]) -> dict[str, Any]:
+    """Repeated `--model FIELD=VALUE` flags as ModelConfig overrides, each field known and each value of its
+    type (ConfigError naming the flag otherwise); launch/model_info.py takes the same flags as this CLI."""
+    return _check_model_overrides(dict(_parse_override(s) for s in values))
+
+
+def describe_model_flags(arch: str, size: str, overrides: dict[str, Any]) -> str:
+    """The flags that chose a model, as the prefix of an error about it: `--arch tnl --size tiny --model ...`."""
+    return f"--arch {arch} --size {size}" + "".join(f" --model {k}={v}" for k, v in overrides.items())
+
+
 def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
     """Every field against its declared type and range/choices, then the checks that involve several."""
     origin = origin or {}
@@ -474,13 +485,15 @@ def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
         for f in fields(cls):
             path = f"{section}.{f.name}"
             setattr(obj, f.name, check_field(f, getattr(obj, f.name), _label(path, origin)))
+    # the registry's names, whatever the spelling (`TNL`, `transnormer`, `1B`): the run directory
+    # (runs/<arch>-<size>) and config.json must not depend on it, or a `--resume auto` spelt another way
+    # would look in another directory and start afresh
+    cfg.arch, cfg.size = canonical_arch(cfg.arch), canonical_size(cfg.size)
     cfg.model_overrides = _check_model_overrides(cfg.model_overrides)
     try:
         model = cfg.model()
     except ValueError as err:
-        raise ConfigError(f"--arch {cfg.arch} --size {cfg.size}"
-                          + "".join(f" --model {k}={v}" for k, v in cfg.model_overrides.items())
-                          + f": {err}") from None
+        raise ConfigError(f"{describe_model_flags(cfg.arch, cfg.size, cfg.model_overrides)}: {err}") from None
     t = cfg.train
     if get_arch(model.arch).context_limited and model.max_seq_len < t.seq_len:
         # caught here, not at the first forward: positions past the RoPE table have no encoding

@@ -254,6 +254,14 @@ def test_model_field_not_a_number(capsys):
     assert rc == 2 and "unknown model field 'dmodel'; known: arch, d_glu, d_model" in one_error_line(err)
     rc, _, err = pretrain(["--model", "n_heads=3"], capsys)
     assert rc == 2 and "n_heads=3 does not divide the width d_model=128" in one_error_line(err)
+    # LLaMA's RoPE needs an even head width: d_model=130 (tiny: e = 65) is one line at parse time, not a
+    # shape-mismatch traceback at the first step; the linear models take the shape
+    rc, _, err = pretrain(["--arch", "llama", "--model", "d_model=130"], capsys)
+    line = one_error_line(err)
+    assert rc == 2 and line.startswith("error: --arch llama --size tiny --model d_model=130: ")
+    assert "head width e = d/h must be even" in line and "gives e = 65" in line
+    from pretrain.config import parse_config
+    assert parse_config(["--arch", "tnl", "--model", "d_model=130"]).model().head_dim == 65
 
 
 def test_rope_table_shorter_than_seq_len(tmp_path, capsys):
@@ -1580,6 +1588,23 @@ def test_model_info_bad_sizes(capsys):
         assert rc == 2 and expect in err and "Traceback" not in err, err
     proc = cli("model_info.py", "--arch", "tnl", "--size", "70m", "--seq-len", "0")  # as the terminal shows it
     assert proc.returncode == 2 and "--seq-len: 0: out of range" in proc.stderr and "Traceback" not in proc.stderr
+    # --model overrides as launch/pretrain.py takes them: the counts of the overridden shape, or one line
+    # naming the flags and the problem
+    assert main(["--arch", "tnl", "--size", "70m", "--model", "n_layers=12", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["model"]["n_layers"] == 12 and info["params_non_embedding"] == 12 * (4 * 512**2 + 2 * 512 * 128
+                                                                                     + 3 * 512 * 1536)
+    for args, expect in ((["--model", "n_layers=0"], "error: --arch tnl --size 70m --model n_layers=0: model config: "
+                                                     "n_layers must be a positive integer, got 0"),
+                         (["--model", "n_heads=3"], "error: --arch tnl --size 70m --model n_heads=3: model config: "
+                                                    "head count n_heads=3 does not divide the width d_model=512"),
+                         (["--model", "d_model=abc"], "error: --model d_model=abc: d_model expects an integer"),
+                         (["--model", "dmodel=3"], "error: --model dmodel=3: unknown model field 'dmodel'"),
+                         (["--model", "d_glu"], "error: --model 'd_glu': expected FIELD=VALUE")):
+        rc, err = in_process(main, ["--arch", "tnl", "--size", "70m", *args], capsys)
+        assert rc == 2 and one_error_line(err).startswith(expect), err
+    rc, err = in_process(main, ["--arch", "llama", "--size", "tiny", "--model", "d_model=130"], capsys)
+    assert rc == 2 and "head width e = d/h must be even" in one_error_line(err)
 
 
 def test_list_flags_of_the_benchmarks():

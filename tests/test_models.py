@@ -49,6 +49,22 @@ def test_parameter_counts_match_paper(arch, i, size):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("norm_type", ["rmsnorm", "srmsnorm"])
+def test_exact_params_count_every_norm_gain(arch, norm_type):
+    """Either norm in every architecture: numel against `exact_params` and against a count by hand. With
+    gains, a block holds d per pre-norm (2) and, in the linear models, d in the token mixer's output norm;
+    the final norm holds d more."""
+    cfg = model_config(arch, "70m", norm_type=norm_type)
+    with torch.device("meta"):
+        model = build_model(arch, "70m", norm_type=norm_type)
+    numel = sum(p.numel() for p in model.parameters())
+    l, d, v = cfg.n_layers, cfg.d_model, cfg.vocab_size
+    norms = (2 + (arch in LINEAR)) * l + 1 if norm_type == "rmsnorm" else 0
+    beyond_paper = l * d + 128 if arch == "cos2" else 0  # cos2's LRPE angles and TPE decays (e = 128)
+    assert numel == exact_params(cfg)["total"] == paper_non_embedding_params(cfg) + beyond_paper + norms * d + v * d
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("i,size", list(enumerate(PAPER_SIZES)))
 def test_flops_per_step_match_paper_table(arch, i, size):
     """The paper prints one decimal, so the small sizes carry a rounding-sized tolerance; from 410M up our
@@ -72,6 +88,40 @@ def test_llama_flops_equal_six_times_matmul_parameters_plus_attention():
     elementwise = l * (9 * n * n * h + 3 * n * g)
     head = 12 * d * v  # the paper counts the tied embedding twice: 2 x 6 d v per token
     assert flops_per_step(cfg, b, n) == pytest.approx(6 * matmul_params * b * n + head * b * n + b * (attention + elementwise))
+
+
+def test_llama_needs_an_even_head_width():
+    """RoPE rotates channel pairs: an odd head width is refused by the config (naming e), not left to a
+    shape mismatch at the first forward; the linear models build it."""
+    for shape in (dict(d_model=130), dict(d_model=8, n_heads=8)):
+        with pytest.raises(ValueError, match="head width e = d/h must be even"):
+            model_config("llama", "tiny", **shape)
+    for arch in LINEAR:
+        assert model_config(arch, "tiny", d_model=130).head_dim == 65
+
+
+@pytest.mark.parametrize("arch", ["llama", "tnl", "cos2"])
+def test_flops_formulas_matmul_terms_equal_the_counted_matmuls(arch):
+    """The formulas against what a forward runs (torch's FLOP counter, CPU): the projections, the GLU,
+    LLaMA's attention over the full n x n, and the linear-attention matmuls with B = e (tiny: e = 64, the
+    chunk of the CPU twin), forward = a third of the formulas' training terms; plus 2bndv of the LM head
+    and, for cos2, 2nde of the TPE kernel (its FFT is no matmul). docs/architectures.md."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+    b, n, v = 2, 128, 97
+    model = small(arch)
+    cfg = model.config
+    l, d, h, g, t, e = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_glu, cfg.gate_rank, cfg.head_dim
+    counter = FlopCounterMode(display=False)
+    with sdpa_kernel(SDPBackend.MATH), counter, torch.no_grad():  # the math kernel's matmuls are counted
+        model(torch.randint(0, v, (b, n)))
+    matmul_train = {  # the matmul terms of each layer_flops, per sequence (training = 3 x forward)
+        "llama": 24 * n * d * d + 12 * n * n * d + 18 * n * d * g,
+        "tnl": 3 * (8 * n * d * d + 4 * n * d * d // h + 4 * n * e * d + 4 * n * t * d) + 18 * n * d * g,
+        "cos2": 3 * (8 * n * d * d + 8 * n * d * d // h + 6 * n * e * d + 4 * n * t * d) + 18 * n * d * g,
+    }[arch]
+    tpe_kernel = 2 * n * d * e if arch == "cos2" else 0
+    assert counter.get_total_flops() == b * l * matmul_train // 3 + 2 * b * n * d * v + tpe_kernel
 
 
 def test_tnl_7b_reported_numbers():

@@ -173,3 +173,16 @@ def test_batch_errors_name_the_values_a_preset_set():
         parse_config(["--arch", "tnl", "--size", "tiny", "--seq-len", "1024", "--global-batch-tokens", "1000",
                       "--micro-batch", "1"])
     assert "preset" not in str(err.value)
+
+
+@pytest.mark.parametrize("arch,size", [("TNL", "1B"), ("transnormer", "1b"), ("TransNormerLLM", "Tiny"),
+                                       ("CosFormer2", "70M"), ("LLaMA", "7b")])
+def test_arch_and_size_spellings_resolve_to_the_registry_names(arch, size):
+    """Flags are case-insensitive and take aliases; the run config holds the registry's names, so the
+    run directory and config.json are the same whatever the spelling (a `--resume auto` spelt `--arch TNL`
+    finds the run started as `--arch tnl`)."""
+    cfg = parse_config(["--arch", arch, "--size", size])
+    expected = {"tnl": "tnl", "transnormer": "tnl", "transnormerllm": "tnl", "cosformer2": "cos2", "llama": "llama"}
+    assert (cfg.arch, cfg.size) == (expected[arch.lower()], size.lower())
+    assert cfg.run_dir.name == f"{expected[arch.lower()]}-{size.lower()}"
+    assert cfg.to_dict()["arch"] == cfg.to_dict()["model"]["arch"] == cfg.arch
