@@ -3,6 +3,7 @@
 The trainer needs only build_loader(); see docs/data.md."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from .tokenizer import EOT_ID, ENCODING_NAME, encode_batch, encode_document, get_tokenizer
@@ -22,7 +23,7 @@ def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch:
     sp_rank, sp_size: this rank's place in its sequence-parallel group (rank, world_size count
     data-parallel ranks); it gets its segment of every sequence.
     """
-    from .loader import Loader, ShardProvider
+    from .loader import Loader, ShardProvider, repeats_within_a_step
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if data is None:
@@ -41,8 +42,12 @@ def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch:
         elif split != "train" or not (root / "meta.json").is_file():
             raise FileNotFoundError(f"{data} has no {split!r} split ({root / split / 'meta.json'} missing)")
         provider = ShardProvider(root, seed)
-    return Loader(provider, seq_len, global_batch, micro_batch, rank, world_size, seed, doc_starts,
-                  sp_rank=sp_rank, sp_size=sp_size)
+    loader = Loader(provider, seq_len, global_batch, micro_batch, rank, world_size, seed, doc_starts,
+                    sp_rank=sp_rank, sp_size=sp_size)
+    warning = repeats_within_a_step(provider, seq_len, global_batch) if split == "train" and rank == 0 else None
+    if warning:  # (validation reads its first windows only, up to the first repeat)
+        logging.getLogger("linscale.data").warning(warning)
+    return loader
 
 
 def __getattr__(name: str):

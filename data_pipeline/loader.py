@@ -215,6 +215,25 @@ def stack_batches(batches: list[dict[str, torch.Tensor]], seq_len: int) -> dict[
     return out
 
 
+def repeats_within_a_step(provider: WindowProvider, seq_len: int, global_batch: int) -> str | None:
+    """A warning when the sources that are mixed in hold fewer distinct windows (whole windows inside their
+    first epoch) than one global batch: every step then repeats their documents, most likely a dataset or
+    batch size given by mistake for a real run (a smoke test of a large model on a small corpus is not, so
+    it is a warning, not an error). None when a step fits, and for providers that cannot count without
+    reading (streaming)."""
+    if not isinstance(provider, ShardProvider):
+        return None
+    mixed = [i for i, w in enumerate(provider.weights) if w > 0]
+    windows = provider.distinct_windows(seq_len)
+    have = sum(windows[i] for i in mixed)
+    if have >= global_batch:
+        return None
+    tokens = sum(provider.stores[i].total for i in mixed)
+    return (f"{provider.describe()}: holds {have} distinct sequences of {seq_len + 1} tokens ({tokens:,} tokens), "
+            f"fewer than one global batch of {global_batch}: every step repeats its documents. For a real run "
+            f"lower the global batch (--global-batch-tokens) or --seq-len, or prepare more data")
+
+
 def _check_batching(seq_len: int, global_batch: int, micro_batch: int, rank: int, world_size: int) -> None:
     if seq_len < 1 or micro_batch < 1 or global_batch < 1 or world_size < 1:
         raise ValueError(f"seq_len, global_batch, micro_batch and world_size must be positive, got "

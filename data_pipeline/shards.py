@@ -171,12 +171,21 @@ def read_meta(root: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{root} is not a prepared dataset (no meta.json); create one with "
                                 f"`python launch/prepare_data.py --config DATA.yaml --out {root}`")
-    meta = json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); the dataset is damaged (a copy cut short?): copy it "
+                         f"again or prepare it again") from err
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{root}: shard format {meta.get('format_version')} is not the supported "
                          f"{FORMAT_VERSION}; prepare the data again with this version")
     if meta.get("tokenizer") != ENCODING_NAME:
         raise ValueError(f"{root} was tokenized with {meta.get('tokenizer')!r}, not {ENCODING_NAME!r}")
+    # the loader maps the token files as TOKEN_DTYPE and finds document ends by EOT_ID
+    for key, want in (("token_dtype", np.dtype(TOKEN_DTYPE).name), ("eot_id", EOT_ID)):
+        if meta.get(key) != want:
+            raise ValueError(f"{path}: {key} {meta.get(key)!r} where this version reads {want!r}: the dataset was "
+                             f"written for another token format; prepare it again with this version")
     return meta
 
 
@@ -210,7 +219,11 @@ class TokenStore:
         self.root = Path(root)
         if not meta.index:
             raise ValueError(f"source {meta.name!r} in {root} has no index (format {FORMAT_VERSION} needed)")
-        self.index = np.load(self.root / meta.index, mmap_mode="r")
+        try:
+            self.index = np.load(self.root / meta.index, mmap_mode="r")
+        except (ValueError, EOFError) as err:  # a header or body cut short: numpy's message names no file
+            raise ValueError(f"{self.root / meta.index}: not a readable index ({err}); the dataset is damaged "
+                             f"(a copy cut short?): copy it again or prepare it again") from err
         self._index = self.index.view(np.ndarray)  # the same mapped pages without np.memmap's per-slice cost
         if self.index.ndim != 2 or self.index.shape[1] != 2 or len(self.index) != meta.documents:
             raise ValueError(f"{self.root / meta.index}: expected int64 [{meta.documents}, 2], "
@@ -219,13 +232,23 @@ class TokenStore:
         self.total = int(meta.tokens)
         if self.total == 0 or self.n == 0:
             raise ValueError(f"source {meta.name!r} in {root} holds no tokens")
+        width = np.dtype(TOKEN_DTYPE).itemsize
         for name, size in zip(meta.token_files, meta.token_file_tokens):
             path = self.root / name
             found = path.stat().st_size if path.is_file() else None
-            if found != int(size) * np.dtype(TOKEN_DTYPE).itemsize:
+            if found is None:
+                raise ValueError(f"{path}: missing, where {self.root / 'meta.json'} lists it with {size} tokens: the "
+                                 f"token files were moved or deleted (meta.json names them relative to the split "
+                                 f"folder, so move a dataset's folders together); restore them or prepare the "
+                                 f"dataset afresh")
+            if found % width:  # ends inside a token: cut off (a copy or a full disk)
+                raise ValueError(f"{path}: {found} bytes, not a whole number of {width}-byte tokens "
+                                 f"({self.root / 'meta.json'} says {size} tokens): the file was cut short; copy "
+                                 f"the dataset again or prepare it afresh")
+            if found != int(size) * width:
                 raise ValueError(
-                    f"{path}: " + ("missing" if found is None else f"holds {found // np.dtype(TOKEN_DTYPE).itemsize} tokens")
-                    + f" where {self.root / 'meta.json'} says {size}: the token files changed after the merge "
+                    f"{path}: holds {found // width} tokens where {self.root / 'meta.json'} says {size}: the "
+                    f"token files changed after the merge "
                     f"wrote this index (a part prepared again?); run the merge again (prepare_data.py --merge-only) "
                     f"or prepare the dataset afresh")
         self.file_start = np.concatenate([[0], np.cumsum(meta.token_file_tokens)]).astype(np.int64)

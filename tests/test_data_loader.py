@@ -1,6 +1,8 @@
 """The loader contract: windows, determinism, resume, world-size independence, mixing, doc starts."""
 import json
+import os
 import random
+import re
 from collections import Counter
 
 import numpy as np
@@ -211,3 +213,73 @@ def test_resume_without_cursors_walks_to_the_same_place(dataset):
     for cursors in (None, [[0, 0, 0], [0, 0, 0]]):  # missing, or stale: walked from there
         got, _ = _global_stream(dataset, 5, 8, 4, 1, start_state={**state, "cursors": cursors})
         assert all(torch.equal(a, b) for a, b in zip(ref[9:], got))
+
+
+def test_dataset_smaller_than_one_global_batch_is_warned_about(dataset):
+    """A train split with fewer distinct windows than one global batch repeats its documents in every
+    step: a warning naming the sizes (on rank 0), not an error, since a smoke test of a large batch on a
+    small corpus is legitimate; one global batch of exactly that many windows is quiet."""
+    import logging
+    meta = json.load(open(f"{dataset}/meta.json"))["sources"]
+    distinct = sum((s["tokens"] - 1) // SEQ for s in meta)  # windows inside each source's first epoch
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+    log = logging.getLogger("linscale.data")
+    handler = Keep()
+    log.addHandler(handler)
+    try:
+        build_loader(dataset, SEQ, distinct, 1).next_batch()
+        assert seen == []
+        build_loader(dataset, SEQ, distinct + 1, 1).next_batch()
+        assert len(seen) == 1 and re.search(rf"holds {distinct} distinct sequences .* fewer than one global batch "
+                                            rf"of {distinct + 1}: every step repeats", seen[0]), seen
+        build_loader(dataset, SEQ, 2 * distinct, 2, rank=1, world_size=2)  # rank 0 alone says it
+        assert len(seen) == 1
+    finally:
+        log.removeHandler(handler)
+
+
+def test_token_file_cut_short_or_moved_is_named_as_such(dataset):
+    """A token file whose size is not a whole number of uint32 tokens (cut off mid-token) is reported as
+    cut short, with its byte count, and a missing one as moved or deleted, not as a file rewritten by
+    another prepare."""
+    meta = json.load(open(f"{dataset}/meta.json"))["sources"][1]
+    path = f"{dataset}/{meta['token_files'][0]}"
+    size = os.path.getsize(path)
+    os.truncate(path, size - 2)
+    with pytest.raises(ValueError, match=rf"{meta['token_files'][0]}: {size - 2} bytes, not a whole number of "
+                                         rf"4-byte tokens .*cut short"):
+        build_loader(dataset, SEQ, 8, 4)
+    os.rename(path, path + ".moved")
+    with pytest.raises(ValueError, match=rf"{meta['token_files'][0]}: missing, .*moved or deleted"):
+        build_loader(dataset, SEQ, 8, 4)
+
+
+def test_damaged_meta_or_index_names_the_file(dataset):
+    """A meta.json or index cut short is a ValueError that names the file and says to prepare again,
+    not a bare JSON or mmap error."""
+    index = f"{dataset}/b.index.npy"
+    with open(index, "r+b") as f:
+        f.truncate(os.path.getsize(index) - 8)
+    with pytest.raises(ValueError, match=r"b\.index\.npy.*prepare"):
+        build_loader(dataset, SEQ, 8, 4)
+    path = f"{dataset}/meta.json"
+    text = open(path).read()
+    open(path, "w").write(text[:len(text) // 2])
+    with pytest.raises(ValueError, match=r"meta\.json: not valid JSON.*prepare"):
+        build_loader(dataset, SEQ, 8, 4)
+
+
+@pytest.mark.parametrize("key, value", [("eot_id", 50256), ("token_dtype", "uint16")])
+def test_meta_of_another_token_format_is_refused(dataset, key, value):
+    """The loader reads uint32 ids and finds documents by this tokenizer's <|endoftext|>: a split whose
+    meta.json records another token width or end-of-text id is refused, naming the field."""
+    path = f"{dataset}/meta.json"
+    meta = json.load(open(path))
+    meta[key] = value
+    json.dump(meta, open(path, "w"))
+    with pytest.raises(ValueError, match=rf"{key} {value!r}"):
+        build_loader(dataset, SEQ, 8, 4)
