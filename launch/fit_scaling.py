@@ -17,7 +17,7 @@ from checkpoints.atomic import make_output_dir  # noqa: E402
 from scaling.analysis import analyze_arch  # noqa: E402
 from scaling.fit_config import FitScalingConfig  # noqa: E402
 from scaling.report import console_summary, to_json  # noqa: E402
-from scaling.runs import RunError, group_by_arch, load_runs, select_seq_len  # noqa: E402
+from scaling.runs import RunError, group_by_arch, load_runs, mixed_vocab, select_seq_len  # noqa: E402
 from scaling.units import PFLOP_DAY  # noqa: E402
 from pretrain.cli import parse_config_args  # noqa: E402
 from pretrain.errors import run_cli  # noqa: E402
@@ -94,7 +94,13 @@ def _main(argv=None) -> int:
         print(f"error: --seq-len {args.seq_len}: no run was trained at that context length (the runs have "
               f"{lengths}); pass one of those, or leave --seq-len out", file=sys.stderr)
         return 2
-    for arch, rs in group_by_arch(runs).items():
+    by_arch = group_by_arch(runs)
+    for rs in by_arch.values():
+        mixed = mixed_vocab(rs)
+        if mixed:
+            print(f"error: {mixed}", file=sys.stderr)
+            return 2
+    for arch, rs in by_arch.items():
         rs, seq_warn = select_seq_len(rs, args.seq_len)
         warnings += seq_warn
         if rs:

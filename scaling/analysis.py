@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scaling.chinchilla import FRONTIER_WIDEN, ChinchillaFit, fit_chinchilla, frontier, loglog_interpolator
-from scaling.curves import block_bootstrap, fit_curves, row_weights
+from scaling.curves import block_bootstrap, fit_curves
 from scaling.envelope import Envelope, build_envelope, c_grid, inside_range, loss_at
 from scaling.fits import (OffsetPowerLawFit, PowerLawFit, percentile_interval, fit_offset_power_law, fit_power_law,
                           offset_refit, with_replicate_intervals)
 from scaling.optimal import (OptimalPoints, SizeCurve, contradictions, describe, handovers, line_fits,
                              optimal_points, size_curves)
-from scaling.runs import Run
+from scaling.runs import Run, mixed_vocab
 from scaling.units import PFLOP_DAY, flops_to_pflop_days
 
 LOG_PFLOP_DAY = float(np.log(PFLOP_DAY))
@@ -122,6 +122,34 @@ def _try(result: ArchResult, what: str, fn):
     except ValueError as err:
         result.notes.append(f"{what}: {err}")
         return None
+
+
+# an end-of-run rise is reported when the median log-loss of a run's last tenth of rows is above that of an
+# earlier tenth by more than RISE_MIN and by more than RISE_SE standard errors of the difference of two medians
+RISE_MIN = 0.02
+RISE_SE = 4.0
+
+
+def end_rise(loss: np.ndarray) -> tuple[float, float] | None:
+    """(median loss of the last tenth of rows, lowest median of an earlier tenth) when the run's loss rose at its
+    end by more than its row-to-row noise explains, else None (also below 10 rows).
+
+    Medians of tenths rather than the lowest row: the lowest noisy row sits several noise widths below the curve,
+    so a rule against it must allow a rise of ~20% and lets a run that climbed 15% (a shift of N_opt's exponent
+    of several interval widths) pass. The noise is the robust spread of consecutive differences, so the
+    rule is as strict as the run's own noise allows."""
+    ll = np.log(np.asarray(loss, dtype=np.float64))
+    if len(ll) < 10:
+        return None
+    med = np.array([np.median(part) for part in np.array_split(ll, 10)])
+    diff = np.diff(ll)
+    sigma = 1.4826 * float(np.median(np.abs(diff - np.median(diff)))) / np.sqrt(2)   # per-row noise of log L
+    m = len(ll) // 10
+    se = 1.2533 * sigma * np.sqrt(2.0 / m)     # of the difference of two medians of m rows
+    rise = float(med[-1] - med[:-1].min())
+    if rise > max(RISE_MIN, RISE_SE * se):
+        return float(np.exp(med[-1])), float(np.exp(med[:-1].min()))
+    return None
 
 
 def chinchilla_points(runs: list[Run], c: np.ndarray, smooth_decades: float = 0.0,
@@ -226,7 +254,7 @@ def _replicate_curve_fits(curves: list[SizeCurve], reps: dict[int, np.ndarray]) 
         if sc.fit is None:
             continue
         y = np.stack([np.log(reps[id(sc.runs[j])][:, i]) for j, i in zip(sc.row_run, sc.row_idx)], axis=1)
-        rep = fit_curves(sc.log_d, sc.grouped(y), row_weights(sc.log_d))
+        rep = fit_curves(sc.log_d, sc.grouped(y), sc.weights)
         f = sc.fit
         f.e, f.b, f.beta = (np.concatenate([getattr(f, k)[:1], getattr(rep, k)]) for k in ("e", "b", "beta"))
         f.rmse_log = np.concatenate([f.rmse_log[:1], rep.rmse_log])
@@ -282,6 +310,9 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
     if not runs:
         res.notes.append("no runs")
         return res
+    mixed = mixed_vocab(runs)
+    if mixed:
+        raise ValueError(mixed)
     n_sizes = len({r.n_params for r in runs})
     if n_sizes < 2:
         res.notes.append(f"only one model size ({runs[0].label}, {len(runs)} run(s)): a scaling law across compute "
@@ -301,23 +332,21 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
             f"leaves them out")
 
     for r in runs:  # a run that diverged still has rows, and they would be fitted like any others
-        n = len(r.loss)
-        if n >= 10:
-            best = float(np.min(r.loss))
-            tail = float(np.median(r.loss[-max(3, n // 10):]))
-            if tail > 1.2 * best:
-                res.warnings.append(
-                    f"run {r.name} ({r.label}): its loss ends at {tail:.3g} (median of its last rows), "
-                    f"{tail / best:.2f}x its lowest, {best:.3g}; did it diverge? Its rows are fitted as they are: "
-                    f"leave the run out, or resume it from a checkpoint before the rise")
+        rise = end_rise(r.loss)
+        if rise is not None:
+            tail, best = rise
+            res.warnings.append(
+                f"run {r.name} ({r.label}): its loss ends at {tail:.3g} (median of its last tenth of rows), "
+                f"{tail / best:.3f}x the lowest median of an earlier tenth, {best:.3g}; did it diverge? Its rows are "
+                f"fitted as they are: leave the run out, or resume it from a checkpoint before the rise")
     # learning curves of each size, then the replicate studies
     res.curves = size_curves(runs)
     for sc in res.curves:
-        if len(sc.log_d) < 4:
-            res.notes.append(f"size {sc.label}: {len(sc.log_d)} usable row(s); its learning curve (for N_opt/D_opt "
+        if sc.distinct_d < 4:
+            res.notes.append(f"size {sc.label}: {sc.distinct_d} usable row(s); its learning curve (for N_opt/D_opt "
                              f"and the intervals) needs >= 4")
             continue
-        fit = fit_curves(sc.log_d, sc.log_loss, row_weights(sc.log_d))
+        fit = fit_curves(sc.log_d, sc.log_loss, sc.weights)
         if not np.isfinite(fit.rmse_log[0]):
             res.notes.append(f"size {sc.label}: no decreasing learning curve L(D) = e + b*D^-beta fits its rows "
                              f"(is the loss falling?); it is left out of N_opt/D_opt")

@@ -37,9 +37,23 @@ from scaling.curves import CurveFit, fit_curves, row_weights
 from scaling.runs import Run, size_label
 
 GRID_POINTS = 512   # log-C points per adjacent pair on which a crossing is bracketed, then interpolated
-# above this many rows (a trainer logging every step), a size's rows are averaged in consecutive groups before
-# its learning curve is fitted: the curve is smooth on that scale, and the fits of hundreds of replicates stay fast
+# above this many rows (a trainer logging every step), a size's rows are averaged within bins of log D before its
+# learning curve is fitted (`log_d_groups`): the curve is smooth on that scale, and the fits of hundreds of
+# replicates stay fast
 MAX_CURVE_ROWS = 1000
+
+
+def log_d_groups(log_d: np.ndarray, max_rows: int = MAX_CURVE_ROWS) -> np.ndarray:
+    """First row of each group of sorted rows averaged into one fitted row: every row alone up to `max_rows`
+    rows, else the rows inside each of `max_rows` equal bins of log D. Bins of log D, not equal row counts: a run
+    logged every step has most of its rows in its last decade of D, and a group of its first k rows (steps 1..k)
+    would span decades, where the mean of log L is far from the curve at the mean log D."""
+    n = len(log_d)
+    if n <= max_rows:
+        return np.arange(n)
+    edges = np.linspace(log_d[0], log_d[-1], max_rows + 1)
+    bins = np.clip(np.searchsorted(edges, log_d, side="right") - 1, 0, max_rows - 1)
+    return np.flatnonzero(np.concatenate([[True], np.diff(bins) > 0]))
 
 
 @dataclass
@@ -49,26 +63,42 @@ class SizeCurve:
     flops_per_token: float
     label: str
     runs: list[Run]
-    log_d: np.ndarray              # sorted, unique (group means when the rows were grouped)
+    log_d: np.ndarray              # sorted (weighted group means when the rows were grouped, `log_d_groups`)
     log_loss: np.ndarray
+    weights: np.ndarray            # of each fitted row in the learning-curve fit (`run_row_weights`), mean 1
     row_run: np.ndarray            # which of `runs` each pooled row came from (before grouping)
     row_idx: np.ndarray            # ... and which of that run's rows
+    row_weight: np.ndarray         # ... and its weight
     group_starts: np.ndarray       # first pooled row of each fitted row (np.add.reduceat boundaries)
     fit: CurveFit | None = None    # row 0: the data; further rows: bootstrap replicates
 
     def grouped(self, log_loss_rows: np.ndarray) -> np.ndarray:
-        """[R, pooled rows] -> [R, fitted rows]: the mean over each group."""
-        counts = np.diff(np.append(self.group_starts, log_loss_rows.shape[-1]))
-        return np.add.reduceat(log_loss_rows, self.group_starts, axis=-1) / counts
+        """[R, pooled rows] -> [R, fitted rows]: the weighted mean over each group."""
+        w = self.row_weight
+        return np.add.reduceat(log_loss_rows * w, self.group_starts, axis=-1) / np.add.reduceat(w, self.group_starts)
+
+    @property
+    def distinct_d(self) -> int:
+        """How many different token counts the fitted rows have (runs of one size may log the same ones)."""
+        return len(np.unique(self.log_d))
 
     @property
     def log_c_range(self) -> tuple[float, float]:
         return (float(self.log_d[0] + np.log(self.flops_per_token)), float(self.log_d[-1] + np.log(self.flops_per_token)))
 
 
+def run_row_weights(log_d: np.ndarray) -> np.ndarray:
+    """Each row's share of its run's log-D axis (scaling.curves.row_weights), summing to the run's log-D extent.
+    Pooled over the runs of one size, each run then weighs by the decades of D it covers, whatever its logging
+    interval: a run logged every step counts as much as one logged every 100 steps over the same tokens, and a
+    second seed as much as the first."""
+    log_d = np.asarray(log_d, dtype=np.float64)
+    return row_weights(log_d) * max(float(np.ptp(log_d)), 1e-12) / len(log_d)
+
+
 def size_curves(runs: list[Run]) -> list[SizeCurve]:
-    """One SizeCurve per distinct model size, smallest first; rows of several runs of one size are pooled
-    (a repeated token count keeps its first row)."""
+    """One SizeCurve per distinct model size, smallest first; the rows of all runs of one size are pooled, each
+    weighted by its share of its own run's log-D axis (`run_row_weights`)."""
     by_n: dict[int, list[Run]] = {}
     for r in runs:
         by_n.setdefault(r.n_params, []).append(r)
@@ -79,17 +109,18 @@ def size_curves(runs: list[Run]) -> list[SizeCurve]:
         loss = np.concatenate([r.loss for r in rs])
         src = np.concatenate([np.full(len(r.tokens), i) for i, r in enumerate(rs)])
         idx = np.concatenate([np.arange(len(r.tokens)) for r in rs])
+        w = np.concatenate([run_row_weights(np.log(r.tokens)) for r in rs])
         order = np.argsort(d, kind="stable")
-        d, loss, src, idx = d[order], loss[order], src[order], idx[order]
-        keep = np.concatenate([[True], np.diff(d) > 0])
-        d, loss, src, idx = d[keep], loss[keep], src[keep], idx[keep]
-        starts = np.array([g[0] for g in np.array_split(np.arange(len(d)), min(len(d), MAX_CURVE_ROWS)) if len(g)],
-                          dtype=int)
+        d, loss, src, idx, w = d[order], loss[order], src[order], idx[order], w[order]
+        w = w / w.mean()
+        starts = log_d_groups(np.log(d))
         sc = SizeCurve(n_params=float(n), flops_per_token=float(np.mean([r.flops_per_token for r in rs])),
-                       label=rs[0].label, runs=rs, log_d=np.log(d), log_loss=np.log(loss), row_run=src, row_idx=idx,
-                       group_starts=starts)
+                       label=rs[0].label, runs=rs, log_d=np.log(d), log_loss=np.log(loss), weights=w, row_run=src,
+                       row_idx=idx, row_weight=w, group_starts=starts)
         if len(starts) < len(d):
             sc.log_d, sc.log_loss = sc.grouped(sc.log_d[None, :])[0], sc.grouped(sc.log_loss[None, :])[0]
+            group_w = np.add.reduceat(w, starts)
+            sc.weights = group_w / group_w.mean()
         out.append(sc)
     return out
 
@@ -100,11 +131,11 @@ def fit_size_curves(curves: list[SizeCurve], log_loss_replicates: list[np.ndarra
     notes = []
     for k, sc in enumerate(curves):
         y = sc.log_loss if log_loss_replicates is None else log_loss_replicates[k]
-        if len(sc.log_d) < 4:
+        if sc.distinct_d < 4:
             sc.fit = None
-            notes.append(f"size {sc.label}: {len(sc.log_d)} usable row(s), a learning-curve fit needs >= 4")
+            notes.append(f"size {sc.label}: {sc.distinct_d} usable row(s), a learning-curve fit needs >= 4")
             continue
-        sc.fit = fit_curves(sc.log_d, y, row_weights(sc.log_d))
+        sc.fit = fit_curves(sc.log_d, y, sc.weights)
     return notes
 
 

@@ -273,6 +273,22 @@ def group_by_arch(runs: list[Run]) -> dict[str, list[Run]]:
     return out
 
 
+def mixed_vocab(runs: list[Run]) -> str | None:
+    """Why one architecture's runs cannot be fitted together when they were trained with different vocabularies
+    (model.vocab_size), else None. Loss per token depends on the tokenizer (a token of a 32K vocabulary carries
+    less text than one of a 100K vocabulary, and is easier to predict), so on one envelope the runs of one
+    vocabulary would seem to beat the other's at every C, and N_opt would follow the tokenizer, not the size."""
+    by_vocab: dict[int, list[str]] = {}
+    for r in runs:
+        by_vocab.setdefault(r.cfg.vocab_size, []).append(r.name)
+    if len(by_vocab) < 2:
+        return None
+    which = "; ".join(f"vocab_size {v}: {', '.join(names)}" for v, names in sorted(by_vocab.items()))
+    return (f"{runs[0].arch} runs were trained with different vocabularies ({which}): loss per token depends on "
+            f"the tokenizer, so their losses are not comparable on one envelope; fit the runs of one vocabulary at "
+            f"a time")
+
+
 def select_seq_len(runs: list[Run], seq_len: int | None = None) -> tuple[list[Run], list[str]]:
     """One architecture's runs restricted to one training context length, and warnings.
 

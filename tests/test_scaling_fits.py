@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from models.accounting import paper_non_embedding_params
 from models.sizes import model_config
 from scaling.analysis import FitSettings, analyze_arch
 from scaling.chinchilla import fit_chinchilla, frontier as law_frontier, loglog_interpolator
@@ -427,6 +428,28 @@ def test_a_run_whose_loss_rises_at_its_end_is_warned_about(tmp_path):
     assert len(warned) == 1 and warned[0].startswith("run llama-mini")
 
 
+def test_a_run_whose_loss_climbs_ten_percent_is_warned_about_and_noise_is_not(tmp_path):
+    """1% noise: a run that climbs to 1.1x over its last 30% of rows (enough to move N_opt's exponent by several
+    interval widths) is named; noisy runs that only flatten out are not, at 1% or 5% noise."""
+    from scaling.analysis import end_rise
+    rng = np.random.default_rng(0)
+    d = np.linspace(1e8, 4e10, 400)
+    for noise in (0.01, 0.05):
+        for _ in range(20):
+            clean = LAW_618(1e8, d) * np.exp(noise * rng.standard_normal(len(d)))
+            assert end_rise(clean) is None
+    write_sweep(tmp_path, "tnl", ["70m", "160m", "410m"], LAW_618, noise=0.01, early_rows=30)
+    f = tmp_path / "tnl-160m" / "metrics.jsonl"
+    rows = [json.loads(line) for line in f.read_text().splitlines()]
+    start = int(0.7 * len(rows))
+    for i, r in enumerate(rows[start:]):
+        r["loss"] *= 1 + 0.1 * i / (len(rows) - start)
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs, _ = load_runs([tmp_path])
+    warned = [w for w in analyze_arch("tnl", runs, FitSettings(n_boot=0)).warnings if "diverge" in w]
+    assert len(warned) == 1 and warned[0].startswith("run tnl-160m"), warned
+
+
 def test_no_handover_fits_the_loss_and_still_draws_every_panel(tmp_path, capsys):
     """Every size stops while it still wins (the smaller size is ahead wherever the pair overlaps): L(C) is fitted,
     N_opt and D_opt are not, and the plots are written all the same, the comparison's empty panels included."""
@@ -591,18 +614,86 @@ def test_cli_errors(tmp_path, capsys):
     assert ">= 2 sizes" in captured.out and "no architecture could be fitted" in captured.err
 
 
+def test_runs_of_different_vocabularies_are_refused(tmp_path, capsys):
+    """Loss per token depends on the tokenizer: 160m trained with a 32K vocabulary (its loss per token 15% lower)
+    among 100K-vocabulary runs would win the envelope and move N_opt; the CLI names the runs and stops."""
+    for size in ("70m", "160m", "410m"):
+        cfg = model_config("tnl", size, **({"vocab_size": 32000} if size == "160m" else {}))
+        law = LossLaw(E=1.8 * 0.85, A=40 * 0.85, B=845 * 0.85, alpha=0.2, beta=0.3236) if size == "160m" else LAW_618
+        write_run(tmp_path / "runs" / f"tnl-{size}", cfg, law, 400 * paper_non_embedding_params(cfg))
+    assert _cli()([str(tmp_path / "runs"), "--n-boot", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "different vocabularies" in err and "vocab_size 32000: tnl-160m" in err and "tnl-410m" in err
+    runs, _ = load_runs([tmp_path / "runs"])
+    with pytest.raises(ValueError, match="different vocabularies"):
+        analyze_arch("tnl", runs, FitSettings(n_boot=0))
+
+
 def test_dense_logs_are_grouped_before_the_curve_fit(tmp_path):
-    """A run logged at every step: its rows are averaged in consecutive groups (at most MAX_CURVE_ROWS) before
+    """A run logged at every step: its rows are averaged in bins of log D (at most MAX_CURVE_ROWS groups) before
     the learning-curve fit, which then still describes the rows it came from."""
     from scaling.optimal import MAX_CURVE_ROWS
     write_sweep(tmp_path, "tnl", ["70m", "160m", "410m"], LossLaw(), noise=0.01, n_rows=2500, early_rows=30)
     runs, _ = load_runs([tmp_path])
     res = analyze_arch("tnl", runs, FitSettings(n_boot=20))
     for sc, run in zip(res.curves, sorted(runs, key=lambda r: r.n_params)):
-        assert len(run.tokens) > MAX_CURVE_ROWS and len(sc.log_d) == MAX_CURVE_ROWS
+        assert len(run.tokens) > MAX_CURVE_ROWS and 100 < len(sc.log_d) <= MAX_CURVE_ROWS
         resid = np.log(run.loss) - sc.fit.log_loss(np.log(run.tokens))[0]
         assert abs(resid.mean()) < 2e-3 and resid.std() == pytest.approx(0.01, rel=0.1)   # just the noise
     assert len(res.optimal.used) == 2 and res.n_fit.n_replicates == 20
+
+
+def test_logging_every_step_from_the_first_does_not_bend_the_learning_curves(tmp_path):
+    """Noise-free runs logged at every step from step 1 (more rows than MAX_CURVE_ROWS, most of them in the last
+    decade of D): each size's fitted curve is the law's own section e = E + A/N^alpha, beta, and each handover is
+    the law's crossing, as for the same runs logged every 100 steps. Averaging groups of equal row counts put
+    steps 1..30 into one fitted row, decades wide, and moved the handovers by up to 6% in C."""
+    from scipy.optimize import brentq
+    law, sizes = LAW_618, ["70m", "160m", "410m"]
+    for size in sizes:
+        cfg = model_config("tnl", size)
+        n = paper_non_embedding_params(cfg)
+        batch = int(400 * n / 2048 / 3000)                  # ~3000 steps of 400·N tokens, every one logged
+        write_run(tmp_path / size, cfg, law, 400 * n, global_batch=batch, n_rows=10 ** 6)
+    runs, _ = load_runs([tmp_path])
+    assert all(len(r.tokens) > 2500 and r.tokens[0] == r.tokens[1] / 2 for r in runs)
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0))
+    for sc in res.curves:
+        assert float(sc.fit.e[0]) == pytest.approx(law.E + law.A / sc.n_params ** law.alpha, rel=1e-4)
+        assert float(sc.fit.beta[0]) == pytest.approx(law.beta, abs=1e-3)
+    assert len(res.optimal.used) == 2
+    for h, small, large in zip(res.optimal.used, res.curves, res.curves[1:]):
+        gap = lambda lc: (np.log(law(small.n_params, np.exp(lc) / small.flops_per_token))
+                          - np.log(law(large.n_params, np.exp(lc) / large.flops_per_token)))
+        lo, hi = max(small.log_c_range[0], large.log_c_range[0]), min(small.log_c_range[1], large.log_c_range[1])
+        assert h.c == pytest.approx(np.exp(brentq(gap, lo, hi)), rel=1e-3)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_runs_of_one_size_weigh_alike_whatever_their_logging_interval(tmp_path, dense):
+    """Two noise-free runs of 160m over the same tokens, one 2% above the law and one 2% below, logged at the
+    same steps (two seeds of one schedule) or the second at every step (70x as often): the size's curve is the
+    law's own, between the two. Before, rows at a token count another run had logged were dropped, and a dense
+    run's rows crowded out the sparse one's, so the curve was whichever run came first or logged more."""
+    law = LAW_618
+    scaled = lambda k: LossLaw(E=law.E * k, A=law.A * k, B=law.B * k, alpha=law.alpha, beta=law.beta)   # noqa: E731
+    for size in ("70m", "160m", "410m"):
+        cfg = model_config("tnl", size)
+        tokens = 400 * paper_non_embedding_params(cfg)
+        if size != "160m":
+            write_run(tmp_path / size, cfg, law, tokens)
+            continue
+        write_run(tmp_path / "160m-a", cfg, scaled(1.02), tokens, global_batch=800, n_rows=300)
+        b = write_run(tmp_path / "160m-b", cfg, scaled(1 / 1.02), tokens, global_batch=800,
+                      n_rows=10 ** 6 if dense else 300) / "metrics.jsonl"
+        first = json.loads((tmp_path / "160m-a" / "metrics.jsonl").read_text().splitlines()[0])["tokens"]
+        b.write_text("".join(ln + "\n" for ln in b.read_text().splitlines() if json.loads(ln)["tokens"] >= first))
+    runs, _ = load_runs([tmp_path])
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0))
+    sc = res.curves[1]
+    assert len(sc.runs[0].tokens) == 300 and len(sc.runs[1].tokens) == (21242 if dense else 300)
+    assert float(sc.fit.e[0]) == pytest.approx(law.E + law.A / sc.n_params ** law.alpha, rel=1e-3)
+    assert float(sc.fit.beta[0]) == pytest.approx(law.beta, abs=2e-3)
 
 
 def test_a_size_whose_loss_does_not_fall_is_left_out(tmp_path):
