@@ -45,7 +45,7 @@ from checkpoints.layout import (CHECKPOINTS, EXPORTS, LATEST, META, MODEL_WEIGHT
                                 TMP_SUFFIX, TORCH_MODEL, TRAINER_DIR, TRASH_SUFFIX, parse_step, step_dirs, step_name,
                                 tmp_dirs)
 from checkpoints.manifest import verify, write_manifest
-from checkpoints.run_dir import read_run_id
+from checkpoints.run_dir import checkpoint_run_id, read_run_id
 from checkpoints.schedule import SnapshotSchedule
 from checkpoints.signals import StopSignal
 from checkpoints.staging import StagingBuffers
@@ -95,14 +95,6 @@ def rank_file(rank: int) -> str:
 # ---------------------------------------------------------------------------------------------------
 # finding and pruning checkpoints (plain functions: export and tests use them without a trainer)
 # ---------------------------------------------------------------------------------------------------
-
-def checkpoint_run_id(path: Path) -> str | None:
-    """The run id a checkpoint's meta.json records (None: unknown, e.g. written before run ids existed)."""
-    try:
-        return json.loads((Path(path) / META).read_text()).get("run_id")
-    except (OSError, ValueError, AttributeError):
-        return None
-
 
 def find_resume_checkpoint(ckpt_dir: Path, checksums: bool = True,
                            on_skip: Callable[[str], None] = logger.warning, run_id: str | None = None) -> Path | None:

@@ -199,15 +199,21 @@ def read_run_id(run_dir: Path) -> str | None:
         return None
 
 
+def checkpoint_run_id(path: Path) -> str | None:
+    """The run id a checkpoint's (or snapshot's) meta.json records (None: unknown, e.g. written before run ids
+    existed, or unreadable)."""
+    try:
+        return json.loads((Path(path) / META).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def recorded_run_id(run_dir: Path) -> tuple[str, Path] | None:
-    """The run id the newest checkpoint (else snapshot) of `run_dir` records in its meta.json, with that
-    directory; None when none records one."""
+    """The run id the newest checkpoint (else snapshot) of `run_dir` records, with that directory; None when
+    none records one."""
     for sub in (CHECKPOINTS, SNAPSHOTS):
         for _, path in reversed(step_dirs(Path(run_dir) / sub)):
-            try:
-                run_id = json.loads((path / META).read_text()).get("run_id")
-            except (OSError, ValueError, AttributeError):
-                continue
+            run_id = checkpoint_run_id(path)
             if isinstance(run_id, str) and run_id:
                 return run_id, path
     return None

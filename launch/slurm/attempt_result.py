@@ -28,24 +28,27 @@ if "checkpoints" not in sys.modules:
     sys.modules["checkpoints"] = _pkg
 
 from checkpoints.layout import CHECKPOINTS, SUMMARY, step_dirs  # noqa: E402
-from checkpoints.manifest import verify  # noqa: E402
+from checkpoints.manifest import MANIFEST, verify  # noqa: E402
+
+
+def _newest_complete(run_dir: Path) -> tuple[int, Path] | None:
+    """(step, folder) of the newest checkpoint that passes the quick (size-only) verification, or None."""
+    for step, path in reversed(step_dirs(Path(run_dir) / CHECKPOINTS)):
+        if verify(path, checksums=False) is None:
+            return step, path
+    return None
 
 
 def newest_complete_step(run_dir: Path) -> int:
     """The step of the newest checkpoint that passes the quick (size-only) verification, or -1."""
-    for step, path in reversed(step_dirs(Path(run_dir) / CHECKPOINTS)):
-        if verify(path, checksums=False) is None:
-            return step
-    return -1
+    newest = _newest_complete(run_dir)
+    return newest[0] if newest else -1
 
 
 def newest_complete(run_dir: Path) -> str:
     """'<folder>@<manifest mtime_ns>' of the newest checkpoint that passes the quick verification, or 'none'."""
-    from checkpoints.manifest import MANIFEST
-    for _, path in reversed(step_dirs(Path(run_dir) / CHECKPOINTS)):
-        if verify(path, checksums=False) is None:
-            return f"{path.name}@{(path / MANIFEST).stat().st_mtime_ns}"
-    return "none"
+    newest = _newest_complete(run_dir)
+    return f"{newest[1].name}@{(newest[1] / MANIFEST).stat().st_mtime_ns}" if newest else "none"
 
 
 def stop_reason(run_dir: Path) -> tuple[str, int]:
