@@ -69,6 +69,16 @@ def encode_pair(context: str, continuation: str) -> tuple[list[int], list[int]]:
     return ctx, whole[len(ctx):]
 
 
+def perplexity_of(mean_nll: float) -> float:
+    """exp(mean negative log-likelihood); inf where that overflows a float (a diverged snapshot's losses run
+    into the thousands of nats), as validation_loss reports it: a sweep over a run's snapshots must report the
+    diverged one, not stop at it with math's OverflowError."""
+    try:
+        return math.exp(mean_nll)
+    except OverflowError:
+        return math.inf
+
+
 def default_max_length(model: LanguageModel) -> int:
     return model.config.max_seq_len
 
@@ -85,7 +95,7 @@ def wikitext_perplexity(model: LanguageModel, path: str | Path | None = None, ma
     total = sum(ll)
     words = sum(word_count(p) for p in pages)
     nbytes = sum(len(p.encode("utf-8")) for p in pages)
-    return {"word_perplexity": math.exp(-total / words), "byte_perplexity": math.exp(-total / nbytes),
+    return {"word_perplexity": perplexity_of(-total / words), "byte_perplexity": perplexity_of(-total / nbytes),
             "bits_per_byte": -total / nbytes / math.log(2), "loglikelihood": total, "documents": len(pages),
             "words": words, "bytes": nbytes, "tokens": sum(len(t) for t in token_lists)}
 
@@ -106,7 +116,7 @@ def lambada_openai(model: LanguageModel, path: str | Path | None = None, max_len
     scores = score_continuations(model, lambada_requests(texts), max_length or default_max_length(model),
                                  batch_size, progress)
     lls = [s for s, _ in scores]
-    return {"acc": sum(g for _, g in scores) / len(scores), "perplexity": math.exp(-sum(lls) / len(lls)),
+    return {"acc": sum(g for _, g in scores) / len(scores), "perplexity": perplexity_of(-sum(lls) / len(lls)),
             "examples": len(scores)}
 
 

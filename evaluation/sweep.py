@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from checkpoints.atomic import make_output_dir
-from checkpoints.layout import EXPORTS, MODEL_CONFIG, MODEL_WEIGHTS
+from checkpoints.layout import EXPORTS, MODEL_CONFIG, MODEL_WEIGHTS, TMP_SUFFIX, TRASH_SUFFIX, parse_step
 from evaluation.context import scoring_window, training_context
 from pretrain.argtypes import positive_int, ranged
 from pretrain.cli import option
@@ -106,8 +106,16 @@ def find_snapshots(paths: list[str]) -> list[dict]:
         if is_export(p):
             exports = [p]
         else:
-            exports = sorted(Path(c).parent for c in glob.glob(str(p / EXPORTS / "*" / MODEL_CONFIG)))
-            exports = [e for e in exports if is_export(e)]
+            # not hidden folders, nor an export being written or removed (*.tmp, *.trash)
+            entries = sorted(d for d in (p / EXPORTS).glob("*") if d.is_dir() and not d.name.startswith(".")
+                             and not d.name.endswith((TMP_SUFFIX, TRASH_SUFFIX)))
+            exports = [e for e in entries if is_export(e)]
+            for e in entries:
+                if not is_export(e):  # exports are published whole, so this one was damaged or copied in part
+                    missing = " and ".join(f for f in (MODEL_CONFIG, MODEL_WEIGHTS) if not (e / f).is_file())
+                    step = parse_step(e.name)
+                    logger.warning(f"{e}: not an export (no {missing}); skipped. Export that step again (launch/"
+                                   f"export.py {p} --step {step if step is not None else 'N'} --force) or remove it")
             if not exports:
                 raise FileNotFoundError(f"{p}: neither an export directory (config.json + model.safetensors) "
                                         f"nor a run directory with exports/*/ (run launch/export.py first)")
@@ -120,7 +128,10 @@ def find_snapshots(paths: list[str]) -> list[dict]:
             except ValueError as err:
                 raise ValueError(f"{e / MODEL_CONFIG}: not valid JSON ({err}); export that step again "
                                  f"(launch/export.py RUN --step N --force) or leave it out") from None
-            model = meta.get("model", {})
+            model = meta.get("model") if isinstance(meta, dict) else None
+            if not isinstance(model, dict):
+                raise ValueError(f"{e / MODEL_CONFIG}: no \"model\" section, so not an export of launch/export.py "
+                                 f"(a Hugging Face model folder?); give directories written by launch/export.py")
             found.append({"run": run, "run_dir": str(run_dir.resolve()),
                           "snapshot": e.name, "path": str(e.resolve()), "arch": model.get("arch"),
                           "size": model.get("size"), "step": meta.get("step"), "tokens": meta.get("tokens"),
@@ -171,6 +182,8 @@ def matched_files(patterns: list[str]) -> list[str]:
     val/shard0.bin`, or one spelt two ways) is read once, or its tokens would weigh twice in the mean."""
     seen, out = set(), []
     for f in sorted({f for pat in patterns for f in glob.glob(pat)}):
+        if not os.path.isfile(f):  # a folder a pattern also matches (`val/*` with val/old/ in it) holds no tokens
+            continue
         real = os.path.realpath(f)
         if real not in seen:
             seen.add(real)
@@ -184,6 +197,20 @@ def _files_key(patterns: list[str]) -> list:
     out = []
     for f in matched_files(patterns):
         st = Path(f).stat()
+        out.append([f, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def _haystack_key(files: list[str]) -> list:
+    """The haystack files in the order given, each with size and mtime: the haystack is their text laid end to
+    end in that order, so the same files in another order are another haystack."""
+    out = []
+    for f in files:
+        try:
+            st = Path(f).stat()
+        except OSError:
+            out.append([f, None, None])
+            continue
         out.append([f, st.st_size, st.st_mtime_ns])
     return out
 
@@ -250,7 +277,7 @@ def task_settings(task: str, cfg: SweepConfig, window: int | None = None, dtype:
          "dtype": dtype or run_dtype(cfg), "data": data_key(task, cfg)}
     if task.startswith("niah_"):
         s.update(lengths=cfg.niah_lengths, depths=cfg.niah_depths, trials=cfg.niah_trials,
-                 haystack=_files_key(cfg.niah_haystack), scoring=cfg.niah_scoring, threshold=cfg.niah_threshold,
+                 haystack=_haystack_key(cfg.niah_haystack), scoring=cfg.niah_scoring, threshold=cfg.niah_threshold,
                  placement="token_depth")
         if cfg.niah_trials > 1:
             # results keyed without cell_mean averaged the trials as a running sum of s/trials, which can land
@@ -341,6 +368,24 @@ def run_lm_eval(model, tasks: list[str], cfg: SweepConfig, window: int | None = 
 
 # -- the sweep ------------------------------------------------------------------------------------------
 
+def check_task_data(tasks: list[str], cfg: SweepConfig) -> None:
+    """The files each task reads exist, checked before any model is loaded: a missing evaluation file or
+    haystack is named at once, not after the first snapshot's earlier tasks have run."""
+    from evaluation import local_data
+    from evaluation.niah import default_haystack_files
+    for t in tasks:
+        for name in local_data.TASK_FILES.get(t, ()):
+            local_data.eval_path(name)      # FileNotFoundError naming the file and $LINSCALE_SHARED_DATA
+    if any(t.startswith("niah_") for t in tasks):
+        if not cfg.niah_haystack:
+            default_haystack_files()
+        for f in cfg.niah_haystack:
+            if not os.path.isfile(f):
+                raise FileNotFoundError(f"--niah-haystack {f}: {'a folder' if os.path.isdir(f) else 'no such file'}; "
+                                        f"give text files (plain or .gz), or leave the flag out for the Gutenberg "
+                                        f"books of the shared data folder")
+
+
 def load_model(snap: dict, cfg: SweepConfig, tasks: list[str]):
     from evaluation.devices import resolve_device, resolve_dtype
     from models import load_pretrained
@@ -385,15 +430,20 @@ def sweep(cfg: SweepConfig) -> list[dict]:
         check_grid(cfg.niah_depths, cfg.niah_lengths)   # before any model is loaded
         if cfg.niah_scoring not in SCORINGS:
             raise ValueError(f"--niah-scoring {cfg.niah_scoring!r}; choose one of {SCORINGS}")
-    if "valid_loss" in tasks and not any(glob.glob(pat) for pat in cfg.valid_shards):
+    if "valid_loss" in tasks and not matched_files(cfg.valid_shards):
+        folders = [pat for pat in cfg.valid_shards if os.path.isdir(pat)]
         raise ValueError("task valid_loss needs held-out token files: pass --valid-shards FILE_OR_GLOB ... (flat "
                          "uint32 token files, e.g. a prepared dataset's val shards)"
-                         + (f"; nothing matches {' '.join(cfg.valid_shards)}" if cfg.valid_shards else ""))
+                         + (f"; {folders[0]} is a folder: give its files, e.g. '{Path(folders[0]) / '*.bin'}'"
+                            if folders else f"; nothing matches {' '.join(cfg.valid_shards)}" if cfg.valid_shards else ""))
     dtype = run_dtype(cfg)  # also checks --device before anything is loaded
     snaps = find_snapshots(cfg.runs)
     # the default out is in the first run given
     out = Path(cfg.out) if cfg.out else (run_dir_of(Path(cfg.runs[0])) / "eval" if cfg.runs else Path("eval"))
     make_output_dir(out, f"--out {out}" if cfg.out else f"the results folder {out} (default: <first run>/eval)")
+    for snap in snaps:      # a model that cannot take the text tasks at all is the first thing to say
+        check_vocab(snap, tasks)
+    check_task_data(tasks, cfg)
     logger.info(f"evaluating {len(snaps)} snapshot(s) x {len(tasks)} task(s) -> {out}")
     rows = []
     for n, snap in enumerate(snaps, 1):
@@ -416,7 +466,6 @@ def sweep(cfg: SweepConfig) -> list[dict]:
         label = f"[{n}/{len(snaps)}] {snap['run']}/{snap['snapshot']} (step {snap['step']})"
         logger.info(f"{label}: {len(cached)} cached, {len(todo)} to run {todo if todo else ''}")
         if todo:
-            check_vocab(snap, todo)
             t0 = time.time()
             try:
                 model = load_model(snap, cfg, todo)
@@ -477,15 +526,22 @@ def csr_average(paper_scores: dict[str, float | None]) -> float | None:
     return sum(vals) / len(vals)
 
 
+def row_errors(row: dict) -> str:
+    """'task: error; ...' for the tasks of a snapshot that failed (an export that cannot be loaded, SCROLLS
+    offline), on one line: in the CSV a failed task is otherwise only a row of empty cells, like one not run."""
+    return "; ".join(f"{t}: {' '.join(str(res['error']).split())}" for t, res in row["results"].items()
+                     if isinstance(res, dict) and res.get("error"))
+
+
 def write_tables(rows: list[dict], tasks: list[str], out: Path) -> None:
     base = ["run", "snapshot", "arch", "size", "n_params", "step", "tokens", "flops", "flops_non_embedding", "path"]
     flats = [flat_metrics(r) for r in rows]
     cols = sorted({k for f in flats for k in f})
     with open(out / "results.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(base + cols)
+        w.writerow(base + cols + ["errors"])
         for r, f in zip(rows, flats):
-            w.writerow([r.get(b) for b in base] + [f.get(c, "") for c in cols])
+            w.writerow([r.get(b) for b in base] + [f.get(c, "") for c in cols] + [row_errors(r)])
     (out / "results.json").write_text(json.dumps({"tasks": tasks, "snapshots": rows}, indent=1, default=str))
 
 

@@ -135,7 +135,11 @@ def test_a_damaged_export_is_reported_and_the_others_evaluated(run_dir, tmp_path
                                    valid_seq_len=16, out=str(tmp_path / "out"), device="cpu"))
     assert "cannot load" in rows[0]["results"]["valid_loss"]["error"]
     assert rows[1]["results"]["valid_loss"]["windows"] == 3
-    assert (tmp_path / "out" / "results.csv").is_file()
+    with open(tmp_path / "out" / "results.csv") as fh:
+        table = list(csv.DictReader(fh))
+    # the table says why the first row has no numbers (its cells were left empty, like a task not asked for)
+    assert table[0]["errors"].startswith("valid_loss: cannot load") and "step_00000010" in table[0]["errors"]
+    assert table[0]["valid_loss/loss"] == "" and table[1]["errors"] == "" and table[1]["valid_loss/loss"] != ""
     (run_dir / "exports" / "step_00000030" / "config.json").write_text('{"step": 30,')
     with pytest.raises(ValueError, match="step_00000030/config.json: not valid JSON"):
         sw.find_snapshots([str(run_dir)])
@@ -229,6 +233,10 @@ def test_scoring_window_is_the_training_context(tmp_path, monkeypatch, capsys):
         return {"word_perplexity": 10.0}
 
     monkeypatch.setattr("evaluation.perplexity.wikitext_perplexity", fake_wikitext)
+    wiki = tmp_path / "shared" / "eval" / "wikitext-2-raw" / "wiki.test.raw"   # the sweep checks it exists
+    wiki.parent.mkdir(parents=True)
+    wiki.write_text(" \n = Page = \n \n text . \n")
+    monkeypatch.setenv("LINSCALE_SHARED_DATA", str(tmp_path / "shared"))
     rows = sw.sweep(sw.SweepConfig(runs=[str(run)], tasks=["wikitext2"], out=str(tmp_path / "out"), device="cpu"))
     assert seen == [24] and rows[0]["results"]["wikitext2"]["window"] == 24
     sw.sweep(sw.SweepConfig(runs=[str(run)], tasks=["wikitext2"], out=str(tmp_path / "out"), device="cpu",
@@ -346,3 +354,122 @@ def test_out_that_is_a_file_is_refused_before_any_model(run_dir, tmp_path, monke
     cfg = sw.SweepConfig(runs=[str(run_dir)], tasks=["wikitext2"], device="cpu", out=str(tmp_path / "taken" / "eval"))
     with pytest.raises(NotADirectoryError, match=r"--out .*taken/eval: cannot create the folder .*taken is a file"):
         sw.sweep(cfg)
+
+
+def test_a_diverged_snapshot_reports_infinite_perplexity(tmp_path, monkeypatch):
+    """A snapshot whose losses run into the thousands of nats (a diverged run; here the tied embedding scaled up)
+    has a perplexity past the largest float: it is reported as inf, as validation_loss does, and the sweep goes
+    on. math.exp raised OverflowError there, which stopped the whole sweep at that snapshot."""
+    from data_pipeline.tokenizer import EOT_ID, get_tokenizer
+    from evaluation import perplexity
+    torch.manual_seed(0)
+    model = build_model("tnl", "tiny", max_seq_len=64).eval()
+    with torch.no_grad():
+        model.embed.weight.mul_(3000)
+    text = "the cat sat on the mat and went to sleep on the rug"
+    data = tmp_path / "shared"
+    _lambada(data / "eval" / "lambada" / "lambada_test.jsonl", [text])
+    page = " = Cats = \n \n the cat sat on the mat . \n"
+    wiki = tmp_path / "wiki.raw"
+    wiki.write_text(" \n" + page)
+    tok = get_tokenizer()
+
+    def direct_ll(ctx: list[int], cont: list[int]) -> float:   # one full forward pass, float64 log-softmax
+        ids = ctx + cont
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids[:-1]])).double(), -1)[0]
+        return sum(float(logp[len(ctx) - 1 + i, t]) for i, t in enumerate(cont))
+
+    ctx, last = text.rsplit(" ", 1)
+    lam_ll = direct_ll(tok.encode_ordinary(ctx), tok.encode_ordinary(" " + last))
+    assert -lam_ll > 710                                   # exp(-mean ll) is past the largest float (~1.8e308)
+    lam = perplexity.lambada_openai(model, data / "eval" / "lambada" / "lambada_test.jsonl", max_length=64)
+    assert lam["perplexity"] == math.inf and lam["examples"] == 1 and lam["acc"] == 0.0
+    wiki_ll = direct_ll([EOT_ID], tok.encode_ordinary(perplexity.wikitext_detokenizer(page)))
+    # lm-eval's count, re.split(r"\s+", page), by hand: = Cats = the cat sat on the mat . and the empty strings
+    # before the leading and after the trailing whitespace
+    words, nbytes = 12, len(page.encode())
+    assert -wiki_ll / words > 710
+    wt = perplexity.wikitext_perplexity(model, wiki, max_length=64)
+    assert (wt["words"], wt["bytes"]) == (words, nbytes)
+    assert wt["word_perplexity"] == math.inf and wt["byte_perplexity"] == math.inf
+    assert wt["bits_per_byte"] == pytest.approx(-wiki_ll / nbytes / math.log(2), rel=1e-4)   # finite: still reported
+    # in the sweep: the diverged snapshot is a row of the table, beside the healthy one
+    run = tmp_path / "run"
+    save_pretrained(model, run / "exports" / "step_00000010", extra={"step": 10, "tokens": 1000, "flops": 1e10})
+    torch.manual_seed(0)
+    save_pretrained(build_model("tnl", "tiny", max_seq_len=64), run / "exports" / "step_00000020",
+                    extra={"step": 20, "tokens": 2000, "flops": 2e10})
+    monkeypatch.setenv("LINSCALE_SHARED_DATA", str(data))
+    rows = sw.sweep(sw.SweepConfig(runs=[str(run)], tasks=["lambada_openai"], device="cpu", out=str(tmp_path / "out"),
+                                   max_length=64))
+    assert rows[0]["results"]["lambada_openai"]["perplexity"] == math.inf
+    assert math.isfinite(rows[1]["results"]["lambada_openai"]["perplexity"])
+    with open(tmp_path / "out" / "results.csv") as fh:
+        assert [r["lambada_openai/perplexity"] for r in csv.DictReader(fh)][0] == "inf"
+
+
+def test_folders_in_exports_that_are_not_exports_are_named(run_dir, monkeypatch):
+    """exports/ is written one whole export at a time, so a step folder without its config.json or weights is
+    damaged: it is named in a warning (it was left out of the table without a word); one being written (.tmp) is
+    not. A config.json without the model section (a Hugging Face folder) is refused with its path (a KeyError
+    traceback before)."""
+    warned = []
+    monkeypatch.setattr(sw.logger, "warning", warned.append)
+    (run_dir / "exports" / "step_00000020").mkdir()
+    (run_dir / "exports" / "step_00000020" / "model.safetensors").write_bytes(b"x")
+    (run_dir / "exports" / "step_00000040.tmp").mkdir()
+    snaps = sw.find_snapshots([str(run_dir)])
+    assert [s["step"] for s in snaps] == [10, 30]
+    assert len(warned) == 1 and "step_00000020: not an export (no config.json)" in warned[0]
+    assert "--step 20 --force" in warned[0]
+    cfg = run_dir / "exports" / "step_00000030" / "config.json"
+    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 32000}))
+    with pytest.raises(ValueError, match=r'step_00000030/config.json: no "model" section'):
+        sw.find_snapshots([str(run_dir)])
+
+
+def test_missing_inputs_are_named_before_any_model(run_dir, tmp_path, monkeypatch):
+    """A missing evaluation file, --niah-haystack file, or a --valid-shards folder is named before any model is
+    loaded (each surfaced only after a model was loaded and earlier tasks had run, the last two as a bare
+    errno message); a folder that a --valid-shards glob also matches is passed over, not read as tokens."""
+    monkeypatch.setattr(sw, "load_model", lambda *a: pytest.fail("a model was loaded"))
+    monkeypatch.setenv("LINSCALE_SHARED_DATA", str(tmp_path / "no_data"))
+    base = dict(runs=[str(run_dir)], device="cpu", out=str(tmp_path / "out"))
+    with pytest.raises(FileNotFoundError, match=r"boolq: .*no_data/eval/boolq/val.jsonl not found"):
+        sw.sweep(sw.SweepConfig(tasks=["boolq"], **base))
+    with pytest.raises(FileNotFoundError, match=r"no_data/eval/wikitext-2-raw/wiki.test.raw not found"):
+        sw.sweep(sw.SweepConfig(tasks=["wikitext2"], **base))
+    with pytest.raises(FileNotFoundError, match=r"--niah-haystack .*nothing.txt: no such file"):
+        sw.sweep(sw.SweepConfig(tasks=["niah_easy"], niah_lengths=[256], niah_haystack=[str(tmp_path / "nothing.txt")],
+                                **base))
+    with pytest.raises(FileNotFoundError, match=r"no haystack text under .*no_data/train/en/gutenberg"):
+        sw.sweep(sw.SweepConfig(tasks=["niah_easy"], niah_lengths=[256], **base))
+    shards = tmp_path / "val"
+    (shards / "old").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"val is a folder: give its files"):
+        sw.sweep(sw.SweepConfig(tasks=["valid_loss"], valid_shards=[str(shards)], **base))
+    monkeypatch.undo()
+    np.random.default_rng(0).integers(0, 100277, 2 * 17, dtype=np.uint32).tofile(shards / "a.bin")
+    rows = sw.sweep(sw.SweepConfig(tasks=["valid_loss"], valid_shards=[str(shards / "*")], valid_seq_len=16,
+                                   plots=False, **{**base, "runs": [str(run_dir / "exports" / "step_00000010")]}))
+    assert rows[0]["results"]["valid_loss"]["windows"] == 2 and rows[0]["results"]["valid_loss"]["tokens"] == 32
+
+
+def test_the_haystack_in_another_order_is_another_cached_result(tmp_path):
+    """The haystack is its files' text laid end to end in the order given; the same files in another order
+    are another haystack (other text at every depth), so a NIAH result cached for one order is not reused
+    for the other."""
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("The first book speaks of rivers and hills. " * 20)
+    b.write_text("A second volume concerns ships, tides and harbours. " * 20)
+    from evaluation import niah
+    assert niah.haystack_tokens([a, b], 50) != niah.haystack_tokens([b, a], 50)
+
+    def settings(files):
+        cfg = sw.SweepConfig(runs=["unused"], tasks=["niah_standard"], niah_haystack=[str(f) for f in files],
+                             device="cpu")
+        return sw.task_settings("niah_standard", cfg, window=64, dtype="float32")
+
+    assert settings([a, b]) == settings([a, b])
+    assert settings([a, b]) != settings([b, a])
