@@ -37,7 +37,7 @@ from .dedup import MinHasher, exact_keys, keyed_batch, shingle_hashes
 from .filters import check_batch, clean_batch, prepare_tables
 from .merge import run_all, write_part_records
 from .shards import ShardWriter
-from .sources import Counts, iter_file, iter_source
+from .sources import Counts, iter_file, iter_source, max_doc_chars
 from .tokenizer import encode_document_array, get_tokenizer
 
 log = logging.getLogger("linscale.data")
@@ -235,7 +235,8 @@ def _file_docs(cfg: DataConfig, src: SourceConfig, si: int, files: list[Path], p
         if fi >= 1 << _FILE_BITS:
             raise ValueError(f"source {src.name!r} has more than {1 << _FILE_BITS} files")
         counts.files += 1
-        for di, (text, _) in enumerate(iter_file(src, files[fi], counts, cfg.filters.max_line_bytes)):
+        for di, (text, _) in enumerate(iter_file(src, files[fi], counts, cfg.filters.max_line_bytes,
+                                                 max_doc_chars(cfg))):
             if src.max_documents is not None and counts.raw_documents >= src.max_documents:
                 return
             counts.raw_documents += 1
@@ -271,7 +272,7 @@ def _prepare_part(cfg: DataConfig, out: Path, part: int, num_parts: int, workers
     seen: set[int] = set()
     local_dups = [0] * len(cfg.sources)
     chars_in = tokens_out = 0
-    bar = _bar(progress, f"prepare part {part}")
+    bar = _Progress(f"prepare part {part}/{num_parts}") if progress else None
     get_tokenizer()  # loaded once here: forked workers share it instead of each parsing the BPE file
     prepare_tables()  # the same for the filters' character tables
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
@@ -304,8 +305,7 @@ def _prepare_part(cfg: DataConfig, out: Path, part: int, num_parts: int, workers
                     sig_file.write(np.ascontiguousarray(done.sigs[keep]).tobytes())
                     band_rows.append(done.bands[keep])
             if bar is not None:
-                bar.update(done.chars_in)
-                bar.set_postfix_str(f"{tokens_out / 1e6:.1f}M tok")
+                bar.update(done.chars_in, tokens_out)
     finally:
         if pool is not None:
             # queued batches are dropped; a batch a worker is on finishes (seconds), then the pool exits
@@ -410,9 +410,35 @@ def prepare(cfg: DataConfig, out: Path, workers: int = 0, part: int | None = Non
         return merge(cfg, out) if do_merge else None
 
 
-def _bar(progress: bool, desc: str):
-    if not progress:
-        return None
-    from tqdm import tqdm
-    return tqdm(desc=desc, unit="ch", unit_scale=True, unit_divisor=1000, mininterval=1.0,
-                disable=None, file=sys.stderr)
+PROGRESS_SECONDS = 60.0  # a progress line this often where stderr is not a terminal
+
+
+class _Progress:
+    """Progress of a part: a tqdm bar on a terminal; elsewhere (a batch job's log file, where tqdm draws
+    nothing) an INFO line every PROGRESS_SECONDS, so that a part that runs for hours shows it is alive."""
+
+    def __init__(self, desc: str) -> None:
+        self.desc = desc
+        self.chars = 0
+        self.t0 = self.last = time.monotonic()
+        self.bar = None
+        if getattr(sys.stderr, "isatty", lambda: False)():
+            from tqdm import tqdm
+            self.bar = tqdm(desc=desc, unit="ch", unit_scale=True, unit_divisor=1000, mininterval=1.0,
+                            file=sys.stderr)
+
+    def update(self, chars: int, tokens_out: int) -> None:
+        self.chars += chars
+        if self.bar is not None:
+            self.bar.update(chars)
+            self.bar.set_postfix_str(f"{tokens_out / 1e6:.1f}M tok")
+            return
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_SECONDS:
+            self.last = now
+            log.info("%s: %.1fM characters in, %.2fM tokens out, %.0f s (%.2fM characters/s)", self.desc,
+                     self.chars / 1e6, tokens_out / 1e6, now - self.t0, self.chars / 1e6 / max(now - self.t0, 1e-9))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -199,6 +199,21 @@ def _is_binary(head: bytes) -> bool:
     return bad / len(head) > 0.1
 
 
+# magic numbers of compressed files, for a file read as plain because its name lacks the suffix
+_MAGIC = {b"\x1f\x8b": ".gz", b"\x28\xb5\x2f\xfd": ".zst", b"BZh": ".bz2", b"\xfd7zXZ\x00": ".xz"}
+
+
+def _binary_detail(head: bytes) -> str:
+    """What a file the reader calls binary most likely is, and the fix, for the warning."""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (
+            len(head) >= 64 and max(head[0::2].count(0), head[1::2].count(0)) > 0.4 * len(head)):
+        return "UTF-16/32 text, it seems: the sources read UTF-8; convert it (iconv -f UTF-16 -t UTF-8)"
+    for magic, suffix in _MAGIC.items():
+        if head.startswith(magic):
+            return f"compressed data without the {suffix} suffix that makes the reader decompress it: rename the file"
+    return "NUL or control bytes: not a text file"
+
+
 def _lines(f: BinaryIO, limit: int, counts: Counts, where: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, decoded line without newline); lines over `limit` bytes and lines that are
     not UTF-8 are skipped and counted. Reads in blocks (much faster than readline); an overlong line is
@@ -277,51 +292,102 @@ def _whole_file(f: BinaryIO, limit: int) -> tuple[str | None, bytes]:
     return text, b""
 
 
-def _text_docs(lines: Iterator[tuple[int, str]], unit: str, where: str) -> Iterator[tuple[str, str]]:
+def _text_docs(lines: Iterator[tuple[int, str]], unit: str, where: str, counts: Counts | None = None,
+               max_chars: int | None = None) -> Iterator[tuple[str, str]]:
+    """Documents of a text file: each line, each blank-line block, or the whole file. A block or file
+    growing past `max_chars` characters is no longer held: the rest of it streams past and it is skipped
+    as `overlong_documents` (a whole corpus in one file read with text_unit `file` would otherwise be
+    held whole, tens of times its size in memory, to be removed by `too_long`)."""
     if unit == "line":
         for n, line in lines:
             yield line, f"{where}:{n}"
         return
-    buf: list[str] = []
+    buf = _Capped(max_chars)
     start = 1
     for n, line in lines:
         if unit == "blank_line" and not line.strip():
             if buf:
-                yield "\n".join(buf), f"{where}:{start}"
-            buf = []
+                yield from buf.take(counts, f"{where}:{start}", unit)
             continue
         if not buf:
             start = n
         buf.append(line)
     if buf:
-        yield "\n".join(buf), f"{where}:{start}" if unit == "blank_line" else where
+        yield from buf.take(counts, f"{where}:{start}" if unit == "blank_line" else where, unit)
+
+
+class _Capped:
+    """The lines of one document being read, held only while they total at most `limit` characters;
+    past that only their count is kept and take() skips the document as `overlong_documents`."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.lines: list[str] = []
+        self.chars = 0  # characters of the document so far (lines joined by newlines)
+        self.started = False
+
+    def __bool__(self) -> bool:
+        return self.started
+
+    def append(self, line: str) -> None:
+        self.chars += len(line) + self.started
+        self.started = True
+        if self.limit is not None and self.chars > self.limit:
+            self.lines = []  # over the limit: nothing more is held
+        else:
+            self.lines.append(line)
+
+    def take(self, counts: Counts | None, where: str, unit: str) -> Iterator[tuple[str, str]]:
+        """The document (nothing if it went over the limit, counted), and a fresh start."""
+        chars, over = self.chars, self.limit is not None and self.chars > self.limit
+        text = "\n".join(self.lines)
+        self.lines, self.chars, self.started = [], 0, False
+        if not over:
+            yield text, where
+        elif counts is not None:
+            counts.skip("overlong_documents", where, _overlong_detail(chars, self.limit, unit))
+
+
+def _overlong_detail(chars: int, limit: int, unit: str) -> str:
+    hint = {"file": "if the file holds many documents, set text_unit: blank_line or line for its source",
+            "blank_line": "if it holds many documents, set text_unit: line for its source",
+            "wikiextractor": "a <doc> block never closed, or far longer than any article"}.get(unit, "")
+    return f"{chars} characters, more than {limit} (twice filters.max_chars)" + (f"; {hint}" if hint else "")
 
 
 _DOC_OPEN = re.compile(r'^<doc\b[^>]*>\s*$')
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _wikiextractor_docs(lines: Iterator[tuple[int, str]], where: str, counts: Counts
-                        ) -> Iterator[tuple[str, str]]:
-    buf: list[str] | None = None
+def _wikiextractor_docs(lines: Iterator[tuple[int, str]], where: str, counts: Counts,
+                        max_chars: int | None = None) -> Iterator[tuple[str, str]]:
+    buf: _Capped | None = None  # the open <doc> block (see _Capped for max_chars)
     start = 0
     for n, line in lines:
         if line.startswith("<doc") and _DOC_OPEN.match(line):  # the cheap test first
             if buf is not None:
                 counts.skip("unclosed_doc_tags", f"{where}:{start}")
-                yield "\n".join(buf), f"{where}:{start}"
-            buf, start = [], n
+                yield from _doc_block(buf, counts, f"{where}:{start}")
+            buf, start = _Capped(max_chars), n
         elif line.strip() == "</doc>":
             if buf is None:
                 counts.skip("stray_closing_tags", f"{where}:{n}")
             else:
-                yield "\n".join(buf), f"{where}:{start}"
+                yield from _doc_block(buf, counts, f"{where}:{start}")
             buf = None
         elif buf is not None:
             buf.append(line)
     if buf:
         counts.skip("unclosed_doc_tags", f"{where}:{start}")
-        yield "\n".join(buf), f"{where}:{start}"
+        yield from _doc_block(buf, counts, f"{where}:{start}")
+
+
+def _doc_block(buf: _Capped, counts: Counts, where: str) -> Iterator[tuple[str, str]]:
+    """A <doc> block's text; an empty block (no line inside) is an empty document (too_short removes it)."""
+    if not buf:
+        yield "", where
+    else:
+        yield from buf.take(counts, where, "wikiextractor")
 
 
 def _jsonl_docs(lines: Iterator[tuple[int, str]], key: str, where: str, counts: Counts
@@ -398,9 +464,11 @@ def _chain_first(first, rest):
     yield from rest
 
 
-def iter_file(src: SourceConfig, path: Path, counts: Counts, max_line_bytes: int
-              ) -> Iterator[tuple[str, str]]:
-    """(text, where) of every raw document in one file."""
+def iter_file(src: SourceConfig, path: Path, counts: Counts, max_line_bytes: int,
+              max_doc_chars: int | None = None) -> Iterator[tuple[str, str]]:
+    """(text, where) of every raw document in one file. A document of several lines (text blocks and
+    files, WikiExtractor blocks) over `max_doc_chars` characters is skipped as `overlong_documents`
+    without being held whole (callers pass twice filters.max_chars: `too_long` would remove it anyway)."""
     where = str(path)
     if src.type == "parquet":
         try:
@@ -413,23 +481,27 @@ def iter_file(src: SourceConfig, path: Path, counts: Counts, max_line_bytes: int
         with open_binary(path) as f:
             head = f.peek(8192)[:8192]
             if _is_binary(head):
-                counts.skip("binary_files", where)
+                counts.skip("binary_files", where, _binary_detail(head))
                 return
             docs: Iterator[tuple[str, str]]
             if src.type == "text" and src.text_unit == "file":
                 doc, seen = _whole_file(f, max_line_bytes)
                 if doc is not None and damage_of(f) is None:
                     docs = iter([(doc, where)])
+                    if max_doc_chars is not None and len(doc) > max_doc_chars:  # as the line reader does
+                        docs = iter(())
+                        counts.skip("overlong_documents", where, _overlong_detail(len(doc), max_doc_chars, "file"))
                 else:  # invalid UTF-8, too long, or damaged: line by line, what can be read
-                    docs = _text_docs(_lines(_Prefixed(seen, f), max_line_bytes, counts, where), "file", where)
+                    docs = _text_docs(_lines(_Prefixed(seen, f), max_line_bytes, counts, where), "file", where,
+                                      counts, max_doc_chars)
             else:
                 lines = _lines(f, max_line_bytes, counts, where)
                 if src.type == "jsonl":
                     docs = _jsonl_docs(lines, src.field, where, counts)
                 elif src.type == "wikiextractor":
-                    docs = _wikiextractor_docs(lines, where, counts)
+                    docs = _wikiextractor_docs(lines, where, counts, max_doc_chars)
                 else:
-                    docs = _text_docs(lines, src.text_unit, where)
+                    docs = _text_docs(lines, src.text_unit, where, counts, max_doc_chars)
             for item in docs:
                 kept += 1
                 yield item
@@ -439,6 +511,13 @@ def iter_file(src: SourceConfig, path: Path, counts: Counts, max_line_bytes: int
                                                     f"{kept} document(s) before the damage are kept")
     except OSError as err:  # unreadable: permissions, I/O errors
         counts.skip("unreadable_files", where, f"{type(err).__name__}: {err} ({kept} document(s) read before)"[:200])
+
+
+def max_doc_chars(cfg: DataConfig) -> int:
+    """The reader's limit on one document (iter_file): twice filters.max_chars. Cleaning shortens real
+    text (line ends, entities, invisible characters) by far less than half, so what the reader skips is
+    what `too_long` would remove after cleaning."""
+    return 2 * cfg.filters.max_chars
 
 
 def check_inputs(cfg: DataConfig, where: str = "data config") -> None:
@@ -571,4 +650,4 @@ def _iter_files(cfg: DataConfig, src: SourceConfig, files: list[Path], counts: C
             counts.skip("missing_files", str(path), "no such file")
             continue
         counts.files += 1
-        yield from iter_file(src, path, counts, cfg.filters.max_line_bytes)
+        yield from iter_file(src, path, counts, cfg.filters.max_line_bytes, max_doc_chars(cfg))

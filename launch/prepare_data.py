@@ -68,8 +68,8 @@ def _main(argv=None) -> int:
         print(f"wrote {a.out}/train, {a.out}/val and {a.out}/stats.json")
         empty = [s["name"] for s in stats["sources"] if not sum(s["tokens_out"].values())]
         if len(empty) == len(stats["sources"]):
-            raise ValueError(f"--config {a.config}: the dataset in {a.out} holds no tokens: {_removed(stats)}. Loosen "
-                             f"those filters in the config's `filters:` section (docs/data.md), or check the inputs")
+            raise ValueError(f"--config {a.config}: the dataset in {a.out} holds no tokens: {_removed(stats)}. "
+                             f"{_advice(stats)}")
         for s in stats["sources"]:
             if s["name"] in empty:
                 print(f"WARNING source {s['name']!r} contributed no tokens: {_removed({'sources': [s]})}",
@@ -92,9 +92,19 @@ def _removed(stats: dict) -> str:
         for k, v in (s["skipped_input"] or {}).items():
             gone[f"skipped input ({k})"] = gone.get(f"skipped input ({k})", 0) + v
     top = sorted(((v, k) for k, v in gone.items() if v), reverse=True)[:4]
-    if not docs_in:
-        return "the inputs held no documents"
+    if not docs_in:  # every record skipped as input (wrong type or field, ...) or no record at all
+        return "the inputs held no documents" + (" (" + ", ".join(f"{k}: {v}" for v, k in top) + ")" if top else "")
     return f"of {docs_in} documents read, removed by " + ", ".join(f"{k}: {v}" for v, k in top)
+
+
+def _advice(stats: dict) -> str:
+    """What to change for an empty output: the filters if they removed most, else the inputs."""
+    docs_in = sum(s["documents_in"] for s in stats["sources"])
+    filtered = sum(sum(s["removed_by_filter"].values()) for s in stats["sources"])
+    if docs_in and filtered * 2 >= docs_in:
+        return "Loosen those filters in the config's `filters:` section (docs/data.md), or check the inputs"
+    return ("Check the inputs against the config: each source's `type`, `field`/`column` and `text_unit` "
+            "(docs/data.md), and the warnings above, which name the files and lines skipped")
 
 
 def main(argv=None) -> int:

@@ -190,6 +190,60 @@ def test_malformed_input_is_skipped_and_counted(tmp_path, caplog):
     assert ld.next_batch()["input_ids"].shape == (4, 64)
 
 
+def test_a_document_far_over_max_chars_is_skipped_as_it_streams(tmp_path, caplog):
+    """A whole corpus in one file read as one document (text_unit `file`, the default), one endless
+    paragraph, a <doc> never closed: skipped while reading, never held whole (it was, at tens of times its
+    size in memory, only for `too_long` to remove it), counted with the fix in the warning; a document
+    between max_chars and twice that still reaches `too_long`; the documents around them are kept."""
+    import tracemalloc
+    from data_pipeline.sources import iter_file
+    rng = random.Random(8)
+    good = [f"Document {i}: " + english_text(rng, 150) for i in range(4)]
+    corpus = "\n\n".join(f"Article {i}: " + english_text(rng, 150) for i in range(60))  # ~60k characters
+    limit = 10_000  # filters.max_chars: the reader holds at most 20k characters of a document
+    assert len(corpus) > 3 * limit and all(len(g) < limit for g in good)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a_good.txt").write_text(good[0])
+    (tmp_path / "t" / "b_corpus.txt").write_text(corpus)
+    (tmp_path / "t" / "c_long.txt").write_text(corpus[:int(1.5 * limit)])  # too_long, as before
+    (tmp_path / "t" / "d_good.txt").write_text(good[1])
+    (tmp_path / "blocks.txt").write_text(good[2] + "\n\n" + corpus.replace("\n\n", "\n") + "\n\n" + good[3])
+    (tmp_path / "wiki.txt").write_text(f'<doc id="1">\n{good[0]}\n</doc>\n<doc id="2">\n{corpus}\n'
+                                       f'<doc id="3">\n{good[1]}\n</doc>\n')
+    raw = {"name": "long", "val_fraction": 0, "dedup": {"near": False, "exact": False},
+           "filters": {"min_chars": 50, "max_chars": limit}, "sources": [
+               {"name": "files", "language": "en", "type": "text", "paths": [str(tmp_path / "t" / "*.txt")]},
+               {"name": "blocks", "language": "en", "type": "text", "text_unit": "blank_line",
+                "paths": [str(tmp_path / "blocks.txt")]},
+               {"name": "wiki", "language": "en", "type": "wikiextractor", "paths": [str(tmp_path / "wiki.txt")]}]}
+    with caplog.at_level(logging.WARNING, logger="linscale.data"):
+        stats = prepare(parse_data_config(raw), tmp_path / "ds", workers=1, progress=False)
+    by = {s["name"]: s for s in stats["sources"]}
+    assert by["files"]["skipped_input"] == {"overlong_documents": 1}
+    assert by["files"]["removed_by_filter"]["too_long"] == 1  # c_long.txt
+    assert by["blocks"]["skipped_input"] == {"overlong_documents": 1}
+    assert by["wiki"]["skipped_input"] == {"overlong_documents": 1, "unclosed_doc_tags": 1}
+    out = _output_docs(tmp_path / "ds" / "train")
+    assert sorted(out["files"]) == sorted(clean(g) for g in good[:2])
+    assert out["blocks"] == [clean(g) for g in good[2:]]
+    assert sorted(out["wiki"]) == sorted(clean(g) for g in good[:2])
+    assert "b_corpus.txt" in caplog.text and "text_unit: blank_line or line" in caplog.text
+    # the line reader (a file over max_line_bytes) holds a bounded amount of a 20 MB one-document file
+    big = tmp_path / "big.txt"
+    big.write_text((corpus + "\n\n") * 400)
+    assert big.stat().st_size > 20_000_000
+    src = parse_data_config(raw).sources[0]
+    counts = Counts("files")
+    tracemalloc.start()
+    try:
+        docs = list(iter_file(src, big, counts, 1 << 16, 2 * limit))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert docs == [] and counts.skipped == {"overlong_documents": 1}
+    assert peak < 4_000_000, peak
+
+
 def test_formats_text_blocks_zstd_parquet(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -453,3 +507,59 @@ def test_each_filter_is_counted_in_stats(tmp_path):
     assert {k: v for k, v in s["removed_by_filter"].items() if v} == dict(want)
     assert {k: v for k, v in s["chars_removed_by_filter"].items() if v} == dict(want_chars)
     assert sum(s["documents_out"].values()) + sum(want.values()) + s["exact_duplicates"] == len(docs)
+
+
+def test_an_empty_output_from_skipped_input_names_the_reason_not_the_filters(tmp_path, capsys):
+    """Every record skipped as input (a text file read as jsonl): prepare_data's error counts what was
+    skipped and points at the source's type/field, not at the filters, which removed nothing."""
+    from launch.prepare_data import main
+    rng = random.Random(9)
+    (tmp_path / "book.txt").write_text("\n".join(english_text(rng, 40) for _ in range(31)) + "\n")
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text(json.dumps({"name": "t", "val_fraction": 0, "sources": [
+        {"name": "s", "language": "en", "type": "jsonl", "paths": [str(tmp_path / "book.txt")]}]}))
+    rc = main(["--config", str(cfg), "--out", str(tmp_path / "ds"), "--workers", "1", "--no-progress"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
+    assert rc == 2 and len(err) == 1, err
+    assert "holds no tokens: the inputs held no documents (skipped input (bad_json_lines): 31)" in err[0], err[0]
+    assert "`type`, `field`/`column`" in err[0] and "Loosen" not in err[0], err[0]
+
+
+def test_prepare_shows_progress_in_a_log_file(tmp_path, caplog, monkeypatch):
+    """Where stderr is not a terminal (a batch job's log; pytest's capture here), where a tqdm bar draws
+    nothing, a part logs its progress lines (every PROGRESS_SECONDS; 0 here: at every batch)."""
+    import data_pipeline.prepare as prep
+    monkeypatch.setattr(prep, "PROGRESS_SECONDS", 0.0, raising=False)
+    monkeypatch.setattr(prep, "BATCH_CHARS", 2000)
+    rng = random.Random(10)
+    docs = [f"Document {i}: " + english_text(rng, 100) for i in range(40)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    cfg = parse_data_config({"name": "p", "val_fraction": 0, "sources": [
+        {"name": "s", "language": "en", "type": "jsonl", "paths": [str(tmp_path / "a.jsonl")]}]})
+    with caplog.at_level(logging.INFO, logger="linscale.data"):
+        prepare(cfg, tmp_path / "ds", workers=1, progress=True)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prepare part 0/1: ")]
+    assert len(lines) >= 5, caplog.text
+    chars = [float(re.search(r": ([\d.]+)M characters in", ln).group(1)) for ln in lines]
+    assert chars == sorted(chars) and chars[-1] == round(sum(map(len, docs)) / 1e6, 1)
+
+
+def test_a_binary_file_warning_says_what_the_file_seems_to_be(tmp_path, caplog):
+    """A UTF-16 text file, a gzip archive without its .gz suffix: still skipped as binary (counted), and the
+    warning names the likely cause and the fix; a UTF-8 neighbour is read."""
+    rng = random.Random(11)
+    docs = [f"Document {i}: " + english_text(rng, 80) for i in range(3)]
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in docs)
+    (tmp_path / "a16.jsonl").write_bytes(lines.encode("utf-16"))
+    (tmp_path / "b_packed.jsonl").write_bytes(gzip.compress(lines.encode()))
+    (tmp_path / "c.jsonl").write_text(lines)
+    cfg = parse_data_config({"name": "bin", "val_fraction": 0, "dedup": {"near": False}, "sources": [
+        {"name": "s", "language": "en", "type": "jsonl", "paths": [str(tmp_path / "*.jsonl")]}]})
+    with caplog.at_level(logging.WARNING, logger="linscale.data"):
+        stats = prepare(cfg, tmp_path / "ds", workers=1, progress=False)
+    assert stats["sources"][0]["skipped_input"] == {"binary_files": 2}
+    assert sorted(_output_docs(tmp_path / "ds" / "train")["s"]) == sorted(clean(d) for d in docs)
+    warn = {r.getMessage().split(" at ")[1].split(" ")[0]: r.getMessage() for r in caplog.records
+            if "binary files" in r.getMessage()}
+    assert "UTF-16" in warn[str(tmp_path / "a16.jsonl")] and "iconv" in warn[str(tmp_path / "a16.jsonl")]
+    assert "without the .gz suffix" in warn[str(tmp_path / "b_packed.jsonl")]
