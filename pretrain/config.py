@@ -37,11 +37,16 @@ SMALL_SIZE_PRESETS: dict[str, dict[str, Any]] = {
 
 def param(default: Any = None, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
           lt: float | None = None, choices: tuple | None = None, casefold: bool = False, path: bool = False,
-          default_factory: Callable[[], Any] | None = None) -> Any:
+          inf: bool = False, default_factory: Callable[[], Any] | None = None) -> Any:
     """A config field with what values it allows, checked for every field at parse time (`validate`):
     a range (ge/gt/le/lt) for numbers, `choices` for enumerations, `path=True` for free-form paths.
-    Every int, float and str field carries one of them (tests/test_bad_inputs.py checks that)."""
+    Every int, float and str field carries one of them (tests/test_bad_inputs.py checks that).
+    Numbers must be finite; `inf=True` also accepts +inf where it means "no limit" (a clipping threshold
+    or a spike factor that is never reached). An open upper bound alone does not: `--lr inf` or
+    `--weight-decay inf` would turn every weight into inf or NaN in the first update."""
     meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("choices", choices)) if v is not None}
+    if inf:
+        meta["inf"] = True
     if casefold:
         meta["casefold"] = True
     if path:
@@ -59,7 +64,7 @@ class OptimConfig:
     beta2: float = param(0.95, ge=0, lt=1)
     eps: float = param(1e-8, gt=0)
     warmup_steps: int = param(2000, ge=0)      # linear warm-up from 0, then constant (the paper's schedule)
-    grad_clip: float = param(1.0, ge=0)         # max global gradient norm; 0 turns clipping off
+    grad_clip: float = param(1.0, ge=0, inf=True)  # max global gradient norm; 0 (or inf) turns clipping off
 
 
 @dataclass
@@ -88,7 +93,7 @@ class TrainConfig:
     eval_batches: int = param(8, ge=1)         # validation set: this many batches of 8 sequences (any micro-batch)
     allow_inexact_batch: bool = False  # accept a global batch the micro-batch/world size cannot reach exactly
     max_bad_steps: int = param(5, ge=0)         # stop after this many non-finite steps in a row (0: never stop)
-    spike_factor: float = param(3.0, gt=1)      # log a loss spike when loss > factor x running mean
+    spike_factor: float = param(3.0, gt=1, inf=True)  # log a loss spike when loss > factor x running mean
     # profile optimizer step N (CUDA kernels and the GPU's idle gaps: pretrain/profiling.py) into
     # <run>/profile-step-N-rank-R.json and one log line; 0: none
     profile_step: int = param(0, ge=0)
@@ -420,7 +425,7 @@ def check_field(f: dataclasses.Field, value: Any, label: str) -> Any:
                           + (f" ({allowed_values(f.metadata)})" if allowed_values(f.metadata) else "")) from None
     meta = f.metadata
     if kind in ("int", "float") and isinstance(value, float) and not math.isfinite(value) and "choices" not in meta:
-        if not (value == math.inf and "le" not in meta and "lt" not in meta):
+        if not (value == math.inf and meta.get("inf")):
             raise ConfigError(f"{label} {value}: must be a finite number ({allowed_values(meta)})")
     if "choices" in meta:
         ok = value.lower() in [str(c).lower() for c in meta["choices"]] if meta.get("casefold") and isinstance(value, str) \
@@ -563,7 +568,10 @@ def gradient_accumulation(global_batch: int, world_size: int, micro_batch: int, 
         unit = world_size * micro_batch
         lower, upper = max(1, global_batch // unit) * unit, -(-global_batch // unit) * unit
         near = sorted({lower, upper})
-        sizes = [w for w in range(max(1, world_size // 2), 2 * world_size + 1) if global_batch % w == 0]
+        # rank counts at which this micro batch reaches the batch exactly: the batch must split evenly over
+        # the ranks *and* each rank's share must be whole micro batches (480 on 48 ranks is 10 a rank,
+        # which --micro-batch 4 cannot reach)
+        sizes = [w for w in range(max(1, world_size // 2), 2 * world_size + 1) if global_batch % (w * micro_batch) == 0]
         sizes = sorted(sizes, key=lambda w: abs(w - world_size))[:4]
         raise ValueError(
             f"global batch of {global_batch} sequences cannot be split evenly over {world_size} ranks, so no "

@@ -14,8 +14,13 @@ from pretrain.logs import get_logger
 
 logger = get_logger(__name__)
 
-# dense bf16 tensor-core peak, for MFU
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "H800": 989e12, "B200": 2250e12}
+# dense bf16 tensor-core peak per GPU (NVIDIA's datasheets print twice these, "with sparsity"), for MFU,
+# matched against torch.cuda.get_device_name in this order: the PCIe and NVL boards of a chip run at lower
+# clocks and power than its SXM module ("NVIDIA H100 PCIe" 756 TFLOP/s, "NVIDIA H100 NVL" and "NVIDIA H200
+# NVL" 835), so their names must be tried before the bare chip name, which is the SXM part ("NVIDIA H100
+# 80GB HBM3", "NVIDIA H200", "NVIDIA GH200 480GB": 989)
+PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H800 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12,
+                   "H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "B200": 2250e12}
 
 
 def logged_row_at(run_dir: Path, step: int) -> dict:
@@ -37,11 +42,16 @@ def logged_row_at(run_dir: Path, step: int) -> dict:
 
 
 def peak_flops(device: torch.device) -> float | None:
+    """The dense bf16 peak of `device` (None on CPU or an unlisted GPU: no MFU is logged)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, v in PEAK_BF16_FLOPS.items():
-        if key in name:
+    return peak_flops_of(torch.cuda.get_device_name(device))
+
+
+def peak_flops_of(name: str) -> float | None:
+    """The dense bf16 peak of the GPU called `name` (as torch.cuda.get_device_name gives it), or None."""
+    for key, v in PEAK_BF16_FLOPS.items():  # most specific first
+        if key.lower() in name.lower():
             return v
     return None
 

@@ -202,7 +202,10 @@ class Trainer:
         try:
             self.accum = gradient_accumulation(cfg.global_batch, self.dp_size, t.micro_batch, t.allow_inexact_batch)
         except ValueError as err:
-            raise ValueError(f"{err}{preset_note(cfg)}") from None
+            # the arithmetic counts data-parallel ranks; under --sp the user counts processes
+            sp_note = (f" (with --sp {sp} the ranks above are data-parallel groups: {env.world_size} ranks / --sp "
+                       f"{sp} = {self.dp_size}; a rank count above means that many x {sp} processes)") if sp > 1 else ""
+            raise ValueError(f"{err}{sp_note}{preset_note(cfg)}") from None
         # the batch actually trained on (differs from the requested one only with --allow-inexact-batch)
         self.global_batch = self.dp_size * t.micro_batch * self.accum
         self.tokens_per_step = self.dp_size * t.micro_batch * self.accum * t.seq_len
