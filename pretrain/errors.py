@@ -20,6 +20,7 @@ EXIT_USAGE = 2
 EXIT_STOPPED = 3
 EXIT_SAVE_FAILED = 4
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what the shell reports for `yes | head`
 
 
 class UserError(Exception):
@@ -91,6 +92,12 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     except KeyboardInterrupt:
         print(f"\n{prefix}interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader of stdout went away (`model_info.py | head`): nothing more to say to it. stdout goes to
+        # /dev/null so that the interpreter's last flush at exit does not raise the same error again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except _user_error_types() as err:  # noqa: B030 - a tuple computed once per call
         if getattr(err, "quiet", False):  # the same error is reported by rank 0
             return exit_code(err)

@@ -78,11 +78,14 @@ def compute_per_token(cfg: ModelConfig, seq_len: int, include_embedding: bool = 
     return flops_per_step(cfg, 1, seq_len, include_embedding) / seq_len
 
 
-def _warmup_tokens(config: dict, seq_len: int) -> float | None:
-    """optim.warmup_steps x tokens per step (train.global_batch_tokens, or global_batch x seq_len)."""
+def _warmup_tokens(config: dict, seq_len: int, logged_per_step: float | None = None) -> float | None:
+    """optim.warmup_steps x tokens per step: as the run logged them (`logged_per_step`), else as its config
+    asked (train.global_batch_tokens, or global_batch x seq_len). They differ under --allow-inexact-batch,
+    where the trainer runs the nearest batch the ranks can reach (512 sequences for 480) and config.json keeps
+    the request."""
     steps = (config.get("optim") or {}).get("warmup_steps")
     train = config.get("train") or {}
-    per_step = train.get("global_batch_tokens") or (train.get("global_batch") or 0) * seq_len
+    per_step = logged_per_step or train.get("global_batch_tokens") or (train.get("global_batch") or 0) * seq_len
     if not isinstance(steps, (int, float)) or isinstance(steps, bool) or not per_step:
         return None
     return float(steps) * float(per_step)
@@ -111,6 +114,23 @@ def _number(row: dict, key: str) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v)
+
+
+def logged_tokens_per_step(path: Path) -> float | None:
+    """Tokens per optimizer step as a metrics.jsonl logs them (tokens / step of its first row that has both),
+    or None."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(row, dict):
+                continue
+            tokens, step = _number(row, "tokens"), _number(row, "step")
+            if tokens is not None and step and step > 0 and math.isfinite(tokens) and tokens > 0:
+                return tokens / step
+    return None
 
 
 def read_metrics(path: Path, loss_key: str = "loss", min_tokens: float = 0.0, warmup_tokens: float | None = None
@@ -179,7 +199,7 @@ def load_run(path: str | Path, include_embedding: bool = False, loss_key: str = 
         raise RunError(f"{path}: not a run directory (missing {' and '.join(missing)}); "
                        f"a run holds {CONFIG_FILE} and {METRICS_FILE} as written by launch/pretrain.py")
     cfg, seq_len, config = _read_config(path)
-    warmup = _warmup_tokens(config, seq_len)
+    warmup = _warmup_tokens(config, seq_len, logged_tokens_per_step(path / METRICS_FILE))
     tokens, loss, skipped = read_metrics(path / METRICS_FILE, loss_key, min_tokens,
                                          warmup if skip_warmup else None)
     return Run(path=path, arch=cfg.arch, size=cfg.size, cfg=cfg, seq_len=seq_len,

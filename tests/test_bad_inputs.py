@@ -1226,6 +1226,58 @@ def test_utf8_byte_order_mark(tmp_path):
     assert _read(tmp_path / "c.txt", kind="text")[0] == ["A whole-file text document."]
 
 
+def test_document_far_over_max_chars(tmp_path):
+    """A text file read whole (text_unit: file) far over filters.max_chars is not held (the reader stops
+    keeping it at twice max_chars) and is counted as overlong_documents, warned about with the fix; the
+    other files' documents are kept."""
+    import contextlib
+    import io
+    from launch.prepare_data import main
+    good = _records(3)
+    for i, d in enumerate(good):
+        (tmp_path / f"good{i}.txt").write_text(d)
+    (tmp_path / "big.txt").write_text("\n".join(_records(200, seed=1)))     # ~170k characters, one document
+    cfg = tmp_path / "data.yaml"
+    cfg.write_text(json.dumps({"name": "t", "val_fraction": 0, "dedup": {"near": False},
+                               "filters": {"min_chars": 10, "min_stop_share": 0, "max_chars": 20000},
+                               "sources": [{"name": "s", "language": "en", "type": "text",
+                                            "paths": [str(tmp_path / "*.txt")]}]}))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["--config", str(cfg), "--out", str(tmp_path / "ds"), "--workers", "1", "--no-progress"])
+    assert rc == 0, err.getvalue()
+    stats = json.loads((tmp_path / "ds" / "stats.json").read_text())["sources"][0]
+    assert stats["skipped_input"] == {"overlong_documents": 1}, stats
+    assert stats["documents_in"] == 3
+    assert "big.txt" in err.getvalue() and "text_unit: blank_line or line" in err.getvalue()
+
+
+def test_inputs_all_skipped(tmp_path):
+    """A plain text file configured as `type: jsonl`: every line is skipped as input, so the dataset is empty;
+    the error names the skip reason and the source's type/field, not the filters, which removed nothing."""
+    (tmp_path / "notes.jsonl").write_text("\n".join(_records(5)) + "\n")
+    rc, _, err = _prepare(tmp_path, [str(tmp_path / "notes.jsonl")])
+    assert rc == 2
+    line = one_error_line(err)
+    assert "the inputs held no documents (skipped input (bad_json_lines): 5)" in line, line
+    assert "`type`" in line and "`filters:`" not in line
+
+
+def test_output_piped_into_head():
+    """A command whose output is cut off by its reader (`model_info.py ... | head -1`, a long table into
+    `head`): it stops quietly with the shell's SIGPIPE status, no BrokenPipeError traceback."""
+    code = ("import sys; from pretrain.errors import run_cli\n"
+            "def main(argv):\n    for i in range(200000):\n        print(f'row {i} ' + 'x' * 60)\n"
+            "sys.exit(run_cli(main))")
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    assert p.stdout.readline().startswith(b"row 0 ")
+    p.stdout.close()            # what head does after its first line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 def test_data_globs_match_nothing(tmp_path, dataset, capsys):
     """A data config whose paths match no file: prepare_data and training refuse (exit 2, naming the
     source, the patterns and the folder they are read from) instead of an empty dataset."""

@@ -110,10 +110,33 @@ def test_the_warmup_is_skipped_on_request(tmp_path):
     np.testing.assert_array_equal(run.tokens, np.arange(4, 11) * seq_len * batch)
     assert run.skipped == {"in the lr warm-up (--skip-warmup)": 3}
     assert len(load_run(d).tokens) == 10
-    # a config written by the trainer carries global_batch_tokens instead
+    # a config written by the trainer carries global_batch_tokens instead; the log's own tokens per step
+    # win over it: under --allow-inexact-batch the trainer ran another batch than config.json asks for
     config["train"] = {"seq_len": seq_len, "global_batch_tokens": 2 * seq_len * batch}
     (d / "config.json").write_text(json.dumps(config))
+    assert load_run(d).warmup_tokens == 3 * seq_len * batch
+    run = load_run(d, skip_warmup=True)
+    np.testing.assert_array_equal(run.tokens, np.arange(4, 11) * seq_len * batch)
+    # a log without step numbers: the config's batch is all there is
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"tokens": s * seq_len * batch, "loss": 3.0}) + "\n"
+                                             for s in range(1, 11)))
     assert load_run(d).warmup_tokens == 6 * seq_len * batch
+
+
+def test_the_warmup_of_an_inexact_batch_ends_at_its_logged_step(tmp_path):
+    """480 sequences asked for, 512 trained (--allow-inexact-batch): the warm-up's 5 steps end at 5 x 512
+    sequences of tokens, as the log counts them, not at 5 x 480 (which would keep step 5's row)."""
+    cfg = model_config("tnl", "tiny")
+    seq_len = 16
+    rows = "".join(json.dumps({"step": s, "tokens": s * 512 * seq_len, "loss": 3.0}) + "\n" for s in range(1, 9))
+    d = _write(tmp_path / "r", cfg, rows, seq_len, 480)
+    config = json.loads((d / "config.json").read_text())
+    config["optim"] = {"warmup_steps": 5}
+    config["train"] = {"seq_len": seq_len, "global_batch_tokens": 480 * seq_len, "allow_inexact_batch": True}
+    (d / "config.json").write_text(json.dumps(config))
+    run = load_run(d, skip_warmup=True)
+    assert run.warmup_tokens == 5 * 512 * seq_len
+    np.testing.assert_array_equal(run.tokens, np.arange(6, 9) * 512 * seq_len)
 
 
 def test_rows_the_trainer_flagged_are_left_out(tmp_path):
