@@ -13,7 +13,8 @@ SPLITS = ("train", "val")
 
 def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch: int,
                  rank: int = 0, world_size: int = 1, seed: int = 0, doc_starts: bool = False,
-                 split: str = "train", sp_rank: int = 0, sp_size: int = 1) -> "Loader":
+                 split: str = "train", sp_rank: int = 0, sp_size: int = 1,
+                 planned_steps: int | None = None) -> "Loader":
     """The loader of one rank.
 
     data: None for the embedded default corpus; a folder written by launch/prepare_data.py (its
@@ -22,8 +23,10 @@ def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch:
     split: "train" or "val" (held-out documents, for validation loss).
     sp_rank, sp_size: this rank's place in its sequence-parallel group (rank, world_size count
     data-parallel ranks); it gets its segment of every sequence.
+    planned_steps: the run's step limit, if any: rank 0 logs how many epochs of each source it reads, and
+    warns about a source read more than once (its documents repeat).
     """
-    from .loader import Loader, ShardProvider, repeats_within_a_step
+    from .loader import Loader, ShardProvider, epochs_over_the_run, repeats_within_a_step, source_epochs
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if data is None:
@@ -44,9 +47,20 @@ def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch:
         provider = ShardProvider(root, seed)
     loader = Loader(provider, seq_len, global_batch, micro_batch, rank, world_size, seed, doc_starts,
                     sp_rank=sp_rank, sp_size=sp_size)
-    warning = repeats_within_a_step(provider, seq_len, global_batch) if split == "train" and rank == 0 else None
-    if warning:  # (validation reads its first windows only, up to the first repeat)
-        logging.getLogger("linscale.data").warning(warning)
+    if split != "train" or rank != 0:  # (validation reads its first windows only, up to the first repeat)
+        return loader
+    log = logging.getLogger("linscale.data")
+    warning = repeats_within_a_step(provider, seq_len, global_batch)
+    if warning:
+        log.warning(warning)
+        return loader
+    epochs = source_epochs(provider, seq_len, global_batch, planned_steps)
+    if epochs:
+        log.info(f"the planned {planned_steps} steps read " + ", ".join(f"{n} {e:.3g}" for n, e in epochs.items())
+                 + " epochs of the sources")
+    warning = epochs_over_the_run(provider, seq_len, global_batch, planned_steps)
+    if warning:  # the embedded corpus is for trying the system out: repeating it is expected there
+        (log.info if data is None else log.warning)(warning)
     return loader
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Protocol
 
@@ -232,6 +233,41 @@ def repeats_within_a_step(provider: WindowProvider, seq_len: int, global_batch: 
     return (f"{provider.describe()}: holds {have} distinct sequences of {seq_len + 1} tokens ({tokens:,} tokens), "
             f"fewer than one global batch of {global_batch}: every step repeats its documents. For a real run "
             f"lower the global batch (--global-batch-tokens) or --seq-len, or prepare more data")
+
+
+def epochs_over_the_run(provider: WindowProvider, seq_len: int, global_batch: int, steps: int | None
+                        ) -> str | None:
+    """One line saying how many times the planned run reads each mixed source: windows are drawn by the
+    sources' shares, so source i gives share_i x steps x global_batch windows of its distinct ones (an
+    epoch). A source read more than once repeats its documents: the mix wraps a small source around by
+    design, so this is a warning, naming each such source and its epochs. None when no source is read past
+    one epoch, without a step limit, and for providers that cannot count without reading (streaming)."""
+    epochs = source_epochs(provider, seq_len, global_batch, steps)
+    if not epochs:
+        return None
+    over = {n: e for n, e in epochs.items() if e > 1}
+    if not over:
+        return None
+    listed = ", ".join(f"{n} {e:.2f}" for n, e in over.items())
+    return (f"{provider.describe()}: the planned {steps} steps of {global_batch} x {seq_len} tokens read "
+            f"{'this source' if len(over) == 1 else 'these sources'} more than once (epochs: {listed}), so "
+            f"{'its' if len(over) == 1 else 'their'} documents repeat; prepare more data for "
+            f"{'it' if len(over) == 1 else 'them'}, or lower {'its' if len(over) == 1 else 'their'} weight")
+
+
+def source_epochs(provider: WindowProvider, seq_len: int, global_batch: int, steps: int | None
+                  ) -> dict[str, float]:
+    """{source: epochs the planned steps read of it} for every source with a positive weight; {} when the
+    run has no step limit or the provider cannot count its windows without reading them (streaming)."""
+    if not isinstance(provider, ShardProvider) or not steps:
+        return {}
+    share = normalise_weights(provider.weights, provider.names)
+    windows = provider.distinct_windows(seq_len)
+    out = {}
+    for name, w, have in zip(provider.names, share, windows):
+        if w > 0:
+            out[name] = math.inf if have == 0 else float(w) * steps * global_batch / have
+    return out
 
 
 def _check_batching(seq_len: int, global_batch: int, micro_batch: int, rank: int, world_size: int) -> None:

@@ -245,7 +245,7 @@ class Trainer:
 
         self.loader = build_loader(cfg.data, t.seq_len, self.global_batch, t.micro_batch,
                                    rank=self.dp_rank, world_size=self.dp_size, seed=t.seed, doc_starts=t.doc_reset,
-                                   **self._sp_segment())
+                                   planned_steps=self.total_steps(), **self._sp_segment())
         self.val_batches = self._validation_batches(build_loader) if t.eval_every else []
 
         self.progress = TrainProgress()

@@ -242,6 +242,52 @@ def test_dataset_smaller_than_one_global_batch_is_warned_about(dataset):
         log.removeHandler(handler)
 
 
+def test_sources_read_more_than_once_over_the_run_are_warned_about(dataset):
+    """With a step limit, rank 0 logs the epochs the run reads of each source (its share of the windows
+    over its distinct ones) and warns about each source read more than once, with those numbers; a run
+    inside one epoch of every source gets the info line alone."""
+    import logging
+    meta = {s["name"]: s for s in json.load(open(f"{dataset}/meta.json"))["sources"]}
+    weights = {n: s["weight"] for n, s in meta.items()}
+    total_w = sum(weights.values())
+    distinct = {n: (s["tokens"] - 1) // SEQ for n, s in meta.items()}
+    batch = 4
+
+    def epochs(steps):  # by hand: windows by token share, over each source's distinct windows
+        return {n: weights[n] / total_w * steps * batch / distinct[n] for n in meta}
+
+    seen: list[tuple[int, str]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append((record.levelno, record.getMessage()))
+    log = logging.getLogger("linscale.data")
+    handler, level = Keep(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        inside = max(1, int(min(distinct[n] / (weights[n] / total_w * batch) for n in meta)) - 1)
+        assert max(epochs(inside).values()) <= 1
+        build_loader(dataset, SEQ, batch, batch, planned_steps=inside)
+        assert [lv for lv, _ in seen] == [logging.INFO], seen
+        for n, e in epochs(inside).items():
+            assert f"{n} {e:.3g}" in seen[0][1], (seen, n, e)
+        seen.clear()
+        many = 3 * max(distinct.values())
+        build_loader(dataset, SEQ, batch, batch, planned_steps=many)
+        warned = [m for lv, m in seen if lv == logging.WARNING]
+        assert len(warned) == 1, seen
+        for n, e in epochs(many).items():
+            assert e > 1 and f"{n} {e:.2f}" in warned[0], (warned, n, e)
+        assert "documents repeat" in warned[0]
+        seen.clear()
+        build_loader(dataset, SEQ, batch, batch)  # no step limit: nothing to say
+        assert seen == []
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
 def test_token_file_cut_short_or_moved_is_named_as_such(dataset):
     """A token file whose size is not a whole number of uint32 tokens (cut off mid-token) is reported as
     cut short, with its byte count, and a missing one as moved or deleted, not as a file rewritten by
