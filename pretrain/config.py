@@ -120,6 +120,10 @@ class CheckpointConfig:
     async_save: bool = True
 
 
+# the shortest RoPE table a context-limited model (LLaMA) is built with: the paper's 8K context, or seq_len if longer
+MIN_ROPE_TABLE = 8192
+
+
 @dataclass
 class RunConfig:
     arch: str = param("tnl", choices=ACCEPTED_ARCH_NAMES, casefold=True)  # models.registry
@@ -143,7 +147,7 @@ class RunConfig:
     def model(self) -> ModelConfig:
         overrides = dict(self.model_overrides)
         if get_arch(self.model_overrides.get("arch", self.arch)).context_limited:  # a RoPE table to size
-            overrides.setdefault("max_seq_len", max(self.train.seq_len, 8192))
+            overrides.setdefault("max_seq_len", max(self.train.seq_len, MIN_ROPE_TABLE))
         return model_config(self.arch, self.size, **overrides)
 
     def to_dict(self) -> dict:
@@ -284,12 +288,66 @@ def load_yaml_mapping(path: Path, what: str) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{what} {path}: no such file")
     with open(path, encoding="utf-8") as f:
-        raw = yaml.safe_load(f)
+        if path.suffix.lower() == ".json":
+            # YAML 1.1 reads JSON's 1e-06 (no dot in the mantissa) as a string: a run's config.json is JSON
+            try:
+                raw = json.load(f)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{what} {path}: not valid JSON (line {err.lineno}, column {err.colno}: "
+                                  f"{err.msg})") from None
+        else:
+            raw = yaml.safe_load(f)
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{what} {path}: expected a mapping of config fields (e.g. `train: {{seq_len: 4096}}`), "
                           f"got a {type(raw).__name__}")
+    return raw
+
+
+def from_run_config(raw: dict, where: str) -> dict:
+    """A config mapping with the entries a run's config.json adds to its fields turned back into fields, so
+    that `--config runs/X/config.json` trains that run again (with `--out` elsewhere, and flags on top):
+    `train.global_batch` (sequences per step) must agree with global_batch_tokens / seq_len and is dropped;
+    the resolved `model` section becomes model overrides for each field that differs from what --arch,
+    --size and seq_len give by themselves (the file's `model_overrides` and `--model` flags win over it).
+    A hand-written config without those entries passes unchanged."""
+    raw = dict(raw)
+    train = raw.get("train")
+    if isinstance(train, dict) and "global_batch" in train:
+        train = dict(train)
+        sequences = train.pop("global_batch")
+        raw["train"] = train
+        tokens, seq_len = train.get("global_batch_tokens"), train.get("seq_len")
+        if not (isinstance(tokens, int) and isinstance(seq_len, int) and seq_len > 0):
+            raise ConfigError(f"--config {where}: train.global_batch is derived (global_batch_tokens / seq_len); set "
+                              f"train.global_batch_tokens (sequences x seq_len) instead")
+        if sequences != tokens // seq_len:
+            raise ConfigError(f"--config {where}: train.global_batch {sequences} disagrees with train.global_batch_tokens "
+                              f"{tokens} / train.seq_len {seq_len} = {tokens // seq_len}; it is derived from them: set "
+                              f"train.global_batch_tokens (sequences x seq_len) and leave global_batch out")
+    model = raw.pop("model", None)
+    if model is None:
+        return raw
+    if not isinstance(model, dict):
+        raise ConfigError(f"--config {where}: `model` must be a mapping of ModelConfig fields (as a run's config.json "
+                          f"holds it), got {model!r}; to change model fields use model_overrides: {{FIELD: VALUE}}")
+    arch, size = str(raw.get("arch", RunConfig.arch)), str(raw.get("size", RunConfig.size))
+    try:
+        base = model_config(arch, size).to_dict()
+    except (KeyError, ValueError):
+        return raw  # an unknown arch or size: validate() names it
+    seq_len = (raw.get("train") or {}).get("seq_len", TrainConfig.seq_len)
+    derived = {}
+    for k, v in model.items():
+        if k in ("arch", "size") or base.get(k, object()) == v:
+            continue
+        if k == "max_seq_len" and get_arch(arch).context_limited and isinstance(seq_len, int) \
+                and v == max(seq_len, MIN_ROPE_TABLE):   # what RunConfig.model() sizes the RoPE table to by itself
+            continue
+        derived[k] = v
+    given = raw.get("model_overrides") or {}
+    raw["model_overrides"] = {**derived, **given} if isinstance(given, dict) else given
     return raw
 
 
@@ -299,7 +357,7 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     explicit: dict[str, Any] = {}
     origin: dict[str, str] = {}
     if args.config:
-        from_file = _flatten(load_yaml_mapping(Path(args.config), "--config"))
+        from_file = _flatten(from_run_config(load_yaml_mapping(Path(args.config), "--config"), args.config))
         explicit.update(from_file)
         origin.update({k: f"--config {args.config}" for k in from_file})
     for k, v in vars(args).items():

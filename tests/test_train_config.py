@@ -186,3 +186,30 @@ def test_arch_and_size_spellings_resolve_to_the_registry_names(arch, size):
     assert (cfg.arch, cfg.size) == (expected[arch.lower()], size.lower())
     assert cfg.run_dir.name == f"{expected[arch.lower()]}-{size.lower()}"
     assert cfg.to_dict()["arch"] == cfg.to_dict()["model"]["arch"] == cfg.arch
+
+
+def test_a_runs_config_json_trains_that_run_again(tmp_path):
+    """`--config RUN/config.json --out NEW` trains the run again: the same config.json (but out) and the same
+    losses at every step as the first run, model overrides and a changed optimizer setting included. Flags
+    on top still win; a config.json whose derived global_batch was edited against its token count is refused;
+    an edited `model` section takes effect as overrides."""
+    from checkpoint_utils import losses, make_dataset, run_flags, run_pretrain
+    data = make_dataset(tmp_path / "data")
+    first = tmp_path / "first"
+    run_pretrain(run_flags(first, data, 3, "--model", "norm_eps=1e-5", "--beta2", "0.99", "--save-every", "0"))
+    again = tmp_path / "again"
+    run_pretrain(["--config", str(first / "config.json"), "--out", str(again), "--save-every", "0"])
+    a, b = json.loads((first / "config.json").read_text()), json.loads((again / "config.json").read_text())
+    assert a.pop("out") != b.pop("out") and a == b
+    assert a["model"]["norm_eps"] == 1e-5 and a["optim"]["beta2"] == 0.99
+    assert losses(again) == losses(first) and len(losses(first)) == 3
+
+    cfg = parse_config(["--config", str(first / "config.json"), "--lr", "1e-3", "--max-steps", "5"])
+    assert cfg.optim.lr == 1e-3 and cfg.train.max_steps == 5 and cfg.model().norm_eps == 1e-5
+    edited = dict(a, model=dict(a["model"], n_layers=3))
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    assert parse_config(["--config", str(tmp_path / "edited.json")]).model().n_layers == 3
+    bad = dict(a, train=dict(a["train"], global_batch=a["train"]["global_batch"] + 1))
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="train.global_batch .* disagrees with train.global_batch_tokens"):
+        parse_config(["--config", str(tmp_path / "bad.json")])
