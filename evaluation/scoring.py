@@ -152,7 +152,7 @@ def _decode_batch(model: LanguageModel, ids: Tensor, max_new_tokens: int, eos_id
     logits = head_logits(model, model.hidden_states(ids, cache)[:, -1])
     new: list[list[int]] = [[] for _ in range(ids.shape[0])]
     done = [False] * ids.shape[0]
-    for _ in range(max_new_tokens):
+    for i in range(max_new_tokens):
         nxt = sample_next(logits, temperature, top_k, generator)
         for j, t in enumerate(nxt.tolist()):
             if done[j]:
@@ -163,7 +163,9 @@ def _decode_batch(model: LanguageModel, ids: Tensor, max_new_tokens: int, eos_id
             new[j].append(t)
             if stop is not None and stop(new[j]):
                 done[j] = True
-        if all(done):
+        # the last token is never fed back: its forward would be wasted, and for LLaMA it would need one
+        # position past prompt + max_new_tokens - 1, which the RoPE table need not have
+        if all(done) or i == max_new_tokens - 1:
             break
         logits = head_logits(model, model.hidden_states(nxt[:, None], cache)[:, -1])
     return new

@@ -332,6 +332,30 @@ def test_generate_refuses_a_length_past_the_rope_table_before_decoding():
     assert small("tnl").generate(prompt, max_new_tokens=30).shape == (1, 40)  # no table in a linear model
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_decoding_feeds_back_every_token_but_the_last(arch):
+    """evaluation.scoring.generate_tokens (NIAH, lm-eval's generate_until) decodes as LanguageModel.generate
+    does: greedy tokens equal the argmax of the parallel forward over the growing sequence, for prompts of
+    several lengths batched by length; the last new token is never fed back, so a LLaMA request of
+    prompt + max_new_tokens - 1 = max_seq_len positions fits its RoPE table, and every row takes exactly
+    one forward per token it needs (the prefill and max_new_tokens - 1 steps)."""
+    from evaluation.scoring import generate_tokens
+    model = small(arch, max_seq_len=16).eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (12, 3, 12, 1)]
+    calls = []
+    hook = model.embed.register_forward_hook(lambda *a: calls.append(1))
+    got = generate_tokens(model, prompts, max_new_tokens=5, batch_size=2)
+    hook.remove()
+    assert len(calls) == 3 * 5  # three batches (lengths 12, 3, 1), each a prefill and 4 steps
+    with torch.no_grad():
+        for p, new in zip(prompts, got):
+            seq = list(p)
+            for _ in range(5):
+                seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+            assert new == seq[len(p):]
+
+
 @pytest.mark.parametrize("arch", LINEAR)
 def test_cu_seqlens_resets_state_at_document_starts(arch):
     """A packed [B, T] batch with document boundaries equals running each document on its own."""

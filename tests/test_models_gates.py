@@ -104,8 +104,8 @@ def test_lrpe_matches_the_concatenated_form_in_float64(start):
 
 
 def test_lrpe_fp32_is_as_close_to_float64_as_the_concatenated_form():
-    # t theta reaches 8000 rad: in fp32 its rounding (~5e-4 rad) dominates either way; the angles here are
-    # rounded once, from float64
+    # t theta reaches 8000 rad: rounded to fp32 unreduced (the concatenated form) it is off by ~5e-4 rad;
+    # the twin reduces it modulo 2 pi in float64 first, so it can only be closer
     g = torch.Generator().manual_seed(1)
     theta = torch.rand(4, 16, generator=g) + 0.1
     t = torch.arange(8000, 8100)
@@ -116,6 +116,48 @@ def test_lrpe_fp32_is_as_close_to_float64_as_the_concatenated_form():
     assert err_new <= 1.5 * err_old + 1e-6, (err_new, err_old)
     # bf16 in, bf16 out, as under autocast
     assert lrpe(z.bfloat16(), theta, t).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("start", [8000, 65_536, 1_000_000])
+def test_lrpe_fp32_angles_are_reduced_before_rounding(start):
+    """The fp32 twin against the definition in float64 at long positions: t theta is reduced modulo 2 pi in
+    float64 before its one rounding, so the error stays at fp32 rounding (~1e-7 rad) wherever the sequence
+    starts; rounded unreduced it would be ~t theta * 6e-8 rad (4e-3 at 64K, 0.03 at 1M)."""
+    g = torch.Generator().manual_seed(2)
+    theta = torch.rand(3, 16, generator=g) + 0.1
+    t = torch.arange(start, start + 70)
+    z = torch.randn(1, 70, 3, 16, generator=g)
+    z32, th32 = z.clone().requires_grad_(), theta.clone().requires_grad_()
+    z64, th64 = z.double().requires_grad_(), theta.double().requires_grad_()
+    out, exact = lrpe(z32, th32, t), lrpe_concat(z64, th64, t)
+    assert (out.double() - exact).abs().max().item() < 2e-6
+    gout = torch.randn(out.shape, generator=g)
+    dz, dth = torch.autograd.grad((out * gout).sum(), [z32, th32])
+    dz6, dth6 = torch.autograd.grad((exact * gout.double()).sum(), [z64, th64])
+    assert ((dz.double() - dz6).norm() / dz6.norm()).item() < 1e-6
+    assert ((dth.double() - dth6).norm() / dth6.norm()).item() < 1e-6
+
+
+def test_cos2_mixer_output_does_not_depend_on_the_start_position():
+    """LRPE is relative (phi(q_t) . phi(k_s) depends on t - s only), so a cos2 token mixer without a state
+    gives the same output wherever its tokens start: what decoding at an offset and a sequence-parallel
+    segment rely on. In fp32 against the float64 mixer at position 0."""
+    from models.config import ModelConfig
+    from models.cosformer2 import Cos2TokenMixer
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="cos2", n_layers=1, d_model=32, n_heads=2, d_glu=64, vocab_size=50)
+    mixer = Cos2TokenMixer(cfg, 0)
+    with torch.no_grad():
+        for p in (mixer.q_proj.weight, mixer.k_proj.weight, mixer.v_proj.weight):
+            p.normal_(0, 0.3)
+    mixer64 = Cos2TokenMixer(cfg, 0).double()
+    mixer64.load_state_dict(mixer.state_dict())
+    x = torch.randn(1, 20, 32)
+    with torch.no_grad():
+        want = mixer64(x.double(), pos=0)
+        for start in (0, 10_000, 1_000_000):
+            got = mixer(x, pos=start).double()
+            assert ((got - want).norm() / want.norm()).item() < 2e-6, start
 
 
 # ---------------------------------------------------------------------------------------------------
