@@ -92,8 +92,10 @@ def compiled_graph_count() -> int:
 
 class SpeedMonitor(Callback):
     """Tokens/s, seconds per step and MFU over the steps since the last row. A step in which torch.compile
-    built graphs is reported as compile time and kept out of the rate; so are validation and a step run under
-    the profiler (`exclude_step`)."""
+    built graphs is reported as compile time and kept out of the rate, and so is the first step of every
+    process, compiled or not: eagerly it JIT-compiles and autotunes the Triton kernels and makes the
+    optimizer's first call (seconds to minutes on a GPU). Validation and a step run under the profiler
+    (`exclude_step`) are kept out too."""
 
     def __init__(self, device: torch.device, tokens_per_step: int, flops_per_step: float, world_size: int,
                  peak_flops: float | None) -> None:
@@ -108,6 +110,7 @@ class SpeedMonitor(Callback):
         self.excluded_in_interval, self.excluded_steps_in_interval = 0.0, 0
         self._graphs, self._step_start = 0, 0.0
         self._excluded_step, self._excluded_until = -1, 0.0
+        self._first_step = True  # of this process
 
     def pre_train(self, progress: TrainProgress) -> None:
         self.last_time, self.last_log_step = time.time(), progress.step  # after a resume: not step 0
@@ -117,13 +120,16 @@ class SpeedMonitor(Callback):
 
     def post_train_batch(self, progress: TrainProgress, result: StepResult) -> None:
         built = compiled_graph_count() - self._graphs
-        if built:
+        first, self._first_step = self._first_step, False
+        if built or first:
             spent = time.time() - self._step_start
             self.compile_time_s += spent
             self.excluded_in_interval += spent
             self.excluded_steps_in_interval += 1
             self._excluded_step, self._excluded_until = progress.step, time.time()
-            logger.info(f"step {progress.step}: torch.compile built {built} graph(s); the step took {spent:.1f} s "
+            what = (f"torch.compile built {built} graph(s)" if built else
+                    "the first step of this process (Triton kernels compiled and tuned, the optimizer's first call)")
+            logger.info(f"step {progress.step}: {what}; the step took {spent:.1f} s "
                         f"(compile time so far {self.compile_time_s:.1f} s, not counted in tokens/s)")
             from torch._dynamo import config as dynamo_config
             limit = dynamo_config.recompile_limit

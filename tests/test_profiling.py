@@ -126,20 +126,20 @@ def test_profiled_step_is_kept_out_of_tokens_per_s(monkeypatch, tmp_path):
 
     monkeypatch.setattr("torch.profiler.profile", SlowProfile)
 
-    def rates(profile_step: int, compile_steps: set[int]) -> list:
+    def rates(profile_step: int, compile_steps: set[int], slow_steps: set[int] = frozenset()) -> list:
         clock[0] = 0.0
         speed = M.SpeedMonitor(torch.device("cpu"), 1000, 1e9, 1, None)
         speed.pre_train(TrainProgress(step=0))
         prof = P.StepProfiler(profile_step, torch.device("cuda"), tmp_path, rank=0, speed=speed)
         rows = []
-        for step in range(4):  # steps of 1 s (a compile step 30 s), one row every 2 steps
+        for step in range(6):  # steps of 1 s (a compile or slow step 30 s), one row every 3 steps
             for cb in (speed, prof):
                 cb.pre_step(TrainProgress(step=step))
-            clock[0] += 30.0 if step + 1 in compile_steps else 1.0
+            clock[0] += 30.0 if step + 1 in compile_steps | slow_steps else 1.0
             graphs[0] += step + 1 in compile_steps
             for cb in (speed, prof):
                 cb.post_train_batch(TrainProgress(step=step + 1), None)
-            if (step + 1) % 2 == 0:
+            if (step + 1) % 3 == 0:
                 row = {}
                 speed.pre_log_metrics(TrainProgress(step=step + 1), row)
                 rows.append(row["tokens_per_s"])
@@ -147,5 +147,10 @@ def test_profiled_step_is_kept_out_of_tokens_per_s(monkeypatch, tmp_path):
 
     assert rates(profile_step=3, compile_steps=set()) == [pytest.approx(1000.0), pytest.approx(1000.0)]
     assert rates(profile_step=2, compile_steps=set()) == [pytest.approx(1000.0), pytest.approx(1000.0)]
-    # step 1 compiles and is profiled: kept out once, its row rates step 2 alone
+    # step 1 compiles and is profiled: kept out once, its row rates steps 2 and 3 alone
     assert rates(profile_step=1, compile_steps={1}) == [pytest.approx(1000.0), pytest.approx(1000.0)]
+    # an eager first step (Triton's JIT and autotuning, the optimizer's first call) is kept out as well;
+    # a slow step later in the process is not
+    assert rates(profile_step=5, compile_steps=set(), slow_steps={1}) == [pytest.approx(1000.0), pytest.approx(1000.0)]
+    assert rates(profile_step=5, compile_steps=set(), slow_steps={2}) == [pytest.approx(1000.0 / 31 * 2),
+                                                                          pytest.approx(1000.0)]
