@@ -56,6 +56,15 @@ def local_documents(cu_seqlens: Tensor, rows: int, seg_len: int, sp: SequencePar
                          f"0 to {rows} x {T} = {rows * T} (rows x seq_len), got {bounds[0]} ... {bounds[-1]}; "
                          f"the local [{rows}, {seg_len}] segment is cut out of them by the plan")
     starts = set(bounds[:-1])
+    # one device runs packed rows as one long row, so a document without a start at a row boundary carries
+    # its state from the end of one sequence into the next; here the last rank of row b - 1 never hands its
+    # state to the first rank of row b, so such a layout would give other numbers: refuse it
+    joined = [b for b in range(1, rows) if b * T not in starts]
+    if joined:
+        raise ValueError(f"under sequence parallelism every sequence starts a document: cu_seqlens must hold "
+                         f"each row start (multiples of seq_len {T}), but {joined[0] * T} (row {joined[0]}) is "
+                         f"missing; a document that runs on from one row into the next trains only without "
+                         f"--sp (the loader's document offsets always start each row)")
     local, continues = [], []
     for b in range(rows):
         lo = b * T + sp.rank * seg_len

@@ -196,8 +196,14 @@ class Trainer:
         self.precision = t.precision if t.precision != "auto" else ("bf16" if env.device.type == "cuda" else "fp32")
         sp = cfg.dist.sp
         if env.world_size % sp:
-            raise ConfigError(f"--sp {sp} must divide the number of ranks ({env.world_size}): each sequence-parallel "
-                              f"group is {sp} ranks")
+            # the usual cause is a launch without torchrun (one process) or with another process count: say how
+            # to launch, not only what is wrong
+            other = ("; or train without --sp" if env.world_size == 1 else
+                     f" or choose an --sp that divides {env.world_size}")
+            raise ConfigError(f"--sp {sp} must divide the number of ranks ({env.world_size} process"
+                              f"{'es' if env.world_size > 1 else ''}): each sequence-parallel group is {sp} ranks; "
+                              f"launch a multiple of {sp} processes (torchrun --nproc_per_node {sp} "
+                              f"launch/pretrain.py ... --sp {sp}){other}")
         self.dp_size = env.world_size // sp  # ranks that draw distinct samples
         try:
             self.accum = gradient_accumulation(cfg.global_batch, self.dp_size, t.micro_batch, t.allow_inexact_batch)

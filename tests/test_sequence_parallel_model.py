@@ -107,6 +107,12 @@ def test_local_documents_and_llama_refused():
     assert local.tolist() == [0, 6, 11, 12] and cont.tolist() == [True, True]
     with pytest.raises(ValueError, match="full sequences"):
         local_documents(torch.tensor([0, 3, 12], dtype=torch.int32), 2, 6, Rank(0, 4))
+    # a document running from row 0 into row 1 (no start at 24): one device carries the state across the
+    # rows (they run as one packed row), the ranks cannot (row 1's first rank never sees row 0's last
+    # rank's state), so every rank refuses it rather than train on other numbers
+    for r in range(4):
+        with pytest.raises(ValueError, match="every sequence starts a document"):
+            local_documents(torch.tensor([0, 5, 30, 48], dtype=torch.int32), 2, 6, Rank(r, 4))
     with pytest.raises(ValueError, match="linear models"):
         SequenceParallelPlan(build_model("llama", "tiny", n_layers=1, d_model=32, n_heads=2, d_glu=64,
                                          vocab_size=V), None)

@@ -74,3 +74,17 @@ def test_training_with_sp_matches_one_process(dataset, tmp_path):
     assert ref[-1]["loss"] < ref[0]["loss"] - 0.03  # it trains
     ds = json.loads((tmp_path / "sp" / "deepspeed_config.json").read_text())
     assert ds["gradient_accumulation_steps"] == BATCH // (2 * 2)  # 2 data-parallel groups x micro-batch 2
+
+
+def test_sp_without_enough_processes_says_how_to_launch(dataset, tmp_path):
+    """`--sp 2` started as one process (no torchrun): one `error:` line that names the flag and the launch
+    that fixes it, no traceback, before any training."""
+    flags = ["--arch", "tnl", "--size", "tiny", "--model", "vocab_size=256", "--data", str(dataset), "--out",
+             str(tmp_path / "run"), "--seq-len", str(SEQ), "--global-batch-tokens", str(BATCH * SEQ),
+             "--micro-batch", "2", "--max-steps", "1", "--device", "cpu", "--sp", "2"]
+    proc = subprocess.run(pretrain_cmd(flags), env=env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "--sp 2" in errors[0] and "torchrun --nproc_per_node 2" in errors[0] and "without --sp" in errors[0]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
