@@ -68,7 +68,7 @@ def _import_deepspeed():
         raise ImportError("--zero > 0 needs DeepSpeed: pip install -c constraints.txt deepspeed "
                           "(or run with --zero 0 for plain PyTorch / DDP)") from err
     # The CPU accelerator JIT-builds a shared-memory all-reduce op on first use (~30 s); gloo does the work
-    # anyway, so skip the build (ENVIRONMENT.md). On CUDA this attribute is not used.
+    # anyway, so skip the build. On CUDA this attribute is not used.
     try:
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     except Exception:
