@@ -106,14 +106,23 @@ def load_user_config(path: str | Path) -> dict[str, Any]:
     return user
 
 
-def merge_user_config(generated: dict[str, Any], user: dict[str, Any], source: str = "--deepspeed-config") -> dict:
+def merge_user_config(generated: dict[str, Any], user: dict[str, Any], source: str = "--deepspeed-config",
+                      sp: int = 1) -> dict:
     """Merge a user DeepSpeed JSON over the generated config. Keys the run config owns may be "auto" or
-    repeat the generated value; anything else is refused naming the flag to use."""
+    repeat the generated value; anything else is refused naming the flag to use. Under --sp N the generated
+    train_batch_size counts each of a sequence's N segments (DeepSpeed sees every rank as data parallel), so
+    the global batch in sequences, which a user would write, is accepted too."""
     user = copy.deepcopy(user)
     for key, flag in OWNED_KEYS.items():
         if key in user:
-            if user[key] == "auto" or user[key] == generated[key]:
+            sequences = key == "train_batch_size" and sp > 1 and user[key] * sp == generated[key]
+            if user[key] == "auto" or user[key] == generated[key] or sequences:
                 user.pop(key)
+            elif key == "train_batch_size" and sp > 1:
+                raise ValueError(f"{source} sets {key}={user[key]!r} but the run's global batch is "
+                                 f"{generated[key] // sp} sequences ({generated[key]} for DeepSpeed, which counts "
+                                 f"each of a sequence's --sp {sp} segments); set it with {flag} instead "
+                                 f"(or write \"auto\")")
             else:
                 raise ValueError(f"{source} sets {key}={user[key]!r} but the run config gives {generated[key]!r}; "
                                  f"set it with {flag} instead (or write \"auto\")")
@@ -139,7 +148,8 @@ def build_deepspeed_config(cfg: RunConfig, world_size: int, precision: str) -> d
     """Generated config, with the user JSON of --deepspeed-config merged over it when given."""
     ds = generate_deepspeed_config(cfg, world_size, precision)
     if cfg.dist.deepspeed_config:
-        ds = merge_user_config(ds, load_user_config(cfg.dist.deepspeed_config), cfg.dist.deepspeed_config)
+        ds = merge_user_config(ds, load_user_config(cfg.dist.deepspeed_config), cfg.dist.deepspeed_config,
+                               sp=cfg.dist.sp)
     return ds
 
 

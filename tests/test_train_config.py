@@ -213,3 +213,20 @@ def test_a_runs_config_json_trains_that_run_again(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="train.global_batch .* disagrees with train.global_batch_tokens"):
         parse_config(["--config", str(tmp_path / "bad.json")])
+
+
+def test_user_json_under_sp_may_give_the_global_batch_in_sequences(tmp_path):
+    """Under --sp 2 on 4 ranks (2 data-parallel groups), a user JSON's train_batch_size may be the run's global
+    batch in sequences (what the user means) or DeepSpeed's count of segments (2x it); another value is refused,
+    naming both."""
+    cfg = parse_config(["--size", "tiny", "--zero", "1", "--micro-batch", "1", "--seq-len", "128",
+                        "--global-batch-tokens", str(4 * 128), "--sp", "2"])
+    sequences = 4                       # --global-batch-tokens / --seq-len
+    path = tmp_path / "ds.json"
+    cfg.dist.deepspeed_config = str(path)
+    for given in (sequences, 2 * sequences, "auto"):
+        path.write_text(json.dumps({"train_batch_size": given}))
+        assert build_deepspeed_config(cfg, 4, "bf16")["train_batch_size"] == 2 * sequences  # 4 ranks x 1 x 2
+    path.write_text(json.dumps({"train_batch_size": 6}))
+    with pytest.raises(ValueError, match=r"global batch is 4 sequences \(8 for DeepSpeed.*--sp 2"):
+        build_deepspeed_config(cfg, 4, "bf16")
