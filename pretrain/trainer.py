@@ -452,7 +452,10 @@ class Trainer:
             ("DDP" if e.world_size > 1 else "PyTorch")
         if self.sp is not None:
             engine += f" x sequence parallel {self.sp.size} ({self.dp_size} data-parallel groups)"
-        logger.info(f"engine: {engine}; batch: {self.global_batch} x {self.cfg.train.seq_len} tokens = {self.dp_size} ranks x "
+        sp = self.cfg.dist.sp
+        ranks = (f"{self.dp_size} data-parallel group(s) of {sp} sequence-parallel ranks" if sp > 1
+                 else f"{self.dp_size} ranks")
+        logger.info(f"engine: {engine}; batch: {self.global_batch} x {self.cfg.train.seq_len} tokens = {ranks} x "
                     f"micro {self.cfg.train.micro_batch} x accumulation {self.accum}; precision {self.precision}; "
                     f"device {e.device}")
         logger.info(f"data: {self.loader.describe()}")
