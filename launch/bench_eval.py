@@ -30,13 +30,20 @@ def timed(fn):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--archs", nargs="+", default=list(arch_names()))
+    p.add_argument("--archs", nargs="+", default=list(arch_names()), choices=list(arch_names()))
     p.add_argument("--size", default="1b")
-    p.add_argument("--wikitext", nargs="+", default=["tnl", "llama"], help="archs to time WikiText-2 on")
-    p.add_argument("--niah", nargs="+", default=["tnl"], help="archs to time the default NIAH grid on")
+    p.add_argument("--wikitext", nargs="+", default=["tnl", "llama"], choices=list(arch_names()),
+                   help="archs to time WikiText-2 on")
+    p.add_argument("--niah", nargs="+", default=["tnl"], choices=list(arch_names()),
+                   help="archs to time the default NIAH grid on")
     p.add_argument("--wikitext-path")
     p.add_argument("--haystack", nargs="*", default=[])
     a = p.parse_args()
+    if not torch.cuda.is_available():
+        # checked before a model is built: a 1B model built on the CPU first took minutes, then ended in
+        # a traceback from its move to the GPU
+        from pretrain.errors import UserError
+        raise UserError("bench_eval needs a CUDA GPU (it times evaluation on one)")
     dev = torch.device("cuda")
     for arch in a.archs:
         torch.manual_seed(0)

@@ -229,7 +229,7 @@ def compare_losses(reference: list[dict], resumed: list[dict], first: int, last:
     out = {"steps": wanted, "each_once": sorted(steps) == wanted, "tokens_continue": tokens_ok,
            "max_rel_diff": max(rel) if len(rel) == len(wanted) else None,
            "first_rel_diff": rel[0] if rel else None,
-           "median_rel_step_change": jumps[len(jumps) // 2] if jumps else None, "rtol": rtol,
+           "median_rel_step_change": statistics.median(jumps) if jumps else None, "rtol": rtol,
            "pairs": [[s, ref.get(s, {}).get("loss"), got.get(s, {}).get("loss")] for s in wanted]}
     out["ok"] = bool(out["each_once"] and tokens_ok and out["max_rel_diff"] is not None
                      and out["max_rel_diff"] <= rtol)

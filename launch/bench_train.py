@@ -19,8 +19,9 @@ out of memory the cell retries with every block checkpointed, and the JSON keeps
 each cell's JSON also keeps Dynamo's graph-break log lines (`graph_break_log`; empty: no break).
 `--grad-accum-fusion off` runs the step with autograd's own gradient accumulation (an A/B of
 `pretrain/grad_accumulation.py`, named for it). `--ops FIELD=VALUE` runs the cells with those `ops.config.OpsConfig` options (named for them, so that an
-A/B lands in one `--out`; the report compares each with the LLaMA cell of the same options if there is
-one, else with the default one); every JSON records the ops config the cell ran with and the commit,
+A/B lands in one `--out`; the report compares each with the LLaMA cells of the same options if there are
+any, else with the default ones). The ratio to LLaMA is against LLaMA's cells of the same size, length,
+micro-batch and compile mode, the median of their rates where there are several; every JSON records the ops config the cell ran with and the commit,
 marked `+dirty` when tracked files differed from it.
 """
 from __future__ import annotations
@@ -346,12 +347,22 @@ def _micro_tokens(r: dict) -> int:
     return r.get("micro_tokens") or r.get("micro_batch", 1) * r["seq"]
 
 
+def _reference_key(r: dict) -> tuple:
+    """What a cell and its LLaMA reference share: size, length, tokens a micro-batch, compiled or eager."""
+    return (r["size"], r["seq"], _micro_tokens(r), bool(r.get("compile", True)))
+
+
 def _report_device(rows: list[dict]) -> str:
-    # the ratio to LLaMA: against LLaMA's cell of the same size, length and micro-batch (a larger
-    # micro-batch speeds up every architecture, so cells of different micro-batches are not compared)
-    # (LLaMA run with the same ops options where there is one: most options touch only the linear models)
-    llama = {(r["size"], r["seq"], _micro_tokens(r), variant_label(r)): r for r in rows
-             if r["arch"] == "llama" and r.get("status") == "ok"}
+    # the ratio to LLaMA: against LLaMA's cells of the same size, length, micro-batch and compile mode (a
+    # larger micro-batch or compiling speeds up every architecture, so such cells are not compared), the
+    # median of their rates where a folder holds several (a job that ran LLaMA twice: which one the file
+    # names sort last must not decide the ratio) (LLaMA run with the same ops options where there is one:
+    # most options touch only the linear models)
+    llama_rates: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r["arch"] == "llama" and r.get("status") == "ok":
+            llama_rates.setdefault(_reference_key(r) + (variant_label(r),), []).append(r["tokens_per_s"])
+    llama = {k: statistics.median(v) for k, v in llama_rates.items()}
     devices = sorted({r.get("device", "?") for r in rows})
     dates = sorted({r.get("date", "?") for r in rows})
     commits = sorted({str(r.get("commit")) for r in rows})
@@ -369,9 +380,9 @@ def _report_device(rows: list[dict]) -> str:
                          f"{r.get('accumulation', '?')} | {tried or '-'} | {r.get('status')} | | | | | | | "
                          f"{r.get('date', '?')} |")
             continue
-        key = (r["size"], r["seq"], _micro_tokens(r))
+        key = _reference_key(r)
         ref = llama.get(key + (variant_label(r),)) or llama.get(key + ("",))
-        ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.3f}x" if ref else "-"
+        ratio = f"{r['tokens_per_s'] / ref:.3f}x" if ref else "-"
         first = next((a.get("first_step_s") for a in r["attempts"] if a.get("status") == "ok"), None)
         ac = _ac_label(r)
         if any(a.get("status") == "oom" for a in r["attempts"]):

@@ -108,6 +108,17 @@ def test_compare_losses_passes_a_continuation_and_catches_a_shifted_stream():
     assert not bench.compare_losses(ref, [dict(r, tokens=r["tokens"] * 2) for r in same], 5, 8, rtol=2e-5)["ok"]
 
 
+def test_compare_losses_median_step_change_of_an_even_count():
+    """Steps 5-9: four step-to-step changes, by hand |7-8|/8 = 0.125, |7.7-7|/7 = 0.1, |9.24-7.7|/7.7 = 0.2,
+    |8.778-9.24|/9.24 = 0.05; sorted 0.05, 0.1, 0.125, 0.2: the median is (0.1 + 0.125) / 2 = 0.1125
+    (the upper middle one alone, 0.125, was reported before)."""
+    ref = [row(s) | {"loss": l} for s, l in zip(range(5, 10), [8.0, 7.0, 7.7, 9.24, 8.778])]
+    out = bench.compare_losses(ref, ref, 5, 9, rtol=2e-5)
+    assert out["median_rel_step_change"] == pytest.approx(0.1125, rel=1e-9)
+    # an odd count: the middle one (steps 5-8: 0.1, 0.125, 0.2)
+    assert bench.compare_losses(ref, ref[:4], 5, 8, rtol=2e-5)["median_rel_step_change"] == pytest.approx(0.125)
+
+
 def test_data_stream_digests_do_not_depend_on_the_rank_count(tmp_path):
     from data_pipeline import build_loader
     data = str(bench.synthetic_dataset(tmp_path / "data", docs=60))

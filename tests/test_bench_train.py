@@ -1,0 +1,83 @@
+"""launch/bench_train.py's report without a GPU: the ratio to LLaMA against hand-computed references."""
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_bench_train():
+    # by file, not through sys.path: launch/ also holds pretrain.py, which would shadow the package
+    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "launch" / "bench_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cell(arch: str, tokens_per_s: float, micro_batch: int = 2, compile_: bool = True, **extra) -> dict:
+    """A measured cell as run_cell writes it (1B, seq 8192, 65,536 tokens a step)."""
+    return {"arch": arch, "size": "1b", "seq": 8192, "micro_tokens": 8192 * micro_batch, "tokens_per_step": 65536,
+            "micro_batch": micro_batch, "accumulation": 8 // micro_batch, "compile": compile_, "status": "ok",
+            "ac": "none", "ac_fraction": 1.0, "tokens_per_s": tokens_per_s, "mfu": 0.5, "peak_gib": 46.0,
+            "graph_breaks": 0, "device": "NVIDIA H200", "date": "2026-11-28",
+            "attempts": [{"ac": "none", "status": "ok", "first_step_s": 10.0}], **extra}
+
+
+def _ratios(report: str) -> dict[str, list[str]]:
+    """{arch column: [its 'vs LLaMA' entries, in row order]} of the main table."""
+    out: dict[str, list[str]] = {}
+    for line in report.splitlines():
+        cols = [c.strip() for c in line.strip("|").split("|")]
+        if len(cols) == 12 and cols[0] not in ("arch", "---"):
+            out.setdefault(cols[0], []).append(cols[8])
+    return out
+
+
+def _write(folder: Path, cells: dict[str, dict]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, cell in cells.items():
+        (folder / f"{name}@nvidia-h200.json").write_text(json.dumps(cell))
+
+
+def test_ratio_is_against_the_median_of_several_llama_cells(tmp_path):
+    """A job that ran LLaMA twice (docs/bench_train/h200-x4-host/: 55,608.8 and 55,535.3 tokens/s): the
+    reference is their median, 55,572.05, whatever order the file names sort in. By hand: TNL 72,017.2 /
+    55,572.05 = 1.29593 -> 1.296x; the LLaMA cells 55,608.8 / 55,572.05 = 1.00066 -> 1.001x and 55,535.3 /
+    55,572.05 = 0.99934 -> 0.999x. (Against the file sorted last alone, 55,535.3, TNL came out 1.297x.)"""
+    bench_train = load_bench_train()
+    _write(tmp_path, {"job-l1-llama-1b-s8192-m16384-acauto": _cell("llama", 55608.8),
+                      "job-l2-llama-1b-s8192-m16384-acauto": _cell("llama", 55535.3),
+                      "job-t1-tnl-1b-s8192-m16384-acauto": _cell("tnl", 72017.2)})
+    ratios = _ratios(bench_train.report(tmp_path))
+    assert ratios["tnl"] == ["1.296x"]
+    assert sorted(ratios["llama"]) == ["0.999x", "1.001x"]
+
+
+def test_ratio_is_against_llama_of_the_same_compile_mode(tmp_path):
+    """An eager TNL cell against the eager LLaMA cell, a compiled one against the compiled LLaMA; by hand:
+    eager 52,651 / 41,058 = 1.28236 -> 1.282x, compiled 60,606 / 51,829 = 1.16935 -> 1.169x. (Keyed without
+    the compile mode, both took the compiled LLaMA, whose file sorts last: eager 1.016x.)"""
+    bench_train = load_bench_train()
+    _write(tmp_path, {"llama-1b-s8192-m16384-acauto": _cell("llama", 51829.0),
+                      "llama-1b-s8192-m16384-acauto-eager": _cell("llama", 41058.0, compile_=False),
+                      "tnl-1b-s8192-m16384-acauto": _cell("tnl", 60606.0),
+                      "tnl-1b-s8192-m16384-acauto-eager": _cell("tnl", 52651.0, compile_=False)})
+    ratios = _ratios(bench_train.report(tmp_path))
+    assert sorted(ratios["tnl"]) == ["1.169x", "1.282x"]
+    assert ratios["llama"] == ["1.000x", "1.000x"]
+
+
+def test_ratio_is_per_micro_batch_and_options(tmp_path):
+    """Each micro-batch against its own LLaMA, an ops variant against the LLaMA of the same options where
+    there is one (docs/bench_train/h200-grad-accum-fusion/: 2 x 4 off 71,285.6 / 55,236.2 = 1.29056 ->
+    1.291x; on 71,846.7 / 55,597.6 = 1.29226 -> 1.292x; 4 x 2 74,526.0 / 56,835.6 = 1.31125 -> 1.311x)."""
+    bench_train = load_bench_train()
+    _write(tmp_path, {"llama-1b-s8192-m16384-acauto": _cell("llama", 55597.6),
+                      "llama-1b-s8192-m16384-acauto-gaf-off": _cell("llama", 55236.2, grad_accum_fusion="off"),
+                      "llama-1b-s8192-m32768-acauto": _cell("llama", 56835.6, micro_batch=4),
+                      "tnl-1b-s8192-m16384-acauto": _cell("tnl", 71846.7),
+                      "tnl-1b-s8192-m16384-acauto-gaf-off": _cell("tnl", 71285.6, grad_accum_fusion="off"),
+                      "tnl-1b-s8192-m32768-acauto": _cell("tnl", 74526.0, micro_batch=4)})
+    ratios = _ratios(bench_train.report(tmp_path))
+    assert ratios["tnl (grad_accum_fusion=off)"] == ["1.291x"]
+    assert ratios["tnl"] == ["1.292x", "1.311x"]
