@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -147,6 +148,25 @@ def _hf_card_bytes(src: SourceConfig, data_files: list[str] | None) -> float | N
         return None
 
 
+def input_files_key(cfg: DataConfig) -> dict[str, list]:
+    """{source: [[path relative to the config's folder (or as matched), size in bytes], ...]} for the
+    file-based sources; a moved data folder with relative globs keeps its key, a changed file does not."""
+    out: dict[str, list] = {}
+    for src in cfg.sources:
+        if src.type == "hf":
+            continue
+        rows = []
+        for f in cfg.files(src)[0]:
+            try:
+                rel = os.path.relpath(f, cfg.base_dir)
+                size = f.stat().st_size
+            except (OSError, ValueError):
+                rel, size = str(f), None
+            rows.append([rel, size])
+        out[src.name] = rows
+    return out
+
+
 class StreamProvider:
     """WindowProvider over a data config, streamed (see module docstring)."""
 
@@ -175,7 +195,11 @@ class StreamProvider:
         self.weights = [w[s.name] for s in kept]
         self.names = [s.name for s in kept]
         self.languages = [s.language for s in kept]
-        self.fingerprint = digest({"config": cfg.fingerprint(), "split": split, "weights": self.weights})
+        # the files as they are now (each source's relative paths and sizes, in the order read): a resume on
+        # files added, removed or rewritten since would read other documents at the same positions, so it is
+        # refused as other data (prepared shards are checked the same way, by their token counts)
+        self.fingerprint = digest({"config": cfg.fingerprint(), "split": split, "weights": self.weights,
+                                   "files": input_files_key(cfg)})
         self.label = f"{label} [{split}, streaming]"
 
     @classmethod
