@@ -211,8 +211,9 @@ def _pin_methods(rows: list[dict], nbytes: int, a, launches: int, base: float) -
                  "work_s": time.perf_counter() - t0, "step_base_s": base, "steps": len(steps),
                  "max_step_s": max(steps, default=0.0), "extra_s": sum(s - base for s in steps),
                  "register_gb_per_s": nbytes / 2**30 / reg_s if reg_s else None})
-    # 5. staging 1 GiB from the GPU into registered pieces, touched pageable and fresh pageable memory
-    src = {"x": torch.empty(min(nbytes, 2**30), dtype=torch.uint8, device="cuda")}
+    # 5. staging up to 1 GiB from the GPU into registered pieces, touched pageable and fresh pageable memory
+    staged = min(nbytes, 2**30)
+    src = {"x": torch.empty(staged, dtype=torch.uint8, device="cuda")}
     pinned, touched = StagingBuffers(), StagingBuffers()
     pinned.reserve(src)
     while pinned.pin_some(10.0):
@@ -223,7 +224,9 @@ def _pin_methods(rows: list[dict], nbytes: int, a, launches: int, base: float) -
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         b.stage(src)
-        rows.append({"method": f"stage 1 GiB GPU -> {name}", "gb_per_s": 1.0 / (time.perf_counter() - t0),
+        # GiB (2^30 bytes) per second, like every size in these rows
+        rows.append({"method": f"stage {staged / 2**30:.3g} GiB GPU -> {name}",
+                     "gb_per_s": staged / 2**30 / (time.perf_counter() - t0),
                      "pinned_pieces": b.stats()["pinned"]})
     pinned.release()
     buf.release()
