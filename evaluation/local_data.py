@@ -39,8 +39,16 @@ HAYSTACK_DIR = "train/en/gutenberg"
 
 
 def shared_data_dir() -> Path:
-    """The shared data folder: $LINSCALE_SHARED_DATA, else `shared/data` beside the checkout's folder."""
-    return Path(os.environ.get("LINSCALE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+    """The shared data folder: $LINSCALE_SHARED_DATA, else `shared/data` beside the checkout's folder. The
+    checkout is this module's, or, for a copy installed into site-packages (`pip install .`, which the plain
+    `lm_eval` command imports), the one the working directory is in."""
+    if "LINSCALE_SHARED_DATA" in os.environ:
+        return Path(os.environ["LINSCALE_SHARED_DATA"])
+    candidates = [REPO_ROOT.parent / "shared" / "data"]
+    cwd = Path.cwd().resolve()
+    candidates += [p.parent / "shared" / "data" for p in (cwd, *cwd.parents)
+                   if (p / "evaluation" / "local_data.py").is_file()]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 def haystack_files() -> list[Path]:

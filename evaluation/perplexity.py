@@ -120,6 +120,29 @@ def lambada_openai(model: LanguageModel, path: str | Path | None = None, max_len
             "examples": len(scores)}
 
 
+def is_prepared_dataset(path: str | Path) -> bool:
+    """A folder written by launch/prepare_data.py (holding val/meta.json), or its val split (meta.json)."""
+    p = Path(path)
+    return p.is_dir() and ((p / "val" / "meta.json").is_file() or (p / "meta.json").is_file())
+
+
+def prepared_val_windows(folder: str | Path, seq_len: int, seed: int = 0):
+    """The val split of a prepared dataset as the trainer's validation reads it: windows of seq_len + 1
+    tokens from the loader (sources mixed by their weights), in its order for `seed`, up to the first window
+    that would repeat a source's documents (a larger set would weigh some text twice)."""
+    import torch
+    from data_pipeline import build_loader
+    p = Path(folder)
+    data = p.parent if not (p / "val" / "meta.json").is_file() and p.name == "val" else p
+    loader = build_loader(str(data), seq_len, 1, 1, seed=seed, split="val")
+    caps = loader.provider.distinct_windows(seq_len)
+    while True:
+        batch = loader.next_batch()
+        if any(c > cap for c, cap in zip(loader.counts, caps)):
+            return
+        yield torch.cat([batch["input_ids"][0], batch["targets"][0, -1:]]).to(torch.int64)
+
+
 def token_windows(files: Iterable[str | Path], window: int, max_windows: int | None = None):
     """Non-overlapping windows of `window` tokens (seq_len + 1) from flat uint32 token files, in order:
     a stand-in for the data loader's validation windows when only shard files are at hand."""

@@ -75,7 +75,8 @@ class SweepConfig:
     niah_threshold: float = option(5.5, type=ranged(float, ge=1, le=10),
                                    help="a cell succeeds when its mean score >= this (for the NIAH score's penalty)")
     niah_haystack: list[str] = option(factory=list, help="text files (default: Gutenberg books)")
-    valid_shards: list[str] = option(factory=list, help="uint32 token files (globs): the task valid_loss")
+    valid_shards: list[str] = option(factory=list, help="held-out data for the task valid_loss: a dataset folder "
+                                     "of launch/prepare_data.py (its val split) or uint32 token files (globs)")
     valid_seq_len: int = option(2048, type=positive_int)
     valid_windows: int = option(256, type=positive_int)
     force: bool = option(False, help="ignore cached results")
@@ -201,6 +202,19 @@ def _files_key(patterns: list[str]) -> list:
     return out
 
 
+def _valid_key(entries: list[str]) -> list:
+    """The held-out data of --valid-shards as it is now: token files with size and mtime, and for a prepared
+    dataset the digest of its val split's meta.json (sources, token counts, document order)."""
+    from evaluation.perplexity import is_prepared_dataset
+    out = []
+    for d in entries:
+        if is_prepared_dataset(d):
+            meta = Path(d) / "val" / "meta.json"
+            meta = meta if meta.is_file() else Path(d) / "meta.json"
+            out.append([str(Path(d).resolve()), hashlib.sha256(meta.read_bytes()).hexdigest()[:16]])
+    return out + _files_key([d for d in entries if not is_prepared_dataset(d)])
+
+
 def _haystack_key(files: list[str]) -> list:
     """The haystack files in the order given, each with size and mtime: the haystack is their text laid end to
     end in that order, so the same files in another order are another haystack."""
@@ -284,7 +298,7 @@ def task_settings(task: str, cfg: SweepConfig, window: int | None = None, dtype:
             # an ulp below the threshold (one trial alone is the same either way)
             s["cell_mean"] = "fsum"
     if task == "valid_loss":
-        s.update(shards=_files_key(cfg.valid_shards), seq_len=cfg.valid_seq_len, windows=cfg.valid_windows)
+        s.update(shards=_valid_key(cfg.valid_shards), seq_len=cfg.valid_seq_len, windows=cfg.valid_windows)
     return s
 
 
@@ -304,13 +318,17 @@ def run_tasks(tasks: list[str], model, snap: dict, cfg: SweepConfig, out: Path) 
                                                    limit=cfg.limit)
             results[t]["window"] = window
         elif t == "valid_loss":
-            files = matched_files(cfg.valid_shards)
-            windows = perplexity.token_windows(files, cfg.valid_seq_len + 1)
+            datasets = [d for d in cfg.valid_shards if perplexity.is_prepared_dataset(d)]
+            files = matched_files([pat for pat in cfg.valid_shards if pat not in datasets])
+            windows = itertools.chain(*(perplexity.prepared_val_windows(d, cfg.valid_seq_len) for d in datasets),
+                                      perplexity.token_windows(files, cfg.valid_seq_len + 1))
             first = next(windows, None)
             if first is None:
-                raise ValueError(f"--valid-shards {' '.join(cfg.valid_shards)}: the {len(files)} file(s) matched hold "
-                                 f"no window of --valid-seq-len {cfg.valid_seq_len} + 1 tokens (each file is cut "
-                                 f"into whole windows); pass a smaller --valid-seq-len or longer files")
+                held = " and ".join(([f"the val split of the {len(datasets)} prepared dataset(s)"] if datasets else [])
+                                    + ([f"the {len(files)} file(s) matched"] if files else []))
+                raise ValueError(f"--valid-shards {' '.join(cfg.valid_shards)}: {held} hold no window of "
+                                 f"--valid-seq-len {cfg.valid_seq_len} + 1 tokens (each file is cut into whole "
+                                 f"windows); pass a smaller --valid-seq-len or more held-out data")
             results[t] = perplexity.validation_loss(model, itertools.chain([first], windows), cfg.batch_size,
                                                     cfg.valid_windows)
         elif t.startswith("niah_"):
@@ -430,12 +448,16 @@ def sweep(cfg: SweepConfig) -> list[dict]:
         check_grid(cfg.niah_depths, cfg.niah_lengths)   # before any model is loaded
         if cfg.niah_scoring not in SCORINGS:
             raise ValueError(f"--niah-scoring {cfg.niah_scoring!r}; choose one of {SCORINGS}")
-    if "valid_loss" in tasks and not matched_files(cfg.valid_shards):
+    from evaluation.perplexity import is_prepared_dataset
+    datasets = [d for d in cfg.valid_shards if is_prepared_dataset(d)]
+    if "valid_loss" in tasks and not datasets and not matched_files(cfg.valid_shards):
         folders = [pat for pat in cfg.valid_shards if os.path.isdir(pat)]
-        raise ValueError("task valid_loss needs held-out token files: pass --valid-shards FILE_OR_GLOB ... (flat "
-                         "uint32 token files, e.g. a prepared dataset's val shards)"
-                         + (f"; {folders[0]} is a folder: give its files, e.g. '{Path(folders[0]) / '*.bin'}'"
-                            if folders else f"; nothing matches {' '.join(cfg.valid_shards)}" if cfg.valid_shards else ""))
+        raise ValueError("task valid_loss needs held-out data: pass --valid-shards with a dataset folder written by "
+                         "launch/prepare_data.py (its val split) or flat uint32 token files (globs), e.g. a study's "
+                         "eval/valid_tokens.bin"
+                         + (f"; {folders[0]} is a folder but not a prepared dataset (no val/meta.json): give the "
+                            f"token files in it, e.g. '{Path(folders[0]) / '*.bin'}'" if folders
+                            else f"; nothing matches {' '.join(cfg.valid_shards)}" if cfg.valid_shards else ""))
     dtype = run_dtype(cfg)  # also checks --device before anything is loaded
     snaps = find_snapshots(cfg.runs)
     # the default out is in the first run given

@@ -1503,7 +1503,7 @@ def test_evaluate_bad_input(dataset, tmp_path, capsys):
                          (["--limit", "-2"], "argument --limit: -2: out of range; allowed: >= 1"),
                          (["--niah-depths", "50", "150"], "argument --niah-depths: 150: out of range; allowed: >= 0 and <= 100"),
                          (["--niah-threshold", "11"], "argument --niah-threshold: 11: out of range"),
-                         (["--tasks", "valid_loss"], "task valid_loss needs held-out token files: pass --valid-shards"),
+                         (["--tasks", "valid_loss"], "task valid_loss needs held-out data: pass --valid-shards"),
                          (["--tasks", "valid_loss", "--valid-shards", tmp_path / "none*.bin"], "nothing matches"),
                          (["--tasks", "wikitext2"], "the model's vocab_size 256 is smaller than the tokenizer's")):
         rc, err = _evaluate_main([run, "--device", "cpu", "--out", tmp_path / "eval", *args], capsys)

@@ -447,7 +447,7 @@ def test_missing_inputs_are_named_before_any_model(run_dir, tmp_path, monkeypatc
         sw.sweep(sw.SweepConfig(tasks=["niah_easy"], niah_lengths=[256], **base))
     shards = tmp_path / "val"
     (shards / "old").mkdir(parents=True)
-    with pytest.raises(ValueError, match=r"val is a folder: give its files"):
+    with pytest.raises(ValueError, match=r"val is a folder but not a prepared dataset .*give the token files in it"):
         sw.sweep(sw.SweepConfig(tasks=["valid_loss"], valid_shards=[str(shards)], **base))
     monkeypatch.undo()
     np.random.default_rng(0).integers(0, 100277, 2 * 17, dtype=np.uint32).tofile(shards / "a.bin")
@@ -473,3 +473,51 @@ def test_the_haystack_in_another_order_is_another_cached_result(tmp_path):
 
     assert settings([a, b]) == settings([a, b])
     assert settings([a, b]) != settings([b, a])
+
+
+def test_an_installed_copy_finds_the_shared_data_beside_the_working_checkout(tmp_path, monkeypatch):
+    """`pip install .` puts a copy of evaluation/ into site-packages, which the plain `lm_eval` command
+    imports: without $LINSCALE_SHARED_DATA it finds shared/data beside the checkout the command runs in
+    (from any folder inside it), not beside site-packages."""
+    from evaluation import local_data
+    site = tmp_path / "venv" / "lib" / "site-packages"
+    checkout = tmp_path / "work" / "linscale"
+    (checkout / "evaluation").mkdir(parents=True)
+    (checkout / "evaluation" / "local_data.py").write_text("")
+    (checkout / "docs").mkdir()
+    shared = tmp_path / "work" / "shared" / "data"
+    shared.mkdir(parents=True)
+    monkeypatch.delenv("LINSCALE_SHARED_DATA", raising=False)
+    monkeypatch.setattr(local_data, "REPO_ROOT", site)
+    for where in (checkout, checkout / "docs"):
+        monkeypatch.chdir(where)
+        assert local_data.shared_data_dir() == shared
+    monkeypatch.chdir(tmp_path)      # outside any checkout: the installed location, which the error names
+    assert local_data.shared_data_dir() == site.parent / "shared" / "data"
+    monkeypatch.setenv("LINSCALE_SHARED_DATA", str(tmp_path / "elsewhere"))
+    assert local_data.shared_data_dir() == tmp_path / "elsewhere"
+
+
+def test_valid_loss_of_a_prepared_dataset_is_the_trainers_val_loss(tmp_path):
+    """`--valid-shards DATASET` (a folder of launch/prepare_data.py, or its val/ split) evaluates an export on
+    the val split as the trainer's validation reads it: on the export of the last step it gives the val_loss
+    the trainer logged there (the same windows, the same weights, fp32 on the CPU). A folder that is no
+    prepared dataset is refused, naming both forms."""
+    from checkpoint_utils import make_dataset, run_flags, run_pretrain
+    from checkpoints.export import export_run
+    data = make_dataset(tmp_path / "data")
+    run = tmp_path / "run"
+    run_pretrain(run_flags(run, data, 3, "--eval-every", "3", "--eval-batches", "2", "--save-every", "3"))
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    val_loss = [r["val_loss"] for r in logged if r.get("step") == 3 and "val_loss" in r][0]
+    export_run(run, 3, log=lambda m: None)
+    for given in (data, data / "val"):
+        cfg = sw.SweepConfig(runs=[str(run)], tasks=["valid_loss"], valid_shards=[str(given)], valid_seq_len=16,
+                             valid_windows=2 * 8, out=str(tmp_path / f"out-{given.name}"), device="cpu", batch_size=4)
+        got = sw.sweep(cfg)[0]["results"]["valid_loss"]
+        assert got["windows"] == 16 and got["loss"] == pytest.approx(val_loss, rel=1e-5), (got, val_loss)
+    (tmp_path / "plain").mkdir()
+    cfg = sw.SweepConfig(runs=[str(run)], tasks=["valid_loss"], valid_shards=[str(tmp_path / "plain")],
+                         out=str(tmp_path / "out-plain"), device="cpu")
+    with pytest.raises(ValueError, match="not a prepared dataset .*token files in it"):
+        sw.sweep(cfg)
