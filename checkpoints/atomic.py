@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from checkpoints.layout import TRASH_SUFFIX
@@ -41,14 +42,27 @@ def make_output_dir(path: str | Path, what: str) -> Path:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` in one step: readers see the old content or the new, never a mix."""
+    """Replace `path` with `text` in one step: readers see the old content or the new, never a mix. The
+    temporary file's name is unique (mkstemp), not only the process id's: ranks on several hosts that share
+    the folder may have the same pid, and would write into one temporary file. Nothing is left behind on
+    failure."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would create it (mkstemp's 0600 hides it from a shared group)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     fsync_dir(path.parent)
 
 

@@ -38,9 +38,19 @@ class SnapshotSchedule:
         return any(tokens_before < p <= tokens_after for p in self.log_tokens)
 
     def steps(self, last_step: int) -> list[int]:
-        """The steps (1-based, up to last_step) at which snapshots fall: for logs and docs."""
+        """The steps (1-based, up to last_step) at which snapshots fall (those for which `due` holds): for
+        logs, docs and a study's plan. Each point falls at the first step whose token count reaches it,
+        ceil(point / tokens_per_step), computed from the points rather than by testing every step, which
+        takes minutes for a plan of 1e8 steps."""
         t = self.tokens_per_step
-        return [s for s in range(1, last_step + 1) if self.due((s - 1) * t, s * t)]
+        out = {-(-p // t) for p in self.log_tokens}
+        if self.every_tokens:
+            e = self.every_tokens
+            if e <= t:   # every step's tokens reach a multiple of every_tokens
+                out.update(range(1, last_step + 1))
+            else:
+                out.update(-(-(k * e) // t) for k in range(1, last_step * t // e + 1))
+        return sorted(s for s in out if 1 <= s <= last_step)
 
 
 def log_spaced(start: int, end: int, n: int) -> list[int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -287,7 +288,9 @@ def plan(op: str, N: int, H: int, T: int, K: int, V: int, device: torch.device, 
     length of each sequence, or for packed input (varlen) the total length of all N."""
     cfg = get_config()
     # the device names the GPU, so a cached plan needs no device-property query
-    key = (op, N, H, T, K, V, device, varlen, id(cfg), _FORCED_VERSION[0])
+    # the config's fields that choose a plan, not id(cfg): a freed config's id is reused by the next one, whose
+    # plans would then come from the old setting
+    key = (op, N, H, T, K, V, device, varlen, cfg.autotune, cfg.tune_cache, _FORCED_VERSION[0])
     hit = _PLANS.get(key)
     if hit is None:
         if len(_PLANS) > 4096:
@@ -311,20 +314,25 @@ def _plan(op, N, H, T, K, V, device, varlen, measure, cfg, gpu, sms) -> Plan:
         return rule
     # "gpu": timed by gpu_ms (entries timed by wall time, which favoured fewer launches, are not reused)
     key = f"{op}|N{N}|H{H}|T{T}|K{K}|V{V}|{'varlen' if varlen else 'dense'}|gpu"
-    cache = _load_cache(cfg.tune_cache)
-    hit = cache.get(gpu, {}).get(key)
+    hit = _cached_seg_chunks(cfg.tune_cache, gpu, key)
     if hit is not None:
-        return _make(hit, nc_max, launch, "autotune")
+        p = _make(hit, nc_max, launch, "autotune")
+        if hit >= nc_avg or N * H * (p.segments - 1) * K * V * 4 <= _MAX_SEG_BYTES:
+            return p
+        # not one the tuner could have stored (it times no such candidate, below): a hand-edited entry
+        warnings.warn(f"the kernel tuning cache {_usable_path(cfg.tune_cache)}: entry {gpu} / {key} = {hit} needs "
+                      f"more than {_MAX_SEG_BYTES >> 20} MiB of segment states; timing this shape again")
     best = None
     for s in _candidates(nc_avg):
         p = _make(math.ceil(nc_avg / s), nc_max, launch, "autotune")
-        if N * H * (p.segments - 1) * K * V * 4 > _MAX_SEG_BYTES:
+        # one segment length per sequence (s = 1) always stays, as in the rule: packed input with many
+        # sequences may exceed the cap at every S, and the tuner must still return a plan
+        if s > 1 and N * H * (p.segments - 1) * K * V * 4 > _MAX_SEG_BYTES:
             continue
         ms = measure(p)
         if best is None or ms < best[0]:
             best = (ms, p)
-    cache.setdefault(gpu, {})[key] = best[1].seg_chunks
-    _save_cache(cfg.tune_cache, cache)
+    _store(cfg.tune_cache, gpu, key, best[1].seg_chunks)
     return best[1]
 
 
@@ -397,22 +405,69 @@ def _candidates(nc: int) -> list[int]:
 
 
 def cache_path(name: str = "") -> Path:
-    return Path(name) if name else Path.home() / ".cache" / "linscale" / "kernel-tune.json"
+    return Path(name).expanduser() if name else Path.home() / ".cache" / "linscale" / "kernel-tune.json"
+
+
+def _usable_path(name: str) -> Path | None:
+    """cache_path, or None with a warning where it has no home to resolve (a rank under a user id without
+    a home directory or HOME): the cache then stays in the process."""
+    try:
+        return cache_path(name)
+    except RuntimeError as e:  # Path.home / expanduser: "Could not determine home directory"
+        warnings.warn(f"the kernel tuning cache {name or '~/.cache/linscale/kernel-tune.json'} has no home "
+                      f"directory to live in ({e}); timings stay in this process (set OpsConfig.tune_cache to a "
+                      f"writable file to keep them)")
+        return None
 
 
 def _load_cache(name: str) -> dict:
-    p = cache_path(name)
+    """The cache's {gpu: {shape key: seg_chunks}}; {} (with a warning naming the file) when it is missing,
+    unreadable, not JSON or not of that form. The cache only saves timing: a bad file must not stop a run,
+    and is replaced by the next write."""
+    p = _usable_path(name)
+    if p is None:
+        return {}
     try:
-        return json.loads(p.read_text())
+        cache = json.loads(p.read_text())
     except FileNotFoundError:
         return {}
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"the kernel tuning cache {p} is unreadable ({e}); delete it (it is rebuilt) "
-                         f"or point OpsConfig.tune_cache elsewhere") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        warnings.warn(f"the kernel tuning cache {p} is unreadable ({e}); ignoring it and timing each shape "
+                      f"again (the file is rewritten then; or point OpsConfig.tune_cache elsewhere)")
+        return {}
+    if not isinstance(cache, dict) or not all(isinstance(v, dict) for v in cache.values()):
+        warnings.warn(f"the kernel tuning cache {p} is not {{gpu: {{shape: segment chunks}}}} (written by another "
+                      f"program or version?); ignoring it and timing each shape again (the file is rewritten then)")
+        return {}
+    return cache
 
 
-def _save_cache(name: str, cache: dict) -> None:
-    """Atomic write (temporary file, then rename), so that concurrent ranks never read half a file."""
-    p = cache_path(name)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(p, json.dumps(cache, indent=1, sort_keys=True))
+def _cached_seg_chunks(name: str, gpu: str, key: str) -> int | None:
+    """The cached segment length of `key` on `gpu`, or None (absent, or not a positive integer: then a
+    warning naming the file, and the shape is timed again rather than run with a made-up value)."""
+    hit = _load_cache(name).get(gpu, {}).get(key)
+    if hit is None:
+        return None
+    if isinstance(hit, bool) or not isinstance(hit, int) or hit < 1:
+        warnings.warn(f"the kernel tuning cache {_usable_path(name)}: entry {gpu} / {key} = {hit!r} is not a "
+                      f"positive integer; timing this shape again")
+        return None
+    return hit
+
+
+def _store(name: str, gpu: str, key: str, seg_chunks: int) -> None:
+    """Add one entry to the file as it is now (re-read, so that entries other processes wrote since this one
+    last read it are kept; one written between that read and this write may still be lost, and is timed
+    again), written atomically. A cache that cannot be written (read-only or full file system, no home)
+    costs the timing of later processes only: a warning, and the run goes on with the plan."""
+    p = _usable_path(name)
+    if p is None:
+        return
+    cache = _load_cache(name)
+    cache.setdefault(gpu, {})[key] = seg_chunks
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(p, json.dumps(cache, indent=1, sort_keys=True))
+    except OSError as e:
+        warnings.warn(f"the kernel tuning cache {p} cannot be written ({e}); this process keeps its timings "
+                      f"in memory (point OpsConfig.tune_cache at a writable file to keep them)")

@@ -107,6 +107,18 @@ def describe_setting(mode: str, fraction: float, n_layers: int) -> str:
     return mode + ("" if fraction >= 1 else f" on {len(checkpointed_blocks(n_layers, fraction))} of {n_layers} blocks")
 
 
+def _zero3_ranks_that_fit(cfg: ModelConfig, micro_tokens: int, budget_gib: float, most: int = 1024) -> int | None:
+    """The fewest data-parallel ranks (a power of two, at most `most`) over which ZeRO-3 with every block
+    checkpointed is estimated to fit `budget_gib`; None when no count does (the activations alone, or the
+    state a rank keeps however many ranks share it, exceed it)."""
+    r = 1
+    while r <= most:
+        if estimate_peak_gib(cfg, micro_tokens, "full", 1.0, 3, r) <= budget_gib:
+            return r
+        r *= 2
+    return None
+
+
 def fit_warning(cfg: ModelConfig, micro_tokens: int, mode: str, fraction: float, device_gib: float,
                 zero: int = 0, ranks: int = 1) -> str | None:
     """A warning when the estimated peak of this setting exceeds the device's memory (None: it fits), with
@@ -119,11 +131,25 @@ def fit_warning(cfg: ModelConfig, micro_tokens: int, mode: str, fraction: float,
     head = (f"{cfg.arch} {cfg.size} at {micro_tokens:,} tokens per micro-batch with activation checkpointing "
             f"{describe_setting(mode, fraction, cfg.n_layers)}: estimated peak {est:.0f} GiB, more than the {device_gib:.0f} GiB of "
             f"this GPU; the first step will probably run out of memory. ")
+    budget = 0.9 * device_gib
     full = estimate_peak_gib(cfg, micro_tokens, "full", 1.0, zero, ranks)
-    if full > 0.9 * device_gib:
+    if full > budget:
+        zero3 = _zero3_ranks_that_fit(cfg, micro_tokens, budget)
+        shard = ("shard the weights, gradients and optimizer state with --zero 3 over more GPUs" +
+                 (f" (estimated {estimate_peak_gib(cfg, micro_tokens, 'full', 1.0, 3, zero3):.0f} GiB a rank on "
+                  f"{zero3} data-parallel ranks, every block checkpointed)" if zero3 else ""))
+        fixed = estimate_peak_gib(cfg, 0, "full", 1.0, zero, ranks)
+        if fixed > budget:
+            # what no token count changes (the state, the loss's buffers, the overhead) is over the budget
+            # already: fewer tokens cannot fit, only sharding the state or a smaller model can
+            return head + (f"Even with every block checkpointed the estimate is {full:.0f} GiB, of which "
+                           f"{fixed:.0f} GiB (weights, gradients, optimizer state, the loss's buffers) does not "
+                           f"shrink with the tokens, so fewer tokens per micro-batch cannot fit: {shard}, or "
+                           f"train a smaller model")
         sp = ", or split each sequence over GPUs with --sp N" if get_arch(cfg.arch).sequence_parallel else ""
         return head + (f"Even with every block checkpointed the estimate is {full:.0f} GiB: use fewer tokens per "
-                       f"micro-batch (a smaller --micro-batch or a shorter --seq-len){sp}")
+                       f"micro-batch (a smaller --micro-batch or a shorter --seq-len){sp}"
+                       + (f", or {shard}" if zero3 and (zero < 3 or zero3 > ranks) else ""))
     m, f = choose_checkpointing(cfg, micro_tokens, 0.9 * device_gib, zero, ranks)
     return head + (f"Use --activation-checkpointing auto (here: {describe_setting(m, f, cfg.n_layers)}, estimated "
                    f"{estimate_peak_gib(cfg, micro_tokens, m, f, zero, ranks):.0f} GiB) or a smaller --micro-batch")

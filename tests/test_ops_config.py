@@ -223,10 +223,160 @@ def test_autotune_times_candidates_once_and_caches_per_gpu(monkeypatch, tmp_path
     tuning._PLANS.clear()  # in a process a device is one GPU: the in-process cache is keyed by device
     tuning.plan(*args, measure=measure)
     assert len(calls) > n  # another GPU: measured again
-    cache.write_text("{not json")
+
+
+_KEY = "lightning|N1|H12|T8192|K128|V128|dense|gpu"  # the cache's key of _TUNE_ARGS
+_TUNE_ARGS = ("lightning", 1, 12, 8192, 128, 128, torch.device("cuda"), False)
+
+
+def _tune(monkeypatch, cache: Path, best: int = 4, gpu: str = "GPU-A", args: tuple = _TUNE_ARGS,
+          measure=None) -> tuning.Plan:
+    """An autotuned plan with `cache` as the tuning cache, on a faked GPU where `best` segments time fastest."""
+    ops.set_config(autotune=True, tune_cache=str(cache))
+    monkeypatch.setattr(tuning, "_gpu", lambda device: (gpu, 132))
     tuning._PLANS.clear()
-    with pytest.raises(ValueError, match="kernel tuning cache"):
-        tuning.plan(*args, measure=measure)
+    return tuning.plan(*args, measure=measure or (lambda p: abs(p.segments - best) + 1.0))
+
+
+@pytest.mark.parametrize("content", [
+    "{not json", '{"GPU-A": {"' + _KEY + '": 3', "", "\x00\xff\xfe",  # corrupt, truncated, empty, binary
+    "[1, 2]", '{"GPU-A": [16]}', '"text"',                                  # JSON of another form
+    *(json.dumps({"GPU-A": {_KEY: v}}) for v in ("16", {"seg_chunks": 16}, True, 0, -3, 2.5)),  # bad entries
+])
+def test_autotune_cache_of_another_form_is_timed_again_with_a_warning(monkeypatch, tmp_path, restore_config,
+                                                                      content):
+    """A cache the tuner cannot use (corrupt, truncated, another program's JSON, an entry that is no
+    positive integer) never stops the run nor sets the layout: a warning names the file, the shape is
+    timed again, and the file is rewritten valid with the timed entry."""
+    cache = tmp_path / "tune.json"
+    cache.write_bytes(content.encode("latin-1"))
+    with pytest.warns(UserWarning, match=str(cache)):
+        p = _tune(monkeypatch, cache)
+    assert p.segments == 4 and p.source == "autotune"  # the timed best, not the entry's value
+    stored = json.loads(cache.read_text())
+    assert stored["GPU-A"][_KEY] == p.seg_chunks
+
+
+def test_autotune_cache_entry_beyond_the_segment_memory_cap_is_timed_again(monkeypatch, tmp_path, restore_config):
+    """An entry the tuner never stores (its segment states above _MAX_SEG_BYTES) is not run."""
+    args = ("lightning", 64, 16, 8192, 128, 128, torch.device("cuda"), False)  # 128 chunks a sequence
+    cache = tmp_path / "tune.json"
+    key = "lightning|N64|H16|T8192|K128|V128|dense|gpu"
+    cache.write_text(json.dumps({"GPU-A": {key: 1}}))  # 128 segments: 64*16*127*128*128*4 B = 8 GiB
+    with pytest.warns(UserWarning, match="segment states"):
+        p = _tune(monkeypatch, cache, best=1, args=args)
+    assert p.segments == 1 and json.loads(cache.read_text())["GPU-A"][key] == 128
+
+
+@pytest.mark.parametrize("fail", ["mkdir", "replace"])
+def test_autotune_cache_that_cannot_be_written_warns_and_keeps_the_plan(monkeypatch, tmp_path, restore_config,
+                                                                        fail):
+    """A read-only home or a full quota costs later processes their timing only: the run goes on with
+    the timed plan, a warning names the file, and no temporary file is left behind."""
+    import errno
+    cache = tmp_path / "sub" / "tune.json"
+    if fail == "mkdir":
+        def refuse(self, *a, **k):
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        monkeypatch.setattr(Path, "mkdir", refuse)
+    else:
+        cache.parent.mkdir()
+        def refuse(src, dst):
+            raise OSError(errno.EDQUOT, "Disk quota exceeded", str(dst))
+        monkeypatch.setattr(os, "replace", refuse)
+    with pytest.warns(UserWarning, match=f"{cache} cannot be written"):
+        p = _tune(monkeypatch, cache)
+    assert p.segments == 4 and not cache.exists()
+    assert not list(tmp_path.rglob("*.tmp*"))
+
+
+@pytest.mark.parametrize("name", ["", "~/tune.json"])
+def test_autotune_cache_without_a_home_directory_warns_and_keeps_the_plan(monkeypatch, tmp_path, restore_config,
+                                                                         name):
+    """A rank under a user id with no home directory (no HOME, no passwd entry) cannot resolve the default
+    cache nor `~`: the timings stay in the process, with a warning, instead of stopping the step."""
+    def no_home(*a, **k):
+        raise RuntimeError("Could not determine home directory.")
+    monkeypatch.chdir(tmp_path)  # where a `~` taken literally would land
+    monkeypatch.setattr(Path, "home", classmethod(no_home))
+    monkeypatch.setattr(Path, "expanduser", no_home)
+    with pytest.warns(UserWarning, match="no home directory"):
+        p = _tune(monkeypatch, name)
+    assert p.segments == 4 and p.source == "autotune"
+
+
+def test_autotune_cache_path_expands_the_home(monkeypatch, tmp_path, restore_config):
+    """`--ops-tune-cache ~/x.json` from a YAML file or `--flag=~/...` (no shell expansion) means the home's file,
+    not a folder named `~` in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    p = _tune(monkeypatch, "~/tune.json")
+    assert json.loads((tmp_path / "home" / "tune.json").read_text())["GPU-A"][_KEY] == p.seg_chunks
+    assert not (tmp_path / "~").exists()
+
+
+def test_autotune_cache_concurrent_writers_keep_every_entry_and_a_whole_file(monkeypatch, tmp_path,
+                                                                            restore_config):
+    """Ranks on several hosts share the cache (a network home) and may have the same process id: two
+    writers at once must neither collide on a temporary file nor leave half a file; an entry another rank
+    stored while this one was timing is kept."""
+    cache = tmp_path / "tune.json"
+    monkeypatch.setattr(os, "getpid", lambda: 4242)  # the other host's rank has the same pid
+    other = ("lightning", 2, 12, 8192, 128, 128, torch.device("cuda"), False)
+    other_key = "lightning|N2|H12|T8192|K128|V128|dense|gpu"
+    real_replace = os.replace
+    nested = []
+
+    def replace(src, dst):  # the other rank writes its entry between this rank's write and its rename
+        if not nested:
+            nested.append(1)
+            cfg = ops.get_config()
+            tuning._PLANS.clear()
+            tuning.plan(*other, measure=lambda p: abs(p.segments - 2) + 1.0)
+            ops.set_config(cfg)
+        real_replace(src, dst)
+    monkeypatch.setattr(os, "replace", replace)
+    p = _tune(monkeypatch, cache)
+    stored = json.loads(cache.read_text())  # a whole file
+    assert stored["GPU-A"][_KEY] == p.seg_chunks and not list(tmp_path.glob(".*tmp*"))
+    # an entry another rank stored while this one timed its candidates survives this one's write
+    monkeypatch.setattr(os, "replace", real_replace)
+    args3 = ("lightning", 4, 12, 8192, 128, 128, torch.device("cuda"), False)
+    timed = []
+
+    def measure(plan):
+        if not timed:  # the other rank finishes its shape during this rank's timing
+            cache.write_text(json.dumps({"GPU-A": {_KEY: p.seg_chunks, other_key: 64}}))
+        timed.append(plan)
+        return abs(plan.segments - 4) + 1.0
+    _tune(monkeypatch, cache, args=args3, measure=measure)
+    stored = json.loads(cache.read_text())["GPU-A"]
+    assert stored[other_key] == 64 and stored[_KEY] == p.seg_chunks
+    assert "lightning|N4|H12|T8192|K128|V128|dense|gpu" in stored
+
+
+def test_autotune_of_packed_input_past_the_segment_memory_cap_keeps_one_segment_length(monkeypatch, tmp_path,
+                                                                                        restore_config):
+    """Packed input of many sequences: every split exceeds the segment-state cap; the tuner returns the
+    rule's plan at that point (segments of the mean sequence's length), as the rule does, not nothing."""
+    args = ("lightning", 64, 16, 64 * 2048, 128, 128, torch.device("cuda"), True)
+    p = _tune(monkeypatch, tmp_path / "tune.json", args=args)
+    monkeypatch.setattr(ops.get_config(), "autotune", False)
+    tuning._PLANS.clear()
+    rule = tuning.plan(*args)
+    assert (p.seg_chunks, p.segments) == (rule.seg_chunks, rule.segments) == (32, 64)
+
+
+def test_plans_follow_the_config_not_the_config_objects_id(monkeypatch, tmp_path, restore_config):
+    """A new config whose object takes the id of a freed one gets the plan of its own setting: the rule
+    with autotune off, the timed plan with it on."""
+    monkeypatch.setattr(tuning, "_gpu", lambda device: ("GPU-A", 132))
+    for i in range(12):  # set_config frees the previous object: its id comes back every second call
+        auto = i % 4 < 2
+        ops.set_config(autotune=auto, tune_cache=str(tmp_path / f"tune{i}.json"))
+        p = tuning.plan(*_TUNE_ARGS, measure=lambda p: abs(p.segments - 4) + 1.0)
+        assert p.source == ("autotune" if auto else "rule"), i
+        assert (tmp_path / f"tune{i}.json").exists() == auto, i  # timed into its own cache
 
 
 class _FakeGpu:

@@ -101,6 +101,29 @@ def test_plan_follows_the_paper_flops_formulas(tmp_path, dataset):
     assert "llama-a" in out and "total compute" in out and "PFLOP-days" in out
 
 
+def test_plan_snapshot_steps_are_the_schedule_s_without_walking_every_step():
+    """The plan's snapshot steps equal the checkpoint manager's schedule tested step by step (its due(), as the
+    trainer asks it after every step), and a budget of 1e8+ steps (a mistyped one: 4e12 tokens for 4e6) plans
+    at once instead of stalling the plan."""
+    import itertools
+    import time
+
+    from checkpoints.schedule import SnapshotSchedule
+    from scaling.study.plan import snapshot_steps
+    for every, log_points, per_step, steps in itertools.product((0, 1, 7, 96, 100, 1000), (0, 1, 3, 8),
+                                                                  (1, 16, 96, 97), (1, 2, 5, 37, 200)):
+        if every or log_points:
+            sched = SnapshotSchedule(every, log_points, per_step, steps * per_step)
+            due = [s for s in range(1, steps + 1) if sched.due((s - 1) * per_step, s * per_step)]
+            assert sched.steps(steps) == due
+            expected = sorted(set(due) | {steps})
+            assert snapshot_steps(every, log_points, per_step, steps) == expected, (every, log_points, per_step, steps)
+    t0 = time.perf_counter()
+    got = snapshot_steps(0, 8, 96, 3 * 10**7)
+    assert time.perf_counter() - t0 < 2.0
+    assert got[0] == 1 and got[-1] == 3 * 10**7 and len(got) == 9
+
+
 def test_a_run_can_have_a_budget_of_its_own(tmp_path, dataset):
     """tokens: {size: n, arch-size: m}: the arch-size entry sets that one run's budget, the size's the others'."""
     from pretrain.config import parse_config
@@ -153,6 +176,20 @@ def test_bad_configs_are_clear_errors(tmp_path, dataset, change, message):
         load_study(path)
 
 
+def test_a_recipe_value_pretrain_rejects_is_one_error_naming_the_field(tmp_path, dataset):
+    """A recipe value of the wrong type reaches pretrain's argparse, which would print pretrain's whole usage
+    under study.py's name: the study says which field of which run, in one line, and exits 2."""
+    from scaling.study import load_study, plan_study
+    path = study_yaml(tmp_path, dataset)
+    with pytest.raises(ValueError, match=re.escape("run llama-a: optim.lr (recipe or per_run; pretrain flag --lr): "
+                                                   "invalid float value: 'abc'")):
+        plan_study(load_study(path, overrides=["recipe.optim.lr=abc"]))
+    res = study("plan", "--config", path, "--set", "per_run.hgrn2-b.optim.lr=abc", check=False)
+    assert res.returncode == 2 and "usage:" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "error: study config: run hgrn2-b: optim.lr (recipe or per_run; pretrain flag --lr): invalid float value: 'abc'"]
+
+
 def test_overrides_replace_keys_of_the_file_and_are_checked_like_them(tmp_path, dataset):
     """`--set KEY=VALUE` (a dry run of the real config at a small scale): dotted keys into nested mappings, values
     read as YAML, later ones win, the file itself untouched; a bad key or value is the file's own error."""
@@ -201,6 +238,30 @@ def test_report_without_a_fit_still_reports(tmp_path, dataset):
     assert "STATUS TABLE" in text and "The fit failed" in text and "--bogus-flag" in text
     assert not (report_dir(cfg) / "fits.json").exists()
     assert "unrecognized arguments: --bogus-flag" in (report_dir(cfg) / "fit_console.txt").read_text()
+
+
+@pytest.mark.parametrize("fit_args", [[], ["--bogus-flag"]])
+def test_a_report_without_a_new_fit_shows_no_earlier_fit(tmp_path, dataset, fit_args):
+    """An earlier report's fit outputs (fits.json, table3.md, the Figure-1 plots) are not the current fit's when
+    this report fits nothing (no run trained to its planned step, e.g. after raising the budget) or the fit
+    fails: they are removed, and report.md embeds no scaling plot."""
+    from scaling.study import load_study, plan_study
+    from scaling.study.report import report_dir, write_report
+    cfg = load_study(study_yaml(tmp_path, dataset, fit={"args": fit_args}))
+    plans = plan_study(cfg)
+    plans[0].run_dir.mkdir(parents=True)
+    (plans[0].run_dir / "metrics.jsonl").write_text('{"step": 1, "tokens": 96, "loss": 5.0}\n')
+    (plans[0].run_dir / "summary.json").write_text(json.dumps({"stop": "finished", "step": plans[0].steps - 1}))
+    out = report_dir(cfg)
+    (out / "plots").mkdir(parents=True)
+    stale = [out / "fits.json", out / "table3.md", out / "plots" / "scaling_llama.png",
+             out / "plots" / "scaling_compare.png"]
+    for f in stale:                                            # from an earlier report of a finished study
+        f.write_text("{}" if f.suffix == ".json" else "earlier fit")
+    text = write_report(cfg, plans, "STATUS TABLE", log=lambda m: None).read_text()
+    assert [f for f in stale if f.exists()] == []
+    assert "scaling_" not in text and "Table 3" not in text.replace("Table 3 style)", "")
+    assert f"Left out of the scaling-law fit, not trained to their planned step: {plans[0].name}" in text
 
 
 def test_only_runs_trained_to_their_planned_step_are_fitted(tmp_path, dataset):

@@ -583,6 +583,31 @@ def test_fit_warning_names_a_setting_that_fits():
     assert "--sp N" in fit_warning(tnl, 2**20, "full", 1.0, gib)
 
 
+def test_fit_warning_names_zero3_where_the_state_alone_does_not_fit():
+    """TNL 7B on one 80 GB GPU: its weights, gradients and optimizer state alone exceed the budget, so no
+    micro-batch or sequence length fits; the warning says so and names ZeRO-3 with the fewest ranks
+    (a power of two) that fit, by the documented constants: 16.5 bytes a parameter on the plain path,
+    16.5 + 6.5 - 14.5 (1 - 1/r) under ZeRO-3 on r ranks, 4 d bytes a token per checkpointed block, the
+    loss's buffers, 1.5 GiB."""
+    from models import exact_params, model_config
+    from pretrain.memory import fit_warning
+    gib, tokens = 79.1, 8192
+    cfg = model_config("tnl", "7b")
+    P, d, l, v = exact_params(cfg)["total"], cfg.d_model, cfg.n_layers, cfg.vocab_size
+
+    def hand(bytes_per_param: float, tok: int) -> float:
+        return (bytes_per_param * P + tok * (l * 4 * d + 4 * d) + 4096 * v * 2 + v * d * 8) / 2**30 + 1.5
+    assert hand(16.5, 0) > 0.9 * gib  # the premise: no token count fits without sharding
+    ranks = next(r for r in (2 ** i for i in range(11)) if hand(16.5 + 6.5 - 14.5 * (1 - 1 / r), tokens) <= 0.9 * gib)
+    for zero, dp in ((0, 1), (3, 2)):
+        msg = fit_warning(cfg, tokens, "none", 1.0, gib, zero, dp)
+        assert "cannot fit" in msg and "--zero 3 over more GPUs" in msg, msg
+        assert f"on {ranks} data-parallel ranks" in msg, msg
+        assert "use fewer tokens" not in msg and "\n" not in msg
+    # where the tokens are what does not fit, fewer tokens stay the advice
+    assert "use fewer tokens" in fit_warning(model_config("tnl", "1b"), 2**20, "full", 1.0, gib)
+
+
 def test_bench_report_ratios_and_flatness(tmp_path):
     import json
     import sys

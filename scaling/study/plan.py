@@ -97,10 +97,34 @@ def snapshot_steps(every_tokens: int, log_points: int, tokens_per_step: int, ste
     return sorted(set(sched.steps(steps)) | {steps})
 
 
+def _parse_run_config(name: str, argv: list[str]):
+    """pretrain's config of one run's flags. A value pretrain's argparse rejects (recipe.optim.lr: abc) would
+    print pretrain's whole usage under study.py's name and exit; it becomes one error naming the recipe field."""
+    import contextlib
+    import io
+
+    from pretrain.config import SECTIONS, flag_name, parse_config
+    err_text = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err_text):
+            return parse_config(argv)
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"study config: run {name}: the pretrain config is invalid: {err}") from None
+    except SystemExit:
+        lines = [ln for ln in err_text.getvalue().splitlines() if "error:" in ln]
+        msg = lines[-1].split("error:", 1)[1].strip() if lines else err_text.getvalue().strip()
+        flags = {flag_name(f"{sec}.{f}"): f"{sec}.{f}" for sec, cls in SECTIONS.items()
+                 for f in cls.__dataclass_fields__}
+        for flag, path in flags.items():
+            if msg.startswith(f"argument {flag}:") or msg.startswith(f"argument {flag}/"):
+                msg = f"{path} (recipe or per_run; pretrain flag {flag}):{msg.split(':', 1)[1]}"
+                break
+        raise ValueError(f"study config: run {name}: {msg}") from None
+
+
 def plan_study(study: StudyConfig) -> list[RunPlan]:
     """One RunPlan per (size, arch), sizes in the config's order (small to large is the natural one)."""
     from models.accounting import exact_params, flops_per_step, paper_non_embedding_params
-    from pretrain.config import parse_config
     plans = []
     for spec in study.sizes:
         for arch in study.archs:
@@ -110,10 +134,7 @@ def plan_study(study: StudyConfig) -> list[RunPlan]:
             tokens_per_step = study.global_batch_tokens
             steps = math.ceil(budget / tokens_per_step)
             argv = pretrain_argv(study, arch, spec.name, run_dir, steps, budget)
-            try:
-                cfg = parse_config(argv)
-            except (ValueError, FileNotFoundError) as err:
-                raise ValueError(f"study config: run {name}: the pretrain config is invalid: {err}") from None
+            cfg = _parse_run_config(name, argv)
             mcfg = cfg.model()
             batch = cfg.global_batch
             per_step = flops_per_step(mcfg, batch, cfg.train.seq_len)

@@ -48,19 +48,37 @@ def fit_runs(plans: list[RunPlan]) -> tuple[list[RunPlan], list[RunPlan]]:
     return fitted, [p for p in plans if p not in fitted and (p.run_dir / METRICS).is_file()]
 
 
+FIT_OUTPUTS = ("fits.json", "table3.md", "fit_console.txt")
+
+
+def clear_fit_outputs(study: StudyConfig) -> None:
+    """Remove what an earlier fit wrote. Every report fits afresh; a fit that writes nothing this time (no run
+    trained to its planned step, a rejected fit.args, an architecture no longer in the study, none fitted so
+    no comparison plot) must not leave the earlier fit's table and Figure-1 plots to be read, and shown in
+    report.md, as the current ones."""
+    out = report_dir(study)
+    for name in FIT_OUTPUTS:
+        (out / name).unlink(missing_ok=True)
+    for png in (out / "plots").glob("scaling_*.png") if (out / "plots").is_dir() else []:
+        png.unlink()
+
+
 def run_fit(study: StudyConfig, plans: list[RunPlan], log=print) -> dict | None:
     """launch/fit_scaling.py over the runs trained to their planned step (`fit_runs`); its console output is
     kept in fit_console.txt. Returns fits.json (None when nothing could be fitted)."""
     import importlib.util
     out = report_dir(study)
     (out / "plots").mkdir(parents=True, exist_ok=True)
+    clear_fit_outputs(study)
     fitted, left_out = fit_runs(plans)
     if left_out:
         log(f"[study] report: not trained to their planned step, left out of the fit: "
             f"{', '.join(p.name for p in left_out)}")
     runs = [str(p.run_dir) for p in fitted]
     if not runs:
-        log("[study] report: no run is trained to its planned step yet; nothing to fit")
+        msg = "no run is trained to its planned step yet; nothing to fit"
+        (out / "fit_console.txt").write_text(msg + "\n")
+        log(f"[study] report: {msg}")
         return None
     script = Path(__file__).resolve().parents[2] / "launch" / "fit_scaling.py"
     spec = importlib.util.spec_from_file_location("linscale_fit_scaling", script)
