@@ -13,7 +13,9 @@ from typing import Callable
 
 import torch
 
+from checkpoints.atomic import file_in_the_way
 from checkpoints.consolidate import consolidated_state_dict, read_meta
+from checkpoints.errors import CheckpointError
 from checkpoints.layout import (CHECKPOINTS, EXPORTS, MANIFEST, MODEL_CONFIG, MODEL_WEIGHTS, RUN_CONFIG, SNAPSHOTS,
                                 step_dirs, step_name)
 from checkpoints.manifest import verify
@@ -118,6 +120,21 @@ def already_exported(out: Path, source: Source, dtype: str) -> bool:
             and (meta.get("source") or {}).get("manifest") == digest)
 
 
+def check_destination(out: Path) -> None:
+    """Refuse to write an export over something that is not one: `save_pretrained` replaces the folder at
+    `out` whole, so a file there, or a folder holding other files (notes, results put there by hand),
+    would be deleted. An earlier export (its config.json and weights) or an empty folder is replaced."""
+    out = Path(out)
+    blocker = file_in_the_way(out)
+    if blocker is not None:
+        raise NotADirectoryError(f"cannot export to {out}: {blocker} is a file, not a directory; move it away")
+    is_export = (out / MODEL_CONFIG).is_file() and (out / MODEL_WEIGHTS).is_file()
+    if out.is_dir() and any(out.iterdir()) and not is_export:
+        found = ", ".join(sorted(p.name for p in out.iterdir())[:5])
+        raise CheckpointError(f"cannot export to {out}: the folder exists and holds no export ({found}), and "
+                              f"exporting would replace it; move it away, then export again")
+
+
 def export_one(source: Source, out: Path, dtype: str = "fp32") -> Path:
     from models import LanguageModel, ModelConfig, save_pretrained
     meta = read_meta(source.path)
@@ -154,6 +171,7 @@ def export_run(run_dir: Path, which: str | int = "default", dtype: str = "fp32",
                 break
             problem = verify(src.path)
             if problem is None:
+                check_destination(out)
                 t0 = time.perf_counter()
                 export_one(src, out, dtype)
                 log(f"{label} -> {out} ({dtype}, {time.perf_counter() - t0:.1f} s)")

@@ -53,7 +53,14 @@ def _rebuild(obj: Any, views: Iterator[torch.Tensor]) -> Any:
         return type(obj)(*(_rebuild(v, views) for v in obj))
     if isinstance(obj, (list, tuple)):
         items = [_rebuild(v, views) for v in obj]
-        return items if isinstance(obj, list) else tuple(items)
+        if type(obj) in (list, tuple):
+            return type(obj)(items)
+        # a subclass keeps its type: DeepSpeed's ZeRO-3 model states hold each parameter's shape as a
+        # torch.Size, and zero_to_fp32 calls .numel() on it (a plain tuple has none)
+        try:
+            return type(obj)(items)
+        except TypeError:
+            return items if isinstance(obj, list) else tuple(items)
     return obj  # numbers, strings, None, other objects: the caller copies them if they can change
 
 

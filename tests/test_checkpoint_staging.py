@@ -55,6 +55,19 @@ def test_stage_copies_exactly_shares_nothing_and_reuses_its_buffer():
     assert torch.equal(other["x"], torch.ones(3))
 
 
+def test_stage_keeps_the_types_of_tuple_subclasses():
+    """DeepSpeed's ZeRO-3 model states hold each parameter's shape as a torch.Size (a tuple subclass), and
+    zero_to_fp32 calls .numel() on it: a staged copy must keep the type, not turn it into a plain tuple."""
+    shapes = collections.OrderedDict(w=torch.Size([37, 11]), b=torch.Size([11]))
+    Pair = collections.namedtuple("Pair", "a b")
+    staged = StagingBuffers().stage({"param_shapes": [shapes], "pair": Pair(torch.ones(2), torch.Size([2])),
+                                     "plain": (torch.zeros(1), 3)})
+    assert [type(s) for s in staged["param_shapes"][0].values()] == [torch.Size, torch.Size]
+    assert staged["param_shapes"][0]["w"].numel() == 37 * 11
+    assert type(staged["pair"]) is Pair and type(staged["pair"].b) is torch.Size
+    assert type(staged["plain"]) is tuple and staged["plain"][1] == 3
+
+
 def test_reserve_prepares_the_arena_stage_then_uses():
     buf = StagingBuffers(piece_bytes=PAGE)
     state = nested_state(3)

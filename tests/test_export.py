@@ -225,3 +225,73 @@ def test_save_pretrained_over_an_export_never_leaves_a_reader_without_one(tmp_pa
     assert ("exchange", "after", True) in seen
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "export"]  # no .tmp or .trash left
     assert torch.equal(logits_of(load_pretrained(out), batch()), logits_of(new, batch()))
+
+
+def test_zero3_checkpoint_and_snapshot_export_the_plain_runs_weights(tmp_path):
+    """A ZeRO-3 run on two ranks, exported from its resume checkpoint (zero_to_fp32 over the partitioned
+    shards) and from its snapshot (gathered while training): both hold the weights of a plain one-process
+    run of the same steps (its module/model.pt), to float round-off, and bit for bit each other. Every
+    parameter is partitioned (persistence threshold 0; the tiny model's all fall below the default)."""
+    pytest.importorskip("deepspeed")
+    from safetensors.torch import load_file
+
+    from checkpoint_utils import run_pretrain
+    from checkpoints.export import Source, export_one
+    from models import load_pretrained
+    data = make_dataset(tmp_path / "data")
+    plain, zero3 = tmp_path / "plain", tmp_path / "zero3"
+    run_pretrain(run_flags(plain, data, 4, "--save-every", "4"))
+    ds_json = tmp_path / "partition-all.json"
+    ds_json.write_text(json.dumps({"zero_optimization": {"stage3_param_persistence_threshold": 0}}))
+    run_pretrain(run_flags(zero3, data, 4, "--save-every", "4", "--zero", "3", "--deepspeed-config", str(ds_json),
+                           "--snapshot-every-tokens", str(4 * TPS)), nproc=2)
+    want = torch.load(plain / "checkpoints" / "step_00000004" / "module" / "model.pt", map_location="cpu")
+    ckpt = export_one(Source(4, "checkpoint", zero3 / "checkpoints" / "step_00000004"), tmp_path / "from_ckpt")
+    snap = export_one(Source(4, "snapshot", zero3 / "snapshots" / "step_00000004"), tmp_path / "from_snap")
+    got, got_snap = load_file(str(ckpt / "model.safetensors")), load_file(str(snap / "model.safetensors"))
+    assert got.keys() == want.keys() == got_snap.keys()
+    for k, v in want.items():
+        assert got[k].dtype == torch.float32 and torch.equal(got[k], got_snap[k]), k
+        # AdamW moves every element by about the lr (1e-3 to 3e-3) a step: a weight off by a step, or not
+        # gathered from its partitions, is far outside this tolerance
+        torch.testing.assert_close(got[k], v.float(), rtol=1e-4, atol=2e-5, msg=k)
+    # loadable on one process without DeepSpeed, giving the plain model's logits
+    reference = export_one(Source(4, "checkpoint", plain / "checkpoints" / "step_00000004"), tmp_path / "plain_export")
+    torch.testing.assert_close(logits_of(load_pretrained(ckpt), batch()),
+                               logits_of(load_pretrained(reference), batch()), rtol=1e-4, atol=1e-4)
+    # ZeRO-3 model states whose shapes are plain tuples instead of torch.Size (as a host copy that dropped
+    # the type wrote them) consolidate to the same weights
+    old_format = Path(shutil.copytree(zero3 / "checkpoints" / "step_00000004", tmp_path / "old_format"))
+    for f in (old_format / "module" / "deepspeed").glob("*model_states.pt"):
+        states = torch.load(f, weights_only=False)
+        states["param_shapes"] = [type(g)((k, tuple(v)) for k, v in g.items()) for g in states["param_shapes"]]
+        torch.save(states, f)
+    from_tuples = load_file(str(export_one(Source(4, "checkpoint", old_format), tmp_path / "from_tuples")
+                                / "model.safetensors"))
+    assert from_tuples.keys() == got.keys() and all(torch.equal(from_tuples[k], got[k]) for k in got)
+
+
+def test_export_never_replaces_a_folder_or_file_that_is_not_an_export(trained, tmp_path, capsys):
+    """An export replaces RUN/exports/step_N whole. Something else standing there (a folder of notes, a
+    file) is refused with one line and left as it was; an earlier export or an empty folder is replaced."""
+    from launch.export import main
+    run, _ = trained
+    run = Path(shutil.copytree(run, tmp_path / run.name))
+    shutil.rmtree(run / "exports", ignore_errors=True)
+    folder = run / "exports" / "step_00000006"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine")
+    assert main([str(run), "--step", "6"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds no export (notes.txt)" in err, err
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    shutil.rmtree(folder)
+    folder.write_text("a file")
+    assert main([str(run), "--step", "6"]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert folder.read_text() == "a file"
+    folder.unlink()
+    folder.mkdir()
+    assert main([str(run), "--step", "6"]) == 0 and (folder / "model.safetensors").is_file()
+    assert main([str(run), "--step", "6", "--dtype", "bf16"]) == 0  # an earlier export is replaced
+    assert json.loads((folder / "config.json").read_text())["export_dtype"] == "bf16"
