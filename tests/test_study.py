@@ -168,6 +168,9 @@ def test_registry_sizes_follow_the_study_recipe_not_the_cpu_presets(tmp_path, da
     ({"per_run": ["llama"]}, "per_run must be a mapping"),
     ({"fit": {"args": [1, 2]}}, "as strings"),
     ({"evaluation": {"tasks": ["valid_loss"], "device": "gpu9"}}, "evaluation.device 'gpu9'"),
+    # the run's own --micro-batch comes after pretrain.sbatch's: MICRO here would silently not apply
+    ({"slurm": {"train_env": {"MICRO": 4, "NCCL_DEBUG": "WARN"}}}, "sets MICRO, which the study sets for each run "
+                                                                 "from its plan; set MICRO with recipe.train.micro_batch"),
 ])
 def test_bad_configs_are_clear_errors(tmp_path, dataset, change, message):
     from scaling.study import StudyConfigError, load_study

@@ -101,6 +101,12 @@ class StudyConfig:
         return self.tokens.get(f"{arch}-{size}", self.tokens[size])
 
 
+# variables of launch/slurm/pretrain.sbatch that the study sets for every run, and the study keys behind them
+STUDY_OWNED_ENV = {"RUN_DIR": "out (the runs go to STUDY/runs/<run>)", "DATA": "data",
+                   "MICRO": "recipe.train.micro_batch (or per_run)", "GLOBAL_BATCH_TOKENS": "global_batch_tokens",
+                   "ZERO": "recipe.dist.zero (or per_run)"}
+
+
 def _err(msg: str) -> StudyConfigError:
     return StudyConfigError(f"study config: {msg}")
 
@@ -287,7 +293,13 @@ def _slurm(raw: Any) -> SlurmSpec:
             setattr(spec, k, list(v))
         elif k == "train_env":
             if not isinstance(v, dict):
-                raise _err("slurm.train_env must map variable names to values (e.g. {ZERO: 2, MICRO: 4})")
+                raise _err("slurm.train_env must map variable names to values (e.g. {NCCL_DEBUG: WARN})")
+            owned = sorted(set(map(str, v)) & set(STUDY_OWNED_ENV))
+            if owned:
+                # the study sets these for every run from its plan, and passes the run's own flags after
+                # pretrain.sbatch's: a value here would be overridden by them, or train other runs than planned
+                raise _err("slurm.train_env sets " + ", ".join(owned) + ", which the study sets for each run from "
+                           "its plan; set " + "; ".join(f"{e} with {STUDY_OWNED_ENV[e]}" for e in owned) + " instead")
             spec.train_env = {str(a): str(b) for a, b in v.items()}
         elif k == "max_parallel":
             spec.max_parallel = _int(v, "slurm.max_parallel")
