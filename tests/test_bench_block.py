@@ -1,5 +1,4 @@
 """launch/bench_block.py without a GPU: the per-layer inputs it hands a block, and its refusal on CPU."""
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -7,15 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from launch_utils import load_launch_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_bench_block():
-    # by file, not through sys.path: launch/ also holds pretrain.py, which would shadow the package
-    spec = importlib.util.spec_from_file_location("bench_block", ROOT / "launch" / "bench_block.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_launch_script("bench_block")
 
 
 @pytest.mark.parametrize("arch,keys", [("tnl", {"decay"}), ("hgrn2", {"lower_bound"}), ("cos2", set()), ("llama", set())])

@@ -1,17 +1,12 @@
 """launch/bench_train.py's report without a GPU: the ratio to LLaMA against hand-computed references."""
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from launch_utils import load_launch_script
 
 
 def load_bench_train():
-    # by file, not through sys.path: launch/ also holds pretrain.py, which would shadow the package
-    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "launch" / "bench_train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_launch_script("bench_train")
 
 
 def _cell(arch: str, tokens_per_s: float, micro_batch: int = 2, compile_: bool = True, **extra) -> dict:

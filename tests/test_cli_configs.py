@@ -2,24 +2,18 @@
 dataclasses (pretrain.cli): every flag sets exactly its field, the flag names are the documented ones, and
 bad values are refused by argparse with the allowed choices."""
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from evaluation.sweep import SweepConfig
+from launch_utils import load_launch_script
 from pretrain.cli import flag_name, parse_config_args
 from scaling.analysis import FitSettings
 from scaling.fit_config import FitScalingConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
 def _launcher(name: str):
-    spec = importlib.util.spec_from_file_location(f"launch_{name}", ROOT / "launch" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_launch_script(name)
 
 
 def test_evaluate_flags_map_one_to_one_onto_the_sweep_config(tmp_path):

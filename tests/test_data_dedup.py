@@ -216,10 +216,8 @@ def test_slurm_style_cli_steps_give_the_one_process_result(tmp_path, capsys):
     every task of every stage with --merge-stage/--task (in reverse order within a stage) gives the
     indexes and statistics of one prepare run; a stage run before the one it reads from, or a task out
     of range, is an error line naming the fix."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("prepare_data_cli", Path(__file__).parents[1] / "launch" / "prepare_data.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    from launch_utils import load_launch_script
+    cli = load_launch_script("prepare_data")
     rng = random.Random(5)
     docs = [english_text(rng, 120) for _ in range(30)]
     for i, name in enumerate(("a", "b", "c")):

@@ -2,13 +2,13 @@
 least squares, the envelope (and the status of each of its points) against a brute-force minimum of the
 generating law, and synthetic studies in the trainer's run format, fitted by launch/fit_scaling.py, against the
 exact compute-optimal frontier of the law that generated them."""
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from launch_utils import load_launch_script
 from models.accounting import paper_non_embedding_params
 from models.sizes import model_config
 from scaling.analysis import FitSettings, analyze_arch
@@ -20,17 +20,13 @@ from scaling.paper import PAPER_TABLE3, paper_law_at, paper_reference
 from scaling.runs import load_runs
 from scaling.synthetic import LossLaw, frontier, frontier_exponents, write_run, write_sweep
 
-ROOT = Path(__file__).resolve().parents[1]
 SIZES = ["tiny", "mini", "70m", "160m", "410m", "1b", "3b", "7b"]
 PAPER_SIZES = ["70m", "160m", "410m", "1b", "3b", "7b"]
 LAW_618 = LossLaw(E=1.8, A=40.0, B=845.0, alpha=0.2, beta=0.3236)   # a = beta/(alpha+beta) = 0.618, D_opt ~ 20 N at 1B
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("fit_scaling", ROOT / "launch" / "fit_scaling.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
+    return load_launch_script("fit_scaling").main
 
 
 @pytest.fixture(scope="module")

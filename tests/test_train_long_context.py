@@ -646,12 +646,8 @@ def test_bench_report_ratios_and_flatness(tmp_path):
 
 
 def _bench_train():
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).resolve().parents[1] / "launch" / "bench_train.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    from launch_utils import load_launch_script
+    return load_launch_script("bench_train")
 
 
 def test_bench_ops_options_name_their_cells_and_their_llama(tmp_path):
@@ -686,11 +682,7 @@ def test_bench_ops_options_name_their_cells_and_their_llama(tmp_path):
 
 
 def test_bench_keeps_the_graph_break_lines_of_a_dynamo_log():
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).resolve().parents[1] / "launch" / "bench_train.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench_train()
     log = ("[bench] tnl 1b seq 8192 ac none: first step 9.1 s\n"
            "V1124 torch/_dynamo/symbolic_convert.py:517] [0/0] [__graph_breaks] Graph break in user code at "
            "/x/models/tnl.py:63\n"
