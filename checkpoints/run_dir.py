@@ -58,6 +58,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _shortened(text: str, most: int) -> str:
+    """`text`, cut to `most` characters with a visible mark where it was cut (a command cut silently reads as
+    if its last flag had no value)."""
+    return text if len(text) <= most else text[:most - 6] + " [...]"
+
+
 def _holder_text(info: dict) -> str:
     if not info:
         return "a process that left no details"
@@ -78,7 +84,7 @@ class RunLock:
 
     def _details(self) -> dict:
         return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "command": " ".join(sys.argv)[:300], "slurm_job": os.environ.get("SLURM_JOB_ID")}
+                "command": _shortened(" ".join(sys.argv), 300), "slurm_job": os.environ.get("SLURM_JOB_ID")}
 
     def _read(self) -> dict:
         try:

@@ -41,18 +41,21 @@ class LinscaleLM(TemplateLM):
                  max_gen_toks: int = 256, max_batch_size: int | None = None, **overrides):
         super().__init__()
         device = resolve_device(device)
+        # checked before the weights load, so that a typo is one line naming the argument (not a KeyError, or a
+        # batch of 0 failing only when the first requests are scored)
+        self.batch_size_per_gpu = parse_batch_size(batch_size)
         if model is None:
             if pretrained is None:
                 raise ValueError("linscale: pass pretrained=DIR (an export written by launch/export.py, or a snapshot "
                                  "RUN/snapshots/step_N)")
+            if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPES:
+                raise ValueError(f"linscale: dtype={dtype!r}; use auto, {', '.join(DTYPES)}")
             model = load_pretrained(pretrained, device=device, dtype=resolve_dtype(dtype, device),
                                     **{k: int(v) if str(v).isdigit() else v for k, v in overrides.items()})
         elif overrides:
             raise ValueError(f"linscale: config overrides {sorted(overrides)} need pretrained=, not model=")
         self.model = model.eval()
         self.pretrained = str(pretrained) if pretrained is not None else None
-        # "auto" batch-size search is a HF-model feature; a fixed size is predictable on every arch
-        self.batch_size_per_gpu = int(batch_size) if str(batch_size).isdigit() else 8
         # the training context (from the export or its run), not max_seq_len: see evaluation.context
         self._max_length = scoring_window(pretrained, model.config.max_seq_len, max_length,
                                           warn=None if pretrained is None else logger.warning)
@@ -123,7 +126,10 @@ class LinscaleLM(TemplateLM):
             kw = dict(requests[idx[0]].args[1])
             until = kw.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
-            max_new = int(kw.pop("max_gen_toks", self.max_gen_toks))
+            # an empty string would stop every reply after its first token and cannot split the text; lm-eval's
+            # own post-processing skips it too
+            until = [u for u in until if u]
+            max_new = max_new_tokens(kw, self.max_gen_toks)
             temperature = float(kw.pop("temperature", 0.0)) if kw.pop("do_sample", False) else 0.0
             top_k = kw.pop("top_k", None)
             budget = max(1, self.max_length - max_new)   # prompt tokens kept (from the right)
@@ -148,6 +154,32 @@ class LinscaleLM(TemplateLM):
         cfg = self.model.config
         return {"linscale_arch": cfg.arch, "linscale_size": cfg.size, "pretrained": self.pretrained,
                 "model_num_parameters": sum(p.numel() for p in self.model.parameters())}
+
+
+# lm-eval's names for the generation budget, in its order of priority (lm_eval.models.utils.normalize_gen_kwargs):
+# a task's generation_kwargs or the CLI's --gen_kwargs may use any of them
+MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+
+
+def max_new_tokens(gen_kwargs: dict, default: int) -> int:
+    """The number of tokens to generate: the first of MAX_TOKEN_KEYS given (all are removed from gen_kwargs),
+    else `default` (the model's max_gen_toks)."""
+    given = [v for v in (gen_kwargs.pop(k, None) for k in MAX_TOKEN_KEYS) if v is not None]
+    return int(given[0]) if given else int(default)
+
+
+AUTO_BATCH_SIZE = 8
+
+
+def parse_batch_size(value: int | str) -> int:
+    """A positive integer. lm-eval's "auto" / "auto:N" (a search for the largest batch that fits, an HF-model
+    feature) means AUTO_BATCH_SIZE: a fixed size is predictable on every arch."""
+    text = str(value).strip()
+    if text == "auto" or text.startswith("auto:"):
+        return AUTO_BATCH_SIZE
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise ValueError(f"linscale: batch_size={value!r}; give a positive integer (or auto = {AUTO_BATCH_SIZE})")
 
 
 def tasks_dir() -> Path:

@@ -89,6 +89,47 @@ def test_generate_until_matches_greedy_recompute(models, arch):
     assert out == [refs[0].split(until)[0]]
 
 
+def test_generate_until_takes_lm_evals_budget_names_and_skips_empty_stops(models):
+    """lm-eval gives the generation budget under any of four names (max_gen_toks > max_new_tokens > max_tokens >
+    max_completion_tokens, lm_eval.models.utils.normalize_gen_kwargs): each is obeyed, in that priority, not
+    replaced by the model's 256. An empty `until` string (a --gen_kwargs slip) stops nothing and cuts nothing,
+    as lm-eval's post-processing skips it. Reference: greedy decoding by full recomputation."""
+    model = models["hgrn2"]
+    lm = LinscaleLM(model=model, batch_size=4, max_length=64)
+    tok = get_tokenizer()
+    prompt = "Once upon a time"
+    ids, new = tok.encode_ordinary(prompt), []
+    with torch.no_grad():
+        for _ in range(6):
+            new.append(int(model(torch.tensor([ids + new]))[0, -1].argmax()))
+    assert EOT_ID not in new
+    cases = [({"max_gen_toks": 2}, 2), ({"max_new_tokens": 3}, 3), ({"max_tokens": 4}, 4),
+             ({"max_completion_tokens": 5}, 5), ({"max_new_tokens": 2, "max_tokens": 5}, 2),
+             ({"max_gen_toks": 3, "max_completion_tokens": 6}, 3), ({"max_tokens": None, "max_new_tokens": 4}, 4)]
+    reqs = [Req(prompt, {"until": ["", "\n\n\n\n"], **budget}) for budget, _ in cases]
+    out = lm.generate_until(reqs, disable_tqdm=True)
+    assert out == [tok.decode(new[:n]).split("\n\n\n\n")[0] for _, n in cases]
+
+
+def test_bad_batch_size_or_dtype_is_one_clear_error(tmp_path):
+    """model_args are checked before the weights load: batch_size must be a positive integer (lm-eval's auto
+    and auto:N mean 8), dtype one the adapter knows; anything else is a ValueError naming the argument."""
+    torch.manual_seed(0)
+    export = save_pretrained(build_model("hgrn2", "tiny", max_seq_len=64), tmp_path / "export")
+    for bad in ("0", "-2", "abc", "8x", "auto8"):
+        with pytest.raises(ValueError, match="batch_size"):
+            LinscaleLM.create_from_arg_string(f"pretrained={export},device=cpu,batch_size={bad}")
+    with pytest.raises(ValueError, match="batch_size"):   # the CLI's --batch_size, when model_args has none
+        LinscaleLM.create_from_arg_string(f"pretrained={export},device=cpu", {"batch_size": 0, "device": "cpu"})
+    for bad in ("bf16", "torch.bfloat16", "int8"):
+        with pytest.raises(ValueError, match="dtype"):
+            LinscaleLM(pretrained=str(export), device="cpu", dtype=bad)
+    for given, expect in (("auto", 8), ("auto:4", 8), ("3", 3), (5, 5)):
+        assert LinscaleLM(pretrained=str(export), device="cpu", batch_size=given).batch_size_per_gpu == expect
+    lm = LinscaleLM(pretrained=str(export), device="cpu", dtype="bfloat16")
+    assert next(lm.model.parameters()).dtype == torch.bfloat16
+
+
 def test_perplexity_functions_match_lm_eval_tasks(models, tmp_path):
     """Our WikiText-2 and LAMBADA code and lm-eval's task pipeline (our local YAMLs, its detokenizer and
     metrics) through the adapter give the same numbers, on user files in the shared-data layout."""

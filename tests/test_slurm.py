@@ -662,6 +662,30 @@ def test_outside_a_slurm_job_is_refused_with_the_way_to_run(tmp_path):
     assert "unbound variable" not in p.stderr and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("cap", ["abc", "20x", "1.5", "-1"])
+def test_a_malformed_restart_cap_is_refused_before_training(tmp_path, cap):
+    """LINSCALE_MAX_RESTARTS is read only at the warning, hours into a job: there bash arithmetic took "20x"
+    for no cap at all and "abc" for an unset variable that ended the script after the checkpoint, with no
+    requeue and no report. Anything but a whole number is a usage error before srun starts (a stand-in srun
+    here records whether it was called)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/bash\necho srun-called\n")
+    (bin_dir / "srun").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "LINSCALE_"))}
+    env.update(SLURM_JOB_ID="7", SLURM_SUBMIT_DIR=str(ROOT), RUN_DIR=str(tmp_path / "run"), DATA="",
+               PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), env.get("PATH", "")]))
+
+    def run(value: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(SBATCH), "tnl", "tiny"], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=120, env={**env, "LINSCALE_MAX_RESTARTS": value})
+    p = run(cap)
+    assert p.returncode == 2 and f"LINSCALE_MAX_RESTARTS={cap}: expected a whole number" in p.stdout, p.stdout + p.stderr
+    assert "srun-called" not in p.stdout
+    p = run("3")  # a whole number goes on to srun, and says the cap
+    assert p.returncode == 0 and "srun-called" in p.stdout and "(cap 3)" in p.stdout, p.stdout + p.stderr
+
+
 def test_a_restart_before_any_checkpoint_repeats_the_first_attempts_resume(outcomes):
     o, ref = outcome(outcomes, "resume_path_requeued_at_start"), outcome(outcomes, "reference")
     assert o.info["JobState"] == "COMPLETED" and o.info["Restarts"] == "1", o.log[-3000:]
