@@ -60,9 +60,18 @@ def score_continuations(model: LanguageModel, requests: Sequence[tuple[Sequence[
             ctx, cont = requests[i]
             if not cont:
                 raise ValueError(f"request {i} has an empty continuation")
+            # a continuation's first token needs a context token before it, and all of it must fit the window:
+            # otherwise only part of it would be scored, and the sum would silently cover fewer tokens (lm-eval's
+            # HF model refuses both too; it prefixes an empty context with <|endoftext|>)
+            if not ctx:
+                raise ValueError(f"request {i} has no context: its first continuation token cannot be scored; "
+                                 f"prefix the context with <|endoftext|> as lm-eval does")
+            if len(cont) > max_length:
+                raise ValueError(f"request {i}: a continuation of {len(cont)} tokens is longer than the scoring window "
+                                 f"max_length {max_length}, so it cannot be scored whole; raise max_length")
             whole = (list(ctx) + list(cont))[-(max_length + 1):]
             rows.append(whole[:-1])
-            n_cont.append(min(len(cont), len(whole) - 1))
+            n_cont.append(len(cont))
         width = max(len(r) for r in rows)
         ids = torch.zeros(len(rows), width, dtype=torch.long)
         for j, r in enumerate(rows):

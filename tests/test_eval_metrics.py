@@ -102,3 +102,26 @@ def test_wikitext_documents_and_word_count(shared_data, tmp_path):
     assert wikitext_documents(f) == [" = A = \n \n x y \n = = Sub = = \n z ", " = B = \n w \n"]
     assert word_count(" a b \n c ") == len(re.split(r"\s+", " a b \n c ")) == 5
     assert word_count("x") == 1
+
+
+def test_a_continuation_is_scored_whole_or_refused():
+    """score_continuations sums the log-probabilities of every continuation token: a continuation that fills
+    the window exactly is scored whole (against a direct forward pass); one longer than the window, or one
+    without a context token before it, would be scored in part, so it is refused."""
+    import torch
+
+    from evaluation.scoring import score_continuations
+    from models import build_model
+    torch.manual_seed(0)
+    model = build_model("tnl", "tiny", vocab_size=300).eval()
+    ctx, cont = [5, 17, 42], [7, 99, 3, 250]
+    (got, _), = score_continuations(model, [(ctx, cont)], max_length=4)
+    ids = torch.tensor([(ctx + cont)[-5:-1]])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids)[0].double(), -1)
+    want = sum(float(logp[j, t]) for j, t in enumerate(cont))
+    assert abs(got - want) < 1e-4, (got, want)
+    with pytest.raises(ValueError, match="longer than the scoring window max_length 3"):
+        score_continuations(model, [(ctx, cont)], max_length=3)
+    with pytest.raises(ValueError, match="no context"):
+        score_continuations(model, [([], cont)], max_length=16)
