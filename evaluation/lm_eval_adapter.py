@@ -44,6 +44,12 @@ class LinscaleLM(TemplateLM):
         # checked before the weights load, so that a typo is one line naming the argument (not a KeyError, or a
         # batch of 0 failing only when the first requests are scored)
         self.batch_size_per_gpu = parse_batch_size(batch_size)
+        if max_length is not None and not (str(max_length).isdigit() and int(max_length) > 0):
+            raise ValueError(f"linscale: max_length={max_length!r}; give a positive number of tokens, or leave it out "
+                             f"for the export's training context")
+        max_gen_toks = int(max_gen_toks)
+        if max_gen_toks < 1:
+            raise ValueError(f"linscale: max_gen_toks={max_gen_toks}; give a positive number of tokens")
         if model is None:
             if pretrained is None:
                 raise ValueError("linscale: pass pretrained=DIR (an export written by launch/export.py, or a snapshot "

@@ -113,7 +113,8 @@ def test_generate_until_takes_lm_evals_budget_names_and_skips_empty_stops(models
 
 def test_bad_batch_size_or_dtype_is_one_clear_error(tmp_path):
     """model_args are checked before the weights load: batch_size must be a positive integer (lm-eval's auto
-    and auto:N mean 8), dtype one the adapter knows; anything else is a ValueError naming the argument."""
+    and auto:N mean 8), dtype one the adapter knows, max_length and max_gen_toks positive; anything else is a
+    ValueError naming the argument."""
     torch.manual_seed(0)
     export = save_pretrained(build_model("hgrn2", "tiny", max_seq_len=64), tmp_path / "export")
     for bad in ("0", "-2", "abc", "8x", "auto8"):
@@ -124,6 +125,12 @@ def test_bad_batch_size_or_dtype_is_one_clear_error(tmp_path):
     for bad in ("bf16", "torch.bfloat16", "int8"):
         with pytest.raises(ValueError, match="dtype"):
             LinscaleLM(pretrained=str(export), device="cpu", dtype=bad)
+    for bad in ("0", "-5", "abc"):   # 0 fell back to the training context silently
+        with pytest.raises(ValueError, match="max_length"):
+            LinscaleLM.create_from_arg_string(f"pretrained={export},device=cpu,max_length={bad}")
+    with pytest.raises(ValueError, match="max_gen_toks"):
+        LinscaleLM.create_from_arg_string(f"pretrained={export},device=cpu,max_gen_toks=0")
+    assert LinscaleLM.create_from_arg_string(f"pretrained={export},device=cpu,max_length=32").max_length == 32
     for given, expect in (("auto", 8), ("auto:4", 8), ("3", 3), (5, 5)):
         assert LinscaleLM(pretrained=str(export), device="cpu", batch_size=given).batch_size_per_gpu == expect
     lm = LinscaleLM(pretrained=str(export), device="cpu", dtype="bfloat16")
