@@ -686,6 +686,37 @@ def test_a_malformed_restart_cap_is_refused_before_training(tmp_path, cap):
     assert p.returncode == 0 and "srun-called" in p.stdout and "(cap 3)" in p.stdout, p.stdout + p.stderr
 
 
+def test_a_second_job_for_a_run_in_progress_leaves_its_files_alone(tmp_path):
+    """A job whose RUN_DIR is held by a run in progress (its trainer's flock on RUN/.lock) stops before it
+    touches anything: the running run's summary.json and slurm_attempt.json stay as they are, srun is not
+    called, the log names the holder. Free again, the same job goes on to srun."""
+    import fcntl
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/bash\necho srun-called\n")
+    (bin_dir / "srun").chmod(0o755)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text('{"stop": "finished"}')
+    (run_dir / "slurm_attempt.json").write_text('{"job_id": "6"}')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "LINSCALE_"))}
+    env.update(SLURM_JOB_ID="7", SLURM_SUBMIT_DIR=str(ROOT), RUN_DIR=str(run_dir), DATA="",
+               PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), env.get("PATH", "")]))
+    with open(run_dir / ".lock", "w") as holder:       # the other run's trainer, rank 0
+        holder.write('{"pid": 4242, "host": "node-a"}')
+        holder.flush()
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        p = subprocess.run(["bash", str(SBATCH), "tnl", "tiny"], capture_output=True, text=True, cwd=tmp_path,
+                           timeout=120, env=env)
+    assert p.returncode == 2 and "is in use by another run" in p.stdout and '"pid": 4242' in p.stdout, p.stdout
+    assert "srun-called" not in p.stdout
+    assert (run_dir / "summary.json").read_text() == '{"stop": "finished"}'
+    assert (run_dir / "slurm_attempt.json").read_text() == '{"job_id": "6"}'
+    p = subprocess.run(["bash", str(SBATCH), "tnl", "tiny"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=120, env=env)                # the lock released: this job starts
+    assert p.returncode == 0 and "srun-called" in p.stdout, p.stdout + p.stderr
+
+
 def test_a_restart_before_any_checkpoint_repeats_the_first_attempts_resume(outcomes):
     o, ref = outcome(outcomes, "resume_path_requeued_at_start"), outcome(outcomes, "reference")
     assert o.info["JobState"] == "COMPLETED" and o.info["Restarts"] == "1", o.log[-3000:]
