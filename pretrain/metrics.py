@@ -93,9 +93,14 @@ class MetricsLogger:
     """Rank 0 appends one JSON row per logged step to RUN/metrics.jsonl (and TensorBoard scalars). A row
     that cannot be written (a full disk) does not raise: `failed` then says why, nothing more is written,
     and the training loop stops at the step boundary without a checkpoint of the unlogged steps (resuming
-    replays them from the newest checkpoint, so no row is missing)."""
+    replays them from the newest checkpoint, so no row is missing).
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = True):
+    `purge_step`: the first step this start logs (a resume's next step). Rows of that step and later that an
+    earlier attempt wrote to TensorBoard are hidden by its reader (a SessionLog START at that step), so a
+    replayed step is shown once rather than as a second, backwards segment of each curve; metrics.jsonl keeps
+    both copies (the later one supersedes)."""
+
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = True, purge_step: int | None = None):
         self.enabled = enabled
         self.file = None
         self.tb = None
@@ -110,7 +115,7 @@ class MetricsLogger:
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(run_dir / TENSORBOARD))
+                self.tb = SummaryWriter(str(Path(run_dir) / TENSORBOARD), purge_step=purge_step)
             except Exception as err:  # tensorboard is optional for a run
                 logger.warning(f"tensorboard disabled: {err}")
 
@@ -162,13 +167,21 @@ class Progress:
         self.total, self.enabled = total_steps, enabled
         self.start = time.time()
 
-    def line(self, step: int, row: dict, steps_done_this_session: int) -> None:
+    def line(self, step: int, row: dict, steps_done_this_session: int, one_off_s: float = 0.0,
+             one_off_steps: int = 0) -> None:
+        """`one_off_s`, `one_off_steps`: the time and the steps of this session that do not recur (compiles,
+        the first step, a profiled step; SpeedMonitor's excluded_total_s/excluded_steps_total). The ETA is
+        the remaining steps at the mean time of the others, validation and checkpoint saves included: a
+        first step that compiled for minutes would otherwise be charged to every step still to come."""
         if not self.enabled:
             return
         elapsed = time.time() - self.start
         eta = float("nan")
-        if self.total and steps_done_this_session:
-            eta = elapsed / steps_done_this_session * (self.total - step)
+        timed = steps_done_this_session - one_off_steps
+        if self.total and step >= self.total:
+            eta = 0.0
+        elif self.total and timed > 0:
+            eta = max(0.0, elapsed - one_off_s) / timed * (self.total - step)
         parts = [f"step {step}" + (f"/{self.total}" if self.total else ""), f"loss {row['loss']:.4f}",
                  f"lr {row['lr']:.2e}",
                  "compiling" if row.get("tokens_per_s") is None else f"{row['tokens_per_s']:,.0f} tok/s"]

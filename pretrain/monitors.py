@@ -108,6 +108,9 @@ class SpeedMonitor(Callback):
         self.last_time = time.time()
         self.last_log_step = 0
         self.excluded_in_interval, self.excluded_steps_in_interval = 0.0, 0
+        # the same, over this process: one-off time (compiles, the first step, the profiled step) that the
+        # console's ETA leaves out, as it does not recur in the steps still to train
+        self.excluded_total_s, self.excluded_steps_total = 0.0, 0
         self._graphs, self._step_start = 0, 0.0
         self._excluded_step, self._excluded_until = -1, 0.0
         self._first_step = True  # of this process
@@ -126,6 +129,8 @@ class SpeedMonitor(Callback):
             self.compile_time_s += spent
             self.excluded_in_interval += spent
             self.excluded_steps_in_interval += 1
+            self.excluded_total_s += spent
+            self.excluded_steps_total += 1
             self._excluded_step, self._excluded_until = progress.step, time.time()
             what = (f"torch.compile built {built} graph(s)" if built else
                     "the first step of this process (Triton kernels compiled and tuned, the optimizer's first call)")
@@ -151,7 +156,9 @@ class SpeedMonitor(Callback):
             since = max(since, self._excluded_until)
         else:
             self.excluded_steps_in_interval += 1
+            self.excluded_steps_total += 1
         self.excluded_in_interval += max(0.0, now - since)
+        self.excluded_total_s += max(0.0, now - since)
         self._excluded_step, self._excluded_until = step, now
 
     def pre_log_metrics(self, progress: TrainProgress, row: dict) -> None:

@@ -31,7 +31,7 @@ from pretrain.memory import (choose_checkpointing, configure_allocator, describe
 from pretrain.metrics import MetricsLogger, Progress, logged_row_at, peak_flops
 from pretrain.monitors import MemoryMonitor, SpeedMonitor, StabilityMonitor, TrainingStopped
 from pretrain.profiling import StepProfiler
-from pretrain.train_module import TorchTrainModule, TrainModule, lr_at
+from pretrain.train_module import StepResult, TorchTrainModule, TrainModule, lr_at
 
 logger = get_logger(__name__)
 # sequences per validation batch (--eval-batches counts these): the validation set does not depend on
@@ -278,7 +278,8 @@ class Trainer:
             engine_config = self.module.engine_config()
             if engine_config is not None:
                 (self.run_dir / DEEPSPEED_CONFIG).write_text(json.dumps(engine_config, indent=2))
-        self.metrics = MetricsLogger(self.run_dir, enabled=env.is_main)
+        # after post_attach: a resume has set the step, and rows of later steps replayed now replace the old ones
+        self.metrics = MetricsLogger(self.run_dir, enabled=env.is_main, purge_step=self.progress.step + 1)
 
     def close(self) -> None:
         """Give back what the trainer holds: the callbacks' resources (the signal handlers), the metrics files,
@@ -496,10 +497,38 @@ class Trainer:
             cb.pre_train(p)
         if self.done() and self.env.is_main:
             logger.info(self._nothing_to_train())
+
+        def log_row(res: StepResult, lr: float, is_eval: bool) -> dict:
+            """Logs the row of step p.step (`res`: its result), evaluating first when `is_eval`."""
+            row = {"step": p.step, "tokens": p.tokens, "loss": res.loss, "lr": lr, "flops": p.flops,
+                   "flops_non_embedding": p.step * self.flops_per_step_ne, "grad_norm": res.grad_norm}
+            for cb in self.callbacks:
+                cb.pre_log_metrics(p, row)
+            if is_eval:
+                with self._stop_on_oom_or_compile_failure(p.step - 1):  # the evaluation after step p.step
+                    val_loss = self.module.eval_loss(self.val_batches, stop=self._stop_reason_now)
+                if val_loss is None:
+                    logger.warning(f"step {p.step}: validation pass cut short by a stop request; no val_loss "
+                                   f"at this step")
+                else:
+                    row["val_loss"] = val_loss
+                for cb in self.callbacks:
+                    cb.post_eval()
+            self.metrics.log(row)
+            progress.line(p.step, row, steps_this_session, self.speed.excluded_total_s,
+                          self.speed.excluded_steps_total)
+            return row
+
+        res: StepResult | None = None
+        lr, logged_step = 0.0, p.step
         while not self.done():
             reason = self._stop_reason()
             if reason is not None:  # 'signal'; 'save_failed' (post_train raises SaveFailed); 'log_failed' (below)
                 stop_reason = reason
+                if res is not None and logged_step != p.step and reason != "log_failed":
+                    # the run stops (and its checkpoint is written) at a step --log-every would not log: its
+                    # row, so that the log, the console and summary.json end at the step the run ends at
+                    last = log_row(res, lr, is_eval=False)
                 break
             micro = [self.loader.next_batch() for _ in range(self.accum)]
             inject = p.step in self.inject_nonfinite_steps
@@ -517,23 +546,7 @@ class Trainer:
             is_log = p.step % t.log_every == 0 or self.done() or any(cb.wants_log() for cb in self.callbacks)
             is_eval = bool(self.val_batches) and t.eval_every and (p.step % t.eval_every == 0 or self.done())
             if is_log or is_eval:
-                row = {"step": p.step, "tokens": p.tokens, "loss": res.loss, "lr": lr, "flops": p.flops,
-                       "flops_non_embedding": p.step * self.flops_per_step_ne, "grad_norm": res.grad_norm}
-                for cb in self.callbacks:
-                    cb.pre_log_metrics(p, row)
-                if is_eval:
-                    with self._stop_on_oom_or_compile_failure(p.step - 1):  # the evaluation after step p.step
-                        val_loss = self.module.eval_loss(self.val_batches, stop=self._stop_reason_now)
-                    if val_loss is None:
-                        logger.warning(f"step {p.step}: validation pass cut short by a stop request; no val_loss "
-                                       f"at this step")
-                    else:
-                        row["val_loss"] = val_loss
-                    for cb in self.callbacks:
-                        cb.post_eval()
-                self.metrics.log(row)
-                progress.line(p.step, row, steps_this_session)
-                last = row
+                last, logged_step = log_row(res, lr, is_eval), p.step
             try:
                 for cb in self.callbacks:
                     cb.post_step(p)
