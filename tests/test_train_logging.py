@@ -156,3 +156,22 @@ def test_eta_is_unknown_until_a_recurring_step_is_timed():
         progress.line(100, row, 100, one_off_s=60.0, one_off_steps=1)
     first, last = out.getvalue().splitlines()
     assert first.endswith("ETA ?") and last.endswith("ETA 0m00s")
+
+
+def test_summary_json_speaks_for_the_newest_start_only(tmp_path):
+    """A finished run's summary.json ("finished" at step 3) is removed when the run is started again, so a
+    start that stops without writing its own (here: too many non-finite steps, exit 3) leaves none, rather
+    than the earlier start's "finished" for a run that has since moved on and stopped."""
+    import subprocess
+
+    from checkpoint_utils import env, make_dataset, pretrain_cmd, run_flags, run_pretrain
+    data = make_dataset(tmp_path / "data")
+    run = tmp_path / "run"
+    run_pretrain(run_flags(run, data, 3, "--save-every", "3"))
+    assert json.loads((run / "summary.json").read_text())["stop"] == "finished"
+    e = {**env(), "LINSCALE_INJECT_NONFINITE": "4,5"}
+    p = subprocess.run(pretrain_cmd(run_flags(run, data, 6, "--resume", "auto", "--max-bad-steps", "2")), env=e,
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 3, p.stdout[-2000:] + p.stderr[-2000:]
+    assert not (run / "summary.json").exists()
+    assert os.path.isdir(run / "checkpoints")
