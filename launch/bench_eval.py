@@ -40,8 +40,8 @@ def main() -> None:
     p.add_argument("--haystack", nargs="*", default=[])
     a = p.parse_args()
     if not torch.cuda.is_available():
-        # checked before a model is built: a 1B model built on the CPU first took minutes, then ended in
-        # a traceback from its move to the GPU
+        # checked before a model is built: building a 1B model on the CPU takes minutes, and its move to the
+        # GPU would only then fail
         from pretrain.errors import UserError
         raise UserError("bench_eval needs a CUDA GPU (it times evaluation on one)")
     dev = torch.device("cuda")
