@@ -169,7 +169,7 @@ class Progress:
 
     def line(self, step: int, row: dict, steps_done_this_session: int, one_off_s: float = 0.0,
              one_off_steps: int = 0) -> None:
-        """`one_off_s`, `one_off_steps`: the time and the steps of this session that do not recur (compiles,
+        """`one_off_s`, `one_off_steps`: the time and the steps of this process that do not recur (compiles,
         the first step, a profiled step; SpeedMonitor's excluded_total_s/excluded_steps_total). The ETA is
         the remaining steps at the mean time of the others, validation and checkpoint saves included: a
         first step that compiled for minutes would otherwise be charged to every step still to come."""
