@@ -22,9 +22,9 @@ def fsync_dir(path: Path) -> None:
 
 def file_in_the_way(path: str | Path) -> Path | None:
     """The file (not a directory) at `path` or at one of its parents, which keeps `path` from being made a
-    folder; None when there is none."""
+    folder, a dangling link included; None when there is none."""
     path = Path(path)
-    return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    return next((p for p in (path, *path.parents) if (p.exists() or p.is_symlink()) and not p.is_dir()), None)
 
 
 def make_output_dir(path: str | Path, what: str) -> Path:

@@ -284,7 +284,7 @@ def _refuse_files_in_the_way(run_dir: Path) -> None:
     the first step, rather than found by the first save, after the steps before it were trained."""
     for sub in (CHECKPOINTS, SNAPSHOTS):
         path = run_dir / sub
-        if (path.exists() or path.is_symlink()) and not path.is_dir():
+        if file_in_the_way(path) is not None:
             raise NotADirectoryError(f"run directory {run_dir}: {path} is a file, not a directory, and the run's "
                                      f"{sub} are written there; move it away or pass another --out")
 

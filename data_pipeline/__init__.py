@@ -26,7 +26,7 @@ def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch:
     planned_steps: the run's step limit, if any: rank 0 logs how many epochs of each source it reads, and
     warns about a source read more than once (its documents repeat).
     """
-    from .loader import Loader, ShardProvider, epochs_over_the_run, repeats_within_a_step, source_epochs
+    from .loader import Loader, ShardProvider, repeated_sources, repeats_within_a_step, source_epochs
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if data is None:
@@ -58,9 +58,9 @@ def build_loader(data: str | None, seq_len: int, global_batch: int, micro_batch:
     if epochs:
         log.info(f"the planned {planned_steps} steps read " + ", ".join(f"{n} {e:.3g}" for n, e in epochs.items())
                  + " epochs of the sources")
-    warning = epochs_over_the_run(provider, seq_len, global_batch, planned_steps)
-    if warning:  # the embedded corpus is for trying the system out: repeating it is expected there
-        (log.info if data is None else log.warning)(warning)
+        warning = repeated_sources(provider, epochs, planned_steps, global_batch, seq_len)
+        if warning:  # the embedded corpus is for trying the system out: repeating it is expected there
+            (log.info if data is None else log.warning)(warning)
     return loader
 
 

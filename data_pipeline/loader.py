@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import numpy as np
 import torch
@@ -216,6 +216,19 @@ def stack_batches(batches: list[dict[str, torch.Tensor]], seq_len: int) -> dict[
     return out
 
 
+def first_pass(loader: Loader) -> Iterator[dict[str, torch.Tensor]]:
+    """The loader's batches up to the first that would read past one of its sources' first epoch: a held-out
+    set read further would weigh some text twice. Unbounded for providers that cannot count their windows
+    without reading them (streaming)."""
+    provider = loader.provider
+    caps = provider.distinct_windows(loader.seq_len) if hasattr(provider, "distinct_windows") else None
+    while True:
+        batch = loader.next_batch()
+        if caps is not None and any(c > cap for c, cap in zip(loader.counts, caps)):
+            return
+        yield batch
+
+
 def repeats_within_a_step(provider: WindowProvider, seq_len: int, global_batch: int) -> str | None:
     """A warning when the sources that are mixed in hold fewer distinct windows (whole windows inside their
     first epoch) than one global batch: every step then repeats their documents, most likely a dataset or
@@ -235,24 +248,17 @@ def repeats_within_a_step(provider: WindowProvider, seq_len: int, global_batch: 
             f"lower the global batch (--global-batch-tokens) or --seq-len, or prepare more data")
 
 
-def epochs_over_the_run(provider: WindowProvider, seq_len: int, global_batch: int, steps: int | None
-                        ) -> str | None:
-    """One line saying how many times the planned run reads each mixed source: windows are drawn by the
-    sources' shares, so source i gives share_i x steps x global_batch windows of its distinct ones (an
-    epoch). A source read more than once repeats its documents: the mix wraps a small source around by
-    design, so this is a warning, naming each such source and its epochs. None when no source is read past
-    one epoch, without a step limit, and for providers that cannot count without reading (streaming)."""
-    epochs = source_epochs(provider, seq_len, global_batch, steps)
-    if not epochs:
-        return None
-    over = {n: e for n, e in epochs.items() if e > 1}
+def repeated_sources(provider: WindowProvider, epochs: dict[str, float], steps: int, global_batch: int,
+                     seq_len: int) -> str | None:
+    """A warning naming each source that the planned run reads more than once (`epochs`: source_epochs), whose
+    documents then repeat: the mix wraps a small source around by design, so it is a warning. None when every
+    source stays inside one epoch."""
+    over = ", ".join(f"{n} {e:.2f}" for n, e in epochs.items() if e > 1)
     if not over:
         return None
-    listed = ", ".join(f"{n} {e:.2f}" for n, e in over.items())
-    return (f"{provider.describe()}: the planned {steps} steps of {global_batch} x {seq_len} tokens read "
-            f"{'this source' if len(over) == 1 else 'these sources'} more than once (epochs: {listed}), so "
-            f"{'its' if len(over) == 1 else 'their'} documents repeat; prepare more data for "
-            f"{'it' if len(over) == 1 else 'them'}, or lower {'its' if len(over) == 1 else 'their'} weight")
+    return (f"{provider.describe()}: the planned {steps} steps of {global_batch} x {seq_len} tokens read a source "
+            f"more than once (epochs: {over}), so its documents repeat; prepare more data for it, or lower its "
+            f"weight")
 
 
 def source_epochs(provider: WindowProvider, seq_len: int, global_batch: int, steps: int | None

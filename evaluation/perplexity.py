@@ -132,14 +132,10 @@ def prepared_val_windows(folder: str | Path, seq_len: int, seed: int = 0):
     that would repeat a source's documents (a larger set would weigh some text twice)."""
     import torch
     from data_pipeline import build_loader
+    from data_pipeline.loader import first_pass
     p = Path(folder)
     data = p.parent if not (p / "val" / "meta.json").is_file() and p.name == "val" else p
-    loader = build_loader(str(data), seq_len, 1, 1, seed=seed, split="val")
-    caps = loader.provider.distinct_windows(seq_len)
-    while True:
-        batch = loader.next_batch()
-        if any(c > cap for c, cap in zip(loader.counts, caps)):
-            return
+    for batch in first_pass(build_loader(str(data), seq_len, 1, 1, seed=seed, split="val")):
         yield torch.cat([batch["input_ids"][0], batch["targets"][0, -1:]]).to(torch.int64)
 
 

@@ -195,9 +195,18 @@ def matched_files(patterns: list[str]) -> list[str]:
 def _files_key(patterns: list[str]) -> list:
     """The files a list of globs matches now, each with size and mtime: a result over them is stale when a
     file is added, removed or rewritten."""
+    return _stat_key(matched_files(patterns))
+
+
+def _stat_key(files: list[str]) -> list:
+    """[file, size, mtime] of each file, in the order given (None, None for one that is gone)."""
     out = []
-    for f in matched_files(patterns):
-        st = Path(f).stat()
+    for f in files:
+        try:
+            st = Path(f).stat()
+        except OSError:
+            out.append([f, None, None])
+            continue
         out.append([f, st.st_size, st.st_mtime_ns])
     return out
 
@@ -213,20 +222,6 @@ def _valid_key(entries: list[str]) -> list:
             meta = meta if meta.is_file() else Path(d) / "meta.json"
             out.append([str(Path(d).resolve()), hashlib.sha256(meta.read_bytes()).hexdigest()[:16]])
     return out + _files_key([d for d in entries if not is_prepared_dataset(d)])
-
-
-def _haystack_key(files: list[str]) -> list:
-    """The haystack files in the order given, each with size and mtime: the haystack is their text laid end to
-    end in that order, so the same files in another order are another haystack."""
-    out = []
-    for f in files:
-        try:
-            st = Path(f).stat()
-        except OSError:
-            out.append([f, None, None])
-            continue
-        out.append([f, st.st_size, st.st_mtime_ns])
-    return out
 
 
 @functools.lru_cache(maxsize=256)
@@ -290,8 +285,9 @@ def task_settings(task: str, cfg: SweepConfig, window: int | None = None, dtype:
     s = {"task": task, "limit": cfg.limit, "max_length": window if window is not None else cfg.max_length,
          "dtype": dtype or run_dtype(cfg), "data": data_key(task, cfg)}
     if task.startswith("niah_"):
+        # the haystack files in the order given: their text laid end to end, so another order is another haystack
         s.update(lengths=cfg.niah_lengths, depths=cfg.niah_depths, trials=cfg.niah_trials,
-                 haystack=_haystack_key(cfg.niah_haystack), scoring=cfg.niah_scoring, threshold=cfg.niah_threshold,
+                 haystack=_stat_key(cfg.niah_haystack), scoring=cfg.niah_scoring, threshold=cfg.niah_threshold,
                  placement="token_depth")
         if cfg.niah_trials > 1:
             # results keyed without cell_mean averaged the trials as a running sum of s/trials, which can land

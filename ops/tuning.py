@@ -94,6 +94,11 @@ _SMS_OF_TABLE = {"H100": 132}
 _MAX_SEG_BYTES = 1 << 30
 
 
+def _over_seg_cap(p: Plan, NH: int, K: int, V: int) -> bool:
+    """Whether plan `p`'s segment states (fp32 [NH, segments - 1, K, V]) exceed _MAX_SEG_BYTES."""
+    return NH * (p.segments - 1) * K * V * 4 > _MAX_SEG_BYTES
+
+
 def _np2(x: int) -> int:
     return 1 << max(4, (int(x) - 1).bit_length())
 
@@ -317,7 +322,7 @@ def _plan(op, N, H, T, K, V, device, varlen, measure, cfg, gpu, sms) -> Plan:
     hit = _cached_seg_chunks(cfg.tune_cache, gpu, key)
     if hit is not None:
         p = _make(hit, nc_max, launch, "autotune")
-        if hit >= nc_avg or N * H * (p.segments - 1) * K * V * 4 <= _MAX_SEG_BYTES:
+        if hit >= nc_avg or not _over_seg_cap(p, N * H, K, V):
             return p
         # not one the tuner could have stored (it times no such candidate, below): a hand-edited entry
         warnings.warn(f"the kernel tuning cache {_usable_path(cfg.tune_cache)}: entry {gpu} / {key} = {hit} needs "
@@ -327,7 +332,7 @@ def _plan(op, N, H, T, K, V, device, varlen, measure, cfg, gpu, sms) -> Plan:
         p = _make(math.ceil(nc_avg / s), nc_max, launch, "autotune")
         # one segment length per sequence (s = 1) always stays, as in the rule: packed input with many
         # sequences may exceed the cap at every S, and the tuner must still return a plan
-        if s > 1 and N * H * (p.segments - 1) * K * V * 4 > _MAX_SEG_BYTES:
+        if s > 1 and _over_seg_cap(p, N * H, K, V):
             continue
         ms = measure(p)
         if best is None or ms < best[0]:

@@ -5,6 +5,7 @@ the checkpoint manager (checkpoints/manager.py) and the stability, speed and mem
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -359,7 +360,7 @@ class Trainer:
         """The validation set: the first eval_batches x EVAL_BATCH sequences of the val split, the same
         for any --micro-batch (a speed setting), with document resets as in training; grouped for the
         forward into equal batches of at most --micro-batch rows (memory)."""
-        from data_pipeline.loader import stack_batches
+        from data_pipeline.loader import first_pass, stack_batches
         t = self.cfg.train
         try:
             val = build_loader(self.cfg.data, t.seq_len, 1, 1, rank=0, world_size=1, seed=t.seed, split="val",
@@ -368,15 +369,7 @@ class Trainer:
             logger.info(f"no validation split ({err}); validation loss disabled")
             return []
         wanted = t.eval_batches * EVAL_BATCH
-        # past a source's first epoch the split's windows repeat its documents: a larger set would weigh
-        # some text twice, so the set ends at the first repeat
-        caps = val.provider.distinct_windows(t.seq_len) if hasattr(val.provider, "distinct_windows") else None
-        seqs = []
-        while len(seqs) < wanted:
-            seq = val.next_batch()
-            if caps is not None and any(c > cap for c, cap in zip(val.counts, caps)):
-                break
-            seqs.append(seq)
+        seqs = list(itertools.islice(first_pass(val), wanted))   # the set ends at the first repeat
         n = len(seqs)
         if n == 0:
             logger.warning(f"validation loss disabled: the val split holds no whole window of {t.seq_len + 1} "
