@@ -96,7 +96,7 @@ class MetricsLogger:
     replays them from the newest checkpoint, so no row is missing).
 
     `purge_step`: the first step this start logs (a resume's next step). Rows of that step and later that an
-    earlier attempt wrote to TensorBoard are hidden by its reader (a SessionLog START at that step), so a
+    earlier attempt wrote to TensorBoard are hidden by its reader (a restart record at that step), so a
     replayed step is shown once rather than as a second, backwards segment of each curve; metrics.jsonl keeps
     both copies (the later one supersedes)."""
 
