@@ -4,7 +4,7 @@
     logger = get_logger(__name__)
     logger.info("...")                                  # "[linscale] ..." on stdout, rank 0
     logger.warning("...")                               # "[linscale] WARNING: ..." on stderr, rank 0
-    logger.info("...", extra={"all_ranks": True})       # every rank says it
+    logger.info("...", extra={"all_ranks": True})       # every rank says it: "[linscale rank 3] ..."
 
 Records go to the process's current sys.stdout / sys.stderr, looked up when written, so a redirected or
 captured stream (pytest's capsys, a Slurm log) gets them. The rank is torch.distributed's once the process
@@ -41,7 +41,9 @@ class RankZeroFilter(logging.Filter):
 class ConsoleFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         level = "" if record.levelno < logging.WARNING else f"{record.levelname}: "
-        text = f"[{ROOT}] {level}{record.getMessage()}"
+        # Lines every rank writes interleave in one job log: each names its rank.
+        tag = f"{ROOT} rank {process_rank()}" if getattr(record, "all_ranks", False) else ROOT
+        text = f"[{tag}] {level}{record.getMessage()}"
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text

@@ -175,3 +175,16 @@ def test_summary_json_speaks_for_the_newest_start_only(tmp_path):
     assert p.returncode == 3, p.stdout[-2000:] + p.stderr[-2000:]
     assert not (run / "summary.json").exists()
     assert os.path.isdir(run / "checkpoints")
+
+
+def test_console_lines_come_from_rank_zero_unless_every_rank_speaks_and_then_name_their_rank(
+        monkeypatch, capsys):
+    from pretrain.logs import get_logger
+    log = get_logger("test.ranks")
+    for rank in ("0", "2"):
+        monkeypatch.setenv("RANK", rank)
+        log.info("plain")
+        log.warning("every rank", extra={"all_ranks": True})
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["[linscale] plain"]
+    assert err.splitlines() == ["[linscale rank 0] WARNING: every rank", "[linscale rank 2] WARNING: every rank"]
