@@ -17,7 +17,8 @@ from checkpoints.atomic import make_output_dir  # noqa: E402
 from scaling.analysis import analyze_arch  # noqa: E402
 from scaling.fit_config import FitScalingConfig  # noqa: E402
 from scaling.report import console_summary, to_json  # noqa: E402
-from scaling.runs import RunError, group_by_arch, load_runs, mixed_vocab, select_seq_len  # noqa: E402
+from scaling.runs import (METRICS_FILE, RunError, group_by_arch, load_runs, logged_tokens_per_step,  # noqa: E402
+                          mixed_vocab, select_seq_len)
 from scaling.units import PFLOP_DAY  # noqa: E402
 from pretrain.cli import parse_config_args  # noqa: E402
 from pretrain.errors import run_cli  # noqa: E402
@@ -72,6 +73,18 @@ def warmup_warnings(runs, skip_tokens: float, skip_warmup: bool) -> list[str]:
             f"run's own warm-up"]
 
 
+def skip_tokens_unit_warnings(runs, skip_tokens: float) -> list[str]:
+    """--skip-tokens below one optimizer step of every run: it can drop at most a run's very first row, so it
+    was most likely meant in billions (7.9 for the paper's 7.9B-token warm-up) and drops nothing."""
+    if skip_tokens <= 0:
+        return []
+    per_step = [t for t in (logged_tokens_per_step(r.path / METRICS_FILE) for r in runs) if t]
+    if not per_step or skip_tokens >= min(per_step):
+        return []
+    return [f"--skip-tokens {skip_tokens:g} is less than one optimizer step of every run (the smallest batch is "
+            f"{min(per_step):.4g} tokens): it counts tokens, not billions of them (7.9e9 for 7.9B)"]
+
+
 def _main(argv=None) -> int:
     args = parse_args(argv)
     include_embedding = args.embedding_flops
@@ -87,7 +100,8 @@ def _main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     settings = args.settings()
-    warnings = warmup_warnings(runs, args.skip_tokens, args.skip_warmup)
+    warnings = skip_tokens_unit_warnings(runs, args.skip_tokens) + warmup_warnings(runs, args.skip_tokens,
+                                                                                  args.skip_warmup)
     results = []
     lengths = sorted({r.seq_len for r in runs})
     if args.seq_len is not None and args.seq_len not in lengths:

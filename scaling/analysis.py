@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from models.registry import canonical_arch
 from scaling.chinchilla import FRONTIER_WIDEN, ChinchillaFit, fit_chinchilla, frontier, loglog_interpolator
 from scaling.curves import block_bootstrap, fit_curves
 from scaling.envelope import Envelope, build_envelope, c_grid, inside_range, loss_at
@@ -35,7 +36,8 @@ LOG_PFLOP_DAY = float(np.log(PFLOP_DAY))
 class FitSettings:
     points_per_decade: int = 20       # C grid density (log-spaced)
     smooth_decades: float = 0.0       # half-width of the log-token box filter on each run's loss; 0 = off
-    min_runs: int = 2                 # fit L(C) only at C where >= this many runs are present
+    min_runs: int = 2                 # fit L(C) only at C where >= this many model sizes are present (seeds
+                                      # of one size count once)
     envelope: str = "fitted"          # "fitted": envelope of each size's fitted learning curve; "logged": of the
                                       # logged (optionally --smooth'ed) losses
     c_min: float | None = None        # PFLOP-days; fit only C >= c_min
@@ -166,6 +168,22 @@ def chinchilla_points(runs: list[Run], c: np.ndarray, smooth_decades: float = 0.
         d.append(c[ok] / r.flops_per_token)
         l.append(lc[ok])
     return np.concatenate(n), np.concatenate(d), np.concatenate(l)
+
+
+def _max_tokens_problem(runs: list[Run], c: np.ndarray, s: FitSettings, n_kept: np.ndarray) -> str | None:
+    """Why approach 3 has nothing to fit once --chinchilla-max-tokens has cut the rows (fewer than two sizes
+    left), naming the cut, else None: without it the fit's own error (too few sizes) hides the cause, most
+    often a cap given in billions of tokens."""
+    cap = s.chinchilla_max_tokens
+    if cap is None or len(np.unique(n_kept)) >= 2:
+        return None
+    n_all = chinchilla_points(runs, c, s.smooth_decades)[0]
+    if len(np.unique(n_all)) < 2:
+        return None    # too few sizes with or without the cap: the fit says so
+    first = min(float(r.tokens[0]) for r in runs)
+    return (f"--chinchilla-max-tokens {cap:g} leaves {len(n_kept)} of {len(n_all)} points, of "
+            f"{len(np.unique(n_kept))} model size(s); approach 3 needs >= 2 sizes. The cap counts tokens (the runs' "
+            f"first rows are at >= {first:.3g} tokens; 2e10 for 20B): raise it")
 
 
 CHINCHILLA_C_POINTS = 25   # log-spaced C points on which the approach-3 allocation is evaluated and fitted
@@ -306,10 +324,21 @@ def _warn_ended_while_winning(res: ArchResult, env: Envelope) -> None:
 
 def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> ArchResult:
     s = s or FitSettings()
+    try:
+        arch = canonical_arch(arch)   # an alias ("transnormer", "TNL") names the architecture the runs record
+    except ValueError:
+        pass                          # not registered: compared with the runs' names as given
     res = ArchResult(arch=arch, runs=runs)
     if not runs:
         res.notes.append("no runs")
         return res
+    # one architecture's ladder: runs of another would enter its envelope and its handovers as if they were
+    # further sizes of it (scaling.runs.group_by_arch splits a mixed list)
+    others = sorted({r.arch for r in runs} - {arch})
+    if others:
+        names = ", ".join(f"{r.name} ({r.arch})" for r in runs if r.arch != arch)
+        raise ValueError(f"analyze_arch({arch!r}) was given runs of other architectures ({', '.join(others)}: "
+                         f"{names}); fit each architecture on its own runs (scaling.runs.group_by_arch)")
     mixed = mixed_vocab(runs)
     if mixed:
         raise ValueError(mixed)
@@ -368,7 +397,7 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
     res.fit_mask = mask
     _warn_ended_while_winning(res, env)
 
-    # L(C): the envelope's points where >= min_runs runs are present
+    # L(C): the envelope's points where >= min_runs sizes are present
     in_range = env.mask(1, c_min, c_max)
     if mask.sum() < 2 and (s.c_min is not None or s.c_max is not None) and in_range.sum() < 2:
         lo, hi = flops_to_pflop_days(env.c.min()), flops_to_pflop_days(env.c.max())
@@ -377,7 +406,7 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
                          f"point(s): the runs span C = {lo:.3g} to "
                          f"{hi:.3g} PFLOP-days; set the bounds inside that range")
     elif mask.sum() < 2:
-        res.notes.append(f"{mask.sum()} envelope point(s) with >= {s.min_runs} runs present"
+        res.notes.append(f"{mask.sum()} envelope point(s) with >= {s.min_runs} model sizes present"
                          f"{' in the C range' if s.c_min or s.c_max else ''}: an L(C) fit needs >= 2 points; runs "
                          f"of neighbouring sizes must overlap in C (train each past the C where the next size "
                          f"overtakes it), or lower --min-runs")
@@ -437,7 +466,11 @@ def analyze_arch(arch: str, runs: list[Run], s: FitSettings | None = None) -> Ar
                                     f"(a crossing near the end of an overlap): the intervals rest on fewer points there")
     if s.chinchilla:
         n, d, l = chinchilla_points(runs, env.c, s.smooth_decades, s.chinchilla_max_tokens)
-        res.chinchilla = _try(res, "Chinchilla", lambda: fit_chinchilla(n, d, l, n_starts=s.chinchilla_starts))
+        cut = _max_tokens_problem(runs, env.c, s, n)
+        if cut:
+            res.notes.append(f"Chinchilla: {cut}")
+        else:
+            res.chinchilla = _try(res, "Chinchilla", lambda: fit_chinchilla(n, d, l, n_starts=s.chinchilla_starts))
         if res.chinchilla is not None:
             c_fit = env.c[mask] if mask.sum() >= 2 else env.c
             res.chinchilla_alloc = _try(res, "Chinchilla N_opt/D_opt", lambda: chinchilla_allocation(

@@ -10,8 +10,8 @@ A point's winner is reported with its context (`Envelope.status`): "interior" wh
 a larger size (a smaller size is present at that C, or one stopped earlier after the winner had overtaken it
 — learning curves of two sizes cross once, so that size would still lose — and a larger size is present),
 "edge_low" / "edge_high" when no smaller / larger size competes there (it may win only because nothing smaller
-/ larger exists there, or because a smaller run stopped while still winning), "alone" when it is the only run
-present.
+/ larger exists there, or because a smaller run stopped while still winning), "alone" when its size is the only
+one present (its seeds may be).
 """
 from __future__ import annotations
 
@@ -73,6 +73,8 @@ class Envelope:
     loss: np.ndarray         # minimum loss over runs at each C
     winner: np.ndarray       # index into runs of the run with that minimum
     coverage: np.ndarray     # how many runs are present at each C
+    sizes_present: np.ndarray | None = None   # how many distinct model sizes are present at each C (None: as
+                                              # coverage); two seeds of one size are one size here
     overtaken: np.ndarray | None = None   # per run: a larger size was at or below it at its last row (None:
                                           # judged on the grid, by the winner at its last grid point)
 
@@ -132,8 +134,11 @@ class Envelope:
                 out.append((i, int(self.winner[last + 1]), float(self.c[last])))
         return out
 
-    def mask(self, min_runs: int = 1, c_min: float | None = None, c_max: float | None = None) -> np.ndarray:
-        m = self.coverage >= min_runs
+    def mask(self, min_sizes: int = 1, c_min: float | None = None, c_max: float | None = None) -> np.ndarray:
+        """Points where at least `min_sizes` model sizes compete, within [c_min, c_max] FLOPs. Sizes, not runs:
+        where only the seeds of one size are present the envelope is that size's learning curve, not a minimum
+        over sizes, and counting its seeds as competitors would let the number of seeds move the L(C) fit."""
+        m = (self.coverage if self.sizes_present is None else self.sizes_present) >= min_sizes
         if c_min is not None:
             m &= self.c >= c_min
         if c_max is not None:
@@ -152,11 +157,13 @@ def build_envelope(runs: list[Run], points_per_decade: int = 20, smooth_decades:
         table = np.stack([loss_at(r, c, smooth_decades) for r in runs])   # [runs, C]
     present = np.isfinite(table)
     coverage = present.sum(axis=0)
+    n = np.array([r.n_params for r in runs])
+    sizes = sum(present[n == size].any(axis=0).astype(int) for size in np.unique(n))
     keep = coverage > 0
     table = np.where(present, table, np.inf)[:, keep]
     winner = np.argmin(table, axis=0)
     return Envelope(runs=runs, c=c[keep], loss=table[winner, np.arange(table.shape[1])],
-                    winner=winner, coverage=coverage[keep])
+                    winner=winner, coverage=coverage[keep], sizes_present=sizes[keep])
 
 
 def inside_range(run: Run, c: np.ndarray) -> np.ndarray:

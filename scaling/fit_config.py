@@ -41,7 +41,8 @@ class FitScalingConfig:
     smooth: float = option(_FIT.smooth_decades, type=non_negative_float,
                            help="with --envelope logged: half-width in decades of tokens of a box filter on each "
                                 "run's loss (0 = off; ~0.02 for noisy logs)")
-    min_runs: int = option(_FIT.min_runs, type=positive_int, help="fit L(C) only at C where this many runs are present")
+    min_runs: int = option(_FIT.min_runs, type=positive_int, help="fit L(C) only at C where this many model sizes "
+                                                                  "are present (seeds of one size count once)")
     c_min: float | None = option(None, type=positive_float,
                                  help="fit only C >= this, in PFLOP-days (the unit of the tables)")
     c_max: float | None = option(None, type=positive_float,

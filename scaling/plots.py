@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 
-from models.registry import arch_title, get_arch  # noqa: E402
+from models.registry import arch_names, arch_title, get_arch  # noqa: E402
 from scaling.analysis import ArchResult  # noqa: E402
 from scaling.report import compute_name  # noqa: E402
 from scaling.runs import size_label  # noqa: E402
@@ -270,4 +270,11 @@ def write_plots(results: list[ArchResult], out: str | Path, include_embedding: b
     paths = [plot_arch(r, out, include_embedding) for r in results]
     if sum(r.loss_fit is not None for r in results) >= 1:
         paths.append(plot_compare(results, out, include_embedding))
+    # a plot an earlier fit wrote into this folder and this one did not (an architecture no longer among the
+    # runs; no comparison where nothing was fitted) would be read beside the new ones as current: remove the
+    # figures this function names, and nothing else in the folder
+    archs = {*arch_names(), *(r.arch for r in results)}
+    ours = {out / "scaling_compare.png", *(out / f"scaling_{a}.png" for a in archs)}
+    for stale in sorted(ours - set(paths)):
+        stale.unlink(missing_ok=True)
     return paths

@@ -67,7 +67,10 @@ def _runs_record(r: ArchResult) -> list[dict]:
 def _curve_record(r: ArchResult) -> list[dict]:
     out = []
     for sc in r.curves:
-        rec = {"size": sc.label, "n_params": sc.n_params, "runs": [x.name for x in sc.runs], "rows": len(sc.log_d)}
+        rec = {"size": sc.label, "n_params": sc.n_params, "runs": [x.name for x in sc.runs],
+               # every usable row of the size's runs; above scaling.optimal.MAX_CURVE_ROWS they are averaged in
+               # bins of log D into fewer fitted points
+               "rows": len(sc.row_idx), "fitted_points": len(sc.log_d)}
         if sc.fit is not None:
             f = sc.fit
             rec.update(e=float(f.e[0]), b=float(f.b[0] * f.d_ref ** f.beta[0]), beta=float(f.beta[0]),
@@ -84,7 +87,9 @@ def arch_record(r: ArchResult) -> dict:
         rec["envelope"] = {
             "c_pflop_days": flops_to_pflop_days(env.c).tolist(), "loss": env.loss.tolist(),
             "winner": [env.runs[i].name for i in env.winner], "n_opt": env.n_opt.tolist(),
-            "d_opt": env.d_opt.tolist(), "coverage": env.coverage.tolist(), "used_in_fit": m.tolist(),
+            "d_opt": env.d_opt.tolist(), "coverage": env.coverage.tolist(),
+            "sizes_present": (env.coverage if env.sizes_present is None else env.sizes_present).tolist(),
+            "used_in_fit": m.tolist(),
             "status": env.status.tolist()}
         rec["envelope_points_by_status"] = r.edge_summary()
         if m.any():
@@ -179,7 +184,7 @@ def markdown_tables(results: list[ArchResult], include_embedding: bool) -> str:
         lines += ["", "Envelope points in the L(C) fit range by winner (edge-won points — no smaller / larger size "
                       "competing there: none present, and no smaller one overtaken earlier — are not evidence of "
                       "N_opt; the N_opt/D_opt fits use the handovers):", "",
-                  "| arch | interior | edge-won, no smaller competing | edge-won, no larger competing | one run |",
+                  "| arch | interior | edge-won, no smaller competing | edge-won, no larger competing | one size |",
                   "|---|---|---|---|---|"]
         for r in edges:
             e = r.edge_summary()
@@ -285,7 +290,7 @@ def console_summary(results: list[ArchResult], problems: list[str], include_embe
         if e:
             out.append(f"  envelope points in the fit range: {e['interior']['points']} interior, "
                        f"{e['edge_low']['points']} edge-won with no smaller size competing, "
-                       f"{e['edge_high']['points']} with no larger, {e['alone']['points']} with one run (edge-won points are not used for N_opt)")
+                       f"{e['edge_high']['points']} with no larger, {e['alone']['points']} with one size (edge-won points are not used for N_opt)")
         for w in r.warnings:
             out.append(f"  WARNING {w}")
         for note in r.notes:

@@ -84,11 +84,42 @@ def _warmup_tokens(config: dict, seq_len: int, logged_per_step: float | None = N
     where the trainer runs the nearest batch the ranks can reach (512 sequences for 480) and config.json keeps
     the request."""
     steps = (config.get("optim") or {}).get("warmup_steps")
-    train = config.get("train") or {}
-    per_step = logged_per_step or train.get("global_batch_tokens") or (train.get("global_batch") or 0) * seq_len
+    per_step = logged_per_step or _configured_tokens_per_step(config, seq_len)
     if not isinstance(steps, (int, float)) or isinstance(steps, bool) or not per_step:
         return None
     return float(steps) * float(per_step)
+
+
+# the log's tokens per step may differ from the config's batch (--allow-inexact-batch runs the nearest batch the
+# ranks can reach, a few percent off; a batch counted without padding is smaller), but not by this factor: a log
+# that counts thousands, millions or billions of tokens is off by a factor of 1e3 or more
+TOKENS_PER_STEP_MAX_RATIO = 100.0
+
+
+def _configured_tokens_per_step(config: dict, seq_len: int) -> float | None:
+    train = config.get("train") or {}
+    per_step = train.get("global_batch_tokens") or (train.get("global_batch") or 0) * seq_len
+    return float(per_step) if isinstance(per_step, (int, float)) and not isinstance(per_step, bool) and per_step > 0 \
+        else None
+
+
+def _tokens_unit_problem(path: Path, config: dict, seq_len: int, logged_per_step: float | None) -> str | None:
+    """Why the log's `tokens` cannot be token counts of the configured run, else None. C is computed from them
+    (FLOPs per token x tokens), so a log in billions of tokens would put every run 1e9x too low in C, and the
+    fits would report coefficients off by as much without any other sign."""
+    want = _configured_tokens_per_step(config, seq_len)
+    if not logged_per_step or not want:
+        return None
+    ratio = logged_per_step / want
+    if 1 / TOKENS_PER_STEP_MAX_RATIO <= ratio <= TOKENS_PER_STEP_MAX_RATIO:
+        return None
+    unit = next((name for name, k in (("billions", 1e-9), ("millions", 1e-6), ("thousands", 1e-3))
+                 if abs(np.log10(ratio / k)) < 0.5), None)
+    return (f"{path}: {METRICS_FILE} counts {logged_per_step:.4g} tokens per step (tokens / step of its rows) but "
+            f"{CONFIG_FILE} trains {want:.4g} per step (train.global_batch_tokens, or global_batch x seq_len), "
+            f"{ratio:.3g}x as many" + (f": its tokens look like {unit} of tokens" if unit else "")
+            + "; C is computed from the logged tokens, so they must count tokens. Rewrite the log's tokens as "
+            "token counts (or fix the config's batch), or leave the run out (--skip-bad)")
 
 
 def _read_config(path: Path) -> tuple[ModelConfig, int, dict]:
@@ -199,7 +230,11 @@ def load_run(path: str | Path, include_embedding: bool = False, loss_key: str = 
         raise RunError(f"{path}: not a run directory (missing {' and '.join(missing)}); "
                        f"a run holds {CONFIG_FILE} and {METRICS_FILE} as written by launch/pretrain.py")
     cfg, seq_len, config = _read_config(path)
-    warmup = _warmup_tokens(config, seq_len, logged_tokens_per_step(path / METRICS_FILE))
+    logged_per_step = logged_tokens_per_step(path / METRICS_FILE)
+    bad_unit = _tokens_unit_problem(path, config, seq_len, logged_per_step)
+    if bad_unit:
+        raise RunError(bad_unit)
+    warmup = _warmup_tokens(config, seq_len, logged_per_step)
     tokens, loss, skipped = read_metrics(path / METRICS_FILE, loss_key, min_tokens,
                                          warmup if skip_warmup else None)
     return Run(path=path, arch=cfg.arch, size=cfg.size, cfg=cfg, seq_len=seq_len,
@@ -269,8 +304,8 @@ def load_runs(paths: list[str | Path], include_embedding: bool = False, loss_key
         copy = next((r for r in runs if same_run(r, run)), None)
         if copy is not None:
             problems.append(f"{p}: a copy of {copy.path} (the same model, context length and logged rows), counted "
-                            f"once: two copies would count as two runs at every C (--min-runs) and weigh twice in "
-                            f"every fit")
+                            f"once: two copies would weigh twice in every fit and count as two runs (`coverage`) at "
+                            f"every C")
             continue
         runs.append(run)
     if not runs:

@@ -637,6 +637,9 @@ def test_dense_logs_are_grouped_before_the_curve_fit(tmp_path):
         resid = np.log(run.loss) - sc.fit.log_loss(np.log(run.tokens))[0]
         assert abs(resid.mean()) < 2e-3 and resid.std() == pytest.approx(0.01, rel=0.1)   # just the noise
     assert len(res.optimal.used) == 2 and res.n_fit.n_replicates == 20
+    from scaling.report import arch_record
+    for rec, sc, run in zip(arch_record(res)["learning_curves"], res.curves, sorted(runs, key=lambda r: r.n_params)):
+        assert rec["rows"] == len(run.tokens) and rec["fitted_points"] == len(sc.log_d) < rec["rows"]
 
 
 def test_logging_every_step_from_the_first_does_not_bend_the_learning_curves(tmp_path):
@@ -725,3 +728,93 @@ def test_adjacent_pairs_that_contradict_a_growing_n_opt_are_named():
     # the larger size ahead from the start at C = 1 is a lower bound too
     ahead = pair("s2", "s3", "larger_ahead", log_c_edge=0.0)
     assert ahead.n_opt_bound() == (1.0, ">", 20.0) and len(contradictions([late, ahead])) == 1
+
+
+def test_seeds_of_one_size_do_not_stretch_the_l_of_c_fit_range(tmp_path):
+    """--min-runs counts model sizes: a second seed of the smallest size is not a competitor on the envelope, so
+    the L(C) fit covers the C where two sizes are logged, as without the seed (counted as runs, the seed pulled
+    in every point where only the smallest size was logged and moved the fitted exponent by ~15%)."""
+    law = LossLaw()
+    write_sweep(tmp_path / "runs", "tnl", ["70m", "160m", "410m"], law, noise=0.005, n_rows=40, seed=1,
+                early_rows=20)
+    settings = FitSettings(n_boot=0, points_per_decade=10)
+    base = analyze_arch("tnl", load_runs([tmp_path / "runs"])[0], settings)
+    cfg = model_config("tnl", "70m")
+    write_run(tmp_path / "runs" / "tnl-70m-seed2", cfg, law, 400 * paper_non_embedding_params(cfg), noise=0.005,
+              seed=77, n_rows=40, early_rows=20)
+    runs, _ = load_runs([tmp_path / "runs"])
+    res = analyze_arch("tnl", runs, settings)
+    # the reference from the runs' logged C ranges alone: grid points inside the ranges of >= 2 distinct sizes
+    c = res.envelope.c
+    sizes_at = np.array([len({r.n_params for r in runs if r.compute[0] * (1 - 1e-9) <= x <= r.compute[-1] * (1 + 1e-9)})
+                         for x in c])
+    assert (sizes_at == 1).any() and (res.envelope.coverage[sizes_at == 1] == 2).any()   # seeds alone there
+    np.testing.assert_array_equal(res.fit_mask, sizes_at >= 2)
+    np.testing.assert_array_equal(res.fit_mask, base.fit_mask)
+    assert res.loss_fit.exponent == pytest.approx(base.loss_fit.exponent, abs=0.002)
+
+
+def test_analyze_arch_refuses_runs_of_another_architecture(tmp_path):
+    """Runs of two architectures given to one analyze_arch call would enter one ladder (the 70m of each as two
+    sizes, their 'handovers' between architectures); it names them instead. An alias names the same one."""
+    for arch in ("tnl", "llama"):
+        write_sweep(tmp_path / "runs", arch, ["70m", "160m"], LossLaw(), n_rows=20, early_rows=10)
+    runs, _ = load_runs([tmp_path / "runs"])
+    with pytest.raises(ValueError, match=r"other architectures \(llama: llama-160m \(llama\), llama-70m"):
+        analyze_arch("tnl", runs, FitSettings(n_boot=0))
+    tnl = [r for r in runs if r.arch == "tnl"]
+    assert analyze_arch("TransNormer", tnl, FitSettings(n_boot=0)).arch == "tnl"
+
+
+def test_chinchilla_max_tokens_that_leaves_no_size_is_named(tmp_path):
+    """--chinchilla-max-tokens 20 (meant as 20B) leaves approach 3 no point: the note names the flag and its unit,
+    not only the fit's "needs >= 2 model sizes; got 0"."""
+    write_sweep(tmp_path / "runs", "tnl", ["70m", "160m", "410m"], LossLaw(), n_rows=20, early_rows=10)
+    runs, _ = load_runs([tmp_path / "runs"])
+    res = analyze_arch("tnl", runs, FitSettings(n_boot=0, chinchilla=True, chinchilla_boot=0,
+                                                chinchilla_max_tokens=20))
+    assert res.chinchilla is None
+    note = next(n for n in res.notes if n.startswith("Chinchilla"))
+    assert "--chinchilla-max-tokens 20 leaves 0 of" in note and "counts tokens" in note
+
+
+def test_rerun_into_a_plots_folder_leaves_no_stale_figure(tmp_path, capsys, monkeypatch):
+    """A second fit into the same --plots folder with fewer architectures, then with nothing fitted: the figures
+    the earlier fits wrote and this one did not are gone (the comparison too), other files stay. (The drawing is
+    stubbed: what is checked is which files the folder holds; test_cli_writes_table_json_and_plots draws.)"""
+    import scaling.plots
+
+    def stub(name):
+        def draw(r, out, include_embedding):
+            path = out / (f"scaling_{r.arch}.png" if name == "arch" else "scaling_compare.png")
+            path.write_bytes(b"png")
+            return path
+        return draw
+    monkeypatch.setattr(scaling.plots, "plot_arch", stub("arch"))
+    monkeypatch.setattr(scaling.plots, "plot_compare", stub("compare"))
+    for arch in ("tnl", "llama"):
+        write_sweep(tmp_path / "runs", arch, ["70m", "160m"], LossLaw(), n_rows=20, early_rows=10)
+    plots = tmp_path / "plots"
+    main = _cli()
+    assert main([str(tmp_path / "runs"), "--n-boot", "0", "--plots", str(plots)]) == 0
+    assert sorted(p.name for p in plots.iterdir()) == ["scaling_compare.png", "scaling_llama.png", "scaling_tnl.png"]
+    (plots / "notes.txt").write_text("mine")
+    assert main([str(tmp_path / "runs" / "tnl-70m"), str(tmp_path / "runs" / "tnl-160m"), "--n-boot", "0",
+                 "--plots", str(plots)]) == 0
+    assert sorted(p.name for p in plots.iterdir()) == ["notes.txt", "scaling_compare.png", "scaling_tnl.png"]
+    assert main([str(tmp_path / "runs" / "tnl-70m"), "--n-boot", "0", "--plots", str(plots)]) == 1
+    assert sorted(p.name for p in plots.iterdir()) == ["notes.txt", "scaling_tnl.png"]
+    printed = [line.split("wrote ", 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    assert printed[-1] == str(plots / "scaling_tnl.png")
+
+
+def test_skip_tokens_below_one_step_is_warned_about_as_a_unit_slip(tmp_path):
+    """--skip-tokens 7.9 (meant as the paper's 7.9B-token warm-up) drops nothing: the warning says it counts tokens.
+    A cut of at least one step is a deliberate one and is not warned about."""
+    write_sweep(tmp_path / "runs", "tnl", ["70m", "160m"], LossLaw(), n_rows=20)
+    runs, _ = load_runs([tmp_path / "runs"])
+    warn = load_launch_script("fit_scaling").skip_tokens_unit_warnings
+    per_step = 2048 * 8    # write_run's seq_len x global_batch
+    (w,) = warn(runs, 7.9)
+    assert "--skip-tokens 7.9" in w and "not billions" in w and f"{per_step:.4g}" in w
+    assert warn(runs, per_step) == [] and warn(runs, 0.0) == []

@@ -285,3 +285,21 @@ def test_a_copied_run_counts_once(tmp_path):
     write_run(runs_dir / "tnl-l1d32-seed1", model_config("tnl", "l1d32"), law, 3e7, n_rows=40, noise=0.01, seed=1)
     runs, problems = load_runs([runs_dir])
     assert len(runs) == 3 and len(problems) == 1
+
+
+def test_tokens_logged_in_billions_are_refused(tmp_path):
+    """C is FLOPs per token x the logged tokens: a log that counts billions of tokens would put the run 1e9x too low
+    in C with nothing else amiss. The log's tokens per step against the config's batch give it away; the error
+    names both and the likely unit, and --skip-bad leaves the run out. A batch a few percent off (an inexact batch)
+    is not such a slip."""
+    cfg = model_config("tnl", "tiny")
+    seq_len, batch = 64, 4
+    rows = "".join(json.dumps({"step": s, "tokens": s * seq_len * batch / 1e9, "loss": 5.0 / s}) + "\n"
+                   for s in range(1, 6))
+    d = _write(tmp_path / "billions", cfg, rows, seq_len, batch)
+    with pytest.raises(RunError, match=r"counts 2\.56e-07 tokens per step .* trains 256 per step .* billions"):
+        load_runs([d])
+    ok = _write(tmp_path / "ok", cfg, "".join(json.dumps({"step": s, "tokens": s * seq_len * 5, "loss": 5.0 / s})
+                                             + "\n" for s in range(1, 6)), seq_len, batch)
+    runs, problems = load_runs([d, ok], skip_bad=True)
+    assert [r.name for r in runs] == ["ok"] and len(problems) == 1 and "billions" in problems[0]
