@@ -1,6 +1,8 @@
 """Argument checks shared by the public ops: each failure names the argument and what is allowed."""
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -30,6 +32,15 @@ def check_qkv(op: str, q: Tensor, k: Tensor, v: Tensor) -> None:
         _fail(f"{op}: `q`, `k`, `v` must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
+def check_triton_device(op: str, x: Tensor, fallback: str) -> None:
+    """A Triton kernel takes CUDA tensors (or any under TRITON_INTERPRET=1, the CPU interpreter); without
+    this check a CPU tensor reaches the Triton launcher, which fails with "0 active drivers" or a pointer
+    error that names neither the op nor the fix. `fallback`: the implementation to name instead."""
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        _fail(f"{op}: impl='triton' needs CUDA tensors, got {x.device} (or set TRITON_INTERPRET=1 for the "
+              f"CPU interpreter); use impl='auto' or {fallback!r} off CUDA")
+
+
 def check_state_and_lengths(op: str, q: Tensor, v: Tensor, initial_state: Tensor | None,
                             cu_seqlens: Tensor | None, check_values: bool) -> None:
     B, T, H, Dk = q.shape
@@ -41,6 +52,10 @@ def check_state_and_lengths(op: str, q: Tensor, v: Tensor, initial_state: Tensor
         if (not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2
                 or cu_seqlens.dtype not in (torch.int32, torch.int64)):
             _fail(f"{op}: `cu_seqlens` must be a 1-D int32/int64 tensor [0, ..., T] of at least 2 entries")
+        if cu_seqlens.device != q.device:
+            # the kernels read the lengths on the inputs' device
+            _fail(f"{op}: `cu_seqlens` is on {cu_seqlens.device}, inputs on {q.device}; move it there "
+                  f"(cu_seqlens.to(q.device))")
         if check_values:
             c = cu_seqlens.tolist()
             if c[0] != 0 or c[-1] != T:
@@ -58,6 +73,9 @@ def check_state_and_lengths(op: str, q: Tensor, v: Tensor, initial_state: Tensor
                   f"got {list(initial_state.shape)}")
         if initial_state.device != q.device:
             _fail(f"{op}: `initial_state` is on {initial_state.device}, inputs on {q.device}")
+        if not initial_state.is_floating_point():
+            _fail(f"{op}: `initial_state` has dtype {initial_state.dtype}; use a floating dtype (states are "
+                  f"kept in float32)")
 
 
 def check_decay(op: str, q: Tensor, decay: Tensor | None, check_values: bool) -> None:
@@ -69,6 +87,8 @@ def check_decay(op: str, q: Tensor, decay: Tensor | None, check_values: bool) ->
         _fail(f"{op}: `decay` must be a 1-D tensor of one value per head ({H}), got {shape}")
     if decay.device != q.device:
         _fail(f"{op}: `decay` is on {decay.device}, inputs on {q.device}")
+    if not decay.is_floating_point():
+        _fail(f"{op}: `decay` has dtype {decay.dtype}; use a floating dtype (values in (0, 1])")
     if check_values and not bool(((decay > 0) & (decay <= 1)).all()):
         _fail(f"{op}: `decay` must lie in (0, 1], got min {decay.min().item():.4g}, max {decay.max().item():.4g}")
 
@@ -79,6 +99,9 @@ def check_log_f(op: str, q: Tensor, log_f: Tensor, check_values: bool) -> None:
         _fail(f"{op}: `log_f` must have the shape of `q` {tuple(q.shape)}, got {shape}")
     if log_f.device != q.device:
         _fail(f"{op}: `log_f` is on {log_f.device}, inputs on {q.device}")
+    if not log_f.is_floating_point():
+        # an integer or bool gate would be read as 0 (no forgetting) or as whole nats
+        _fail(f"{op}: `log_f` has dtype {log_f.dtype}; use a floating dtype (float32 or the inputs' dtype)")
     # one reduction that also catches NaN (NaN > 0 is False): a NaN gate would spread through the state
     if check_values and not bool((log_f <= 0).all()):
         got = "NaN" if bool(log_f.isnan().any()) else f"max {log_f.max().item():.4g}"

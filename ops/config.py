@@ -7,6 +7,7 @@ Launch configurations are not options: `ops.tuning` chooses them per shape and G
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 IMPLS = ("auto", "triton", "chunked", "recurrent")
@@ -35,6 +36,10 @@ class OpsConfig:
         for name in ("gla_triton", "side_streams", "autotune"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ops config field {name!r} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.tune_cache, (str, os.PathLike)):
+            # read only when a new shape is autotuned on a GPU, where a Path(...) TypeError would name no field
+            raise ValueError(f"ops config field 'tune_cache' must be a file path ('' for "
+                             f"~/.cache/linscale/kernel-tune.json), got {self.tune_cache!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

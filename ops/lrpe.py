@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ops.checks import check_triton_device
 from ops.config import triton_or_reference
 from ops.optional import HAVE_TRITON
 
@@ -42,6 +43,14 @@ def _check(q: Tensor, k: Tensor, theta: Tensor, positions: Tensor) -> None:
     if positions.shape != (q.shape[1],) or positions.is_floating_point():
         raise ValueError(f"silu_lrpe: positions must be [tokens] = [{q.shape[1]}] integers, got "
                          f"{tuple(positions.shape)} {positions.dtype}")
+    if not (q.is_floating_point() and k.is_floating_point() and theta.is_floating_point()):
+        raise ValueError(f"silu_lrpe: q, k and theta must be floating point, got {q.dtype}, {k.dtype}, "
+                         f"{theta.dtype}")
+    # the kernel reads every operand on q's device (torch.arange(T) without a device is on the CPU)
+    for name, x in (("k", k), ("theta", theta), ("positions", positions)):
+        if x.device != q.device:
+            raise ValueError(f"silu_lrpe: {name} is on {x.device}, q on {q.device}; move it there "
+                             f"(e.g. torch.arange(T, device=q.device) for the positions)")
 
 
 def silu_lrpe(q: Tensor, k: Tensor, theta: Tensor, positions: Tensor, *, impl: str | None = None
@@ -59,6 +68,7 @@ def silu_lrpe(q: Tensor, k: Tensor, theta: Tensor, positions: Tensor, *, impl: s
         two [B, T, H, 2e] tensors in q's dtype: [z cos(t theta), z sin(t theta)] per head."""
     _check(q, k, theta, positions)
     if lrpe_impl(q, impl) == "triton":
+        check_triton_device("silu_lrpe", q, "reference")
         return silu_lrpe_triton(q, k, theta, positions)
     return silu_lrpe_reference(q, k, theta, positions)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ops.checks import check_triton_device
 from ops.config import triton_or_reference
 from ops.optional import HAVE_TRITON
 
@@ -44,9 +45,25 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *, impl
         impl: None (the process default), 'auto', 'triton', or a reference name.
     Returns:
         x's shape and dtype."""
+    _check(x, weight)
     if norm_impl(x, impl) == "triton":
+        check_triton_device("rms_norm", x, "reference")
         return rms_norm_triton(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
+
+
+def _check(x: Tensor, weight: Tensor | None) -> None:
+    # the kernel reads D gains from `weight` whatever its shape: a shorter one would be read past its end
+    if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() == 0:
+        got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"rms_norm: `x` must be a floating tensor [..., D], got {got}")
+    if weight is None:
+        return
+    if not isinstance(weight, Tensor) or tuple(weight.shape) != (x.shape[-1],):
+        got = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
+        raise ValueError(f"rms_norm: `weight` must be [D] = [{x.shape[-1]}] (x's last dim) or None, got {got}")
+    if weight.device != x.device:
+        raise ValueError(f"rms_norm: `weight` is on {weight.device}, `x` on {x.device}")
 
 
 def rms_norm_reference(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:

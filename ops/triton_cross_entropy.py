@@ -21,7 +21,10 @@ def _ce_rows_kernel(logits, stride_row, targets, lse_out, target_logit_out, scal
     base = logits + row * stride_row
     t = tl.load(targets + row)
     valid = t != ignore_index
-    t_safe = tl.where(valid, t, 0)
+    # a target outside [0, V) (other than ignore_index) would read another row's logit, or past the chunk's
+    # end: its row reads column 0 instead and gets a NaN loss and gradient (no host sync to raise from)
+    bad = valid & ((t < 0) | (t >= V))
+    t_safe = tl.where(valid & (bad == 0), t, 0)
     # pass 1: per-lane running max and sum of exponentials, combined once at the end
     m_lane = tl.full([BV], float("-inf"), tl.float32)
     s_lane = tl.zeros([BV], dtype=tl.float32)
@@ -36,9 +39,10 @@ def _ce_rows_kernel(logits, stride_row, targets, lse_out, target_logit_out, scal
     m = tl.max(m_lane, axis=0)
     lse = m + tl.log(tl.sum(s_lane * tl.exp(m_lane - m), axis=0))
     tl.store(lse_out + row, lse)
-    tl.store(target_logit_out + row, tl.load(base + t_safe).to(tl.float32))
+    tl.store(target_logit_out + row, tl.where(bad, float("nan"), tl.load(base + t_safe).to(tl.float32)))
     if WRITE_GRAD:
         sc = tl.where(valid, tl.load(scale), 0.)
+        sc = tl.where(bad, float("nan"), sc)
         for start in range(0, V, BV):
             cols = start + tl.arange(0, BV)
             mask = cols < V
@@ -50,8 +54,13 @@ def _ce_rows_kernel(logits, stride_row, targets, lse_out, target_logit_out, scal
 def ce_rows_triton(logits: Tensor, targets: Tensor, scale: Tensor, ignore_index: int,
                    write_grad: bool) -> tuple[Tensor, Tensor]:
     """lse [R] and target logit [R] (fp32) of a [R, V] chunk (unit stride along V); with `write_grad`
-    the chunk is overwritten with the loss gradient (scale: a one-element fp32 tensor, 1/n_valid)."""
+    the chunk is overwritten with the loss gradient (scale: a one-element fp32 tensor, 1/n_valid). A
+    target outside [0, V) other than ignore_index gives its row a NaN target logit and gradient."""
     R, V = logits.shape
+    if logits.stride(1) != 1:
+        raise ValueError(f"ce_rows_triton: the logits chunk must have unit stride along V, got strides "
+                         f"{logits.stride()}")
+    targets = targets.contiguous()  # read at unit stride: a strided view (a column of [N, 2]) is copied
     lse = torch.empty(R, dtype=torch.float32, device=logits.device)
     tgt = torch.empty(R, dtype=torch.float32, device=logits.device)
     if R:

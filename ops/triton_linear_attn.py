@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-import os
 
 import torch
 from torch import Tensor
 
 from ops import tuning
+from ops.checks import check_triton_device
 from ops.config import get_config
 from ops.linear_attention import register_impl
 from ops.triton_launch import launch
@@ -67,12 +67,6 @@ def _prec(x: Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
-def _check_device(q: Tensor) -> None:
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("the `triton` ops implementation needs CUDA tensors (or TRITON_INTERPRET=1 for the "
-                         "CPU interpreter); use impl='chunked' on CPU")
-
-
 _DUMMIES: dict[tuple, Tensor] = {}
 
 
@@ -96,7 +90,8 @@ def _layout(q: Tensor, cu_seqlens: Tensor | None) -> tuple[int, int, Tensor]:
 # version counter, T, the table). Every layer of a model gets the same cu_seqlens tensor, so only the first
 # layer of a forward reads the lengths back (a host sync: the GPU idles until the host has caught up);
 # the identity of a live tensor and its version counter (which any in-place change bumps) make a stale hit
-# impossible.
+# impossible. A tensor made under torch.inference_mode has no version counter, so an in-place change could
+# not be told from the same lengths: its table is built at every call and not kept.
 _LAST_TABLE: list = []
 
 
@@ -105,14 +100,16 @@ def _chunk_table(cu_seqlens: Tensor | None, N: int, T: int) -> tuple[int, Tensor
     cu_seqlens tensor)."""
     if cu_seqlens is None:
         return N * _cdiv(T, BT), None
-    if _LAST_TABLE:
+    tracked = not cu_seqlens.is_inference()
+    if _LAST_TABLE and tracked:
         ref, version, t, rows, table = _LAST_TABLE[0]
         if ref() is cu_seqlens and version == cu_seqlens._version and t == T:
             return rows, table
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
     pairs = [(n, c) for n, ln in enumerate(lens) for c in range(_cdiv(ln, BT))]
     table = torch.tensor(pairs, dtype=torch.int32, device=cu_seqlens.device).reshape(-1, 2).contiguous()
-    _LAST_TABLE[:] = [(weakref.ref(cu_seqlens), cu_seqlens._version, T, len(pairs), table)]
+    if tracked:
+        _LAST_TABLE[:] = [(weakref.ref(cu_seqlens), cu_seqlens._version, T, len(pairs), table)]
     return len(pairs), table
 
 
@@ -377,7 +374,7 @@ def _eager(*xs: Tensor | None) -> bool:
 
 def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
                           initial_state: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
-    _check_device(q)
+    check_triton_device("lightning_attn", q, "chunked")
     if q.dtype == torch.float64 or q.shape[1] == 0:
         return _registered_fallback("lightning_attn")(q, k, v, decay, initial_state, cu_seqlens)
     # TNL's decay is a fixed constant: no gradient reaches it (its log is taken outside the graph of q, k, v)
@@ -597,7 +594,7 @@ _GlaEager = _eager_entry("_GlaEager", _gla_fwd_impl, _gla_setup, _gla_grads, _gl
 
 def gated_linear_attn_triton(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
                              initial_state: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
-    _check_device(q)
+    check_triton_device("gated_linear_attn", q, "chunked")
     if q.dtype == torch.float64 or q.shape[1] == 0:
         return _registered_fallback("gated_linear_attn")(q, k, v, log_f, initial_state, cu_seqlens)
     if _eager(q, k, v, log_f, initial_state, cu_seqlens):

@@ -58,6 +58,8 @@ def _rms_bwd_kernel(x, w, dy, rstd, dx, dw_part, n_rows, D: tl.constexpr, BD: tl
 def _rms_fwd(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
     """y (x's shape and dtype) and the fp32 1/rms of each row."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    # the kernels read the gains at unit stride: a strided view (w[::2]) would be read as its base
+    weight = weight.contiguous() if weight is not None else None
     n, D = x2.shape
     y = torch.empty_like(x2)
     rstd = torch.empty(n, dtype=torch.float32, device=x.device)
@@ -76,6 +78,7 @@ def _(x, weight, eps):
 def _rms_bwd(x: Tensor, weight: Tensor | None, rstd: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
     """dx, and dw (fp32; empty without a weight)."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    weight = weight.contiguous() if weight is not None else None
     n, D = x2.shape
     dy2 = dy.reshape(n, D).contiguous()
     dx = torch.empty_like(x2)

@@ -405,6 +405,35 @@ def test_empty_sequence_keeps_the_initial_state(kind):
     assert torch.equal(S, torch.zeros(2, 2, 16, 8))
 
 
+def test_packed_gla_under_inference_mode():
+    """Packed GLA input under torch.inference_mode (evaluation): the cached (sequence, chunk) table was
+    keyed by cu_seqlens' version counter, which inference tensors do not have (RuntimeError). Their table
+    is built at each call; a change of lengths in place is seen; the outputs match the float64
+    recurrence per document, and a tensor first used under inference mode still trains afterwards."""
+    q, k, v, x = _make("gla", 70, 2, 16, 16, seed=71, gate_shift=-1.0)
+
+    def ref(bounds):
+        docs = [R.gated_linear_attn_recurrent(*(t[:, s:e].double() for t in (q, k, v, x)))[0]
+                for s, e in zip(bounds[:-1], bounds[1:])]
+        return torch.cat(docs, 1)
+    with torch.inference_mode():
+        cu = torch.tensor([0, 30, 70])
+        assert rel(gated_linear_attn(q, k, v, x, cu_seqlens=cu, impl="triton"), ref([0, 30, 70])) < TOL
+        cu[1] = 5  # in place: no version counter to tell
+        assert rel(gated_linear_attn(q, k, v, x, cu_seqlens=cu, impl="triton"), ref([0, 5, 70])) < TOL
+    cu = torch.tensor([0, 30, 70])
+    with torch.inference_mode():
+        gated_linear_attn(q, k, v, x, cu_seqlens=cu, impl="triton")
+    q_ = q.clone().requires_grad_(True)
+    o = gated_linear_attn(q_, k, v, x, cu_seqlens=cu, impl="triton")
+    (dq,) = torch.autograd.grad((o * v).sum(), [q_])
+    q6 = q.double().requires_grad_(True)
+    ro = torch.cat([R.gated_linear_attn_recurrent(q6[:, s:e], *(t[:, s:e].double() for t in (k, v, x)))[0]
+                    for s, e in ((0, 30), (30, 70))], 1)
+    (rdq,) = torch.autograd.grad((ro * v.double()).sum(), [q6])
+    assert rel(o, ro) < TOL and rel(dq, rdq) < TOL
+
+
 def test_argument_types_and_nan_gates_refused_by_name():
     """A list for `cu_seqlens` or `initial_state`, and a NaN gate, are refused with a ValueError naming the
     argument (they raised AttributeError from inside the checks, or ran on and spread NaN)."""
@@ -629,3 +658,67 @@ def test_a_register_cap_override_reaches_the_level_kernels(monkeypatch):
     lf = -20 * torch.rand(1, 64, 1, 128, generator=g)
     gated_linear_attn(q, k, v, lf, impl="triton")
     assert {name: cap for name, cap in seen if cap is not None} == {"gla_A_sub_kernel": 168}, seen
+
+
+# ----------------------------------------------------------------------------------------------------
+# the fused loss's softmax pass (ops.triton_cross_entropy)
+# ----------------------------------------------------------------------------------------------------
+
+def _ce64(h, w, t, ignore_index):
+    """Mean cross-entropy by its definition in float64 (0 when every row is ignored)."""
+    logits = h.double() @ w.double().t()
+    keep = t != ignore_index
+    lse = torch.logsumexp(logits, dim=-1)
+    tgt = logits.gather(1, torch.where(keep, t, 0)[:, None]).squeeze(1)
+    return ((lse - tgt) * keep).sum() / keep.sum().clamp(min=1)
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 3])
+def test_fused_loss_kernel_strided_targets_odd_vocab(monkeypatch, ignore_index):
+    """The loss through the Triton softmax pass: a vocabulary one past the kernel's 4096-column block, 37
+    rows in chunks of 5, ignored rows (ignore_index negative, and one inside the vocabulary), and targets
+    that are a strided view (a column of [N, 2]): the kernel read them at unit stride, so every row but
+    the first took another row's target (loss 7.39 against 6.41). Loss and gradients against float64."""
+    import ops.cross_entropy as CE
+    from ops.triton_cross_entropy import ce_rows_triton
+    monkeypatch.setattr(CE, "_rows_impl", lambda logits: ce_rows_triton)  # CPU stands in for CUDA
+    g = torch.Generator().manual_seed(0)
+    N, d, V = 37, 16, 4097
+    h = torch.randn(N, d, generator=g).requires_grad_(True)
+    w = torch.randn(V, d, generator=g).requires_grad_(True)
+    pairs = torch.randint(0, V, (N, 2), generator=g)
+    pairs[::4, 0] = ignore_index
+    t = pairs[:, 0]
+    assert not t.is_contiguous()
+    loss = ops.linear_cross_entropy(h, w, t, ignore_index=ignore_index, chunk_size=5)
+    grads = torch.autograd.grad(loss, [h, w])
+    h64, w64 = (x.detach().double().requires_grad_(True) for x in (h, w))
+    ref = _ce64(h64, w64, t, ignore_index)
+    rgrads = torch.autograd.grad(ref, [h64, w64])
+    assert abs(loss.item() - ref.item()) < 1e-5 * ref.item()
+    for a, b in zip(grads, rgrads):
+        assert rel(a, b) < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_fused_loss_rows_with_targets_out_of_range_are_nan(impl):
+    """A target outside [0, V) other than ignore_index: the kernel read the logit at row * V + target, in
+    another row or past the chunk (no error, a wrong finite loss; on a GPU possibly an illegal address),
+    and the twin raised an index error from gather (on a GPU a device-side assert). Both now give that row
+    a NaN target logit and gradient, without a host sync; the other rows are exact, the ignored one 0."""
+    import ops.cross_entropy as CE
+    from ops.triton_cross_entropy import ce_rows_triton
+    rows = ce_rows_triton if impl == "triton" else CE._ce_rows_torch
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, 10, generator=g)
+    t = torch.tensor([1, 10, -100, -3, 9])
+    want = logits.double()
+    lse, tgt = rows(logits, t, torch.tensor([0.25]), -100, True)
+    bad = torch.tensor([False, True, False, True, False])
+    assert tgt[bad].isnan().all() and not tgt[~bad].isnan().any()
+    assert torch.allclose(lse.double(), torch.logsumexp(want, -1), atol=1e-6)
+    assert torch.allclose(tgt[[0, 4]].double(), want[[0, 4], [1, 9]], atol=1e-6)
+    assert logits[bad].isnan().all() and not logits[~bad].isnan().any()
+    grad = (want.softmax(-1) - F.one_hot(t.clamp(0, 9), 10).double()) * 0.25
+    assert torch.allclose(logits[[0, 4]].double(), grad[[0, 4]], atol=1e-6)
+    assert torch.equal(logits[2], torch.zeros(10))

@@ -126,6 +126,32 @@ def test_bad_inputs_name_the_argument(bad, match):
         silu_lrpe(*bad(q, k, theta, t))
 
 
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_operands_off_q_device_and_integer_inputs_are_refused(impl):
+    """Positions made by torch.arange(T) without a device sit on the CPU while q is on the GPU: the kernel
+    was handed a CPU pointer (Triton's pointer error, naming neither the argument nor the fix). Every
+    operand off q's device, and integer q, k or theta, is a ValueError naming it on either path. The
+    meta device stands in for another device."""
+    q, k, theta, t = inputs(1, 4, 2, 8, 0, torch.float32)
+    with pytest.raises(ValueError, match=r"positions is on meta, q on cpu.*torch.arange\(T, device=q.device\)"):
+        silu_lrpe(q, k, theta, t.to("meta"), impl=impl)
+    with pytest.raises(ValueError, match="theta is on meta"):
+        silu_lrpe(q, k, theta.to("meta"), t, impl=impl)
+    with pytest.raises(ValueError, match="k is on meta"):
+        silu_lrpe(q, k.to("meta"), theta, t, impl=impl)
+    with pytest.raises(ValueError, match="must be floating point"):
+        silu_lrpe(q.long(), k.long(), theta, t, impl=impl)
+
+
+def test_triton_on_cpu_tensors_names_the_fix(monkeypatch):
+    """impl='triton' with CPU tensors outside the interpreter: a ValueError naming the op and the fix
+    (it failed inside Triton's launcher with "0 active drivers")."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, theta, t = inputs(1, 4, 2, 8, 0, torch.float32)
+    with pytest.raises(ValueError, match=r"silu_lrpe: impl='triton' needs CUDA tensors, got cpu.*'reference'"):
+        silu_lrpe(q, k, theta, t, impl="triton")
+
+
 def test_mixer_positions_of_a_segment():
     """The token mixer given a segment's positions equals the mixer given the segment's first position; a
     shift of every position leaves it unchanged (only relative positions count), a gap does not."""

@@ -118,3 +118,55 @@ def test_reference_is_float64_for_float64_input():
     y = rms_norm_reference(x)
     exact = x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
     assert y.dtype == torch.float64 and (y - exact).abs().max().item() < 1e-13
+
+
+def _norm64(x, w, eps=1e-6):
+    """RMSNorm by its definition in float64, independent of ops.norm."""
+    x = x.double()
+    y = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    return y if w is None else y * w.double()
+
+
+def test_triton_norm_takes_a_strided_gain():
+    """A gain that is a strided view (every other entry of a larger parameter) is read as that view: the
+    kernels read the gains at unit stride, so they took the view's first D entries of its base (relative
+    error 1.4 in y and dx). Forward and both gradients against float64; D = 80 is not a power of two."""
+    g = torch.Generator().manual_seed(2)
+    D = 80
+    x = torch.randn(2, 7, D, generator=g).requires_grad_(True)
+    base = (torch.rand(2 * D, generator=g) + 0.5).requires_grad_(True)
+    y = rms_norm(x, base[::2], 1e-6, impl="triton")
+    dy = torch.randn(y.shape, generator=g)
+    grads = torch.autograd.grad((y * dy).sum(), [x, base])
+    x64, b64 = (t.detach().double().requires_grad_(True) for t in (x, base))
+    y64 = _norm64(x64, b64[::2])
+    grads64 = torch.autograd.grad((y64 * dy.double()).sum(), [x64, b64])
+    rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()  # noqa: E731
+    assert rel(y, y64) < 1e-5
+    for a, b in zip(grads, grads64):
+        assert rel(a, b) < 1e-5
+    assert torch.equal(grads[1][1::2], torch.zeros(D))  # the entries the view skips get no gradient
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_bad_norm_inputs_name_the_argument(impl):
+    """A gain of another width was read past its end by the kernel (no error, garbage out); one of shape
+    [D, 1] broadcast in the twin; an integer x ran. Each is a ValueError naming the argument, on either
+    path, before any kernel runs."""
+    x = torch.randn(4, 16)
+    with pytest.raises(ValueError, match=r"`weight` must be \[D\] = \[16\]"):
+        rms_norm(x, torch.ones(8), impl=impl)
+    with pytest.raises(ValueError, match=r"`weight` must be \[D\] = \[16\]"):
+        rms_norm(x, torch.ones(16, 1), impl=impl)
+    with pytest.raises(ValueError, match="`x` must be a floating tensor"):
+        rms_norm(torch.ones(4, 16, dtype=torch.long), None, impl=impl)
+    with pytest.raises(ValueError, match="`weight` is on meta"):
+        rms_norm(x, torch.ones(16, device="meta"), impl=impl)
+
+
+def test_triton_norm_on_cpu_tensors_names_the_fix(monkeypatch):
+    """impl='triton' with CPU tensors outside the interpreter: a ValueError naming the op and the fix
+    (it failed inside Triton's launcher with "0 active drivers")."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match=r"rms_norm: impl='triton' needs CUDA tensors, got cpu.*'reference'"):
+        rms_norm(torch.randn(4, 16), None, impl="triton")

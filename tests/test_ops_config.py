@@ -28,6 +28,9 @@ def test_config_validates(restore_config):
         ops.set_config(impl="cuda")
     with pytest.raises(ValueError, match="autotune"):
         ops.set_config(autotune="yes")
+    for bad in (None, 5):
+        with pytest.raises(ValueError, match="'tune_cache' must be a file path"):
+            ops.set_config(tune_cache=bad)
     assert ops.set_config(impl="chunked").impl == "chunked" and ops.get_config().impl == "chunked"
 
 

@@ -173,3 +173,51 @@ def test_linear_cross_entropy_backward_keeps_the_forwards_autocast():
     grads, rgrads = torch.autograd.grad(loss, [h, w]), torch.autograd.grad(ref, [h, w])
     for a, b in zip(grads, rgrads):  # grad w: bf16 per-chunk partial products summed in fp32 (~2e-3)
         assert float((a - b).norm() / b.norm()) < 5e-3
+
+
+def test_argument_dtypes_and_devices_are_checked_by_name():
+    """Integer gates, decays and states ran (an integer log f reads as 0 or whole nats; a bool one was
+    refused as "max 1"), and `cu_seqlens` on another device than the inputs reached the kernels as a
+    pointer of that device. Each is a ValueError naming the argument; the meta device stands in for a
+    GPU."""
+    q, v = torch.randn(1, 10, 2, 16), torch.randn(1, 10, 2, 8)
+    lf = -torch.rand(1, 10, 2, 16) - 1
+    for bad in (lf.long(), lf < -1.5):
+        with pytest.raises(ValueError, match=r"`log_f` has dtype torch\.(int64|bool); use a floating dtype"):
+            ops.gated_linear_attn(q, q, v, bad)
+    with pytest.raises(ValueError, match=r"`decay` has dtype torch\.int64"):
+        ops.lightning_attn(q, q, v, torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match=r"`initial_state` has dtype torch\.int64"):
+        ops.lightning_attn(q, q, v, None, initial_state=torch.zeros(1, 2, 16, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"`cu_seqlens` is on meta, inputs on cpu; move it there"):
+        ops.lightning_attn(q, q, v, None, cu_seqlens=torch.tensor([0, 4, 10], device="meta"), check_values=False)
+
+
+def test_triton_impl_on_cpu_tensors_names_the_fix(monkeypatch):
+    """impl='triton' with CPU tensors outside the Triton interpreter: a ValueError naming the op, the
+    device and the implementation to use instead."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q = torch.randn(1, 10, 2, 16)
+    with pytest.raises(ValueError, match=r"gated_linear_attn: impl='triton' needs CUDA tensors, got cpu.*'chunked'"):
+        ops.gated_linear_attn(q, q, q, -torch.rand(1, 10, 2, 16), impl="triton")
+
+
+def test_linear_cross_entropy_bad_targets_name_the_argument():
+    """Class ids out of [0, V) other than ignore_index (an index error from inside the op's chunk loop,
+    naming neither the argument nor the row), float class ids (silently truncated by .long()), integer
+    hidden states (ran) and a non-integer chunk size: ValueErrors naming what is wrong."""
+    h, w = torch.randn(4, 8), torch.randn(10, 8)
+    for t, got in ((torch.tensor([1, 2, 10, 3]), "row 2 has 10"),
+                   (torch.tensor([-100, -5, 2, -7]), "row 1 has -5 \\(2 such rows\\)")):
+        with pytest.raises(ValueError, match=rf"`targets` must lie in \[0, 10\) .*ignore_index=-100; {got}"):
+            ops.linear_cross_entropy(h, w, t)
+    assert ops.linear_cross_entropy(h, w, torch.tensor([3, 3, 3, 3]), ignore_index=3).item() == 0.0
+    with pytest.raises(ValueError, match=r"`targets` must be integer class ids, got torch.float32"):
+        ops.linear_cross_entropy(h, w, torch.tensor([1.0, 2.0, 3.7, 3.0]))
+    with pytest.raises(ValueError, match="must be floating point"):
+        ops.linear_cross_entropy(h.int(), w, torch.tensor([1, 2, 3, 4]))
+    with pytest.raises(ValueError, match="on one device"):
+        ops.linear_cross_entropy(h, w, torch.tensor([1, 2, 3, 4], device="meta"))
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer, got 2.5"):
+        ops.linear_cross_entropy(h, w, torch.tensor([1, 2, 3, 4]), chunk_size=2.5)
