@@ -5,10 +5,11 @@ its parallelisms: the model code is the one-device code; this plan attaches hook
   record where the local segment sits (`ops.sequence_parallel.Segments`);
 * run the model's forward inside `ops.sequence_parallel.sequence_parallel` (and each token mixer, through a
   subclass of its class, when activation checkpointing recomputes it in the backward), so that
-  `lightning_attn` and `gated_linear_attn` exchange states with the other ranks of the group (LASP-2);
+  `lightning_attn` and `gated_linear_attn` exchange states with the other ranks of the group (LASP-2), a
+  recomputed mixer with the document layout and positions of the micro-batch it recomputes;
 * give cosFormer2's LRPE the tokens' global positions and carry its TPE recurrence across ranks with the
   same exchange;
-* make the loss the mean over all tokens of the group's sequences (the value every rank reports) while
+* make the loss the mean over all counted tokens of the group's sequences (the value every rank reports) while
   each rank's gradient is that of its own tokens' share of it, scaled so that the data-parallel gradient
   average over all ranks (DDP or DeepSpeed, which see every rank as data parallel) gives exactly the
   gradient of the mean loss over the dp groups' sequences.
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from models.lm import IGNORE_INDEX
 from models.registry import arch_names, get_arch
@@ -89,6 +91,10 @@ class SequenceParallelPlan:
                              f"attention over the whole sequence: train it with --sp 1")
         self.model, self.sp = model, sp
         self.positions: Tensor | None = None  # global positions of the local tokens (as the model flattens them)
+        # the layout of each packed micro-batch still in flight, by its local cu_seqlens (the very tensor the
+        # token mixers receive): a mixer recomputed in the backward must run with the layout of the forward
+        # it repeats, which is not the latest one when several forwards run before their backwards
+        self._layouts: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.mixers_take_positions = spec.sp_positions
         # the model's forward runs inside the exchange: entered and left by model hooks, outside the
         # compiled blocks (Dynamo cannot trace a change of the active group inside an activation-checkpointed
@@ -144,14 +150,30 @@ class SequenceParallelPlan:
             self.positions = offset + t
         else:
             local, continues = local_documents(cu, rows, seg, self.sp)
+            # on the ids' device already, so the model's own move keeps this object (the key of `_layouts`)
+            local = local.to(input_ids.device)
             kwargs = dict(kwargs, cu_seqlens=local)
             self.sp.segments = Segments(rows=rows, continues=continues)
             # the model flattens packed rows into one: row b's tokens sit at b x seq_len + their position
             T = seg * self.sp.size
             rows_at = torch.arange(rows, device=input_ids.device)[:, None] * T
             self.positions = (rows_at + offset + t[None, :]).reshape(-1)
+            self._layouts[local] = (self.sp.segments, self.positions)
         enter(self.sp)
         return args, kwargs
+
+    def layout_of(self, x: Tensor, cu_seqlens: Tensor | None) -> tuple[Segments, Tensor]:
+        """The segment layout and global positions of the micro-batch whose token-mixer input is `x` (the
+        local `cu_seqlens` the mixer got): from the shape alone without documents, else as `_localise` made
+        them for that micro-batch."""
+        if cu_seqlens is None:
+            rows, seg = x.shape[0], x.shape[1]
+            return Segments(rows=rows), self.sp.rank * seg + torch.arange(seg, device=x.device)
+        layout = self._layouts.get(cu_seqlens)
+        if layout is None:
+            raise RuntimeError("sequence parallelism: a token mixer runs outside the model's forward with "
+                               "document offsets the plan did not make; call the model, not its blocks")
+        return layout
 
     def _leave(self, module, args, output):
         if active() is self.sp:  # not when `_localise` refused the input before entering
@@ -179,10 +201,12 @@ class SequenceParallelPlan:
         mine = torch.where(count > 0, out, torch.zeros_like(out)) * count
         totals = torch.stack([mine.detach(), count])
         dist.all_reduce(totals, group=self.sp.group)
-        mean = totals[0] / totals[1]
+        # a group whose targets are all ignored has loss 0 (as one process has), not 0 / 0
+        tokens = totals[1].clamp(min=1)
+        mean = totals[0] / tokens
         # gradient: size x (own tokens' loss sum) / (group's tokens), so that averaging gradients over all
         # ranks (dp x size of them) gives the dp-average of the group mean's gradient; value: the mean
-        scaled = mine * self.sp.size / totals[1]
+        scaled = mine * self.sp.size / tokens
         return scaled + (mean - scaled).detach()
 
 
@@ -193,15 +217,22 @@ class _SequenceParallelMixer:
 
     def forward(self, *args, **kwargs):
         plan = self._sp_plan
-        if plan.mixers_take_positions:  # cos2's LRPE: relative positions through absolute angles
-            kwargs["pos"] = plan.positions
         if active() is plan.sp:  # inside the model's forward: nothing to change (nothing for Dynamo to trace)
+            if plan.mixers_take_positions:  # cos2's LRPE: relative positions through absolute angles
+                kwargs["pos"] = plan.positions
             return super().forward(*args, **kwargs)
+        # recomputed by activation checkpointing in the backward: later forwards (micro-batches whose losses
+        # are summed before one backward) may have set the plan's layout since, so take this input's own
+        segments, positions = plan.layout_of(args[0] if args else kwargs["x"], kwargs.get("cu_seqlens"))
+        if plan.mixers_take_positions:
+            kwargs["pos"] = positions
+        latest, plan.sp.segments = plan.sp.segments, segments
         enter(plan.sp)
         try:
             return super().forward(*args, **kwargs)
         finally:
             leave()
+            plan.sp.segments = latest
 
 
 def tpe_carry(tpe: nn.Module, x: Tensor, cu_seqlens: Tensor | None, sp: SequenceParallel) -> Tensor:

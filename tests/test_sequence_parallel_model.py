@@ -1,7 +1,9 @@
 """Sequence parallelism applied to the linear models (pretrain.sequence_parallel) on CPU with gloo: with
 the sequences split over 4 ranks, and over 2 ranks in each of 2 data-parallel groups (DDP over all 4), the
 logits, the loss and every parameter gradient equal the single-process run on whole sequences (fp32),
-for TNL, HGRN2 and cosFormer2, with and without packed documents that cross rank boundaries."""
+for TNL, HGRN2 and cosFormer2, with and without packed documents that cross rank boundaries; and over 3
+ranks in float64, micro-batches run forward before one backward under activation checkpointing, and
+ignored targets spread unevenly over the ranks or covering a whole micro-batch."""
 from __future__ import annotations
 
 import copy
@@ -11,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from models import build_model
+from models.lm import IGNORE_INDEX
 from ops.sequence_parallel import SequenceParallel
 from pretrain.sequence_parallel import SequenceParallelPlan, local_documents
 from tests.sp_utils import spawn_gloo
@@ -92,6 +95,73 @@ def _worker(rank, world):
 
 def test_model_segments_match_whole_sequences():
     spawn_gloo(_worker, 4)
+
+
+def split(x, rank, world):
+    seg = x.shape[1] // world
+    return x[:, rank * seg:(rank + 1) * seg].contiguous()
+
+
+def reduced_grads(model, world):
+    """The group's gradients, averaged over its ranks as data parallelism over all ranks averages them."""
+    out = {}
+    for name, p in model.named_parameters():
+        g = p.grad.clone()
+        dist.all_reduce(g)
+        out[name] = g / world
+    return out
+
+
+def check_grads(what, got, want):
+    # relative to each gradient's largest entry: HGRN2 computes its gates in fp32 even in a float64 model
+    for name, g in want.items():
+        err = (got[name] - g).abs().max().item()
+        assert err <= 2e-6 * g.abs().max().item() + 1e-12, f"{what}: gradient of {name} off by {err:.3g}"
+
+
+def _layouts_worker(rank, world):
+    g = torch.Generator().manual_seed(7)
+    # two packed micro-batches of 21-token sequences (7 tokens a rank) with other document layouts, and a
+    # dense one of another length (other positions for cos2's LRPE)
+    mbs = []
+    for rows, t, cu in ((2, 21, [0, 3, 7, 12, 21, 27, 28, 40, 42]), (2, 21, [0, 14, 21, 42]), (1, 15, None)):
+        ids = torch.randint(0, V, (rows, t + 1), generator=g)
+        mbs.append((ids[:, :-1], ids[:, 1:], None if cu is None else torch.tensor(cu)))
+    for arch in ("tnl", "hgrn2", "cos2"):
+        base = tiny(arch).double()
+        base.set_activation_checkpointing("full")
+        model = copy.deepcopy(base)
+        SequenceParallelPlan(model, SequenceParallel())
+        # every micro-batch's forward before one backward: the blocks recomputed in the backward must
+        # run with their own micro-batch's documents and positions, not the last forward's
+        sum(base(x, y, cu_seqlens=cu) for x, y, cu in mbs).backward()
+        sum(model(split(x, rank, world), split(y, rank, world), cu_seqlens=cu) for x, y, cu in mbs).backward()
+        check_grads(f"{arch}, forwards of 3 micro-batches, then one backward, rank {rank}",
+                    reduced_grads(model, world), {n: p.grad for n, p in base.named_parameters()})
+
+        # ignored targets spread unevenly (all of rank 0's first row), then a micro-batch with all ignored:
+        # the group's mean over the counted tokens, and 0 with nothing counted, as in one process
+        x, y, cu = mbs[0]
+        for ignored in (lambda t: t[0, :t.shape[1] // world], lambda t: t):
+            y2 = y.clone()
+            ignored(y2).fill_(IGNORE_INDEX)
+            base.zero_grad()
+            model.zero_grad()
+            want = base(x, y2, cu_seqlens=cu)
+            want.backward()
+            got = model(split(x, rank, world), split(y2, rank, world), cu_seqlens=cu)
+            got.backward()
+            what = f"{arch}, {int((y2 == IGNORE_INDEX).sum())} ignored targets, rank {rank}"
+            assert torch.isfinite(got) and abs(got.item() - want.item()) < 1e-12, (what, got.item(), want.item())
+            check_grads(what, reduced_grads(model, world), {n: p.grad for n, p in base.named_parameters()})
+    dist.barrier()
+
+
+def test_three_ranks_micro_batch_layouts_and_ignored_targets():
+    """float64, 3 ranks, sequences of 21 tokens (not a chunk multiple): gradients of several micro-batches
+    run forward before one backward under full activation checkpointing, and losses with ignored targets
+    spread unevenly over the ranks or covering a whole micro-batch, equal the single process's."""
+    spawn_gloo(_layouts_worker, 3)
 
 
 def test_local_documents_and_llama_refused():
