@@ -25,6 +25,9 @@ class Tpe(ModelExtra):
     rounding reaches earlier positions at the 1e-7 level, exact zero in float64); decoding carries
     u [batch, d, e] instead."""
 
+    # a = sigmoid(w) near 1: w rounded to bf16 moves 1 - a (the memory length) by percents
+    fp32_params = ("decay_logit",)
+
     def __init__(self, d: int, n_states: int, init_bound: float):
         super().__init__()
         self.init_bound = init_bound
@@ -76,6 +79,10 @@ class Tpe(ModelExtra):
 
 
 class Cos2TokenMixer(nn.Module):
+    # the angles multiply positions: theta rounded to bf16 (up to 2^-8 of itself) turns a token t positions
+    # away by t times that, radians off at a thousand tokens
+    fp32_params = ("theta",)
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         d, e = cfg.d_model, cfg.head_dim

@@ -21,6 +21,8 @@ class HgrnLowerBounds(ModelExtra):
     """P = softmax(B over layers); C = cumsum(P); beta_layer = C[layer] - C[0] (layer 0 has no bound).
     Kept and computed in fp32 whatever the module's dtype."""
 
+    fp32_params = ("bounds",)  # LanguageModel.fp32_parameter_names: a bf16 cast for inference keeps them fp32
+
     def __init__(self, n_layers: int, d: int):
         super().__init__()
         self.bounds = nn.Parameter(torch.zeros(n_layers, d))
@@ -30,7 +32,8 @@ class HgrnLowerBounds(ModelExtra):
         self.bounds.zero_()  # uniform P: beta rises linearly from 0 at layer 0 to (l-1)/l
 
     def forward(self) -> Tensor:
-        c = torch.softmax(self.bounds.float(), dim=0).cumsum(dim=0)
+        # fp32 at least: a bf16-cast model still takes its bounds in fp32, a float64 one keeps float64
+        c = torch.softmax(self.bounds.to(torch.promote_types(self.bounds.dtype, torch.float32)), dim=0).cumsum(dim=0)
         return c - c[0:1]
 
     def layer_inputs(self, n_layers: int, device) -> list[dict[str, Tensor]]:
@@ -113,9 +116,10 @@ class Hgrn2TokenMixer(nn.Module):
     def forward(self, x: Tensor, lower_bound: Tensor, state: dict | None = None, pos: int = 0,
                 cu_seqlens: Tensor | None = None) -> Tensor:
         og = F.silu(self.og_proj(x))
-        f = self.fg_proj(x).float()
+        gate_dtype = torch.promote_types(x.dtype, torch.float32)  # fp32, or float64 for a float64 model
+        f = self.fg_proj(x).to(gate_dtype)
         i = self.i_proj(x)
-        log_lam, k = forget_gate(f, lower_bound.float(), self.recomputed and self.training)
+        log_lam, k = forget_gate(f, lower_bound.to(gate_dtype), self.recomputed and self.training)
         og, k, i, log_lam = (split_heads(t, self.n_heads) for t in (og, k.to(i.dtype), i, log_lam))
         h0 = None if state is None else state.get("S")
         o, S = gated_linear_attn(og, k, i, log_lam, initial_state=h0, output_final_state=True,

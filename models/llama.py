@@ -10,15 +10,23 @@ from models.layers import split_heads, swiglu
 from models.spec import ArchSpec
 
 
-def rope_table(max_len: int, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
+def rope_table(max_len: int, head_dim: int, base: float, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos and sin [max_len, e/2] of the rotation angles, formed in float64 and rounded once to `dtype`."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return angles.cos().float(), angles.sin().float()
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def table_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision of the RoPE tables for a module cast to `dtype`: float64 for a float64 model (a
+    reference, exact end to end), fp32 for every other dtype (a bf16 table would round the angles)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate channel pairs (i, i + e/2) by position-dependent angles; x [B, T, H, e], cos/sin [T, e/2]."""
-    x1, x2 = x.float().chunk(2, dim=-1)
+    """Rotate channel pairs (i, i + e/2) by position-dependent angles; x [B, T, H, e], cos/sin [T, e/2].
+    Computed at the tables' precision (fp32, float64 for a float64 model), returned in x's dtype."""
+    x1, x2 = x.to(cos.dtype).chunk(2, dim=-1)
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).to(x.dtype)
 
@@ -28,6 +36,7 @@ class LlamaAttention(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.n_heads, self.max_seq_len = cfg.n_heads, cfg.max_seq_len
+        self.head_dim, self.rope_base = cfg.head_dim, cfg.rope_base
         self.q_proj = nn.Linear(d, d, bias=False)
         self.k_proj = nn.Linear(d, d, bias=False)
         self.v_proj = nn.Linear(d, d, bias=False)
@@ -35,6 +44,25 @@ class LlamaAttention(nn.Module):
         cos, sin = rope_table(cfg.max_seq_len, cfg.head_dim, cfg.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """Module casts (`model.to(torch.bfloat16)`, `load_pretrained(dtype=...)`, `.double()`) reach the RoPE
+        tables too, which are constants, not weights: rounded to bf16, cos and sin are off by up to 2^-8 of
+        themselves at every position, unlike the fp32 tables the model was trained with. After the cast the
+        tables are fp32 again (float64 for a float64 model), taken from the values before the cast or
+        recomputed, on the device the cast chose."""
+        before = self.rope_cos.dtype, self.rope_cos, self.rope_sin
+        super()._apply(fn, recurse)
+        want = table_dtype(self.rope_cos.dtype)
+        if self.rope_cos.dtype == before[0] == want:
+            return self
+        device = self.rope_cos.device
+        if want == torch.float64 and before[0] != torch.float64:
+            cos, sin = rope_table(self.max_seq_len, self.head_dim, self.rope_base, want)
+        else:
+            cos, sin = before[1], before[2]
+        self.rope_cos, self.rope_sin = cos.to(device=device, dtype=want), sin.to(device=device, dtype=want)
+        return self
 
     def forward(self, x: Tensor, state: dict | None = None, pos: int = 0, cu_seqlens: Tensor | None = None) -> Tensor:
         if cu_seqlens is not None:
@@ -45,7 +73,7 @@ class LlamaAttention(nn.Module):
             raise ValueError(f"llama: position {pos + T} exceeds the RoPE table (max_seq_len={self.max_seq_len}); "
                              f"training: pass --model max_seq_len={pos + T} (or model_overrides: {{max_seq_len: "
                              f"{pos + T}}} in --config); a loaded model: load_pretrained(path, max_seq_len={pos + T})")
-        cos, sin = self.rope_cos[pos:pos + T].float(), self.rope_sin[pos:pos + T].float()
+        cos, sin = self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T]
         q = apply_rope(split_heads(self.q_proj(x), self.n_heads), cos, sin)
         k = apply_rope(split_heads(self.k_proj(x), self.n_heads), cos, sin)
         v = split_heads(self.v_proj(x), self.n_heads)
@@ -68,7 +96,8 @@ class LlamaAttention(nn.Module):
 def rebuild_rope(model: nn.Module, device) -> None:
     """The RoPE tables are not saved (recomputable, and sized by max_seq_len, which a load may override)."""
     cfg = model.config
-    cos, sin = rope_table(cfg.max_seq_len, cfg.head_dim, cfg.rope_base)
+    dtype = table_dtype(model.embed.weight.dtype)
+    cos, sin = rope_table(cfg.max_seq_len, cfg.head_dim, cfg.rope_base, dtype)
     cos, sin = cos.to(device), sin.to(device)
     for block in model.blocks:
         block.token_mixer.rope_cos, block.token_mixer.rope_sin = cos, sin

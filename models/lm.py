@@ -26,11 +26,12 @@ IGNORE_INDEX = -100  # targets that count in no loss
 
 @dataclass
 class InferenceCache:
-    """Per-layer decoding state, the model extras' states (by extra name), and the number of tokens
-    already consumed."""
+    """Per-layer decoding state, the model extras' states (by extra name), the number of tokens
+    already consumed, and the number of sequences (rows) it holds (None until the first forward)."""
     layers: list[dict] = field(default_factory=list)
     extras: dict[str, dict] = field(default_factory=dict)
     pos: int = 0
+    batch: int | None = None
 
     def nbytes(self) -> int:
         tensors = [t for d in self.layers + list(self.extras.values()) for t in d.values()]
@@ -148,6 +149,20 @@ def check_input_values(input_ids: Tensor, vocab_size: int, targets: Tensor | Non
             raise ValueError(f"cu_seqlens must be strictly increasing (no empty document), got {c}")
 
 
+def check_cache(cache: InferenceCache, input_ids: Tensor, cu_seqlens: Tensor | None) -> None:
+    """A cache continues the rows it was filled with, one position counter for all: packed documents
+    (cu_seqlens) would leave states per document under positions counted over the packed row, and a batch
+    of another size would meet states of the wrong rows. Records the batch on first use."""
+    if cu_seqlens is not None:
+        raise ValueError("decoding with a cache takes one sequence per batch row, not packed documents "
+                         "(cu_seqlens): give each document its own row (and its own cache for another length)")
+    if cache.batch is None:
+        cache.batch = input_ids.shape[0]
+    elif input_ids.shape[0] != cache.batch:
+        raise ValueError(f"this cache holds the state of {cache.batch} sequence(s), got a batch of "
+                         f"{input_ids.shape[0]}; feed the same rows, or start a new cache (model.new_cache())")
+
+
 def checkpointed_blocks(n_layers: int, fraction: float) -> list[int]:
     """The blocks a share `fraction` of `n_layers` checkpoints, spread evenly over the depth (0.5: every
     second block; k / n_layers: exactly k blocks). The memory estimate counts the same blocks."""
@@ -169,6 +184,28 @@ class LanguageModel(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.final_norm = Norm(cfg.d_model, cfg.norm_type, cfg.norm_eps)
         self.init_weights()
+
+    # -- precision ----------------------------------------------------------------------------------
+    def fp32_parameter_names(self) -> list[str]:
+        """The parameters that keep fp32 (float64 in a float64 model) when the model is cast to a lower
+        precision for inference (`cast_for_inference`, `load_pretrained(dtype=...)`) or exported in bf16:
+        those a module names in its class attribute `fp32_params` (cos2's LRPE angles and TPE decays, HGRN2's
+        lower bounds). They are multiplied by positions or set how fast a state forgets, so a bf16 rounding
+        (up to 2^-8 of the value) grows with the distance between tokens, unlike a weight's; training keeps them
+        fp32 as it keeps every parameter."""
+        names = []
+        for prefix, module in self.named_modules():
+            names += [f"{prefix}.{n}" if prefix else n for n in getattr(module, "fp32_params", ())]
+        return names
+
+    def cast_for_inference(self, dtype: torch.dtype) -> "LanguageModel":
+        """`self.to(dtype)`, except the `fp32_parameter_names` (at least fp32) and LLaMA's RoPE tables (fp32
+        constants, kept by the attention module's own cast)."""
+        keep = {n: self.get_parameter(n).detach() for n in self.fp32_parameter_names()}
+        self.to(dtype)
+        for name, value in keep.items():
+            self.get_parameter(name).data = value.to(torch.promote_types(dtype, torch.float32))
+        return self
 
     # -- activation checkpointing -------------------------------------------------------------------
     def set_activation_checkpointing(self, mode: str, fraction: float = 1.0) -> list[int]:
@@ -219,8 +256,10 @@ class LanguageModel(nn.Module):
         if check_ids and not torch.compiler.is_compiling():
             check_token_ids(input_ids, cfg.vocab_size)
         pos = 0 if cache is None else cache.pos
-        if cache is not None and not cache.layers:
-            cache.layers = [{} for _ in self.blocks]
+        if cache is not None:
+            check_cache(cache, input_ids, cu_seqlens)
+            if not cache.layers:
+                cache.layers = [{} for _ in self.blocks]
         x = self.embed(input_ids)
         layer_inputs: list[dict] = [{} for _ in self.blocks]
         for name in self.extra_names:

@@ -45,6 +45,8 @@ def unregister_arch(name: str) -> None:
 
 def canonical_arch(arch: str) -> str:
     """The registry name of `arch` (case-insensitive; aliases resolved); a clear error for unknown names."""
+    if not isinstance(arch, str):
+        raise ValueError(f"arch must be an architecture name, got {arch!r}; choose from {', '.join(_SPECS)}")
     a = arch.lower()
     a = _ALIASES.get(a, a)
     if a not in _SPECS:

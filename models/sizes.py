@@ -39,6 +39,8 @@ PAPER_SIZES = ("70m", "160m", "410m", "1b", "3b", "7b")
 
 def canonical_size(size: str) -> str:
     """The registry name of `size` (case-insensitive); a clear error for unknown names."""
+    if not isinstance(size, str):
+        raise ValueError(f"size must be a size name, got {size!r}; choose from {', '.join(SIZES)}")
     key = size.lower()
     if key not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")

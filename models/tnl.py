@@ -54,12 +54,14 @@ class TnlTokenMixer(nn.Module):
     def forward(self, x: Tensor, state: dict | None = None, pos: int = 0, cu_seqlens: Tensor | None = None,
                 decay: Tensor | None = None) -> Tensor:
         """`decay`: this layer's lambdas as an fp32 tensor [h] (the language model passes them in, so that
-        every block runs the same compiled graph); built from `self.decays` when not given."""
+        every block runs the same compiled graph); built from `self.decays` when not given, and for a float64
+        model (a reference), whose state is float64: an fp32 lambda is off by up to 3e-8, so its powers
+        lambda^n drift by n times that from the schedule."""
         q = split_heads(F.silu(self.q_proj(x)), self.n_heads)
         k = split_heads(F.silu(self.k_proj(x)), self.n_heads)
         v = split_heads(self.v_proj(x), self.n_heads)
-        if decay is None:
-            decay = torch.tensor(self.decays, dtype=torch.float32, device=x.device)
+        if decay is None or (x.dtype == torch.float64 and decay.dtype != torch.float64):
+            decay = torch.tensor(self.decays, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
         h0 = None if state is None else state.get("S")
         o, S = lightning_attn(q, k, v, decay, initial_state=h0, output_final_state=True,
                               cu_seqlens=cu_seqlens, check_values=False)

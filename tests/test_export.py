@@ -295,3 +295,91 @@ def test_export_never_replaces_a_folder_or_file_that_is_not_an_export(trained, t
     assert main([str(run), "--step", "6"]) == 0 and (folder / "model.safetensors").is_file()
     assert main([str(run), "--step", "6", "--dtype", "bf16"]) == 0  # an earlier export is replaced
     assert json.loads((folder / "config.json").read_text())["export_dtype"] == "bf16"
+
+
+def _tiny(arch: str):
+    from models import build_model
+    torch.manual_seed(0)
+    return build_model(arch, "tiny", vocab_size=97).eval()
+
+
+def test_load_pretrained_names_what_is_wrong_with_a_directory(tmp_path):
+    """Each way an export directory can be broken ends in one ValueError or FileNotFoundError naming the file
+    and the fix, not a KeyError, a bare JSONDecodeError, a safetensors error or load_state_dict's list."""
+    from models import load_pretrained, save_pretrained
+    good = save_pretrained(_tiny("tnl"), tmp_path / "good")
+
+    def broken(name, edit_config=None, edit_weights=None):
+        d = Path(shutil.copytree(good, tmp_path / name))
+        if edit_config:
+            cfg = json.loads((d / "config.json").read_text())
+            edit_config(cfg)
+            (d / "config.json").write_text(json.dumps(cfg))
+        if edit_weights:
+            edit_weights(d / "model.safetensors")
+        return d
+
+    with pytest.raises(FileNotFoundError, match="holds config.json but no model.safetensors"):
+        load_pretrained(broken("no_weights", edit_weights=Path.unlink))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_pretrained(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match=r"weights are those of a tnl model: the config's arch \(cos2\) is wrong"):
+        load_pretrained(broken("arch", lambda c: c["model"].update(arch="cos2")))
+    with pytest.raises(ValueError, match=r"weights are those of a tnl model: the config's arch \(llama\) is wrong"):
+        load_pretrained(broken("arch_llama", lambda c: c["model"].update(arch="llama")))
+    with pytest.raises(ValueError, match=r"model.safetensors does not fit.*d_glu=100.*of another shape: "
+                                         r"blocks.0.channel_mixer.down_proj.weight \[128, 384\]"):
+        load_pretrained(broken("shape", lambda c: c["model"].update(d_glu=100)))
+    with pytest.raises(ValueError, match=r"config.json: the model config lacks n_layers"):
+        load_pretrained(broken("field", lambda c: c["model"].pop("n_layers")))
+    with pytest.raises(ValueError, match=r"config.json: no model config"):
+        load_pretrained(broken("model", lambda c: c.pop("model")))
+    with pytest.raises(ValueError, match=r"config.json: unknown arch 'gpt'"):
+        load_pretrained(broken("unknown", lambda c: c["model"].update(arch="gpt")))
+    bad_json = broken("json")
+    (bad_json / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"config.json: not valid JSON"):
+        load_pretrained(bad_json)
+    with pytest.raises(ValueError, match=r"model.safetensors: unreadable .*damaged or incomplete"):
+        load_pretrained(broken("cut", edit_weights=lambda f: f.write_bytes(f.read_bytes()[:1000])))
+    with pytest.raises(ValueError, match=r"overrides vocab_size=50 change the model"):
+        load_pretrained(good, vocab_size=50)
+    with pytest.raises(ValueError, match=r"config.json with the overrides n_heads=3: .*does not divide"):
+        load_pretrained(good, n_heads=3)
+
+
+@pytest.mark.parametrize("arch", ["llama", "hgrn2", "cos2"])
+def test_bf16_load_and_export_keep_positions_and_decays_fp32(arch, tmp_path):
+    """A model cast to bf16 for inference (load_pretrained(dtype=...), the evaluations' default on a GPU) or
+    exported in bf16 rounds its weights, but not cos2's LRPE angles and TPE decay logits or HGRN2's lower
+    bounds (their rounding grows with the distance between tokens), and LLaMA's RoPE tables stay the fp32
+    rounding of cos and sin computed in float64 here; every other weight is bf16."""
+    from safetensors.torch import load_file
+
+    from models import load_pretrained, save_pretrained
+    model = _tiny(arch)
+    fp32 = {"llama": [], "hgrn2": ["lower_bounds.bounds"],
+            "cos2": ["tpe.decay_logit", "blocks.0.token_mixer.theta", "blocks.1.token_mixer.theta"]}[arch]
+    path = save_pretrained(model, tmp_path / arch)
+    exported = load_file(str(save_pretrained(model, tmp_path / f"{arch}-bf16", dtype=torch.bfloat16)
+                             / "model.safetensors"))
+    for loaded in (load_pretrained(path, dtype=torch.bfloat16), load_pretrained(tmp_path / f"{arch}-bf16")):
+        params = dict(loaded.named_parameters())
+        for name, p in params.items():
+            want = model.get_parameter(name).detach()
+            if name in fp32:
+                assert p.dtype == torch.float32 and torch.equal(p, want), name
+                assert exported[name].dtype == torch.float32 and torch.equal(exported[name], want), name
+            else:
+                assert p.dtype == torch.bfloat16 and torch.equal(p, want.to(torch.bfloat16)), name
+        if arch == "llama":
+            e = model.config.head_dim
+            angles = torch.arange(model.config.max_seq_len, dtype=torch.float64)[:, None] * \
+                10000.0 ** (-torch.arange(0, e, 2, dtype=torch.float64) / e)
+            for block in loaded.blocks:
+                assert block.token_mixer.rope_cos.dtype == torch.float32
+                assert torch.equal(block.token_mixer.rope_cos, angles.cos().float())
+                assert torch.equal(block.token_mixer.rope_sin, angles.sin().float())
+        ids = torch.randint(0, 97, (2, 9))
+        with torch.no_grad():
+            assert torch.isfinite(loaded(ids)).all()

@@ -2,6 +2,7 @@
 gradients, the per-architecture mechanisms against their equations, and the bad-input errors."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -381,3 +382,162 @@ def test_bf16_autocast_forward_and_backward(arch):
     loss.backward()
     assert torch.isfinite(loss) and abs(loss.item() - want.item()) < 0.05
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# -- float64: the model against the equations ---------------------------------------------------------
+
+def _equations_float64(model, ids):
+    """Logits of `model`'s weights computed from the equations of docs/architectures.md, in float64, with
+    none of the model's code: attention as explicit masked score matrices, HGRN2's state and TPE's states
+    as step-by-step recurrences, TNL's decays from the ALiBi slopes and layer factor written out here."""
+    cfg = model.config
+    l, d, h = cfg.n_layers, cfg.d_model, cfg.n_heads
+    e = d // h
+    W = {k: v.detach().double() for k, v in model.state_dict().items() if not k.endswith("rope_cos")
+         and not k.endswith("rope_sin")}
+    B, T = ids.shape
+    t_idx = torch.arange(T, dtype=torch.float64)
+    rel = t_idx[:, None] - t_idx[None, :]                      # t - s
+    causal = rel >= 0
+
+    def rms(x, key=None):
+        y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.norm_eps)
+        return y * W[key] if key in W else y
+
+    def lin(x, key):
+        return x @ W[key].t()
+
+    def heads(x):
+        return x.view(B, T, h, e)
+
+    x = W["embed.weight"][ids]
+    if cfg.arch == "cos2":  # TPE: u_t = a u_{t-1} + B x_t per channel, y = sum_j u_j
+        a, Bw = torch.sigmoid(W["tpe.decay_logit"]), W["tpe.in_weight"]
+        u, ys = torch.zeros(B, d, e, dtype=torch.float64), []
+        for t in range(T):
+            u = a * u + Bw * x[:, t, :, None]
+            ys.append(u.sum(-1))
+        x = x + torch.stack(ys, 1)
+    if cfg.arch == "hgrn2":
+        c = torch.softmax(W["lower_bounds.bounds"], 0).cumsum(0)
+        betas = c - c[0]
+    n = int(math.log2(h))
+    slopes = [2 ** (-8 * (i + 1) / h) for i in range(h)] if 2 ** n == h else (
+        [2 ** (-8 * (i + 1) / 2 ** n) for i in range(2 ** n)] + [2 ** (-8 * (i + 1) / 2 ** (n + 1))
+                                                                 for i in range(2 ** (n + 1))][0::2][:h - 2 ** n])
+    for i in range(l):
+        p = f"blocks.{i}."
+        xn = rms(x, p + "mixer_norm.weight")
+        m = p + "token_mixer."
+        if cfg.arch == "llama":
+            q, k, v = (heads(lin(xn, m + w)) for w in ("q_proj.weight", "k_proj.weight", "v_proj.weight"))
+            ang = t_idx[:, None] * cfg.rope_base ** (-torch.arange(0, e, 2, dtype=torch.float64) / e)
+            cos, sin = ang.cos()[None, :, None], ang.sin()[None, :, None]
+            q, k = ([z[..., :e // 2] * cos - z[..., e // 2:] * sin, z[..., :e // 2] * sin + z[..., e // 2:] * cos]
+                    for z in (q, k))
+            q, k = torch.cat(q, -1), torch.cat(k, -1)
+            scores = torch.einsum("bthe,bshe->bhts", q, k) / math.sqrt(e)
+            o = torch.einsum("bhts,bshe->bthe", scores.masked_fill(~causal, -math.inf).softmax(-1), v)
+            y = lin(o.reshape(B, T, d), m + "out_proj.weight")
+        elif cfg.arch == "hgrn2":
+            og = heads(torch.nn.functional.silu(lin(xn, m + "og_proj.weight")))
+            lam = heads(betas[i] + (1 - betas[i]) * torch.sigmoid(lin(xn, m + "fg_proj.weight")))
+            inp = heads(lin(xn, m + "i_proj.weight"))
+            S, outs = torch.zeros(B, h, e, e, dtype=torch.float64), []
+            for t in range(T):
+                S = lam[:, t, :, :, None] * S + (1 - lam[:, t, :, :, None]) * inp[:, t, :, None, :]
+                outs.append(torch.einsum("bhkv,bhk->bhv", S, og[:, t]))
+            y = lin(rms(torch.stack(outs, 1).reshape(B, T, d)), m + "out_proj.weight")
+        else:  # TNL and cos2: silu feature maps, weights per (t, s), gated output
+            q, k = (heads(torch.nn.functional.silu(lin(xn, m + w))) for w in ("q_proj.weight", "k_proj.weight"))
+            v = heads(lin(xn, m + "v_proj.weight"))
+            if cfg.arch == "tnl":
+                c = 1.0 if l == 1 else 1 - i / (l - 1) + 1e-5
+                lam = torch.tensor([math.exp(-s * c) for s in slopes], dtype=torch.float64)
+                weight = torch.einsum("bthe,bshe->bhts", q, k) * lam[:, None, None] ** rel.clamp(min=0)
+            else:  # sum_j q_j k_j cos((t - s) theta_j)
+                cosines = torch.cos(rel[:, :, None, None] * W[m + "theta"])           # [t, s, h, e]
+                weight = torch.einsum("bthe,bshe,tshe->bhts", q, k, cosines)
+            o = torch.einsum("bhts,bshe->bthe", weight * causal, v).reshape(B, T, d)
+            gate = torch.sigmoid(lin(lin(xn, m + "gate.down.weight"), m + "gate.up.weight"))
+            y = lin(rms(o) * gate, m + "out_proj.weight")
+        x = x + y
+        xn = rms(x, p + "channel_norm.weight")
+        g = lin(xn, p + "channel_mixer.gate_proj.weight")
+        act = torch.nn.functional.silu(g) if cfg.arch == "llama" else g
+        x = x + lin(lin(xn, p + "channel_mixer.up_proj.weight") * act, p + "channel_mixer.down_proj.weight")
+    return rms(x, "final_norm.weight") @ W["embed.weight"].t()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float64_model_equals_the_equations_in_parallel_and_decoding(arch):
+    """A float64 model is a reference: its logits equal the equations evaluated in float64 to round-off,
+    in the parallel forward and when decoding token by token after an odd-length prompt. An odd shape
+    (3 layers, 3 heads of width 32, h not a power of two) and 67 tokens, past the 64-token chunk of the
+    lightning twin and four of GLA's 16; every parameter perturbed off its init, HGRN2's bounds and TPE's
+    input weights made large enough to matter. Nothing of the model may run in fp32 here: an fp32 RoPE
+    table, TNL lambda or HGRN2 gate leaves errors of 1e-9 to 1e-7."""
+    torch.manual_seed(0)
+    model = build_model(arch, "tiny", vocab_size=97, n_layers=3, d_model=96, n_heads=3, d_glu=200).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+        if arch == "hgrn2":
+            model.lower_bounds.bounds.normal_(0, 1)
+        if arch == "cos2":
+            model.tpe.in_weight.normal_(0, 0.3)
+    model = model.double()
+    ids = torch.randint(0, 97, (2, 67))
+    with torch.no_grad():
+        want = _equations_float64(model, ids)
+        full = model(ids)
+        cache = model.new_cache()
+        decoded = torch.cat([model(ids[:, :13], cache=cache)]
+                            + [model(ids[:, t:t + 1], cache=cache) for t in range(13, 67)], 1)
+    assert full.dtype == torch.float64
+    torch.testing.assert_close(full, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(decoded, want, rtol=0, atol=1e-12)
+
+
+# -- config validation --------------------------------------------------------------------------------
+
+def test_config_refuses_sizes_that_are_not_whole_numbers():
+    """int() of 2.7 is 2 and of True is 1: such a value must be refused by name, not build a model of
+    another shape (True) or fail deep inside torch (range(2.7), an embedding of 97.5 rows)."""
+    for field, value in (("n_layers", 2.7), ("n_layers", True), ("d_model", 128.0), ("n_heads", "2"),
+                         ("d_glu", None), ("vocab_size", 97.5), ("gate_rank", 3.5), ("max_seq_len", 10.5)):
+        with pytest.raises(ValueError, match=rf"{field} must be a positive integer, got {value!r}"):
+            build_model("llama", "tiny", **{field: value})
+    cfg = model_config("tnl", "tiny", n_layers=np.int64(3), d_model=np.int64(128))  # numpy integers are integers
+    assert (cfg.n_layers, cfg.d_model) == (3, 128) and type(cfg.n_layers) is int
+    with pytest.raises(ValueError, match="arch must be an architecture name, got None"):
+        model_config(None, "tiny")
+    with pytest.raises(ValueError, match="size must be a size name, got 3"):
+        model_config("tnl", 3)
+
+
+def test_head_count_error_names_the_fix():
+    with pytest.raises(ValueError, match=r"n_heads=3 does not divide the width d_model=128.*choose n_heads=2 or 4 "
+                                         r"for d_model=128, or d_model=126 or 129 for n_heads=3"):
+        model_config("tnl", "tiny", n_heads=3)
+    with pytest.raises(ValueError, match=r"choose n_heads=8 for d_model=8, or d_model=16 for n_heads=16"):
+        model_config("tnl", "tiny", d_model=8, n_heads=16)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_cache_refuses_another_batch_and_packed_documents(arch):
+    """A cache continues the rows it was filled with under one position counter. Packed documents would
+    leave their states under positions counted over the packed row (cos2's TPE kept no state at all), and
+    another batch size met a shape error inside torch or an op; both are refused by the model, naming the
+    fix, and the cache still decodes its own rows afterwards as the full forward does."""
+    model = small(arch).eval()
+    ids = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        cache = model.new_cache()
+        model(ids[:, :5], cache=cache)
+        with pytest.raises(ValueError, match=r"holds the state of 2 sequence\(s\), got a batch of 3.*new_cache"):
+            model(torch.randint(0, 97, (3, 1)), cache=cache)
+        rest = torch.cat([model(ids[:, t:t + 1], cache=cache) for t in range(5, 9)], 1)
+        torch.testing.assert_close(rest, model(ids)[:, 5:], rtol=1e-4, atol=1e-4)
+        with pytest.raises(ValueError, match="not packed documents"):
+            model(ids, cache=model.new_cache(), cu_seqlens=torch.tensor([0, 4, 18]))
