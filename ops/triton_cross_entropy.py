@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ops.triton_launch import on_input_device
+
 
 @triton.jit
 def _ce_rows_kernel(logits, stride_row, targets, lse_out, target_logit_out, scale, V, ignore_index,
@@ -51,6 +53,7 @@ def _ce_rows_kernel(logits, stride_row, targets, lse_out, target_logit_out, scal
             tl.store(base + cols, (g * sc).to(logits.dtype.element_ty), mask=mask)
 
 
+@on_input_device
 def ce_rows_triton(logits: Tensor, targets: Tensor, scale: Tensor, ignore_index: int,
                    write_grad: bool) -> tuple[Tensor, Tensor]:
     """lse [R] and target logit [R] (fp32) of a [R, V] chunk (unit stride along V); with `write_grad`

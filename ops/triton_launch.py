@@ -12,6 +12,10 @@ of another type) always takes `JITFunction.run`.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+import typing
+
 import torch
 
 ENABLED = True  # the test seam: tests compare launches through JITFunction.run with this path
@@ -29,6 +33,27 @@ def _device() -> int:
     if not _CUDA:
         _CUDA.append(torch.cuda.is_available())
     return torch.cuda.current_device() if _CUDA[0] else -1
+
+
+def on_input_device(fn):
+    """Run `fn` with the current CUDA device set to that of its first argument (a tensor). Triton launches
+    on the current device and on its current stream: a model loaded on cuda:1 while the process's
+    current device is cuda:0 (`--device cuda:1`, lm-eval's one-model-per-GPU runs) would otherwise launch
+    its kernels on cuda:0 with pointers into cuda:1's memory. Costs one device query when they agree."""
+    @functools.wraps(fn)
+    def guarded(x, *args, **kw):
+        if x.is_cuda and x.device.index != torch.cuda.current_device():
+            with torch.cuda.device(x.device):
+                return fn(x, *args, **kw)
+        return fn(x, *args, **kw)
+    # torch.library.custom_op reads the schema from the signature, evaluating string annotations in the
+    # function's module: give the wrapper fn's signature with the annotations already resolved there
+    hints = typing.get_type_hints(fn)
+    sig = inspect.signature(fn)
+    guarded.__signature__ = sig.replace(
+        parameters=[p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()],
+        return_annotation=hints.get("return", sig.return_annotation))
+    return guarded
 
 
 def _spec(x):

@@ -22,7 +22,7 @@ from ops import tuning
 from ops.checks import check_triton_device
 from ops.config import get_config
 from ops.linear_attention import register_impl
-from ops.triton_launch import launch
+from ops.triton_launch import launch, on_input_device
 from ops.tuning import launch_options
 from ops.triton_gla_intra import (TAME_SPAN, gla_A_sub_kernel, gla_A_tame_kernel, gla_cumsum_kernel, gla_dg_kernel,
                                   gla_dqk_sub_kernel, gla_dqk_tame_kernel, gla_intra_out_kernel, gla_state_grad_kernel)
@@ -266,6 +266,7 @@ def _lightning_backward(q, k, v, log_lam, h0, dht, Hs, do, cu, N, T, plan):
     return _bwd_walks(q, k, v, None, log_lam, None, do, h0, dht, Hs, cu, N, T, False, plan)
 
 
+@on_input_device
 def _lightning_fwd_impl(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: Tensor | None,
                    cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     q, k, v, h0 = _contig(q, k, v, h0)
@@ -293,6 +294,7 @@ def _(q, k, v, log_lam, h0, cu_seqlens):
             q.new_empty((ctx.new_dynamic_size(),), dtype=torch.int8))
 
 
+@on_input_device
 def _lightning_bwd_impl(q: Tensor, k: Tensor, v: Tensor, log_lam: Tensor | None, h0: Tensor | None,
                    cu_seqlens: Tensor | None, Hs: Tensor, seg: Tensor, do: Tensor, dht: Tensor | None
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -504,6 +506,7 @@ def _gla_backward(q, k, v, bc, h0, A, tame, Hs, do, dht, cu, N, T, chunks, plan,
     return dq_out, dk_out, dv, dg, dh0
 
 
+@on_input_device
 def _gla_fwd_impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0: Tensor | None, cu_seqlens: Tensor | None
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v, g, h0 = _contig(q, k, v, g, h0)
@@ -543,6 +546,7 @@ def _(q, k, v, g, h0, cu_seqlens):
             q.new_empty(g.shape, dtype=torch.float32), g.new_empty((0,)))
 
 
+@on_input_device
 def _gla_bwd_impl(q: Tensor, k: Tensor, v: Tensor, bc: Tensor, g_like: Tensor, h0: Tensor | None,
                   cu_seqlens: Tensor | None, A: Tensor, tame: Tensor, table: Tensor, Hs: Tensor, seg: Tensor,
                   do: Tensor, dht: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:

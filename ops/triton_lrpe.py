@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ops.triton_launch import launch
+from ops.triton_launch import launch, on_input_device
 
 # (tokens per program, largest channel block, warps) of the forward and the backward kernel
 FWD_LAUNCH = (8, 128, 4)
@@ -107,6 +107,7 @@ def _grid(T: int, H: int, e: int, bt: int, bc: int) -> tuple[int, int]:
 # and writes what the linear-attention op reads).
 
 @torch.library.custom_op("linscale::silu_lrpe_fwd", mutates_args=())
+@on_input_device
 def _silu_lrpe_fwd(q: Tensor, k: Tensor, theta: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
     B, T, D = q.shape
     H, e = theta.shape
@@ -128,6 +129,7 @@ def _(q, k, theta, pos):
 
 
 @torch.library.custom_op("linscale::silu_lrpe_bwd", mutates_args=())
+@on_input_device
 def _silu_lrpe_bwd(q: Tensor, k: Tensor, theta: Tensor, pos: Tensor, gq: Tensor, gk: Tensor
                    ) -> tuple[Tensor, Tensor, Tensor]:
     B, T, D = q.shape

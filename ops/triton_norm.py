@@ -10,6 +10,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ops.triton_launch import on_input_device
+
 ROWS = 16  # rows per program in the backward (amortises the weight-gradient partials)
 
 
@@ -55,6 +57,7 @@ def _rms_bwd_kernel(x, w, dy, rstd, dx, dw_part, n_rows, D: tl.constexpr, BD: tl
 # under torch.compile, the same code in eager mode.
 
 @torch.library.custom_op("linscale::rms_norm_fwd", mutates_args=())
+@on_input_device
 def _rms_fwd(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
     """y (x's shape and dtype) and the fp32 1/rms of each row."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
@@ -75,6 +78,7 @@ def _(x, weight, eps):
 
 
 @torch.library.custom_op("linscale::rms_norm_bwd", mutates_args=())
+@on_input_device
 def _rms_bwd(x: Tensor, weight: Tensor | None, rstd: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
     """dx, and dw (fp32; empty without a weight)."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()

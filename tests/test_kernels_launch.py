@@ -92,3 +92,44 @@ def test_disabled_path_always_takes_the_jit():
     finally:
         TL.ENABLED = True
     assert [c[0] for c in k.calls] == ["jit"] * 3
+
+
+class _CudaStandIn:
+    """What the guard reads of a CUDA tensor: is_cuda and its device."""
+    is_cuda = True
+
+    def __init__(self, index):
+        self.device = torch.device("cuda", index)
+
+
+def test_ops_run_on_their_inputs_device_not_the_current_one(monkeypatch):
+    """Triton launches on the current device: an op given tensors on cuda:1 while cuda:0 is current must
+    switch to cuda:1 for its launches and back afterwards, and not touch the device when they agree."""
+    current = [0]
+    switches = []
+
+    class _Device:
+        def __init__(self, device):
+            self.index = device.index
+
+        def __enter__(self):
+            switches.append(self.index)
+            self.before, current[0] = current[0], self.index
+
+        def __exit__(self, *exc):
+            current[0] = self.before
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", _Device)
+
+    @TL.on_input_device
+    def op(x: torch.Tensor, n: int) -> int:
+        return current[0] * 10 + n
+
+    assert op(_CudaStandIn(1), 3) == 13 and current[0] == 0 and switches == [1]
+    assert op(_CudaStandIn(0), 4) == 4 and switches == [1]        # already current: no switch
+    assert op(torch.zeros(1), 5) == 5 and switches == [1]         # a CPU tensor (the interpreter): none
+    # the schema torch.library.custom_op reads: the op's own parameters with their annotations resolved
+    import inspect
+    params = inspect.signature(op).parameters
+    assert list(params) == ["x", "n"] and params["x"].annotation is torch.Tensor and params["n"].annotation is int
