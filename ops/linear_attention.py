@@ -58,7 +58,11 @@ def triton_fits(op: str, k_width: int, v_width: int) -> bool:
     return k_width <= max_k and v_width <= max_v
 
 
-_WARNED: set[tuple[str, int, int]] = set()
+# CUDA launches at most 65,535 programs along a grid's second and third axes; the walks put one program per
+# (sequence, head) on the second: a micro-batch of many short packed documents can pass it
+MAX_GRID_Y = 65_535
+
+_WARNED: set[tuple] = set()
 
 
 def _too_wide(op: str, q: Tensor, v: Tensor) -> str:
@@ -69,25 +73,44 @@ def _too_wide(op: str, q: Tensor, v: Tensor) -> str:
             f"fits), or impl='chunked' (the PyTorch twin: runs at any width, tens of times slower)")
 
 
-def _resolve(op: str, impl: str | None, q: Tensor, v: Tensor) -> Impl:
+def _too_many_sequences(op: str, sequences: int, heads: int) -> str:
+    return (f"{op}: {sequences} sequences (packed documents count one each) x {heads} heads = "
+            f"{sequences * heads} programs, past CUDA's {MAX_GRID_Y} along the walks' grid axis (docs/kernels.md, "
+            f"Head widths). Give fewer sequences to one call: fewer tokens per micro-batch when documents are "
+            f"short, or impl='chunked' (the PyTorch twin, far slower)")
+
+
+def _triton_refusal(op: str, q: Tensor, v: Tensor, sequences: int) -> tuple[tuple, str] | None:
+    """Why the Triton kernels cannot take this call ((warning key, message)), or None."""
+    if not triton_fits(op, q.shape[-1], v.shape[-1]):
+        return (op, q.shape[-1], v.shape[-1]), _too_wide(op, q, v)
+    if sequences * q.shape[2] > MAX_GRID_Y:
+        return (op, "grid"), _too_many_sequences(op, sequences, q.shape[2])
+    return None
+
+
+def _resolve(op: str, impl: str | None, q: Tensor, v: Tensor, cu_seqlens: Tensor | None = None) -> Impl:
     name = impl or get_config().impl
+    sequences = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if name == "auto":
         if q.shape[1] == 1:
             name = "recurrent"
         elif q.is_cuda and "triton" in _IMPLS[op] and _auto_triton(op):
             name = "triton"
-            if not triton_fits(op, q.shape[-1], v.shape[-1]):
+            refusal = _triton_refusal(op, q, v, sequences)
+            if refusal is not None:
                 name = "chunked"
-                if (key := (op, q.shape[-1], v.shape[-1])) not in _WARNED:
+                key, why = refusal
+                if key not in _WARNED:
                     _WARNED.add(key)
-                    warnings.warn(_too_wide(op, q, v) + "; auto takes the chunked twin", stacklevel=3)
+                    warnings.warn(why + "; auto takes the chunked twin", stacklevel=3)
         else:
             name = "chunked"
     if name not in _IMPLS[op]:
         raise ValueError(f"{op}: implementation {name!r} is not available; choose from auto, "
                          f"{', '.join(available_impls(op))}")
-    if name == "triton" and not triton_fits(op, q.shape[-1], v.shape[-1]):
-        raise ValueError(_too_wide(op, q, v))
+    if name == "triton" and (refusal := _triton_refusal(op, q, v, sequences)) is not None:
+        raise ValueError(refusal[1])
     return _IMPLS[op][name]
 
 
@@ -118,8 +141,8 @@ def lightning_attn(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None = None,
     check_qkv("lightning_attn", q, k, v)
     check_decay("lightning_attn", q, decay, check_values)
     check_state_and_lengths("lightning_attn", q, v, initial_state, cu_seqlens, check_values)
-    o, state = _sp.run("lightning_attn", _resolve("lightning_attn", impl, q, v), q, k, v, decay, initial_state,
-                       cu_seqlens)
+    fn = _resolve("lightning_attn", impl, q, v, cu_seqlens)
+    o, state = _sp.run("lightning_attn", fn, q, k, v, decay, initial_state, cu_seqlens)
     return (o, state) if output_final_state else o
 
 
@@ -133,6 +156,6 @@ def gated_linear_attn(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor,
     check_qkv("gated_linear_attn", q, k, v)
     check_log_f("gated_linear_attn", q, log_f, check_values)
     check_state_and_lengths("gated_linear_attn", q, v, initial_state, cu_seqlens, check_values)
-    o, state = _sp.run("gated_linear_attn", _resolve("gated_linear_attn", impl, q, v), q, k, v, log_f, initial_state,
-                       cu_seqlens)
+    fn = _resolve("gated_linear_attn", impl, q, v, cu_seqlens)
+    o, state = _sp.run("gated_linear_attn", fn, q, k, v, log_f, initial_state, cu_seqlens)
     return (o, state) if output_final_state else o

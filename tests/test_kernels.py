@@ -530,6 +530,35 @@ def test_too_wide_heads_name_the_fix():
         assert LA._resolve("gated_linear_attn", None, wide_q, wide_v) is LA._IMPLS["gated_linear_attn"]["triton"]
 
 
+def test_more_sequences_than_the_grid_takes_name_the_fix():
+    """One walk program per (sequence, head) on the grid's second axis, which CUDA caps at 65,535: packed
+    input of that many documents x heads is refused under impl='triton' before a launch, naming the fix, and
+    `auto` on CUDA takes the chunked twin with one warning; one fewer takes the kernels."""
+    import warnings
+    from types import SimpleNamespace
+    from ops import linear_attention as LA
+    H = 16
+    q, v = SimpleNamespace(is_cuda=True, shape=(1, 70_000, H, 64)), SimpleNamespace(shape=(1, 70_000, H, 64))
+    many = SimpleNamespace(shape=(LA.MAX_GRID_Y // H + 2,))   # cu_seqlens of 4096 documents: 65,536 programs
+    fits = SimpleNamespace(shape=(LA.MAX_GRID_Y // H + 1,))   # 4095 documents: 65,520 programs
+    for op in ("lightning_attn", "gated_linear_attn"):
+        with pytest.raises(ValueError, match=rf"{op}: 4096 sequences .* x 16 heads = 65536 programs.*fewer tokens "
+                                             rf"per micro-batch.*impl='chunked'"):
+            LA._resolve(op, "triton", q, v, many)
+        assert LA._resolve(op, "triton", q, v, fits) is LA._IMPLS[op]["triton"]
+        LA._WARNED.clear()
+        with pytest.warns(UserWarning, match="65536 programs.*auto takes the chunked twin"):
+            assert LA._resolve(op, "auto", q, v, many) is LA._IMPLS[op]["chunked"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert LA._resolve(op, "auto", q, v, many) is LA._IMPLS[op]["chunked"]
+            assert LA._resolve(op, "auto", q, v, fits) is LA._IMPLS[op]["triton"]
+    # dense batches count their rows
+    wide_batch = SimpleNamespace(is_cuda=True, shape=(LA.MAX_GRID_Y // H + 1, 8, H, 64))
+    with pytest.raises(ValueError, match="4096 sequences"):
+        LA._resolve("lightning_attn", "triton", wide_batch, wide_batch)
+
+
 @triton.jit
 def _round_kernel(x, y, a, b, c, N: tl.constexpr, M: tl.constexpr):
     offs = tl.arange(0, N)
