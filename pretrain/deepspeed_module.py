@@ -90,6 +90,21 @@ def steps_to_param_device(optimizer: torch.optim.Optimizer) -> None:
             state["step"] = torch.as_tensor(float(step), dtype=torch.float32, device=p.device)
 
 
+def low_precision_weights_warning(ds_config: dict, model: nn.Module) -> str | None:
+    """What a DeepSpeed config with bf16/fp16 weights rounds that the model keeps fp32 otherwise, or None.
+    DeepSpeed's bf16/fp16 engine casts every parameter: cos2's LRPE angles and TPE decays and HGRN2's lower
+    bounds (`fp32_parameter_names`) set positions' angles and decay rates, whose rounding error grows with
+    the distance between tokens."""
+    low = [k for k in ("bf16", "fp16") if (ds_config.get(k) or {}).get("enabled")]
+    kept = model.fp32_parameter_names() if low and hasattr(model, "fp32_parameter_names") else []
+    if not kept:
+        return None
+    return (f"the DeepSpeed config enables {low[0]} weights, which rounds {', '.join(kept[:4])}"
+            f"{' ...' if len(kept) > 4 else ''} ({len(kept)} parameters the model otherwise keeps fp32: angles "
+            f"of positions, decay rates) to {low[0]} in the forward; drop '{low[0]}' from the JSON to train "
+            f"with --precision bf16 (autocast on fp32 weights)")
+
+
 class DeepSpeedTrainModule(TrainModule):
     def __init__(self, model: nn.Module, cfg: RunConfig, env: DistEnv, precision: str, accum: int):
         deepspeed = _import_deepspeed()
@@ -115,6 +130,9 @@ class DeepSpeedTrainModule(TrainModule):
             # around it. A block's parameters (about 200M at 7B) are gathered together instead of one
             # projection at a time (docs/training.md, DeepSpeed).
             deepspeed.utils.set_z3_leaf_modules(model, [type(model.blocks[0])])
+        rounded = low_precision_weights_warning(self.ds_config, model)
+        if rounded:
+            logger.warning(rounded)
         self.optimizer = build_optimizer(model, cfg.optim, env.device, cls=GuardedAdamW)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=self.ds_config)
         self.model = self.engine.module

@@ -230,3 +230,20 @@ def test_user_json_under_sp_may_give_the_global_batch_in_sequences(tmp_path):
     path.write_text(json.dumps({"train_batch_size": 6}))
     with pytest.raises(ValueError, match=r"global batch is 4 sequences \(8 for DeepSpeed.*--sp 2"):
         build_deepspeed_config(cfg, 4, "bf16")
+
+
+def test_deepspeed_low_precision_weights_name_what_they_round():
+    """DeepSpeed's bf16 engine casts every parameter: a config that enables it names the parameters the
+    model keeps fp32 otherwise (cos2's angles and TPE decays, HGRN2's bounds); autocast, and a model
+    without such parameters, say nothing."""
+    pytest.importorskip("deepspeed")
+    from models import build_model
+    from pretrain.deepspeed_module import low_precision_weights_warning
+    cos2, llama = build_model("cos2", "tiny"), build_model("llama", "tiny")
+    n = cos2.config.n_layers
+    text = low_precision_weights_warning({"bf16": {"enabled": True}}, cos2)
+    assert text and "rounds tpe.decay_logit, blocks.0.token_mixer.theta" in text and f"({n + 1} parameters" in text
+    assert "bf16" in low_precision_weights_warning({"bf16": {"enabled": True}}, build_model("hgrn2", "tiny"))
+    assert low_precision_weights_warning({"torch_autocast": {"enabled": True}}, cos2) is None
+    assert low_precision_weights_warning({"bf16": {"enabled": False}}, cos2) is None
+    assert low_precision_weights_warning({"bf16": {"enabled": True}}, llama) is None
