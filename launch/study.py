@@ -81,7 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         print(format_plan(study, plans))
         if args.prepare:
-            from scaling.study.stages import prepare_eval_inputs
+            from scaling.study.stages import check_paths, prepare_eval_inputs
+            try:
+                check_paths(study, ("evaluate",))
+            except StudyConfigError as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 2
             prepare_eval_inputs(study)
         return 0
     if args.command == "status":
@@ -90,45 +95,61 @@ def main(argv: list[str] | None = None) -> int:
         print(format_status(study_status(study, plans, job_states(study))))
         return 0
     if args.command == "report":
-        return report(study, plans)
+        report(study, plans)
+        return 0
     if args.command == "stage":
         from scaling.study.local import STAGE_FUNCTIONS
-        from scaling.study.stages import tracked
-        for stage in args.stages:
-            tracked(study, plans[0].name, stage, STAGE_FUNCTIONS[stage], study, plans[0])
+        from scaling.study.stages import RunBusy, run_claimed, tracked
+        try:
+            with run_claimed(study, plans[0].name):
+                for stage in args.stages:
+                    tracked(study, plans[0].name, stage, STAGE_FUNCTIONS[stage], study, plans[0])
+        except RunBusy as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
         return 0
     # run
     print(format_plan(study, plans), flush=True)
     if args.slurm:
         from scaling.study.slurm import submit
+        from scaling.study.stages import check_paths
         try:
+            check_paths(study, args.stages, data=False)  # the data is read on the cluster's nodes
             submit(study, plans, sbatch=args.sbatch, dry_run=args.dry_run)
+        except StudyConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         except (RuntimeError, OSError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
         return 0
-    from scaling.study.local import run_local
+    from scaling.study.local import run_local, summary_lines
     try:
         res = run_local(study, plans, args.stages, args.deadline)
-    except FileNotFoundError as err:
+    except (StudyConfigError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    written = None
     if not args.no_report and not res["stopped"]:
-        report(study, plan_study(study))
+        written = report(study, plan_study(study))
+    print("\n".join(summary_lines(study, plans, args.stages, res, written)), flush=True)
     if res["failed"]:
         print("failed: " + "; ".join(f"{k}: {v}" for k, v in res["failed"].items()), file=sys.stderr)
         return 1
-    return 3 if res["stopped"] else 0
+    # 3: not everything is done here (a stop, or runs left to another process); the same command continues
+    return 3 if res["stopped"] or res["busy"] else 0
 
 
-def report(study, plans) -> int:
+def report(study, plans) -> Path:
+    """Status table, fits, evaluation table, plots and report.md; returns report.md's path."""
     from scaling.study.report import write_report
     from scaling.study.slurm import job_states
+    from scaling.study.stages import report_claimed
     from scaling.study.status import format_status, study_status
-    table = format_status(study_status(study, plans, job_states(study)))
-    print(table)
-    write_report(study, plans, table)
-    return 0
+    with report_claimed(study):
+        table = format_status(study_status(study, plans, job_states(study)))
+        print(table)
+        return write_report(study, plans, table)
 
 
 if __name__ == "__main__":

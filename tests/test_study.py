@@ -161,6 +161,7 @@ def test_registry_sizes_follow_the_study_recipe_not_the_cpu_presets(tmp_path, da
     ({"global_batch_tokens": 100}, "not a whole number of sequences"),
     ({"per_run": {"gpt": {}}}, "not an arch, a size or an arch-size"),
     ({"evaluation": {"tasks": ["mmlu"]}}, "unknown ['mmlu']"),
+    ({"evaluation": {"tasks": []}}, "evaluation.tasks is empty"),
     ({"snapshots": {"log_points": 0}}, "no run would leave a snapshot"),
     ({"archs": ["mamba"]}, "unknown arch"),
     ({"archs": [1]}, "archs must be a list of names"),
@@ -327,6 +328,11 @@ def test_local_study_trains_evaluates_fits_and_reports(finished_study):
     assert len(rows) == 1 + sum(len(p.snapshot_steps) for p in plans)
     status = study("status", "--config", path).stdout
     assert "4/4 runs trained and evaluated" in status
+    # the last lines say what this command did and where the results are
+    tail = res.stdout[res.stdout.index("[study] summary:"):].splitlines()
+    assert tail[0].startswith("[study] summary: 4 of 4 run(s) through train, export, evaluate in "), tail
+    assert f"  report: {out / 'report' / 'report.md'}" in tail and "failed" not in tail[0]
+    assert any(x.startswith(f"  runs: {out / 'runs'}/<run>/") for x in tail)
 
 
 def test_second_run_skips_finished_work(finished_study):
@@ -471,6 +477,244 @@ def test_missing_evaluation_data_is_found_before_training(tmp_path, dataset):
     assert "wiki.test.raw not found" in res.stderr and "piqa/valid.jsonl not found" in res.stderr
     assert "LINSCALE_SHARED_DATA" in res.stderr
     assert not (tmp_path / "t" / "runs").exists()   # nothing was trained
+
+
+# -- faults, concurrent runners and changed configs ---------------------------------------------------------
+
+def test_a_run_another_process_works_on_is_left_to_it_not_failed(tmp_path, dataset, monkeypatch):
+    """Two runners of one study (a second `run` started by mistake, or beside the first on another GPU), or a runner
+    beside a training job of the study: a run the other process trains (it holds the run directory) is left to it,
+    not recorded as failed (its stage record stays the holder's), and the runner goes on with the others; the
+    command exits 3 (not everything done here) and its summary says why."""
+    from checkpoints.run_dir import RunLock
+    from scaling.study import load_study, local, plan_study
+    from scaling.study.stages import TRAIN, read_state, train, write_state
+    cfg = load_study(study_yaml(tmp_path, dataset))
+    plans = plan_study(cfg)
+    held, called = plans[1], []
+
+    def stage(study, plan, log):   # the held run goes through the real stage; the others need no training here
+        return train(study, plan, log) if plan.name == held.name else called.append(plan.name)
+    monkeypatch.setitem(local.STAGE_FUNCTIONS, TRAIN, stage)
+    held.run_dir.mkdir(parents=True)
+    lock = RunLock(held.run_dir).acquire()   # the other process, training this run
+    try:
+        write_state(cfg, held.name, TRAIN, "running")
+        theirs = read_state(cfg, held.name, TRAIN)
+        logged: list[str] = []
+        res = local.run_local(cfg, plans, (TRAIN,), log=logged.append)
+        assert read_state(cfg, held.name, TRAIN) == theirs
+    finally:
+        lock.release()
+    assert res["failed"] == {}, res["failed"]
+    assert called == [p.name for p in plans if p is not held] and list(res["busy"]) == [held.name]
+    assert any(f"{held.name}: its run directory is in use by another process (pid {os.getpid()}" in m for m in logged)
+    lines = local.summary_lines(cfg, plans, (TRAIN,), res, None)
+    assert lines[0].startswith("[study] summary: 3 of 4 run(s)") and "left to another process: 1" in lines[0]
+
+
+def test_two_runners_claim_each_run_for_one_of_them(tmp_path, dataset, monkeypatch):
+    """A runner claims a run for all its stages (export and evaluation too, which the trainer's lock does not
+    cover): a second runner leaves a claimed run alone, and a run no longer claimed is taken."""
+    from scaling.study import load_study, local, plan_study
+    from scaling.study.stages import EXPORT, TRAIN, run_claimed
+    cfg = load_study(study_yaml(tmp_path, dataset))
+    plans = plan_study(cfg)
+    called = []
+    for stage in (TRAIN, EXPORT):
+        monkeypatch.setitem(local.STAGE_FUNCTIONS, stage,
+                            lambda study, plan, log, s=stage: called.append((plan.name, s)))
+    with run_claimed(cfg, plans[0].name):
+        res = local.run_local(cfg, plans[:2], (TRAIN, EXPORT), log=lambda m: None)
+    assert list(res["busy"]) == [plans[0].name] and called == [(plans[1].name, TRAIN), (plans[1].name, EXPORT)]
+    res = local.run_local(cfg, plans[:1], (TRAIN, EXPORT), log=lambda m: None)
+    assert res["busy"] == {} and res["done"] == [plans[0].name]
+
+
+def test_a_second_report_waits_for_the_first(tmp_path, dataset):
+    """A report clears the earlier fit's outputs before fitting: two at once (two runners ending together) would
+    remove each other's tables and plots. `report` waits while another holds the study's report lock."""
+    import time
+    from scaling.study import load_study
+    from scaling.study.stages import report_claimed
+    path = study_yaml(tmp_path, dataset)
+    cfg = load_study(path)
+    with report_claimed(cfg):
+        proc = subprocess.Popen([sys.executable, str(STUDY), "report", "--config", str(path)], env=env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(6)
+        assert proc.poll() is None and not (tmp_path / "t" / "report" / "report.md").exists()
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "another process writes the report now" in out, out[-2000:]
+    assert (tmp_path / "t" / "report" / "report.md").is_file()
+
+
+def test_yaml_words_read_as_booleans_keep_their_choice(tmp_path, dataset):
+    """YAML 1.1 reads `off` and `no` as False: `grad_accum_fusion: off` must reach pretrain as off (one of its
+    choices, auto or off), not as 'false', which it rejects while naming off as allowed."""
+    from pretrain.config import parse_config
+    from scaling.study import load_study, plan_study
+    path = study_yaml(tmp_path, dataset)
+    path.write_text(path.read_text() + "per_run:\n  hgrn2: {train: {grad_accum_fusion: off, compile: no}}\n")
+    cfg = load_study(path, overrides=["recipe.train.grad_accum_fusion=off"])
+    for p in plan_study(cfg):
+        t = parse_config(p.argv).train
+        assert (t.grad_accum_fusion, t.compile) == ("off", "false" if p.arch == "hgrn2" else "auto"), p.name
+
+
+def test_a_run_of_another_precision_is_another_run(tmp_path, dataset):
+    """train.precision changes the numbers a run trains to: a run directory of another precision holds another
+    run (`run` moves it aside and trains afresh), like one of another optimizer or seed."""
+    from pretrain.config import parse_config
+    from scaling.study import load_study, plan_study
+    from scaling.study.stages import run_change
+    plan = plan_study(load_study(study_yaml(tmp_path, dataset)))[0]
+    plan.run_dir.mkdir(parents=True)
+    (plan.run_dir / "config.json").write_text(json.dumps(parse_config(plan.argv).to_dict()))
+    assert run_change(plan) is None
+    other = plan_study(load_study(study_yaml(tmp_path, dataset), overrides=["recipe.train.precision=bf16"]))[0]
+    assert run_change(other) == "a run of other settings (train.precision 'auto', the plan 'bf16')"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"data": "/nonexistent/data"}, "study config: data: /nonexistent/data does not exist. Prepare the dataset there"),
+    ({"out": "FILE"}, "study config: out: the study directory {file} cannot be created or written (Not a directory"),
+])
+def test_missing_data_or_an_unwritable_study_directory_is_one_error_before_any_run(tmp_path, dataset, change,
+                                                                                   message):
+    """A `data` path that does not exist or an `out` that cannot be written is one error naming the study key and
+    the fix, before any run starts (not the same OS error from every run in turn, naming pretrain's --data)."""
+    file = tmp_path / "a_file"
+    file.write_text("")
+    change = {k: str(file) if v == "FILE" else v for k, v in change.items()}
+    path = study_yaml(tmp_path, change.pop("data", dataset), **change)
+    res = study("run", "--config", path, "--stages", "train", check=False)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stderr.strip().splitlines() == [next(x for x in res.stderr.splitlines() if x.startswith("error:"))]
+    assert message.format(file=file) in res.stderr and "[study]" not in res.stdout
+    assert not (tmp_path / "t" / "runs").exists()
+
+
+def test_validation_windows_follow_the_study_settings(tmp_path, dataset):
+    """valid_tokens.bin is what the study's data, seq_len and evaluation.valid_windows give now: a file made for
+    other settings is made again (equal to one made afresh), an unchanged one is left untouched (the evaluation
+    cache keys on it), and where the data is not, a file of other settings is refused before it is scored."""
+    from scaling.study import load_study
+    from scaling.study.stages import VALID_TOKENS, check_valid_tokens, eval_dir, prepare_eval_inputs
+    quiet = lambda m: None  # noqa: E731
+    path = study_yaml(tmp_path, dataset)
+    prepare_eval_inputs(load_study(path), quiet)
+    cfg = load_study(path, overrides=["evaluation.valid_windows=7"])
+    prepare_eval_inputs(cfg, quiet)
+    fresh = load_study(path, overrides=["evaluation.valid_windows=7", f"out={tmp_path / 'fresh'}"])
+    prepare_eval_inputs(fresh, quiet)
+    made = eval_dir(cfg) / VALID_TOKENS
+    assert made.read_bytes() == (eval_dir(fresh) / VALID_TOKENS).read_bytes()
+    assert made.stat().st_size == 7 * (16 + 1) * 4
+    mtime = made.stat().st_mtime_ns
+    prepare_eval_inputs(cfg, quiet)
+    assert made.stat().st_mtime_ns == mtime
+    check_valid_tokens(cfg)
+    elsewhere = load_study(path, overrides=["evaluation.valid_windows=9", f"data={tmp_path / 'not_here'}"])
+    with pytest.raises(ValueError, match="made for another evaluation.valid_windows or seq_len"):
+        prepare_eval_inputs(elsewhere, quiet)
+
+
+def test_an_interrupted_move_aside_never_leaves_the_earlier_evaluation_as_the_new_run_s(tmp_path, dataset,
+                                                                                         monkeypatch):
+    """Moving a run of other settings aside is several moves; a kill between them must not leave the earlier run's
+    evaluation in place with its run directory gone (the new run would be reported with the old numbers): the run
+    directory moves last, so the next `run` sees the run still to be moved and finishes the move."""
+    import shutil
+    from pretrain.config import parse_config
+    from scaling.study import load_study, plan_study
+    from scaling.study.stages import EVALUATE, eval_dir, run_change, supersede, write_state
+    old = plan_study(load_study(study_yaml(tmp_path, dataset)))[0]
+    old.run_dir.mkdir(parents=True)
+    (old.run_dir / "config.json").write_text(json.dumps(parse_config(old.argv).to_dict()))
+    cfg = load_study(study_yaml(tmp_path, dataset), overrides=["recipe.optim.lr=1e-3"])
+    plan = plan_study(cfg)[0]
+    (eval_dir(cfg, plan.name) / "cache").mkdir(parents=True)
+    write_state(cfg, plan.name, EVALUATE, "done")
+    why = run_change(plan)
+    real_move, moves = shutil.move, []
+
+    def killed_after_one(src, dst):
+        if moves:
+            raise KeyboardInterrupt
+        moves.append(src)
+        return real_move(src, dst)
+    monkeypatch.setattr(shutil, "move", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        supersede(cfg, plan, why, log=lambda m: None)
+    assert plan.run_dir.exists() or not eval_dir(cfg, plan.name).exists()
+    monkeypatch.setattr(shutil, "move", real_move)
+    assert run_change(plan) is not None
+    supersede(cfg, plan, run_change(plan), log=lambda m: None)
+    assert not plan.run_dir.exists() and not eval_dir(cfg, plan.name).exists()
+
+
+def test_a_stage_record_that_cannot_be_written_names_its_file_and_leaves_no_temporary(tmp_path, dataset,
+                                                                                        monkeypatch):
+    """A full disk while a stage record is written: the error names the record, the earlier record stays whole,
+    and no empty temporary file is left beside it."""
+    import errno
+    from scaling.study import load_study
+    from scaling.study.stages import read_state, state_path, write_state
+    cfg = load_study(study_yaml(tmp_path, dataset))
+    write_state(cfg, "llama-a", "train", "done")
+    before = read_state(cfg, "llama-a", "train")
+
+    def disk_full(self, *a, **k):
+        open(self, "w").close()
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    record = state_path(cfg, "llama-a", "train")
+    with pytest.raises(OSError, match=re.escape(f"cannot write the stage record {record}")):
+        write_state(cfg, "llama-a", "train", "running")
+    monkeypatch.undo()
+    assert read_state(cfg, "llama-a", "train") == before
+    assert [p.name for p in record.parent.iterdir()] == ["train.json"]
+
+
+def test_status_names_planned_snapshots_a_kept_run_does_not_have(tmp_path, dataset):
+    """The snapshot schedule does not change what a run trains to, so a finished run is kept when the schedule
+    changes; `status` then says which of the plan's snapshot steps the run lacks instead of listing it as if the
+    plan's steps were there to evaluate."""
+    from checkpoints.manifest import MANIFEST
+    from pretrain.config import parse_config
+    from scaling.study import load_study, plan_study
+    from scaling.study.status import run_status
+    path = study_yaml(tmp_path, dataset)
+    plan = plan_study(load_study(path))[0]
+    plan.run_dir.mkdir(parents=True)
+    (plan.run_dir / "config.json").write_text(json.dumps(parse_config(plan.argv).to_dict()))
+    (plan.run_dir / "summary.json").write_text(json.dumps({"stop": "finished", "step": plan.steps}))
+    for s in plan.snapshot_steps:                        # what the schedule of log_points 2 left
+        (plan.run_dir / "snapshots" / f"step_{s:08d}").mkdir(parents=True)
+        (plan.run_dir / "snapshots" / f"step_{s:08d}" / MANIFEST).write_text("{}")
+    assert run_status(load_study(path), plan).note == ""
+    cfg = load_study(path, overrides=["snapshots.log_points=4"])
+    new = plan_study(cfg)[0]
+    expected = sorted(set(new.snapshot_steps) - set(plan.snapshot_steps))
+    assert expected and plan.snapshot_steps != new.snapshot_steps
+    status = run_status(cfg, new)
+    assert status.train == "done"
+    assert status.note.startswith(f"no snapshot at planned step(s) {','.join(map(str, expected))} (trained under "
+                                  f"another snapshot schedule or budget)"), status.note
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "is a folder: give the study YAML file itself"),
+    (b"\xff\xfe name: x", "is not a UTF-8 text file"),
+    (b"", "is empty: write the study's keys"),
+])
+def test_a_config_that_is_not_a_study_file_is_a_clear_error(tmp_path, content, message):
+    from scaling.study import StudyConfigError, load_study
+    path = tmp_path / "study.yaml"
+    path.mkdir() if content is None else path.write_bytes(content)
+    with pytest.raises(StudyConfigError, match=re.escape(f"{path} {message}")):
+        load_study(path)
 
 
 # -- Slurm: the submitted job arrays and dependencies -------------------------------------------------------

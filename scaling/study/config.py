@@ -218,8 +218,17 @@ def _recipe(raw: Any, where: str, allow_model: bool = False) -> tuple[dict[str, 
                            f"{', '.join(known)}")
             if path in STUDY_OWNED:
                 raise _err(f"{where}.{path} is set by the study: use the study key '{STUDY_OWNED[path]}' instead")
-            flat[path] = v
+            flat[path] = _choice_word(known[k], v)
     return flat, model
+
+
+def _choice_word(f, value: Any) -> Any:
+    """The word a YAML file most likely held where YAML 1.1 read a boolean: `grad_accum_fusion: off` and
+    `compile: no` arrive as False, and a field whose choices are words (auto, off) would reject 'false'."""
+    choices = f.metadata.get("choices") if isinstance(value, bool) else None
+    if not choices or not all(isinstance(c, str) for c in choices):
+        return value
+    return next((c for c in choices if yaml.safe_load(c) is value), value)
 
 
 def _model(raw: Any, where: str) -> dict[str, Any]:
@@ -250,6 +259,10 @@ def _evaluation(raw: Any) -> EvalSpec:
     valid = {"wikitext2", "lambada_openai", "valid_loss", "niah_easy", "niah_standard", *CSR_TASKS, *SCROLLS_TASKS}
     if not isinstance(spec.tasks, list) or not all(isinstance(t, str) for t in spec.tasks):
         raise _err("evaluation.tasks must be a list of task names")
+    if not spec.tasks:
+        # an empty list would evaluate nothing while `status` counted every snapshot as evaluated
+        raise _err("evaluation.tasks is empty: list the tasks to evaluate (e.g. [valid_loss]), or leave the "
+                   "evaluation out with `run --stages train,export`")
     bad = [t for t in spec.tasks if t not in valid]
     if bad:
         raise _err(f"evaluation.tasks: unknown {bad}; choose from {', '.join(sorted(valid))}")
@@ -408,13 +421,20 @@ def load_study(path: str | Path, base: Path | None = None, overrides: list[str] 
     """The study of a YAML file; `overrides` ("dotted.key=VALUE") replace keys of the file before it is checked,
     e.g. a small dry run of the real config: tokens=2048 sizes=[l1d128] recipe.train.device=cpu."""
     path = Path(path)
+    if path.is_dir():
+        raise _err(f"{path} is a folder: give the study YAML file itself with --config (see docs/study.md)")
     if not path.is_file():
         raise _err(f"{path}: no such file (give the study YAML with --config; see docs/study.md)")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         from pretrain.errors import describe
         raise _err(describe(err).replace("<unicode string>", str(path))) from None
+    except UnicodeDecodeError as err:
+        raise _err(f"{path} is not a UTF-8 text file ({err.reason} at byte {err.start}): give the study YAML with "
+                   f"--config") from None
+    if raw is None:
+        raise _err(f"{path} is empty: write the study's keys (name, archs, sizes, tokens, ...; see docs/study.md)")
     study = parse_study(apply_overrides(raw, list(overrides or [])), path.resolve(), base)
     study.overrides = list(overrides or [])
     return study

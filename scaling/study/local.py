@@ -3,17 +3,20 @@
 Stages run in this process, so a study of small models does not pay a Python and CUDA start per stage.
 A stage that fails is recorded (STUDY/state/) and its run is left; the others go on. SIGTERM or SIGUSR1
 (what Slurm and most schedulers send) and the optional deadline stop the study cleanly: a run in training
-writes a checkpoint and the study ends; `run` again continues where it stopped."""
+writes a checkpoint and the study ends; `run` again continues where it stopped. Each run is claimed for its stages
+(`run_claimed`): a run that another process works on is left to it, so two runners of one study share its runs."""
 from __future__ import annotations
 
 import signal
 import threading
 import time
+from pathlib import Path
 
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
-from scaling.study.stages import (EVALUATE, EXPORT, RUN_STAGES, TRAIN, StageStopped, check_evaluation, evaluate,
-                                  export, prepare_eval_inputs, tracked, train)
+from scaling.study.stages import (EVALUATE, EXPORT, RUN_STAGES, TRAIN, RunBusy, StageStopped, check_evaluation,
+                                  check_paths, eval_dir, evaluate, export, prepare_eval_inputs, run_claimed, tracked,
+                                  train)
 
 STAGE_FUNCTIONS = {TRAIN: train, EXPORT: export, EVALUATE: evaluate}
 
@@ -56,36 +59,93 @@ class Stopper:
 
 def run_local(study: StudyConfig, plans: list[RunPlan], stages: tuple[str, ...] = RUN_STAGES,
               deadline_s: float | None = None, log=print) -> dict:
-    """Returns {"done": [...], "failed": {run: error}, "stopped": reason or None} for this invocation."""
+    """Returns, for this invocation, {"done": [...], "failed": {run: error}, "busy": {run: why}, "stopped": reason
+    or None, "seconds": wall time}; "busy" are runs another process works on (left to it)."""
     t0 = time.time()
+    check_paths(study, stages)
     if EVALUATE in stages:
         check_evaluation(study)  # before any training: a missing eval file must not surface hours later
         prepare_eval_inputs(study, log)
     stopper = Stopper(deadline_s)
-    done, failed = [], {}
+    done, failed, busy = [], {}, {}
     try:
         for i, plan in enumerate(plans, 1):
             if stopper.stop:
                 break
             log(f"[study] ({i}/{len(plans)}) {plan.name}  [{time.time() - t0:.0f}s]")
-            for stage in stages:
-                if stopper.stop:
-                    break
-                try:
-                    tracked(study, plan.name, stage, STAGE_FUNCTIONS[stage], study, plan, log)
-                except StageStopped as err:
-                    log(f"[study] {err}")
-                    stopper.reason = stopper.reason or "stopped"
-                    break
-                except Exception as err:  # noqa: BLE001 - recorded, the other runs go on
-                    failed[plan.name] = f"{stage}: {type(err).__name__}: {err}"
-                    log(f"[study] {plan.name}: {stage} FAILED: {type(err).__name__}: {err} "
-                        f"(traceback in {study.out / 'state' / plan.name / (stage + '.json')})")
-                    break
-            else:
+            try:
+                with run_claimed(study, plan.name):
+                    outcome = _run_stages(study, plan, stages, stopper, log)
+            except RunBusy as err:
+                busy[plan.name] = str(err)
+                log(f"[study] {err}")
+                continue
+            if outcome is None:
                 done.append(plan.name)
+            elif outcome != "stopped":
+                failed[plan.name] = outcome
     finally:
         stopper.close()
     if stopper.stop:
         log(f"[study] stopped ({stopper.reason}) after {time.time() - t0:.0f}s; run the same command again to continue")
-    return {"done": done, "failed": failed, "stopped": stopper.reason}
+    # a run left to another process that has finished it meanwhile is done, not left
+    by_name = {p.name: p for p in plans}
+    for name in [n for n in busy if _stages_done(study, by_name[n], stages)]:
+        busy.pop(name)
+        done.append(name)
+    return {"done": done, "failed": failed, "busy": busy, "stopped": stopper.reason, "seconds": time.time() - t0}
+
+
+def _stages_done(study: StudyConfig, plan: RunPlan, stages: tuple[str, ...]) -> bool:
+    from scaling.study.status import run_status
+    s = run_status(study, plan)
+    return ((TRAIN not in stages or s.train == "done")
+            and (EXPORT not in stages or (s.to_evaluate > 0 and s.exported >= s.to_evaluate))
+            and (EVALUATE not in stages or s.complete))
+
+
+def _run_stages(study: StudyConfig, plan: RunPlan, stages: tuple[str, ...], stopper: Stopper, log) -> str | None:
+    """The stages of one run: None when all are done, "stopped", or the failure ("stage: error")."""
+    for stage in stages:
+        if stopper.stop:
+            return "stopped"
+        try:
+            tracked(study, plan.name, stage, STAGE_FUNCTIONS[stage], study, plan, log)
+        except RunBusy:
+            raise
+        except StageStopped as err:
+            log(f"[study] {err}")
+            stopper.reason = stopper.reason or "stopped"
+            return "stopped"
+        except Exception as err:  # noqa: BLE001 - recorded, the other runs go on
+            log(f"[study] {plan.name}: {stage} FAILED: {type(err).__name__}: {err} "
+                f"(traceback in {study.out / 'state' / plan.name / (stage + '.json')})")
+            return f"{stage}: {type(err).__name__}: {err}"
+    return None
+
+
+def summary_lines(study: StudyConfig, plans: list[RunPlan], stages: tuple[str, ...], res: dict,
+                  report: Path | None) -> list[str]:
+    """What this invocation did, what failed or was left, and where the results are: the last lines of `run`."""
+    names = [p.name for p in plans]
+    reached = set(res["done"]) | set(res["failed"]) | set(res["busy"])
+    not_reached = [n for n in names if n not in reached]
+    lines = [f"[study] summary: {len(res['done'])} of {len(names)} run(s) through {', '.join(stages)} in "
+             f"{res.get('seconds', 0):.0f}s"
+             + (f"; failed: {len(res['failed'])}" if res["failed"] else "")
+             + (f"; left to another process: {len(res['busy'])}" if res["busy"] else "")
+             + (f"; not reached (stopped: {res['stopped']}): {len(not_reached)}" if res["stopped"] else "")]
+    lines += [f"  failed  {run}: {why[:300]}" for run, why in res["failed"].items()]
+    lines += [f"  busy    {why[:300]}" for why in res["busy"].values()]
+    if res["stopped"] and not_reached:
+        lines.append(f"  not reached: {', '.join(not_reached)}")
+    if res["failed"]:
+        lines.append(f"  errors and tracebacks: {study.out / 'state'}/<run>/<stage>.json")
+    lines.append(f"  runs: {study.out / 'runs'}/<run>/ (metrics.jsonl, summary.json, snapshots/, exports/); "
+                 f"evaluation: {eval_dir(study)}/<run>/results.json")
+    if report is not None:
+        lines.append(f"  report: {report}")
+    cfg = f"--config {study.path}" if study.path else "--config STUDY.yaml"
+    lines.append(f"  progress of every run: python launch/study.py status {cfg}"
+                 + "".join(f" --set {o}" for o in study.overrides))
+    return lines

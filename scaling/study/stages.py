@@ -18,11 +18,13 @@ Where a study keeps things:
     STUDY/eval/valid_tokens.bin  validation windows from the data's held-out split (task valid_loss)
     STUDY/eval/csr_requests.json lm-eval requests for evaluation.csr = replay
     STUDY/state/<run>/<stage>.json  what each stage last did (status, pid/host or Slurm job, error)
+    STUDY/state/<run>/.lock      the claim of the process working on the run (run_claimed)
     STUDY/superseded/<run>-<time>/  an earlier run of another budget or settings, moved aside by `train`
     STUDY/report/                fits, Table 3, plots, report.md
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -46,6 +48,11 @@ class StageStopped(RuntimeError):
     """A stage ended early on purpose (a stop signal or the deadline); rerunning continues it."""
 
 
+class RunBusy(RuntimeError):
+    """Another live process works on the run (another `launch/study.py run` or Slurm stage task on the same study,
+    or a training job in its run directory): the run is left to it, which is not a failure of the run."""
+
+
 # -- state records ------------------------------------------------------------------------------------
 
 def state_path(study: StudyConfig, run: str, stage: str) -> Path:
@@ -54,12 +61,17 @@ def state_path(study: StudyConfig, run: str, stage: str) -> Path:
 
 def write_state(study: StudyConfig, run: str, stage: str, status: str, **extra) -> None:
     path = state_path(study, run, stage)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rec = {"status": status, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "pid": os.getpid(),
            "host": socket.gethostname(), "slurm_job": os.environ.get("SLURM_JOB_ID"), **extra}
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(rec, indent=1))
-    tmp.rename(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(rec, indent=1))
+        tmp.rename(path)
+    except OSError as err:
+        # a full disk: the earlier record stays whole, and no empty temporary file is left beside it
+        tmp.unlink(missing_ok=True)
+        raise OSError(err.errno, f"cannot write the stage record {path}: {err.strerror or err}") from None
 
 
 def read_state(study: StudyConfig, run: str, stage: str) -> dict | None:
@@ -73,10 +85,23 @@ def read_state(study: StudyConfig, run: str, stage: str) -> dict | None:
 def tracked(study: StudyConfig, run: str, stage: str, fn, *args, **kwargs):
     """Run a stage with its state recorded: running, then done / stopped / failed (with the error). Ctrl-C
     is a stop, not a failure of the stage: `run` again does the stage again (the trainer itself takes a
-    Ctrl-C in training as a stop and checkpoints; elsewhere it arrives as KeyboardInterrupt)."""
+    Ctrl-C in training as a stop and checkpoints; elsewhere it arrives as KeyboardInterrupt). A run that
+    another process turns out to hold (RunBusy) gets its earlier record back: the record describes the
+    stage's last attempt, and this one did nothing."""
+    previous = state_path(study, run, stage)
+    previous = previous.read_bytes() if previous.is_file() else None
     write_state(study, run, stage, "running")
     try:
         result = fn(*args, **kwargs)
+    except RunBusy:
+        path = state_path(study, run, stage)
+        if previous is None:
+            path.unlink(missing_ok=True)
+        else:
+            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+            tmp.write_bytes(previous)
+            tmp.rename(path)
+        raise
     except StageStopped as err:
         write_state(study, run, stage, "stopped", error=str(err))
         raise
@@ -91,6 +116,67 @@ def tracked(study: StudyConfig, run: str, stage: str, fn, *args, **kwargs):
     return result
 
 
+def _holder(lock_path: Path) -> str:
+    """Who holds a lock taken with checkpoints.run_dir.RunLock, from the details its file records."""
+    try:
+        info = json.loads(lock_path.read_text() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return f"the lock file {lock_path} names no holder"
+    cmd = info.get("command")
+    return (f"pid {info.get('pid')} on host {info.get('host')} since {info.get('started')}"
+            + (f", slurm job {info['slurm_job']}" if info.get("slurm_job") else "") + (f": {cmd}" if cmd else ""))
+
+
+@contextlib.contextmanager
+def run_claimed(study: StudyConfig, run: str):
+    """Hold the run for this process across all its stages (STUDY/state/<run>/.lock, an flock the kernel drops
+    when the process dies). Two runners of one study (a second `run` started by mistake, or on purpose beside the
+    first on another GPU), or a runner and a Slurm stage task, would otherwise train one run twice, export over
+    each other's temporary files, or record the other's run as failed; with the claim the second leaves the run
+    to the first (RunBusy) and goes on with the others."""
+    from checkpoints.errors import RunDirectoryBusy
+    from checkpoints.run_dir import RunLock
+    folder = study.out / "state" / run
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(folder)
+    try:
+        lock.acquire()
+    except RunDirectoryBusy:
+        raise RunBusy(f"{run}: left to the process that works on it ({_holder(lock.path)})") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@contextlib.contextmanager
+def report_claimed(study: StudyConfig, log=print, poll_s: float = 1.0):
+    """One report at a time (STUDY/state/.lock): a report clears the earlier fit's outputs before it fits, so two
+    at once would remove each other's tables and plots. A second report waits for the first and then reports
+    what is done by then."""
+    from checkpoints.errors import RunDirectoryBusy
+    from checkpoints.run_dir import RunLock
+    folder = study.out / "state"
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(folder)
+    waiting = False
+    while True:
+        try:
+            lock.acquire()
+            break
+        except RunDirectoryBusy:
+            if not waiting:
+                log(f"[study] report: another process writes the report now ({_holder(lock.path)}); waiting for it")
+                waiting = True
+            time.sleep(poll_s)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 # -- train ---------------------------------------------------------------------------------------------
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -102,7 +188,8 @@ def read_summary(run_dir: Path) -> dict | None:
 
 # the settings that make two runs the same run (the budget aside): a run directory whose recorded config differs in
 # any of them holds another run
-RUN_IDENTITY = ("arch", "model", "optim", "train.seq_len", "train.global_batch_tokens", "train.seed", "train.doc_reset")
+RUN_IDENTITY = ("arch", "model", "optim", "train.seq_len", "train.global_batch_tokens", "train.seed", "train.doc_reset",
+                "train.precision")
 SUPERSEDED = "superseded"
 
 
@@ -154,14 +241,18 @@ def supersede(study: StudyConfig, plan: RunPlan, why: str, log=print) -> Path:
     while dest.exists():
         dest = dest.with_name(dest.name + "+")
     dest.mkdir(parents=True)
-    for src, name in ((plan.run_dir, "run"), (eval_dir(study, plan.name), "eval")):
-        if src.exists():
-            shutil.move(str(src), str(dest / name))
+    # the run directory last: it is what says the run must be moved aside (run_change), so a move cut short (a
+    # kill) is done again by the next `run`, and the earlier run's evaluation never stays behind as the new run's
+    eval_src = eval_dir(study, plan.name)
+    if eval_src.exists():
+        shutil.move(str(eval_src), str(dest / "eval"))
     for stage in (EXPORT, EVALUATE):
         rec = state_path(study, plan.name, stage)
         if rec.exists():
             (dest / "state").mkdir(exist_ok=True)
             shutil.move(str(rec), str(dest / "state" / rec.name))
+    if plan.run_dir.exists():
+        shutil.move(str(plan.run_dir), str(dest / "run"))
     log(f"[study] {plan.name}: {plan.run_dir} held {why}; moved to {dest}, training afresh")
     return dest
 
@@ -172,11 +263,36 @@ def train_done(plan: RunPlan) -> bool:
         and run_change(plan) is None
 
 
+@contextlib.contextmanager
+def _run_dir_free(plan: RunPlan):
+    """The run directory's own lock (the trainer's), held for a moment: a training process outside the study's
+    claims (a Slurm task of `run --slurm`, a pretrain.py started by hand) keeps its directory, and is not moved
+    aside under it or trained over."""
+    from checkpoints.errors import RunDirectoryBusy
+    from checkpoints.run_dir import RunLock
+    if not plan.run_dir.is_dir():
+        yield
+        return
+    lock = RunLock(plan.run_dir)
+    try:
+        lock.acquire()
+    except RunDirectoryBusy:
+        raise RunBusy(f"{plan.name}: its run directory is in use by another process "
+                      f"({_holder(lock.path)}); left to it") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def train(study: StudyConfig, plan: RunPlan, log=print) -> dict:
     """Train (or continue) one run in this process; returns the trainer's summary."""
+    from checkpoints.errors import RunDirectoryBusy
+    from checkpoints.run_dir import LOCK_FILE
     why = run_change(plan)
     if why is not None:
-        supersede(study, plan, why, log)
+        with _run_dir_free(plan):
+            supersede(study, plan, why, log)
     if train_done(plan):
         log(f"[study] {plan.name}: trained ({plan.steps} steps), skipped")
         return read_summary(plan.run_dir) or {}
@@ -184,9 +300,13 @@ def train(study: StudyConfig, plan: RunPlan, log=print) -> dict:
     from pretrain.trainer import Trainer
     log(f"[study] {plan.name}: training to {plan.steps} steps ({plan.tokens:,} tokens), resuming if possible")
     cfg = parse_config(plan.argv + ["--resume", "auto"])
-    trainer = Trainer(cfg)
+    trainer = None
     try:
+        trainer = Trainer(cfg)
         summary = trainer.fit()
+    except RunDirectoryBusy:
+        raise RunBusy(f"{plan.name}: its run directory is in use by another process "
+                      f"({_holder(plan.run_dir / LOCK_FILE)}); left to it") from None
     finally:
         del trainer
         _free_memory()
@@ -257,20 +377,30 @@ def prepare_eval_inputs(study: StudyConfig, log=print) -> None:
     e = study.evaluation
     out = eval_dir(study)
     out.mkdir(parents=True, exist_ok=True)
-    if "valid_loss" in e.tasks and not (out / VALID_TOKENS).is_file():
-        import numpy as np
+    path = out / VALID_TOKENS
+    if "valid_loss" in e.tasks:
+        if study.data is not None and not Path(study.data).exists() and path.is_file():
+            check_valid_tokens(study)  # evaluating where the data is not: the file must fit the study's settings
+        else:
+            # made afresh from the data every time and compared: a file made for another seq_len, number of
+            # windows or dataset would otherwise be scored as this study's validation set. An unchanged file is
+            # left as it is (the evaluation cache keys on its size and time).
+            import numpy as np
 
-        from data_pipeline import build_loader
-        loader = build_loader(study.data, study.seq_len, 1, 1, split="val", seed=0)
-        windows = []
-        for _ in range(e.valid_windows):
-            b = loader.next_batch()
-            windows.append(np.concatenate([b["input_ids"][0].numpy(), b["targets"][0, -1:].numpy()]))
-        tmp = out / (VALID_TOKENS + ".tmp")
-        np.concatenate(windows).astype(np.uint32).tofile(tmp)
-        tmp.rename(out / VALID_TOKENS)
-        log(f"[study] validation: {e.valid_windows} windows of {study.seq_len + 1} tokens from the held-out split "
-            f"-> {out / VALID_TOKENS}")
+            from data_pipeline import build_loader
+            loader = build_loader(study.data, study.seq_len, 1, 1, split="val", seed=0)
+            windows = []
+            for _ in range(e.valid_windows):
+                b = loader.next_batch()
+                windows.append(np.concatenate([b["input_ids"][0].numpy(), b["targets"][0, -1:].numpy()]))
+            data = np.concatenate(windows).astype(np.uint32).tobytes()
+            if not (path.is_file() and path.read_bytes() == data):
+                replaced = path.is_file()
+                tmp = out / f"{VALID_TOKENS}.{os.getpid()}.tmp"
+                tmp.write_bytes(data)
+                tmp.rename(path)
+                log(f"[study] validation: {e.valid_windows} windows of {study.seq_len + 1} tokens from the held-out "
+                    f"split -> {path}" + (" (replacing one made for other settings or data)" if replaced else ""))
     if e.csr == "replay" and csr_tasks(study):
         from evaluation.request_replay import read_requests, write_requests
         path = out / CSR_REQUESTS
@@ -288,6 +418,48 @@ TASK_FILES = {"wikitext2": ("wikitext2_test",), "lambada_openai": ("lambada_open
               "siqa": ("siqa", "siqa_labels"), "arc_easy": ("arc_easy",), "arc_challenge": ("arc_challenge",),
               "boolq": ("boolq",), "openbookqa": ("openbookqa",), "winogrande": ("winogrande",),
               "hellaswag": ("hellaswag",)}
+
+
+def check_paths(study: StudyConfig, stages: tuple[str, ...] = RUN_STAGES, data: bool = True) -> None:
+    """The study directory can be written and the data is there, checked before any run starts: otherwise every
+    run fails on its own with an OS error that names neither the study key nor the fix."""
+    from scaling.study.config import StudyConfigError
+    where = f" in {study.path}" if study.path else ""
+    e = study.evaluation
+    needs_data = TRAIN in stages or (EVALUATE in stages and "valid_loss" in e.tasks
+                                     and not (eval_dir(study) / VALID_TOKENS).is_file())
+    if data and needs_data and study.data is not None and not Path(study.data).exists():
+        raise StudyConfigError(
+            f"study config: data: {study.data} does not exist. Prepare the dataset there (python "
+            f"launch/prepare_data.py --config DATA.yaml --out {study.data}), or set `data`{where} to a prepared "
+            f"dataset or a data config (a relative path is taken from the directory study.py starts in, "
+            f"{Path.cwd()}), or leave it out for the embedded default corpus")
+    probe = study.out / "state" / f".write-test.{os.getpid()}"
+    try:
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        what = f"{err.strerror or err}" + (f": {err.filename}" if getattr(err, "filename", None) else "")
+        raise StudyConfigError(f"study config: out: the study directory {study.out} cannot be created or written "
+                               f"({what}); set `out`{where} (or --set out=DIR) to a folder this machine can "
+                               f"write") from None
+
+
+def check_valid_tokens(study: StudyConfig) -> None:
+    """The validation windows file holds the study's windows of seq_len + 1 tokens, as many as it asks for (the
+    sweep would score fewer, or cut windows of another length, without a word)."""
+    path = eval_dir(study) / VALID_TOKENS
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: run `launch/study.py plan --prepare` (or run) where the data "
+                                f"is, before evaluating")
+    want = study.evaluation.valid_windows * (study.seq_len + 1)
+    have = path.stat().st_size // 4
+    if have != want:
+        raise ValueError(f"{path} holds {have:,} tokens, not the {study.evaluation.valid_windows} windows of "
+                         f"seq_len + 1 = {study.seq_len + 1} tokens ({want:,}) that the study asks for: it was made "
+                         f"for another evaluation.valid_windows or seq_len; run `launch/study.py plan --prepare` (or "
+                         f"run) where the data is to make it again")
 
 
 def evaluation_problems(study: StudyConfig) -> list[str]:
@@ -342,9 +514,8 @@ def evaluate(study: StudyConfig, plan: RunPlan, log=print) -> list[dict]:
     e = study.evaluation
     replay = e.csr == "replay"
     tasks = [t for t in e.tasks if not (replay and t in csr_tasks(study))]
-    if "valid_loss" in tasks and not (eval_dir(study) / VALID_TOKENS).is_file():
-        raise FileNotFoundError(f"{eval_dir(study) / VALID_TOKENS} is missing: run `launch/study.py plan` (or run) "
-                                f"where the data is, before evaluating")
+    if "valid_loss" in tasks:
+        check_valid_tokens(study)
     rows = sweep(sweep_config(study, plan.run_dir, tasks)) if tasks else []
     if replay and csr_tasks(study):
         score_csr(study, plan, log)

@@ -93,6 +93,7 @@ def _evaluated(study: StudyConfig, plan: RunPlan, steps: list[int]) -> int:
 def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = None) -> RunStatus:
     """jobs: Slurm state of this run's stage jobs ({stage: 'RUNNING'|'PENDING'|'FAILED'|...}), if submitted."""
     from checkpoints.layout import EXPORTS, SNAPSHOTS, step_dirs
+    from checkpoints.manifest import MANIFEST
     jobs = jobs or {}
     rec = read_state(study, plan.name, TRAIN)
     step = _last_step(plan.run_dir)
@@ -131,6 +132,13 @@ def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = 
         elif jobs.get(stage) == "DEPENDENCY_NEVER_SATISFIED" and not note:
             note = f"{stage}: its Slurm job never starts (its training failed): `run --slurm` again"
     snaps = [s for s, _ in step_dirs(plan.run_dir / SNAPSHOTS)]
+    complete = {s for s, d in step_dirs(plan.run_dir / SNAPSHOTS) if (d / MANIFEST).is_file()}
+    missing = sorted(set(plan.snapshot_steps) - complete) if train == "done" and snaps else []
+    if missing and not note:
+        # the snapshot schedule does not change what a run trains to, so the run is kept; but the steps the plan
+        # prints are not all there to evaluate
+        note = (f"no snapshot at planned step(s) {','.join(map(str, missing[:4]))}{'...' if len(missing) > 4 else ''}"
+                f" (trained under another snapshot schedule or budget)")
     exports = [s for s, p in step_dirs(plan.run_dir / EXPORTS) if (p / MODEL_CONFIG).is_file()]
     # a study copied without its weights (snapshots left behind) still shows what was exported and evaluated
     selected = selected_snapshot_steps(study, plan.run_dir) if snaps else exports
