@@ -467,6 +467,16 @@ def _coerce(kind: str, value: Any) -> Any:
     return value
 
 
+def choice_word(f: dataclasses.Field, value: Any) -> Any:
+    """The word a YAML file most likely held where YAML 1.1 read a boolean: `grad_accum_fusion: off` and
+    `compile: no` arrive as False, which a field whose choices are words (auto, off) would refuse as 'False'.
+    Other values pass unchanged."""
+    choices = f.metadata.get("choices") if isinstance(value, bool) else None
+    if not choices or not all(isinstance(c, str) for c in choices):
+        return value
+    return next((c for c in choices if yaml.safe_load(c) is value), value)
+
+
 def check_field(f: dataclasses.Field, value: Any, label: str) -> Any:
     """`value` coerced to the field's type and checked against its range/choices; ConfigError (naming
     `label`, the value and what is allowed) otherwise."""
@@ -476,6 +486,7 @@ def check_field(f: dataclasses.Field, value: Any, label: str) -> Any:
             return None
         raise ConfigError(f"{label}: a value is required ({allowed_values(f.metadata) or _KIND_WORDS.get(field_kind(f), '')})")
     kind = field_kind(f)
+    value = choice_word(f, value)
     try:
         value = _coerce(kind, value)
     except (ValueError, TypeError, argparse.ArgumentTypeError):

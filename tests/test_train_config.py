@@ -247,3 +247,17 @@ def test_deepspeed_low_precision_weights_name_what_they_round():
     assert low_precision_weights_warning({"torch_autocast": {"enabled": True}}, cos2) is None
     assert low_precision_weights_warning({"bf16": {"enabled": False}}, cos2) is None
     assert low_precision_weights_warning({"bf16": {"enabled": True}}, llama) is None
+
+
+def test_yaml_words_read_as_booleans_keep_their_choice(tmp_path):
+    """YAML 1.1 reads `off` / `no` / `on` as booleans: fields whose choices are words get the word back (was
+    "'False': not allowed; choose one of auto, off"); a boolean no choice spells is still refused."""
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  grad_accum_fusion: off\n  compile: no\n")
+    cfg = parse_config(["--config", str(path)])
+    assert cfg.train.grad_accum_fusion == "off" and cfg.train.compile == "false"
+    path.write_text("train:\n  compile: on\n")
+    assert parse_config(["--config", str(path)]).train.compile == "true"
+    path.write_text("train:\n  precision: off\n")
+    with pytest.raises(Exception, match="precision.*'False': not allowed"):
+        parse_config(["--config", str(path)])

@@ -18,6 +18,7 @@ import yaml
 from models.config import ModelConfig
 from models.registry import arch_names, canonical_arch
 from models.sizes import SIZES
+from pretrain.config import choice_word
 
 SHAPE_KEYS = ("n_layers", "d_model", "n_heads", "d_glu")
 RECIPE_SECTIONS = ("train", "optim", "checkpoint", "dist")
@@ -218,17 +219,8 @@ def _recipe(raw: Any, where: str, allow_model: bool = False) -> tuple[dict[str, 
                            f"{', '.join(known)}")
             if path in STUDY_OWNED:
                 raise _err(f"{where}.{path} is set by the study: use the study key '{STUDY_OWNED[path]}' instead")
-            flat[path] = _choice_word(known[k], v)
+            flat[path] = choice_word(known[k], v)
     return flat, model
-
-
-def _choice_word(f, value: Any) -> Any:
-    """The word a YAML file most likely held where YAML 1.1 read a boolean: `grad_accum_fusion: off` and
-    `compile: no` arrive as False, and a field whose choices are words (auto, off) would reject 'false'."""
-    choices = f.metadata.get("choices") if isinstance(value, bool) else None
-    if not choices or not all(isinstance(c, str) for c in choices):
-        return value
-    return next((c for c in choices if yaml.safe_load(c) is value), value)
 
 
 def _model(raw: Any, where: str) -> dict[str, Any]:
