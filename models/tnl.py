@@ -37,6 +37,11 @@ def tnl_decays(n_heads: int, layer: int, n_layers: int, schedule: str = "code") 
     return [math.exp(-s * c) for s in alibi_slopes(n_heads)]
 
 
+def decay_dtype(device: torch.device) -> torch.dtype:
+    """float64 for the decay table (TnlDecays), fp32 where the device has no float64 (Apple's MPS)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
 class TnlTokenMixer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -53,15 +58,13 @@ class TnlTokenMixer(nn.Module):
 
     def forward(self, x: Tensor, state: dict | None = None, pos: int = 0, cu_seqlens: Tensor | None = None,
                 decay: Tensor | None = None) -> Tensor:
-        """`decay`: this layer's lambdas as an fp32 tensor [h] (the language model passes them in, so that
-        every block runs the same compiled graph); built from `self.decays` when not given, and for a float64
-        model (a reference), whose state is float64: an fp32 lambda is off by up to 3e-8, so its powers
-        lambda^n drift by n times that from the schedule."""
+        """`decay`: this layer's lambdas as a float64 tensor [h] (the language model passes them in, so that
+        every block runs the same compiled graph); built from `self.decays` when not given."""
         q = split_heads(F.silu(self.q_proj(x)), self.n_heads)
         k = split_heads(F.silu(self.k_proj(x)), self.n_heads)
         v = split_heads(self.v_proj(x), self.n_heads)
-        if decay is None or (x.dtype == torch.float64 and decay.dtype != torch.float64):
-            decay = torch.tensor(self.decays, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
+        if decay is None:
+            decay = torch.tensor(self.decays, dtype=decay_dtype(x.device), device=x.device)
         h0 = None if state is None else state.get("S")
         o, S = lightning_attn(q, k, v, decay, initial_state=h0, output_final_state=True,
                               cu_seqlens=cu_seqlens, check_values=False)
@@ -72,12 +75,14 @@ class TnlTokenMixer(nn.Module):
 
 
 class TnlDecays(ModelExtra):
-    """Hands each layer its decays as an fp32 tensor [h]: as an input, not as Python constants baked into
+    """Hands each layer its decays as a float64 tensor [h]: as an input, not as Python constants baked into
     the block's code, so that all blocks share one compiled graph (TrainModule.compile compiles per
     block). No parameters: a Python table, which a bf16 cast of the model cannot round. The table is
     copied to each device once and kept (a plain attribute, which no dtype cast touches): a copy from host
     memory at every forward would wait for all the work queued on the GPU, and the GPU would then idle
-    while the host launches the next kernels."""
+    while the host launches the next kernels. Float64, because the last layers' decays lie within 1e-7 of 1,
+    where fp32's spacing (6e-8) would move their rates -log(lambda) by up to half; the ops take the logs at
+    that precision (ops.reference.log_decay) and run on the rates in fp32."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -90,7 +95,7 @@ class TnlDecays(ModelExtra):
         if decays is None:
             # an ordinary tensor even when first asked for under inference mode, so training can use it too
             with torch.inference_mode(False):
-                decays = self._on_device[device] = torch.tensor(self.table, dtype=torch.float32, device=device)
+                decays = self._on_device[device] = torch.tensor(self.table, dtype=decay_dtype(device), device=device)
         return [{"decay": decays[i]} for i in range(n_layers)]
 
 

@@ -36,6 +36,13 @@ LOG_F_FLOOR = -104.0
 # lightning attention: scalar decay per head
 # ----------------------------------------------------------------------------------------------------
 
+def log_decay(decay: Tensor, dtype: torch.dtype) -> Tensor:
+    """log(decay) in `dtype`, the log taken at the decay's own precision (fp32 at least) before rounding:
+    TNL's last layers have decays within 1e-7 of 1, which fp32 cannot hold (its spacing below 1 is 6e-8),
+    while their logs (the rates) it holds to 6e-8 of themselves. A float64 decay keeps them exact."""
+    return decay.detach().to(torch.promote_types(decay.dtype, torch.float32)).log().to(dtype)
+
+
 def lightning_attn_recurrent(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
                              initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """o_t = S_t^T q_t with S_t = decay * S_{t-1} + k_t v_t^T."""
@@ -63,7 +70,7 @@ def lightning_attn_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None
     Dv = v.shape[-1]
     sd = state_dtype(q)
     S = q.new_zeros(B, H, Dk, Dv, dtype=sd) if initial_state is None else initial_state.to(sd).clone()
-    log_lam = torch.zeros(H, dtype=sd, device=q.device) if decay is None else decay.to(sd).log()
+    log_lam = torch.zeros(H, dtype=sd, device=q.device) if decay is None else log_decay(decay, sd)
     C = chunk_size
     idx = torch.arange(C, device=q.device, dtype=sd)
     # rel[i, j] = i - j for i >= j; masked entries get -inf so exp() gives exactly 0

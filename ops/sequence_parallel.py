@@ -34,7 +34,7 @@ import torch.distributed._functional_collectives as fcol
 import torch.utils.checkpoint
 from torch import Tensor
 
-from ops.reference import state_dtype
+from ops.reference import log_decay, state_dtype
 
 
 @dataclass
@@ -222,7 +222,7 @@ def _lightning_summary(k: Tensor, v: Tensor, decay: Tensor | None, keep: Tensor 
     document start), and the transfer D [rows, H, Dk, 1] = decay^seg (0 where a document starts inside)."""
     H, Dk, Dv = k.shape[2], k.shape[3], v.shape[3]
     sd = state_dtype(k)
-    log_lam = torch.zeros(H, dtype=sd, device=k.device) if decay is None else decay.to(sd).log()
+    log_lam = torch.zeros(H, dtype=sd, device=k.device) if decay is None else log_decay(decay, sd)
     t = torch.arange(seg, device=k.device, dtype=sd)
     w = torch.exp(log_lam[None, :] * (seg - 1 - t)[:, None]).expand(rows, seg, H)
     D = torch.exp(log_lam * seg).expand(rows, H)

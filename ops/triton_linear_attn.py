@@ -22,6 +22,7 @@ from ops import tuning
 from ops.checks import check_triton_device
 from ops.config import get_config
 from ops.linear_attention import register_impl
+from ops.reference import log_decay
 from ops.triton_launch import launch, on_input_device
 from ops.tuning import launch_options
 from ops.triton_gla_intra import (TAME_SPAN, gla_A_sub_kernel, gla_A_tame_kernel, gla_cumsum_kernel, gla_dg_kernel,
@@ -380,7 +381,7 @@ def lightning_attn_triton(q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
     if q.dtype == torch.float64 or q.shape[1] == 0:
         return _registered_fallback("lightning_attn")(q, k, v, decay, initial_state, cu_seqlens)
     # TNL's decay is a fixed constant: no gradient reaches it (its log is taken outside the graph of q, k, v)
-    log_lam = None if decay is None else decay.detach().float().log().contiguous()
+    log_lam = None if decay is None else log_decay(decay, torch.float32).contiguous()
     if _eager(q, k, v, initial_state, cu_seqlens):
         return _LightningEager.apply(q, k, v, log_lam, initial_state, cu_seqlens)
     o, ht, _, _ = _lightning_fwd(q, k, v, log_lam, initial_state, cu_seqlens)

@@ -751,3 +751,20 @@ def test_fused_loss_rows_with_targets_out_of_range_are_nan(impl):
     grad = (want.softmax(-1) - F.one_hot(t.clamp(0, 9), 10).double()) * 0.25
     assert torch.allclose(logits[[0, 4]].double(), grad[[0, 4]], atol=1e-6)
     assert torch.equal(logits[2], torch.zeros(10))
+
+
+@pytest.mark.parametrize("impl", ["chunked", "triton"])
+def test_decays_within_fp32_spacing_of_one_keep_their_rate(impl):
+    """TNL's last layer has lambda = exp(-s * 1e-5), within 1e-7 of 1, where fp32 steps by 6e-8: rounding
+    lambda itself moves the rate -log(lambda) by up to half. A float64 decay is taken to its log at that
+    precision, so o_t = sum_n lambda^n (q . k = v = 1) follows the float64 closed form; the old fp32
+    rounding was 2e-5 off at T = 2047."""
+    T, H, D = 2047, 2, 16
+    rates = torch.tensor([2 ** -8 * 1e-5, 2 ** -2 * 1e-5], dtype=torch.float64)
+    decay = torch.exp(-rates)
+    q = k = torch.full((1, T, H, D), 0.25)          # q . k = 1
+    v = torch.ones(1, T, H, D)
+    o = lightning_attn(q, k, v, decay, impl=impl)
+    n = torch.arange(T, dtype=torch.float64)
+    want = torch.cumsum(torch.exp(-rates[None, :] * n[:, None]), dim=0)   # [T, H]
+    torch.testing.assert_close(o[0, :, :, 0].double(), want, rtol=2e-6, atol=0)

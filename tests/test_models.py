@@ -233,6 +233,17 @@ def test_alibi_slopes_and_tnl_schedule():
     assert tnl_decays(4, 2, 6, "paper") == pytest.approx([math.exp(-8 * i / 4 * (1 - 2 / 6)) for i in range(4)])
 
 
+def test_tnl_hands_each_layer_its_decay_rates_exactly():
+    """The last layer's rates s * 1e-5 survive in the table the blocks get (float64): an fp32 table held
+    lambda = 1 - 3.9e-8 as 1 - 6.0e-8, half again the rate."""
+    model = small("tnl", n_layers=6)
+    table = model.decays.layer_inputs(6, "cpu")
+    slopes = torch.tensor(alibi_slopes(model.config.n_heads), dtype=torch.float64)
+    for layer in (0, 5):
+        c = 1 - layer / 5 + 1e-5
+        torch.testing.assert_close(-table[layer]["decay"].log(), slopes * c, rtol=1e-8, atol=0)
+
+
 def test_tnl_token_mixer_is_decayed_linear_attention():
     model = small("tnl", n_layers=3)
     mixer = model.blocks[1].token_mixer

@@ -145,7 +145,8 @@ def test_tnl_decays_reach_the_device_once():
     assert [d["decay"].data_ptr() for d in first] == [d["decay"].data_ptr() for d in again]
     assert not again[0]["decay"].is_inference()
     from models.tnl import tnl_decays
-    torch.testing.assert_close(again[1]["decay"], torch.tensor(tnl_decays(model.config.n_heads, 1, model.config.n_layers)))
+    torch.testing.assert_close(again[1]["decay"], torch.tensor(tnl_decays(model.config.n_heads, 1, model.config.n_layers),
+                                                                 dtype=torch.float64))
     ids = _batch(model.config.vocab_size)["input_ids"]
     model(ids, targets=ids).backward()  # the cached table trains (it needs no gradient)
 
