@@ -67,6 +67,8 @@ def describe(err: BaseException) -> str:
         m = err.problem_mark
         where = f"{m.name}, line {m.line + 1}, column {m.column + 1}"
         what = " ".join(x for x in (err.context, err.problem) if x)
+        if isinstance(err, yaml.constructor.ConstructorError):  # well-formed YAML with a bad value or a key twice
+            return f"YAML error in {where}: {what}"
         return f"YAML syntax error in {where}: {what}; fix the file (YAML needs consistent indentation, " \
                f"`key: value` pairs and closed brackets/quotes)"
     if yaml is not None and isinstance(err, yaml.YAMLError):

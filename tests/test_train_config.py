@@ -261,3 +261,22 @@ def test_yaml_words_read_as_booleans_keep_their_choice(tmp_path):
     path.write_text("train:\n  precision: off\n")
     with pytest.raises(Exception, match="precision.*'False': not allowed"):
         parse_config(["--config", str(path)])
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused_naming_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys without a word: a second `lr:` further down a config would
+    silently replace the first. Both the pretrain and the study config loaders refuse it."""
+    from pretrain.errors import describe
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 1.0e-3\n  warmup_steps: 10\n  lr: 3.0e-4\n")
+    with pytest.raises(Exception) as err:
+        parse_config(["--config", str(path)])
+    assert describe(err.value).endswith("line 4, column 3: while reading a mapping found the key 'lr' a second "
+                                        "time (first at line 2); keep one of them")
+    path.write_text("optim:\n  lr: 1.0e-3\ntrain:\n  seq_len: 64\n")   # distinct keys load as before
+    assert parse_config(["--config", str(path)]).optim.lr == 1.0e-3
+    from scaling.study.config import StudyConfigError, load_study
+    study = tmp_path / "s.yaml"
+    study.write_text("name: a\narchs: [tnl]\nname: b\n")
+    with pytest.raises(StudyConfigError, match=r"line 3.*the key 'name' a second time \(first at line 1\)"):
+        load_study(study)

@@ -18,7 +18,7 @@ import yaml
 from models.config import ModelConfig
 from models.registry import arch_names, canonical_arch
 from models.sizes import SIZES
-from pretrain.config import choice_word
+from pretrain.config import choice_word, yaml_load
 
 SHAPE_KEYS = ("n_layers", "d_model", "n_heads", "d_glu")
 RECIPE_SECTIONS = ("train", "optim", "checkpoint", "dist")
@@ -418,7 +418,7 @@ def load_study(path: str | Path, base: Path | None = None, overrides: list[str] 
     if not path.is_file():
         raise _err(f"{path}: no such file (give the study YAML with --config; see docs/study.md)")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         from pretrain.errors import describe
         raise _err(describe(err).replace("<unicode string>", str(path))) from None
