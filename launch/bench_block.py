@@ -101,19 +101,40 @@ def measure(arch: str, size: str, batch: int, seq: int, layer: int = 1, repeat: 
             "kernels": [{"name": k, "ms": v[0], "calls": v[1]} for k, v in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]]}
 
 
+class _Saved:
+    """What the pack hook hands autograd for a saved tensor: a holder autograd keeps as long as the graph
+    node that saved it, so a weak reference to it tells a tensor kept for the backward from one whose node
+    was freed in the forward already (a branch whose output was dropped)."""
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t) -> None:
+        self.t = t
+
+
 def saved_storages(call: Callable[[], Any]) -> tuple[Any, dict[int, tuple[tuple, Any, int]]]:
-    """Run `call` and record every tensor autograd saves for the backward of what it builds, once per
+    """Run `call` and record every tensor autograd keeps for the backward of what it builds, once per
     storage: {storage address: (shape, dtype, storage bytes)}. Returns call's result with the records (the
-    saved tensors live as long as that result's graph)."""
+    saved tensors live as long as that result's graph). Tensors saved by a node freed before `call` returns
+    are left out: they are not kept, and their memory may be handed to a later tensor at the same address,
+    which would then be counted under the freed one's record."""
+    import weakref
+
     import torch
-    seen: dict[int, tuple[tuple, Any, int]] = {}
+    saved: list = []
 
     def pack(t):
+        # detached (the same storage): a saved output held with its grad_fn would form a cycle through its
+        # own node, which outlives the dropped graph until the garbage collector runs
+        holder = _Saved(t.detach())
         st = t.untyped_storage()
-        seen.setdefault(st.data_ptr(), (tuple(t.shape), t.dtype, st.nbytes()))
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        saved.append((weakref.ref(holder), st.data_ptr(), tuple(t.shape), t.dtype, st.nbytes()))
+        return holder
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda h: h.t):
         out = call()
+    seen: dict[int, tuple[tuple, Any, int]] = {}
+    for ref, ptr, shape, dtype, nbytes in saved:
+        if ref() is not None:
+            seen.setdefault(ptr, (shape, dtype, nbytes))
     return out, seen
 
 

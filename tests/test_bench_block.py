@@ -69,3 +69,20 @@ def test_kept_per_token_of_a_block_on_cpu():
     assert short["tensors"] and all(t["bytes_per_d"] > 0 for t in short["tensors"])
     with pytest.raises(ValueError, match="at least 2 tokens"):
         bench_block.kept_per_token("tnl", "tiny", 1, 1, device="cpu", compile=False)
+
+
+def test_saved_storages_count_only_what_the_backward_keeps():
+    """A branch whose output is dropped in the forward frees the tensors its nodes saved, and the allocator
+    may hand their memory to a later tensor at the same address: only what the result's graph still holds
+    counts (x, saved by x * x), not the dropped exps' outputs, however the memory was reused."""
+    bench_block = load_bench_block()
+    x = torch.randn(1000, requires_grad=True)
+
+    def forward():
+        x.exp().exp().sum()            # saves both exps' outputs, then its graph is dropped
+        return (x * x).sum()           # saves x (twice, one storage)
+
+    out, seen = bench_block.saved_storages(forward)
+    assert list(seen.values()) == [((1000,), torch.float32, 4000)]
+    out.backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach())
