@@ -31,6 +31,7 @@ SUMMARY = "summary.json"
 SLURM_ATTEMPT = "slurm_attempt.json"  # launch/slurm/pretrain.sbatch: how its last attempt ended
 DEEPSPEED_CONFIG = "deepspeed_config.json"
 TENSORBOARD = "tensorboard"
+EVAL = "eval"                       # launch/evaluate.py's results of the run's snapshots, by default
 
 # inside a checkpoint, snapshot or export
 META = "meta.json"                  # checkpoints and snapshots: kind, step, tokens, model config, ...

@@ -30,14 +30,15 @@ from pathlib import Path
 from checkpoints.atomic import atomic_write_text, file_in_the_way
 from checkpoints.disk import device_of, free_bytes, human_bytes
 from checkpoints.errors import CheckpointError, RunDirectoryBusy
-from checkpoints.layout import (CHECKPOINTS, DEEPSPEED_CONFIG, EXPORTS, META, METRICS, RUN_CONFIG, SNAPSHOTS,
-                                SUMMARY, TENSORBOARD, step_dirs, tmp_dirs)
+from checkpoints.layout import (CHECKPOINTS, DEEPSPEED_CONFIG, EVAL, EXPORTS, META, METRICS, RUN_CONFIG,
+                                SNAPSHOTS, SUMMARY, TENSORBOARD, step_dirs, tmp_dirs)
 from pretrain.logs import get_logger
 
 LOCK_FILE = ".lock"
 RUN_INFO = "run.json"
-# what a run writes at the top of its directory, besides the folders above (moved aside by --overwrite)
-RUN_FILES = (METRICS, SUMMARY, RUN_CONFIG, DEEPSPEED_CONFIG, TENSORBOARD, RUN_INFO)
+# what a run writes at the top of its directory, besides the folders above (moved aside by --overwrite), and
+# the evaluations of its snapshots (launch/evaluate.py's default output), which belong to the earlier run too
+RUN_FILES = (METRICS, SUMMARY, RUN_CONFIG, DEEPSPEED_CONFIG, TENSORBOARD, RUN_INFO, EVAL)
 OVERWRITTEN_PREFIX = "overwritten-"
 
 

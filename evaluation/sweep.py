@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from checkpoints.atomic import make_output_dir
-from checkpoints.layout import EXPORTS, MODEL_CONFIG, MODEL_WEIGHTS, TMP_SUFFIX, TRASH_SUFFIX, parse_step
+from checkpoints.layout import EVAL, EXPORTS, MODEL_CONFIG, MODEL_WEIGHTS, TMP_SUFFIX, TRASH_SUFFIX, parse_step
 from evaluation.context import scoring_window, training_context
 from pretrain.argtypes import positive_int, ranged
 from pretrain.cli import option
@@ -294,6 +294,9 @@ def task_settings(task: str, cfg: SweepConfig, window: int | None = None, dtype:
             # an ulp below the threshold (one trial alone is the same either way)
             s["cell_mean"] = "fsum"
     if task == "valid_loss":
+        # scored on windows of valid_seq_len, all of them up to valid_windows: --limit and the scoring window of
+        # the other tasks do not change it, so changing them must not throw its results away
+        del s["limit"], s["max_length"]
         s.update(shards=_valid_key(cfg.valid_shards), seq_len=cfg.valid_seq_len, windows=cfg.valid_windows)
     return s
 
@@ -457,7 +460,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
     dtype = run_dtype(cfg)  # also checks --device before anything is loaded
     snaps = find_snapshots(cfg.runs)
     # the default out is in the first run given
-    out = Path(cfg.out) if cfg.out else (run_dir_of(Path(cfg.runs[0])) / "eval" if cfg.runs else Path("eval"))
+    out = Path(cfg.out) if cfg.out else (run_dir_of(Path(cfg.runs[0])) / EVAL if cfg.runs else Path(EVAL))
     make_output_dir(out, f"--out {out}" if cfg.out else f"the results folder {out} (default: <first run>/eval)")
     for snap in snaps:      # a model that cannot take the text tasks at all is the first thing to say
         check_vocab(snap, tasks)

@@ -484,11 +484,14 @@ def test_fresh_start_over_an_earlier_run(dataset, tmp_path, capsys):
     assert f"run directory {run} already holds a run (3 checkpoints (newest step_00000009)" in line
     assert "--resume auto" in line and "--overwrite" in line
     assert (run / "metrics.jsonl").read_text() == before
+    (run / "eval").mkdir()              # launch/evaluate.py's default output: the earlier run's evaluations
+    (run / "eval" / "results.json").write_text("{}")
     rc, out, _ = pretrain(run_flags(run, dataset, 4, "--save-every", "2", "--keep-last", "1", "--seed", "1",
                                     "--overwrite"), capsys)
     assert rc == 0
     moved = [p for p in run.iterdir() if p.name.startswith("overwritten-")]
     assert len(moved) == 1 and f"moved to {moved[0]}" in out
+    assert not (run / "eval").exists() and (moved[0] / "eval" / "results.json").read_text() == "{}"
     assert sorted(p.name for p in (moved[0] / "checkpoints").iterdir() if p.is_dir()) == \
         ["step_00000003", "step_00000006", "step_00000009"]
     assert (moved[0] / "metrics.jsonl").read_text() == before

@@ -521,3 +521,19 @@ def test_valid_loss_of_a_prepared_dataset_is_the_trainers_val_loss(tmp_path):
                          out=str(tmp_path / "out-plain"), device="cpu")
     with pytest.raises(ValueError, match="not a prepared dataset .*token files in it"):
         sw.sweep(cfg)
+
+
+def test_valid_loss_keeps_its_cached_result_when_other_tasks_settings_change(tmp_path):
+    """valid_loss scores valid_windows windows of valid_seq_len: --limit and the other tasks' scoring window
+    do not touch it, so its cache key leaves them out (a --limit added for a quick CSR pass recomputed it);
+    its own settings still make another result, and wikitext2 still keys on --limit."""
+    shard = tmp_path / "val.bin"
+    shard.write_bytes(b"\0" * 4096)
+
+    def settings(task="valid_loss", window=64, **kw):
+        cfg = sw.SweepConfig(runs=["unused"], tasks=[task], valid_shards=[str(shard)], device="cpu", **kw)
+        return sw.task_settings(task, cfg, window=window, dtype="float32")
+
+    assert settings() == settings(limit=4) == settings(window=128)
+    assert settings() != settings(valid_windows=3) and settings() != settings(valid_seq_len=64)
+    assert settings("wikitext2") != settings("wikitext2", limit=4)
