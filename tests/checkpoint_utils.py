@@ -118,5 +118,8 @@ def compare_losses(reference: Path, resumed: Path, first: int, last: int) -> dic
 
 
 if __name__ == "__main__":  # python tests/checkpoint_utils.py REFERENCE_RUN RESUMED_RUN FIRST LAST
+    if len(sys.argv) != 5 or not all(a.isdigit() for a in sys.argv[3:]):
+        sys.exit("usage: python tests/checkpoint_utils.py REFERENCE_RUN RESUMED_RUN FIRST_STEP LAST_STEP\n"
+                 "compares the two runs' logged losses at steps FIRST_STEP..LAST_STEP (docs/checkpoints.md)")
     print(json.dumps(compare_losses(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])),
                      indent=1))
