@@ -187,7 +187,7 @@ class Loader:
 
     def describe(self) -> str:
         return (f"{self.provider.describe()} | seq_len {self.seq_len}, global batch {self.global_batch} "
-                f"= {self.world_size} ranks x {self.accum} x {self.micro_batch}, seed {self.seed}"
+                f"= {self.world_size} ranks x micro {self.micro_batch} x accumulation {self.accum}, seed {self.seed}"
                 + (f"; segment {self.sp_rank + 1} of {self.sp_size} of each sequence" if self.sp_size > 1 else ""))
 
 
