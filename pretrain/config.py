@@ -215,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML file of config fields (nested as the dataclasses); flags override it")
     p.add_argument("--arch", default=None, help=" | ".join(arch_names()) + " (aliases: "
                    + ", ".join(a for a in ACCEPTED_ARCH_NAMES if a not in arch_names()) + ")")
-    p.add_argument("--size", default=None, help=" | ".join(SIZES))
+    p.add_argument("--size", default=None, help=" | ".join(SIZES) + f" (default tiny; {' and '.join(SMALL_SIZE_PRESETS)} "
+                   "bring a CPU preset: short sequences, small batches, a few hundred steps, no snapshots, for "
+                   "any value no flag or --config sets; the defaults shown below are the paper's)")
     p.add_argument("--data", default=None, help="data YAML or prepared dataset dir (default: embedded corpus)")
     p.add_argument("--out", default=None, help="run directory (default runs/<arch>-<size>)")
     p.add_argument("--resume", default=None, help="'auto' (this run's newest complete checkpoint; a fresh start "
