@@ -42,15 +42,20 @@ def make_output_dir(path: str | Path, what: str) -> Path:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` in one step: readers see the old content or the new, never a mix. The
+    """`atomic_write_bytes` of `text` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` in one step: readers see the old content or the new, never a mix. The
     temporary file's name is unique (mkstemp), not only the process id's: ranks on several hosts that share
     the folder may have the same pid, and would write into one temporary file. Nothing is left behind on
     failure."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         umask = os.umask(0)

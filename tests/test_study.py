@@ -665,10 +665,9 @@ def test_a_stage_record_that_cannot_be_written_names_its_file_and_leaves_no_temp
     write_state(cfg, "llama-a", "train", "done")
     before = read_state(cfg, "llama-a", "train")
 
-    def disk_full(self, *a, **k):
-        open(self, "w").close()
+    def disk_full(fd):  # the temporary file exists, its data cannot reach the disk
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(Path, "write_text", disk_full)
+    monkeypatch.setattr(os, "fsync", disk_full)
     record = state_path(cfg, "llama-a", "train")
     with pytest.raises(OSError, match=re.escape(f"cannot write the stage record {record}")):
         write_state(cfg, "llama-a", "train", "running")

@@ -33,6 +33,7 @@ import time
 import traceback
 from pathlib import Path
 
+from checkpoints.atomic import atomic_write_bytes, atomic_write_text
 from checkpoints.layout import SUMMARY
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
@@ -63,14 +64,10 @@ def write_state(study: StudyConfig, run: str, stage: str, status: str, **extra) 
     path = state_path(study, run, stage)
     rec = {"status": status, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "pid": os.getpid(),
            "host": socket.gethostname(), "slurm_job": os.environ.get("SLURM_JOB_ID"), **extra}
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(rec, indent=1))
-        tmp.rename(path)
+        atomic_write_text(path, json.dumps(rec, indent=1))  # a full disk leaves the earlier record whole
     except OSError as err:
-        # a full disk: the earlier record stays whole, and no empty temporary file is left beside it
-        tmp.unlink(missing_ok=True)
         raise OSError(err.errno, f"cannot write the stage record {path}: {err.strerror or err}") from None
 
 
@@ -98,9 +95,7 @@ def tracked(study: StudyConfig, run: str, stage: str, fn, *args, **kwargs):
         if previous is None:
             path.unlink(missing_ok=True)
         else:
-            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-            tmp.write_bytes(previous)
-            tmp.rename(path)
+            atomic_write_bytes(path, previous)
         raise
     except StageStopped as err:
         write_state(study, run, stage, "stopped", error=str(err))
@@ -130,25 +125,32 @@ def _holder(lock_path: Path) -> str:
 
 
 @contextlib.contextmanager
-def run_claimed(study: StudyConfig, run: str):
-    """Hold the run for this process across all its stages (STUDY/state/<run>/.lock, an flock the kernel drops
-    when the process dies). Two runners of one study (a second `run` started by mistake, or on purpose beside the
-    first on another GPU), or a runner and a Slurm stage task, would otherwise train one run twice, export over
-    each other's temporary files, or record the other's run as failed; with the claim the second leaves the run
-    to the first (RunBusy) and goes on with the others."""
+def _locked(folder: Path, busy):
+    """Hold `folder`'s lock (checkpoints.run_dir.RunLock, an flock the kernel drops when the process dies);
+    RunBusy(busy(holder)) when another process holds it."""
     from checkpoints.errors import RunDirectoryBusy
     from checkpoints.run_dir import RunLock
-    folder = study.out / "state" / run
-    folder.mkdir(parents=True, exist_ok=True)
     lock = RunLock(folder)
     try:
         lock.acquire()
     except RunDirectoryBusy:
-        raise RunBusy(f"{run}: left to the process that works on it ({_holder(lock.path)})") from None
+        raise RunBusy(busy(_holder(lock.path))) from None
     try:
         yield
     finally:
         lock.release()
+
+
+@contextlib.contextmanager
+def run_claimed(study: StudyConfig, run: str):
+    """Hold the run for this process across all its stages (STUDY/state/<run>/.lock). Two runners of one study (a
+    second `run` started by mistake, or on purpose beside the first on another GPU), or a runner and a Slurm stage
+    task, would otherwise train one run twice, export over each other's temporary files, or record the other's run
+    as failed; with the claim the second leaves the run to the first (RunBusy) and goes on with the others."""
+    folder = study.out / "state" / run
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder, lambda holder: f"{run}: left to the process that works on it ({holder})"):
+        yield
 
 
 @contextlib.contextmanager
@@ -263,26 +265,20 @@ def train_done(plan: RunPlan) -> bool:
         and run_change(plan) is None
 
 
+def _run_dir_busy(plan: RunPlan, holder: str) -> str:
+    return f"{plan.name}: its run directory is in use by another process ({holder}); left to it"
+
+
 @contextlib.contextmanager
 def _run_dir_free(plan: RunPlan):
     """The run directory's own lock (the trainer's), held for a moment: a training process outside the study's
     claims (a Slurm task of `run --slurm`, a pretrain.py started by hand) keeps its directory, and is not moved
     aside under it or trained over."""
-    from checkpoints.errors import RunDirectoryBusy
-    from checkpoints.run_dir import RunLock
     if not plan.run_dir.is_dir():
         yield
         return
-    lock = RunLock(plan.run_dir)
-    try:
-        lock.acquire()
-    except RunDirectoryBusy:
-        raise RunBusy(f"{plan.name}: its run directory is in use by another process "
-                      f"({_holder(lock.path)}); left to it") from None
-    try:
+    with _locked(plan.run_dir, lambda holder: _run_dir_busy(plan, holder)):
         yield
-    finally:
-        lock.release()
 
 
 def train(study: StudyConfig, plan: RunPlan, log=print) -> dict:
@@ -305,8 +301,7 @@ def train(study: StudyConfig, plan: RunPlan, log=print) -> dict:
         trainer = Trainer(cfg)
         summary = trainer.fit()
     except RunDirectoryBusy:
-        raise RunBusy(f"{plan.name}: its run directory is in use by another process "
-                      f"({_holder(plan.run_dir / LOCK_FILE)}); left to it") from None
+        raise RunBusy(_run_dir_busy(plan, _holder(plan.run_dir / LOCK_FILE))) from None
     finally:
         del trainer
         _free_memory()
@@ -396,9 +391,7 @@ def prepare_eval_inputs(study: StudyConfig, log=print) -> None:
             data = np.concatenate(windows).astype(np.uint32).tobytes()
             if not (path.is_file() and path.read_bytes() == data):
                 replaced = path.is_file()
-                tmp = out / f"{VALID_TOKENS}.{os.getpid()}.tmp"
-                tmp.write_bytes(data)
-                tmp.rename(path)
+                atomic_write_bytes(path, data)
                 log(f"[study] validation: {e.valid_windows} windows of {study.seq_len + 1} tokens from the held-out "
                     f"split -> {path}" + (" (replacing one made for other settings or data)" if replaced else ""))
     if e.csr == "replay" and csr_tasks(study):
@@ -541,7 +534,5 @@ def score_csr(study: StudyConfig, plan: RunPlan, log=print) -> None:
         del model
         rec = {"key": key, "snapshot": {k: snap[k] for k in ("run", "snapshot", "arch", "size", "step", "tokens",
                                                                "flops")}, "scores": scores}
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(rec))
-        tmp.rename(path)
+        atomic_write_text(path, json.dumps(rec))
         log(f"    {snap['snapshot']}: {len(scores):,} commonsense requests scored ({time.time() - t0:.1f}s)")
