@@ -70,6 +70,7 @@ def _holder_text(info: dict) -> str:
         return "a process that left no details"
     cmd = info.get("command")
     return (f"pid {info.get('pid')} on host {info.get('host')}, since {info.get('started')}"
+            + (f", slurm job {info['slurm_job']}" if info.get("slurm_job") else "")
             + (f", command: {cmd}" if cmd else ""))
 
 
@@ -86,6 +87,10 @@ class RunLock:
     def _details(self) -> dict:
         return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "command": _shortened(" ".join(sys.argv), 300), "slurm_job": os.environ.get("SLURM_JOB_ID")}
+
+    def holder(self) -> str:
+        """Who holds (or last held) the lock, as its file records it: pid, host, start, Slurm job, command."""
+        return _holder_text(self._read())
 
     def _read(self) -> dict:
         try:

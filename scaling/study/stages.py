@@ -111,19 +111,6 @@ def tracked(study: StudyConfig, run: str, stage: str, fn, *args, **kwargs):
     return result
 
 
-def _holder(lock_path: Path) -> str:
-    """Who holds a lock taken with checkpoints.run_dir.RunLock, from the details its file records."""
-    try:
-        info = json.loads(lock_path.read_text() or "{}")
-    except (OSError, ValueError):
-        info = {}
-    if not info:
-        return f"the lock file {lock_path} names no holder"
-    cmd = info.get("command")
-    return (f"pid {info.get('pid')} on host {info.get('host')} since {info.get('started')}"
-            + (f", slurm job {info['slurm_job']}" if info.get("slurm_job") else "") + (f": {cmd}" if cmd else ""))
-
-
 @contextlib.contextmanager
 def _locked(folder: Path, busy):
     """Hold `folder`'s lock (checkpoints.run_dir.RunLock, an flock the kernel drops when the process dies);
@@ -134,7 +121,7 @@ def _locked(folder: Path, busy):
     try:
         lock.acquire()
     except RunDirectoryBusy:
-        raise RunBusy(busy(_holder(lock.path))) from None
+        raise RunBusy(busy(lock.holder())) from None
     try:
         yield
     finally:
@@ -170,7 +157,7 @@ def report_claimed(study: StudyConfig, log=print, poll_s: float = 1.0):
             break
         except RunDirectoryBusy:
             if not waiting:
-                log(f"[study] report: another process writes the report now ({_holder(lock.path)}); waiting for it")
+                log(f"[study] report: another process writes the report now ({lock.holder()}); waiting for it")
                 waiting = True
             time.sleep(poll_s)
     try:
@@ -284,7 +271,7 @@ def _run_dir_free(plan: RunPlan):
 def train(study: StudyConfig, plan: RunPlan, log=print) -> dict:
     """Train (or continue) one run in this process; returns the trainer's summary."""
     from checkpoints.errors import RunDirectoryBusy
-    from checkpoints.run_dir import LOCK_FILE
+    from checkpoints.run_dir import RunLock
     why = run_change(plan)
     if why is not None:
         with _run_dir_free(plan):
@@ -301,7 +288,7 @@ def train(study: StudyConfig, plan: RunPlan, log=print) -> dict:
         trainer = Trainer(cfg)
         summary = trainer.fit()
     except RunDirectoryBusy:
-        raise RunBusy(_run_dir_busy(plan, _holder(plan.run_dir / LOCK_FILE))) from None
+        raise RunBusy(_run_dir_busy(plan, RunLock(plan.run_dir).holder())) from None
     finally:
         del trainer
         _free_memory()
