@@ -299,8 +299,11 @@ class LanguageModel(nn.Module):
         if cu_seqlens is not None:
             h = h.reshape(B, T, -1)
         if targets is not None:
+            # an embedding whose gradient is accumulated in a buffer (pretrain/grad_accumulation.py) takes the
+            # tied head's part there too
             return linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.embed.weight, targets.reshape(-1),
-                                        ignore_index=IGNORE_INDEX)
+                                        ignore_index=IGNORE_INDEX,
+                                        weight_grad_into=getattr(self.embed, "main_grad", None))
         return self.logits(h)
 
     def logits(self, h: Tensor) -> Tensor:

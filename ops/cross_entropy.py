@@ -23,6 +23,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from ops.accumulate import add_product_, product
 from ops.optional import HAVE_TRITON
 
 if HAVE_TRITON:  # Triton is optional; a broken kernel module must still fail loudly
@@ -70,7 +71,7 @@ def _linear_ce(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: in
         rows = _rows_impl(hidden)
         loss = torch.zeros((), dtype=acc, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if with_grad else hidden.new_empty(0)
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if with_grad else weight.new_empty(0)
+        grad_w = None
         for s in range(0, n, chunk_size):
             h = hidden[s:s + chunk_size].to(compute_dtype)
             logits = h @ w.t()                       # [rows, V] in the compute dtype
@@ -79,9 +80,14 @@ def _linear_ce(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: in
             loss += ((lse - tgt) * valid[s:s + chunk_size]).sum(dtype=acc)
             if with_grad:                            # `logits` now holds d(mean loss)/d(logits)
                 grad_hidden[s:s + chunk_size] = logits @ w
-                grad_w += (logits.t() @ h).to(acc)
+                # summed in `acc` by the matmul's epilogue: no [V, d] product to round, cast and add
+                grad_w = product(logits.t(), h, acc) if grad_w is None else add_product_(grad_w, logits.t(), h)
         loss = loss / n_valid.to(acc)
-    return loss, grad_hidden, grad_w.to(weight.dtype) if with_grad else grad_w
+        if not with_grad:
+            return loss, grad_hidden, weight.new_empty(0)
+        if grad_w is None:  # no rows
+            grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+    return loss, grad_hidden, grad_w.to(weight.dtype)
 
 
 @_linear_ce.register_fake
@@ -108,8 +114,29 @@ torch.library.register_autograd("linscale::linear_cross_entropy", _linear_ce_bac
                                 setup_context=_linear_ce_setup)
 
 
+class _LinearCEInto(torch.autograd.Function):
+    """The op with the weight's gradient added into a buffer in the backward, `into += grad_loss * dW`
+    (one pass over [V, d]), instead of being handed to autograd: no scaled copy, no sum with the tied
+    embedding's own gradient, no accumulation into `.grad` (pretrain/grad_accumulation.py). The weight
+    gets no gradient from autograd."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, ignore_index, chunk_size, compute_dtype, into):
+        loss, grad_hidden, grad_w = _linear_ce(hidden, weight, targets, ignore_index, chunk_size, compute_dtype,
+                                               True)
+        ctx.save_for_backward(grad_hidden, grad_w)
+        ctx.into = into
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_w = ctx.saved_tensors
+        ctx.into.addcmul_(grad_w, grad_loss.to(grad_w.dtype))
+        return grad_hidden * grad_loss.to(grad_hidden.dtype), None, None, None, None, None, None
+
+
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100,
-                         chunk_size: int = 4096) -> Tensor:
+                         chunk_size: int = 4096, weight_grad_into: Tensor | None = None) -> Tensor:
     """Mean cross-entropy of softmax(hidden @ weight^T) against targets, ignoring `ignore_index` (the
     mean over the other rows; 0 when every row is ignored).
 
@@ -120,6 +147,10 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore
             and the gradients NaN on every device (a check would read the ids back, a host sync on a GPU;
             models.lm and the trainer check the ids on the host before they reach the op).
         chunk_size: rows of logits held at a time ([chunk_size, V] in the compute dtype).
+        weight_grad_into: a buffer of weight's shape (fp32 under autocast, else weight's dtype) into which
+            the backward adds the weight's gradient, in place of handing it to autograd (the weight then
+            gets none); for a caller that accumulates the gradient itself. Used only when a gradient is
+            computed.
     Returns:
         the 0-dim loss (fp32; fp64 for an fp64 `hidden`). Under autocast the head matmuls run in the
         autocast dtype, as `hidden @ weight.t()` would; the gradients reach `hidden` and `weight` in
@@ -147,4 +178,13 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore
     if hidden.dtype != torch.float64 and torch.is_autocast_enabled(dev):
         compute_dtype = torch.get_autocast_dtype(dev)
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if with_grad and weight_grad_into is not None:
+        acc = torch.float64 if compute_dtype == torch.float64 else torch.float32
+        if (weight_grad_into.shape != weight.shape or weight_grad_into.device != weight.device
+                or weight_grad_into.dtype not in (acc, weight.dtype)):
+            raise ValueError(f"linear_cross_entropy: `weight_grad_into` must be a {acc} or {weight.dtype} buffer "
+                             f"of weight's shape {tuple(weight.shape)} on {weight.device}, got "
+                             f"{weight_grad_into.dtype} {tuple(weight_grad_into.shape)} on {weight_grad_into.device}")
+        return _LinearCEInto.apply(hidden, weight, targets.long(), ignore_index, chunk_size, compute_dtype,
+                                   weight_grad_into)
     return _linear_ce(hidden, weight, targets.long(), ignore_index, chunk_size, compute_dtype, with_grad)[0]

@@ -8,6 +8,12 @@ as one product that adds into an fp32 buffer (`main_grad`) in its epilogue: `mai
 fp32 output from bf16 operands (cuBLAS), as Megatron-LM's gradient-accumulation fusion does. It is also
 the more accurate sum: each micro-batch's gradient is no longer rounded to bf16 before it is added.
 
+The tied embedding and LM head ([V, d], 154M parameters at 1B) get a buffer too: the embedding's backward
+adds its rows into it, and the fused loss adds the head's gradient into it in its backward
+(`ops.linear_cross_entropy(weight_grad_into=...)`). Autograd's path writes a dense [V, d] embedding
+gradient, scales the head's, sums the two, then adds the sum into `.grad`: about 5 GB of memory traffic a
+micro-batch at 1B, against one pass over [V, d] here.
+
 Autograd hands these weights no gradient (their `.grad` stays None through the backward). The train
 module exposes the buffers as `.grad` before clipping and the optimizer step (`expose`), and zeroes them
 after it (`reset`). DDP and DeepSpeed reduce gradients in hooks on autograd's accumulation, which these
@@ -19,16 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ops.accumulate import add_product_
+
 
 @torch.library.custom_op("linscale::accumulate_weight_grad", mutates_args=("main_grad",))
 def accumulate_weight_grad(main_grad: Tensor, grad_out: Tensor, x: Tensor) -> None:
     """main_grad [out, in] += grad_out[..., out]^T x[..., in], summed over every leading position."""
-    g = grad_out.reshape(-1, grad_out.shape[-1]).t()
-    a = x.reshape(-1, x.shape[-1])
-    if main_grad.is_cuda and g.dtype in (torch.bfloat16, torch.float16) and main_grad.dtype == torch.float32:
-        torch.addmm(main_grad, g, a, out_dtype=torch.float32, out=main_grad)  # fp32 epilogue, in place
-    else:
-        main_grad.addmm_(g.to(main_grad.dtype), a.to(main_grad.dtype))
+    add_product_(main_grad, grad_out.reshape(-1, grad_out.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
 
 
 @accumulate_weight_grad.register_fake
@@ -67,24 +70,73 @@ class AccumulatingLinear(nn.Linear):
         return _Linear.apply(x, self.weight, self.main_grad)
 
 
+class _Embedding(torch.autograd.Function):
+    """Row lookup whose backward adds the gradient rows into main_grad (`index_put_` with accumulation:
+    sorted by id on CUDA, so the sum is deterministic) instead of building a dense [V, d] gradient."""
+
+    @staticmethod
+    def forward(ctx, ids: Tensor, weight: Tensor, main_grad: Tensor) -> Tensor:
+        ctx.save_for_backward(ids)
+        ctx.main_grad = main_grad  # not saved: the tied head's backward adds into it first
+        return F.embedding(ids, weight)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        ids, = ctx.saved_tensors
+        main_grad = ctx.main_grad
+        main_grad.index_put_((ids.reshape(-1),), grad_out.reshape(-1, grad_out.shape[-1]).to(main_grad.dtype),
+                             accumulate=True)
+        return None, None, None
+
+
+class AccumulatingEmbedding(nn.Embedding):
+    """nn.Embedding (no padding row, no max_norm) whose weight gradient is added into `self.main_grad`.
+    The tied LM head adds its part into the same buffer (models.lm passes it to the fused loss as
+    `weight_grad_into`), so the tied weight's two gradients are never summed in a [V, d] tensor of their
+    own nor added into `.grad`: one pass over [V, d] a micro-batch instead of five."""
+    main_grad: Tensor
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if not (torch.is_grad_enabled() and self.weight.requires_grad):
+            return super().forward(ids)
+        return _Embedding.apply(ids, self.weight, self.main_grad)
+
+
+def _fusable_embedding(m: nn.Module) -> bool:
+    return (type(m) is nn.Embedding and m.weight.requires_grad and m.padding_idx is None and m.max_norm is None
+            and not m.sparse)
+
+
 def fuse(model: nn.Module) -> list[tuple[nn.Parameter, Tensor]]:
-    """Turn the bias-free nn.Linear modules of `model.blocks` into AccumulatingLinear, each with a zeroed
-    `main_grad` buffer of its weight's dtype (fp32 weights under autocast; not in the state_dict). Call
-    before compiling. Returns (weight, main_grad) of each, the weights whose gradients now live in the
-    buffers (empty for a model without blocks)."""
+    """Turn the bias-free nn.Linear modules of `model.blocks` into AccumulatingLinear, and the model's
+    `embed` (the tied embedding and LM head) into AccumulatingEmbedding, each with a zeroed `main_grad`
+    buffer of its weight's dtype (fp32 weights under autocast; not in the state_dict). Call before
+    compiling. Returns (weight, main_grad) of each, the weights whose gradients now live in the buffers
+    (empty for a model without blocks)."""
     pairs = []
-    for block in getattr(model, "blocks", []):
+    blocks = getattr(model, "blocks", [])
+    for block in blocks:
         for m in block.modules():
             if type(m) is nn.Linear and m.bias is None and m.weight.requires_grad:
                 m.__class__ = AccumulatingLinear
                 m.register_buffer("main_grad", torch.zeros_like(m.weight), persistent=False)
                 pairs.append((m.weight, m.main_grad))
+    embed = getattr(model, "embed", None)
+    if len(blocks) and _fusable_embedding(embed):
+        embed.__class__ = AccumulatingEmbedding
+        embed.register_buffer("main_grad", torch.zeros_like(embed.weight), persistent=False)
+        pairs.append((embed.weight, embed.main_grad))
     return pairs
 
 
+@torch.no_grad()
 def expose(pairs: list[tuple[nn.Parameter, Tensor]]) -> None:
-    """The buffers as the weights' `.grad`, for clipping and the optimizer step."""
+    """The buffers as the weights' `.grad`, for clipping and the optimizer step. A gradient that autograd
+    did hand a fused weight (a path around the fused modules, such as the tied weight used as a plain
+    head by `LanguageModel.logits`) is added in, not dropped."""
     for p, g in pairs:
+        if p.grad is not None and p.grad is not g:
+            g.add_(p.grad)
         p.grad = g
 
 

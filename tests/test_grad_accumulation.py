@@ -40,6 +40,7 @@ def test_fused_gradients_equal_autograds_over_micro_batches(arch):
     fused = [p for p, _ in pairs]
     kinds = {type(m).__name__ for m in model.blocks.modules()}
     assert "AccumulatingLinear" in kinds and "Linear" not in kinds  # every projection of every block
+    assert type(model.embed) is GA.AccumulatingEmbedding and any(p is model.embed.weight for p in fused)
     batches = _micro_batches()
     _accumulate(ref, batches)
     _accumulate(model, batches)
@@ -113,6 +114,21 @@ def test_train_module_steps_match_autograds_and_zero_the_buffers():
     assert m1.state_dict().keys() == m0.state_dict().keys()  # the buffers are not part of the checkpoint
     for (name, p), q in zip(m1.named_parameters(), m0.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_gradient_around_the_fused_modules_is_added_not_dropped():
+    """The tied weight used as a plain head (`logits`, outside the fused loss) gets its gradient from
+    autograd; `expose` adds it to the buffer's (the embedding's rows) instead of replacing one by the other."""
+    ref = _tiny("llama").double()
+    model = copy.deepcopy(ref)
+    pairs = GA.fuse(model)
+    ids = _micro_batches(1)[0]
+    for m in (ref, model):
+        logits = m(ids[:, :-1])
+        torch.nn.functional.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1)).backward()
+    assert model.embed.weight.grad is not None  # the head's part, from autograd
+    GA.expose(pairs)
+    torch.testing.assert_close(model.embed.weight.grad, ref.embed.weight.grad, rtol=1e-12, atol=1e-14)
 
 
 def test_no_grad_forward_skips_the_function_and_ddp_refuses_the_fusion():

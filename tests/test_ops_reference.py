@@ -171,8 +171,34 @@ def test_linear_cross_entropy_backward_keeps_the_forwards_autocast():
         loss = ops.linear_cross_entropy(h, w, t, chunk_size=128)
         ref = torch.nn.functional.cross_entropy((h @ w.t()).float(), t)
     grads, rgrads = torch.autograd.grad(loss, [h, w]), torch.autograd.grad(ref, [h, w])
-    for a, b in zip(grads, rgrads):  # grad w: bf16 per-chunk partial products summed in fp32 (~2e-3)
+    for a, b in zip(grads, rgrads):  # grad w: from the bf16 logits gradient, summed in fp32
         assert float((a - b).norm() / b.norm()) < 5e-3
+
+
+def test_linear_cross_entropy_adds_the_weight_gradient_into_a_buffer():
+    """`weight_grad_into`: the backward adds grad_loss x dW into the buffer (over two calls: their sum)
+    and hands the weight nothing; the hidden gradient is unchanged. Against the unfused head + loss."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(90, 12, dtype=torch.float64, generator=g, requires_grad=True)
+    buf = torch.zeros(90, 12, dtype=torch.float64)
+    ref_w = torch.zeros_like(buf)
+    for scale in (0.25, 3.0):
+        h = torch.randn(41, 12, dtype=torch.float64, generator=g, requires_grad=True)
+        t = torch.randint(0, 90, (41,), generator=g)
+        t[5] = -100
+        (ops.linear_cross_entropy(h, w, t, chunk_size=8, weight_grad_into=buf) * scale).backward()
+        rh, rw = torch.autograd.grad(torch.nn.functional.cross_entropy(h @ w.t(), t) * scale, [h, w])
+        torch.testing.assert_close(h.grad, rh, rtol=1e-12, atol=1e-15)
+        ref_w += rw
+        assert w.grad is None
+        torch.testing.assert_close(buf, ref_w, rtol=1e-12, atol=1e-15)
+    before = buf.clone()
+    with torch.no_grad():  # no gradient computed: the buffer is left alone
+        ops.linear_cross_entropy(h, w, t, weight_grad_into=buf)
+    assert torch.equal(buf, before)
+    for bad in (torch.zeros(90, 11, dtype=torch.float64), torch.zeros(90, 12, dtype=torch.float16)):
+        with pytest.raises(ValueError, match="weight_grad_into"):
+            ops.linear_cross_entropy(h, w, t, weight_grad_into=bad)
 
 
 def test_argument_dtypes_and_devices_are_checked_by_name():
