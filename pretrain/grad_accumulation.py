@@ -21,6 +21,9 @@ weights no longer reach: the fusion is for the one-process engine only.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -43,10 +46,11 @@ class _Linear(torch.autograd.Function):
     """y = x W^T in the autocast dtype (or x's); the backward gives dx and adds dW into main_grad."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, main_grad: Tensor) -> Tensor:
+    def forward(ctx, x: Tensor, weight: Tensor, main_grad: Tensor, weight_cast: Tensor | None) -> Tensor:
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        xc, wc = x.to(dtype), weight.to(dtype)
+        xc = x.to(dtype)
+        wc = weight_cast if weight_cast is not None and weight_cast.dtype == dtype else weight.to(dtype)
         ctx.save_for_backward(xc, wc, main_grad)
         ctx.x_dtype = x.dtype
         return F.linear(xc, wc)
@@ -56,18 +60,43 @@ class _Linear(torch.autograd.Function):
         xc, wc, main_grad = ctx.saved_tensors
         grad_out = grad_out.to(wc.dtype)
         accumulate_weight_grad(main_grad, grad_out, xc)
-        return (grad_out @ wc).to(ctx.x_dtype), None, None
+        return (grad_out @ wc).to(ctx.x_dtype), None, None, None
 
 
 class AccumulatingLinear(nn.Linear):
     """nn.Linear (no bias) whose weight gradient is added into `self.main_grad` by its own product.
-    Made from an nn.Linear in place by `fuse`: the same parameters, the same state_dict."""
+    Made from an nn.Linear in place by `fuse`: the same parameters, the same state_dict. Inside
+    `cast_weights_once`, `weight_cast` holds the weight in the autocast dtype, made once for all the
+    step's micro-batches; outside it is None and each call casts the weight."""
     main_grad: Tensor
+    weight_cast: Tensor | None
 
     def forward(self, x: Tensor) -> Tensor:
         if not (torch.is_grad_enabled() and self.weight.requires_grad):
             return super().forward(x)
-        return _Linear.apply(x, self.weight, self.main_grad)
+        return _Linear.apply(x, self.weight, self.main_grad, self.weight_cast)
+
+
+@contextlib.contextmanager
+def cast_weights_once(model: nn.Module, dtype: torch.dtype | None) -> Iterator[None]:
+    """Within: every fused projection's weight cast to `dtype` once, the copy used by every micro-batch's
+    forward and backward; dropped on exit. Autocast would cast the fp32 weight again in each micro-batch:
+    a memory-bound pass over every block weight (6 bytes a parameter) per micro-batch after the first. The
+    weights must not change inside (the train module's step changes them after its micro-batches). Only
+    the blocks that keep their activations take part: their forward saves the cast weights for the backward
+    anyway, so the step's peak memory is unchanged; an activation-checkpointed block drops them after its
+    forward and keeps casting its own. `dtype` None: nothing is cast (fp32 training)."""
+    mods = [] if dtype is None else [
+        m for block in getattr(model, "blocks", []) if getattr(block, "recompute", "none") == "none"
+        for m in block.modules() if isinstance(m, AccumulatingLinear)]
+    with torch.no_grad():
+        for m in mods:
+            m.weight_cast = m.weight.to(dtype)
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.weight_cast = None
 
 
 class _Embedding(torch.autograd.Function):
@@ -120,6 +149,7 @@ def fuse(model: nn.Module) -> list[tuple[nn.Parameter, Tensor]]:
             if type(m) is nn.Linear and m.bias is None and m.weight.requires_grad:
                 m.__class__ = AccumulatingLinear
                 m.register_buffer("main_grad", torch.zeros_like(m.weight), persistent=False)
+                m.register_buffer("weight_cast", None, persistent=False)
                 pairs.append((m.weight, m.main_grad))
     embed = getattr(model, "embed", None)
     if len(blocks) and _fusable_embedding(embed):

@@ -205,15 +205,16 @@ class TorchTrainModule(TrainModule):
         self.model.train()
         total = torch.zeros((), device=self.device)
         n = len(micro_batches)
-        for i, mb in enumerate(micro_batches):
-            sync = i == n - 1 or not isinstance(self.wrapped, nn.parallel.DistributedDataParallel)
-            ctx = contextlib.nullcontext() if sync else self.wrapped.no_sync()
-            with ctx:
-                loss = self.forward_loss(mb)
-                if inject_nonfinite:
-                    loss = loss * float("nan")
-                (loss / n).backward()
-            total += loss.detach() / n
+        with grad_accumulation.cast_weights_once(self.model, torch.bfloat16 if self.precision == "bf16" else None):
+            for i, mb in enumerate(micro_batches):
+                sync = i == n - 1 or not isinstance(self.wrapped, nn.parallel.DistributedDataParallel)
+                ctx = contextlib.nullcontext() if sync else self.wrapped.no_sync()
+                with ctx:
+                    loss = self.forward_loss(mb)
+                    if inject_nonfinite:
+                        loss = loss * float("nan")
+                    (loss / n).backward()
+                total += loss.detach() / n
         total = all_reduce_mean(total)
         grad_accumulation.expose(self.fused_grads)
         # grad_clip 0 turns clipping off (as DeepSpeed's gradient_clipping 0); the norm is still reported

@@ -4,6 +4,7 @@ no break, checkpointed blocks too), the same training run through the train modu
 between steps and absent from the state_dict."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -155,3 +156,52 @@ def test_trainer_fuses_in_one_process_and_off_opts_out(tmp_path):
     finally:
         on.close()
         off.close()
+
+
+def test_weights_cast_once_a_step_give_the_same_training_bit_for_bit(monkeypatch):
+    """bf16 steps of the compiled train module with each projection's weight cast once a step
+    (`cast_weights_once`) against a cast in every micro-batch: the same losses, gradient norms and
+    weights bit for bit, no more graphs, and no cast kept after the step."""
+    from torch._dynamo.utils import counters
+    steps = [_micro_batches(3) for _ in range(3)]
+    runs = {}
+    for once in (True, False):
+        if not once:
+            monkeypatch.setattr(GA, "cast_weights_once", lambda model, dtype: contextlib.nullcontext())
+        torch._dynamo.reset()
+        counters.clear()
+        model = _tiny("tnl")
+        module = TorchTrainModule(model, OptimConfig(lr=3e-3, warmup_steps=0), torch.device("cpu"), "bf16",
+                                  fuse_grad_accumulation=True)
+        module.compile(backend="aot_eager")
+        try:
+            mbs = [[{"input_ids": ids[:, :-1], "targets": ids[:, 1:]} for ids in step] for step in steps]
+            runs[once] = ([module.train_step(mb, i) for i, mb in enumerate(mbs)], model,
+                          counters["stats"]["unique_graphs"])
+        finally:
+            torch._dynamo.reset()
+        assert all(getattr(m, "weight_cast", None) is None for m in model.modules())
+    (res1, m1, graphs1), (res0, m0, graphs0) = runs[True], runs[False]
+    assert graphs1 == graphs0
+    assert [(r.loss, r.grad_norm) for r in res1] == [(r.loss, r.grad_norm) for r in res0]
+    for (name, p), q in zip(m1.named_parameters(), m0.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_the_cast_made_once_is_the_one_the_projections_use():
+    """Inside `cast_weights_once` a projection multiplies by the stored cast, not by a fresh cast of its
+    weight (a stored cast of zeros gives zeros); outside, by its weight."""
+    model = _tiny("llama", n_layers=1)
+    GA.fuse(model)
+    proj = model.blocks[0].token_mixer.q_proj
+    x = torch.randn(3, proj.in_features)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with GA.cast_weights_once(model, torch.bfloat16):
+            assert all(m.weight_cast is not None for m in model.modules() if isinstance(m, GA.AccumulatingLinear))
+            assert proj.weight_cast.dtype == torch.bfloat16 and torch.equal(proj.weight_cast, proj.weight.bfloat16())
+            proj.weight_cast = torch.zeros_like(proj.weight_cast)
+            assert float(proj(x).abs().max()) == 0.0
+        assert proj.weight_cast is None and float(proj(x).abs().max()) > 0.0
+        model.set_activation_checkpointing("mlp")  # a block that recomputes keeps casting its own weights
+        with GA.cast_weights_once(model, torch.bfloat16):
+            assert proj.weight_cast is None
