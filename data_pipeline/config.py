@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from pretrain.yaml_files import yaml_load  # a key given twice is refused, naming both lines
 
 SOURCE_TYPES = ("text", "jsonl", "parquet", "wikiextractor", "hf")
 TEXT_UNITS = ("file", "blank_line", "line")
@@ -197,7 +197,7 @@ def load_data_config(path: str | Path) -> DataConfig:
     if not path.is_file():
         raise FileNotFoundError(f"data config {path} not found")
     with open(path, encoding="utf-8") as f:  # from the file object, so a YAML error names the file and line
-        raw = yaml.safe_load(f) or {}
+        raw = yaml_load(f) or {}
     return parse_data_config(raw, base_dir=path.resolve().parent, where=str(path))
 
 

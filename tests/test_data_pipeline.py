@@ -276,6 +276,37 @@ def test_bad_config_is_a_clear_error():
         parse_data_config({})
 
 
+def test_a_key_given_twice_in_a_data_config_is_refused_naming_both_lines(tmp_path, capsys):
+    """PyYAML keeps the last of two equal keys without a word; a data config is read with the training
+    configs' loader, which refuses it, naming the key, both lines and the file (load_data_config, and
+    prepare_data's one error line), rather than preparing data with one of the two values dropped."""
+    import yaml
+
+    from data_pipeline.config import load_data_config
+    from launch.prepare_data import main
+    from pretrain.errors import describe
+    (tmp_path / "a.jsonl").write_text("")
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text("name: t\nsources:\n  - name: s\n    language: en\n    type: jsonl\n    paths: [a.jsonl]\n"
+                   "filters:\n  min_chars: 10\n  max_chars: 1000\n  min_chars: 50\n")
+    with pytest.raises(yaml.YAMLError) as err:
+        load_data_config(cfg)
+    assert describe(err.value) == (f"YAML error in {cfg}, line 10, column 3: while reading a mapping found the key "
+                                   f"'min_chars' a second time (first at line 8); keep one of them")
+    rc = main(["--config", str(cfg), "--out", str(tmp_path / "ds"), "--workers", "1", "--no-progress"])
+    err_lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(err_lines) == 1, err_lines
+    assert err_lines[0] == (f"prepare_data: error: YAML error in {cfg}, line 10, column 3: while reading a mapping "
+                            f"found the key 'min_chars' a second time (first at line 8); keep one of them")
+    assert not (tmp_path / "ds").exists()
+    cfg.write_text("name: t\nsources:\n  - {name: s, language: en, type: jsonl, paths: [a.jsonl]}\n"
+                   "  - {name: s, language: en, type: jsonl, paths: [a.jsonl]}\n")  # equal list items: not keys
+    with pytest.raises(ValueError, match="source 's': duplicate source name"):
+        load_data_config(cfg)
+    cfg.write_text("name: t\nsources:\n  - name: s\n    language: en\n    paths: [a.jsonl]\n"
+                   "filters:\n  min_chars: 10\n  max_chars: 1000\n")  # distinct keys load as before
+    assert load_data_config(cfg).filters.min_chars == 10
+
 def test_streaming_resume_random_step_and_world_size(shared_data, tmp_path):
     cfg = {"name": "s", "sources": [
         {"name": "en", "language": "en", "type": "wikiextractor", "paths": [str(shared_data / EN_WIKI / "AA_wiki_03.txt.gz")]},

@@ -18,7 +18,8 @@ import yaml
 from models.config import ModelConfig
 from models.registry import arch_names, canonical_arch
 from models.sizes import SIZES
-from pretrain.config import choice_word, yaml_load
+from pretrain.config import choice_word
+from pretrain.yaml_files import yaml_load
 
 SHAPE_KEYS = ("n_layers", "d_model", "n_heads", "d_glu")
 RECIPE_SECTIONS = ("train", "optim", "checkpoint", "dist")
