@@ -1,8 +1,9 @@
 """Sequence parallelism for the linear-attention ops: the LASP-2 state exchange.
 
 Each micro-batch's sequences are split along time over the `size` ranks of a sequence-parallel group;
-rank r holds tokens [r*seg_len, (r+1)*seg_len) of every sequence. A linear-attention layer needs from the
-ranks before it only one fixed-size state per sequence, so a layer runs as:
+rank r holds the r-th of `size` consecutive segments of every sequence (the trainer's are of equal length;
+nothing here depends on the other ranks' lengths). A linear-attention layer needs from the ranks before it
+only one fixed-size state per sequence, so a layer runs as:
 
 1. each rank summarises its segment: the state S_r its tokens build from zero (from the segment start or
    from its last document start, whichever is later), the factor D_r by which the segment decays a state

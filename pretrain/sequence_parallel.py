@@ -2,7 +2,10 @@
 its parallelisms: the model code is the one-device code; this plan attaches hooks that
 
 * turn the micro-batch's document layout (`cu_seqlens` over the full sequences) into the local one, and
-  record where the local segment sits (`ops.sequence_parallel.Segments`);
+  record where the local segment sits (`ops.sequence_parallel.Segments`). A rank's segment is its input:
+  the trainer splits every sequence into N equal segments, but the segments may have any lengths (in rank
+  order); where a rank needs to know where its segment starts (packed documents, cos2's positions), the
+  ranks exchange their segments' lengths (`segment_starts`);
 * run the model's forward inside `ops.sequence_parallel.sequence_parallel` (and each token mixer, through a
   subclass of its class, when activation checkpointing recomputes it in the backward), so that
   `lightning_attn` and `gated_linear_attn` exchange states with the other ranks of the group (LASP-2), a
@@ -46,17 +49,29 @@ def build_groups(sp_size: int) -> tuple[SequenceParallel, int, int]:
     return SequenceParallel(mine), rank // sp_size, world // sp_size
 
 
-def local_documents(cu_seqlens: Tensor, rows: int, seg_len: int, sp: SequenceParallel) -> tuple[Tensor, Tensor]:
-    """From cu_seqlens over the full sequences (flattened [rows, seg_len * size], as the loader and a
-    one-rank run give it) to this rank's: the offsets of document starts in its flattened [rows, seg_len]
-    segments, every row start included (the ops run each row's segment as documents), and for each row
-    whether its first token continues the document the previous rank's segment of that row ends in."""
-    T = seg_len * sp.size
+def segment_starts(sp: SequenceParallel, seg_len: int, device: torch.device) -> Tensor:
+    """[size + 1] int64 on `device`: where each rank's segment starts in the sequences (entry r) and the
+    sequences' length (the last entry), from every rank's segment length. One all-gather of one number a
+    rank, queued like any op: reading the result on the host waits for it (and for the work before it)."""
+    mine = torch.full((1,), seg_len, dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(sp.size)]
+    dist.all_gather(every, mine, group=sp.group)
+    return torch.cat([mine.new_zeros(1), torch.cat(every).cumsum(0)])
+
+
+def local_documents(cu_seqlens: Tensor, rows: int, start: int, seg_len: int, seq_len: int) -> tuple[Tensor, Tensor]:
+    """From cu_seqlens over the full sequences (flattened [rows, seq_len], as the loader and a one-rank run
+    give it) to those of this rank's segment, tokens [start, start + seg_len) of each sequence: the offsets
+    of document starts in its flattened [rows, seg_len] segments, every row start included (the ops run
+    each row's segment as documents), and for each row whether its first token continues the document the
+    previous rank's segment of that row ends in."""
+    T = seq_len
     bounds = cu_seqlens.tolist()
     if bounds[0] != 0 or bounds[-1] != rows * T:
         raise ValueError(f"under sequence parallelism cu_seqlens describes the full sequences: it must run from "
-                         f"0 to {rows} x {T} = {rows * T} (rows x seq_len), got {bounds[0]} ... {bounds[-1]}; "
-                         f"the local [{rows}, {seg_len}] segment is cut out of them by the plan")
+                         f"0 to {rows} x {T} = {rows * T} (rows x seq_len, the ranks' segments together), got "
+                         f"{bounds[0]} ... {bounds[-1]}; the local [{rows}, {seg_len}] segment is cut out of them "
+                         f"by the plan")
     starts = set(bounds[:-1])
     # one device runs packed rows as one long row, so a document without a start at a row boundary carries
     # its state from the end of one sequence into the next; here the last rank of row b - 1 never hands its
@@ -69,7 +84,7 @@ def local_documents(cu_seqlens: Tensor, rows: int, seg_len: int, sp: SequencePar
                          f"--sp (the loader's document offsets always start each row)")
     local, continues = [], []
     for b in range(rows):
-        lo = b * T + sp.rank * seg_len
+        lo = b * T + start
         continues.append(lo not in starts)
         local.append(b * seg_len)
         local += [b * seg_len + s - lo for s in bounds[:-1] if lo < s < lo + seg_len]
@@ -142,33 +157,43 @@ class SequenceParallelPlan:
         cu = kwargs.get("cu_seqlens")
         if len(args) > 3:
             raise ValueError("pass cu_seqlens to a sequence-parallel model as a keyword")
-        offset = self.sp.rank * seg
         self.sp.rank_index(input_ids.device)  # made here, outside the compiled blocks
-        t = torch.arange(seg, device=input_ids.device)
         if cu is None:
             self.sp.segments = Segments(rows=rows, continues=None)
-            self.positions = offset + t
+            self.positions = self._dense_positions(seg, input_ids.device)
         else:
-            local, continues = local_documents(cu, rows, seg, self.sp)
+            # the documents are cut on the host, which needs where this rank's segment starts (reading it
+            # waits for the queued work, as the copy of the local offsets to the device below does anyway)
+            edges = segment_starts(self.sp, seg, input_ids.device).tolist()
+            start, T = edges[self.sp.rank], edges[-1]
+            local, continues = local_documents(cu, rows, start, seg, T)
             # on the ids' device already, so the model's own move keeps this object (the key of `_layouts`)
             local = local.to(input_ids.device)
             kwargs = dict(kwargs, cu_seqlens=local)
             self.sp.segments = Segments(rows=rows, continues=continues)
             # the model flattens packed rows into one: row b's tokens sit at b x seq_len + their position
-            T = seg * self.sp.size
+            t = torch.arange(seg, device=input_ids.device)
             rows_at = torch.arange(rows, device=input_ids.device)[:, None] * T
-            self.positions = (rows_at + offset + t[None, :]).reshape(-1)
+            self.positions = (rows_at + start + t[None, :]).reshape(-1)
             self._layouts[local] = (self.sp.segments, self.positions)
         enter(self.sp)
         return args, kwargs
 
-    def layout_of(self, x: Tensor, cu_seqlens: Tensor | None) -> tuple[Segments, Tensor]:
+    def _dense_positions(self, seg: int, device: torch.device) -> Tensor | None:
+        """The global positions of the local tokens of sequences without documents, for mixers that take
+        them (None for the others, which need nothing from the other ranks here): where this rank's segment
+        starts comes from the ranks' segment lengths, on the device (nothing waits for it)."""
+        if not self.mixers_take_positions:
+            return None
+        return segment_starts(self.sp, seg, device)[self.sp.rank] + torch.arange(seg, device=device)
+
+    def layout_of(self, x: Tensor, cu_seqlens: Tensor | None) -> tuple[Segments, Tensor | None]:
         """The segment layout and global positions of the micro-batch whose token-mixer input is `x` (the
-        local `cu_seqlens` the mixer got): from the shape alone without documents, else as `_localise` made
-        them for that micro-batch."""
+        local `cu_seqlens` the mixer got): without documents from the shape and the ranks' segment lengths
+        (exchanged again: every rank recomputes the same mixers in the same order, as it repeats their state
+        exchange), else as `_localise` made them for that micro-batch."""
         if cu_seqlens is None:
-            rows, seg = x.shape[0], x.shape[1]
-            return Segments(rows=rows), self.sp.rank * seg + torch.arange(seg, device=x.device)
+            return Segments(rows=x.shape[0]), self._dense_positions(x.shape[1], x.device)
         layout = self._layouts.get(cu_seqlens)
         if layout is None:
             raise RuntimeError("sequence parallelism: a token mixer runs outside the model's forward with "

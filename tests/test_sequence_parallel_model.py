@@ -2,8 +2,8 @@
 the sequences split over 4 ranks, and over 2 ranks in each of 2 data-parallel groups (DDP over all 4), the
 logits, the loss and every parameter gradient equal the single-process run on whole sequences (fp32),
 for TNL, HGRN2 and cosFormer2, with and without packed documents that cross rank boundaries; and over 3
-ranks in float64, micro-batches run forward before one backward under activation checkpointing, and
-ignored targets spread unevenly over the ranks or covering a whole micro-batch."""
+ranks in float64, micro-batches run forward before one backward under activation checkpointing, ignored
+targets spread unevenly over the ranks or covering a whole micro-batch, and segments of unequal length."""
 from __future__ import annotations
 
 import copy
@@ -165,24 +165,90 @@ def test_three_ranks_micro_batch_layouts_and_ignored_targets():
 
 
 def test_local_documents_and_llama_refused():
-    class Rank:
-        def __init__(self, rank, size):
-            self.rank, self.size = rank, size
     cu = torch.tensor(GLOBAL_CU, dtype=torch.int32)
     # segments of 6 tokens on rank 1 of 4: row 0 holds 6..11 (document 5..10 continues; 11 starts one),
     # row 1 holds 30..35 (30 and 31 start documents)
-    local, cont = local_documents(cu, 2, 6, Rank(1, 4))
+    local, cont = local_documents(cu, 2, 6, 6, 24)
     assert local.tolist() == [0, 5, 6, 7, 12] and cont.tolist() == [True, False]
-    local, cont = local_documents(cu, 2, 6, Rank(3, 4))  # 18..23: no start; 42..47: 47 starts one
+    local, cont = local_documents(cu, 2, 18, 6, 24)  # rank 3: 18..23: no start; 42..47: 47 starts one
     assert local.tolist() == [0, 6, 11, 12] and cont.tolist() == [True, True]
+    # a segment of another length, 10 tokens from 3: row 0 holds 3..12 (document 0..4 continues; 5, 11 and
+    # 12 start documents), row 1 holds 27..36 (document 24..29 continues; 30 and 31 start documents)
+    local, cont = local_documents(cu, 2, 3, 10, 24)
+    assert local.tolist() == [0, 2, 8, 9, 10, 13, 14, 20] and cont.tolist() == [True, True]
     with pytest.raises(ValueError, match="full sequences"):
-        local_documents(torch.tensor([0, 3, 12], dtype=torch.int32), 2, 6, Rank(0, 4))
+        local_documents(torch.tensor([0, 3, 12], dtype=torch.int32), 2, 0, 6, 24)
     # a document running from row 0 into row 1 (no start at 24): one device carries the state across the
     # rows (they run as one packed row), the ranks cannot (row 1's first rank never sees row 0's last
     # rank's state), so every rank refuses it rather than train on other numbers
     for r in range(4):
         with pytest.raises(ValueError, match="every sequence starts a document"):
-            local_documents(torch.tensor([0, 5, 30, 48], dtype=torch.int32), 2, 6, Rank(r, 4))
+            local_documents(torch.tensor([0, 5, 30, 48], dtype=torch.int32), 2, 6 * r, 6, 24)
     with pytest.raises(ValueError, match="linear models"):
         SequenceParallelPlan(build_model("llama", "tiny", n_layers=1, d_model=32, n_heads=2, d_glu=64,
                                          vocab_size=V), None)
+
+
+# segments of unequal length: a rank's segment is its input, starting where the ranks before it end (two
+# splits of the 24-token sequences over 3 ranks: rank 1's segment is the longest in one, the shortest in the
+# other, so no rank's start is its rank times its length)
+SPLITS = ((5, 12, 7), (10, 3, 11))
+
+
+def _columns(split, rank):
+    start = sum(split[:rank])
+    return slice(start, start + split[rank])
+
+
+def _unequal_worker(rank, world, arch):
+    base = tiny(arch).double()
+    for packed in (False, True):
+        cu = torch.tensor(GLOBAL_CU, dtype=torch.int32) if packed else None
+        for split in SPLITS:
+            cols = _columns(split, rank)
+            x, y = batch(20)
+            base.zero_grad()
+            with torch.no_grad():
+                logits_ref = base(x, cu_seqlens=cu)
+            loss_ref = base(x, y, cu_seqlens=cu)
+            loss_ref.backward()
+            model = copy.deepcopy(base)
+            model.zero_grad()
+            SequenceParallelPlan(model, SequenceParallel())
+            what = f"{arch} packed={packed} segments {split}, rank {rank}"
+            with torch.no_grad():
+                logits = model(x[:, cols].contiguous(), cu_seqlens=cu)
+            torch.testing.assert_close(logits, logits_ref[:, cols], rtol=1e-9, atol=1e-9,
+                                       msg=lambda m: f"{what}: logits\n{m}")
+            loss = model(x[:, cols].contiguous(), y[:, cols].contiguous(), cu_seqlens=cu)
+            assert abs(loss.item() - loss_ref.item()) < 1e-12, (what, loss.item(), loss_ref.item())
+            loss.backward()
+            check_grads(what, reduced_grads(model, world), {n: p.grad for n, p in base.named_parameters()})
+
+        # full activation checkpointing, both splits' micro-batches forward before one backward: the blocks
+        # recomputed in the backward run with their own micro-batch's segment, not the last forward's
+        base.zero_grad()
+        base.set_activation_checkpointing("full")
+        model = copy.deepcopy(base)
+        SequenceParallelPlan(model, SequenceParallel())
+        mbs = [batch(30 + i) for i in range(len(SPLITS))]
+        sum(base(x, y, cu_seqlens=cu) for x, y in mbs).backward()
+        sum(model(x[:, _columns(split, rank)].contiguous(), y[:, _columns(split, rank)].contiguous(), cu_seqlens=cu)
+            for (x, y), split in zip(mbs, SPLITS)).backward()
+        check_grads(f"{arch} packed={packed} segments {SPLITS} under activation checkpointing, rank {rank}",
+                    reduced_grads(model, world), {n: p.grad for n, p in base.named_parameters()})
+        base.set_activation_checkpointing("none")
+    dist.barrier()
+
+
+@pytest.mark.parametrize("arch", ["tnl", "hgrn2", "cos2", "llama"])
+def test_unequal_segments_match_whole_sequences(arch):
+    """Segments of unequal length over 3 ranks (float64, dense and packed documents): logits, loss and
+    gradients equal the single process's on whole sequences, also for two micro-batches of different splits
+    run forward before one backward under full activation checkpointing. cosFormer2's LRPE angles take each
+    rank's true segment start. LLaMA is refused by the plan, whatever the split."""
+    if arch == "llama":
+        with pytest.raises(ValueError, match="linear models"):
+            SequenceParallelPlan(tiny(arch), None)
+        return
+    spawn_gloo(_unequal_worker, 3, arch, timeout_s=120)
