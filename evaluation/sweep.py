@@ -20,8 +20,9 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from checkpoints.atomic import make_output_dir
+from checkpoints.atomic import atomic_write_text, make_output_dir
 from checkpoints.layout import EVAL, EXPORTS, MODEL_CONFIG, MODEL_WEIGHTS, TMP_SUFFIX, TRASH_SUFFIX, parse_step
 from evaluation.context import scoring_window, training_context
 from pretrain.argtypes import positive_int, ranged
@@ -265,6 +266,54 @@ def same_key(cached: dict | None, key: dict) -> bool:
     return cached == key
 
 
+def key_changes(cached: dict | None, key: dict) -> list[tuple[str, object, object]]:
+    """(setting, cached value, value now) for each setting of `key` (cache_key) that a cached result's key
+    differs in, "weights" for the weights' fingerprint; [] when the cached result is current (same_key)."""
+    if same_key(cached, key):
+        return []
+    if not isinstance(cached, dict) or not isinstance(cached.get("settings"), dict):
+        return [("key", cached, key)]
+    old, new = cached["settings"], key["settings"]
+    names = [k for k in new if k != "data" or "data" in old] + [k for k in old if k not in new]
+    out = [(k, old.get(k), new.get(k)) for k in names if old.get(k) != new.get(k)]
+    if cached.get("weights") != key.get("weights"):
+        out.append(("weights", cached.get("weights"), key.get("weights")))
+    return out or [("key", cached, key)]
+
+
+# -- the per-(snapshot, task) cache -----------------------------------------------------------------------
+
+def cache_path(out: Path, snap: dict, task: str) -> Path:
+    return Path(out) / "cache" / snap["run"] / snap["snapshot"] / f"{task}.json"
+
+
+def cache_key(task: str, snap: dict, cfg: SweepConfig, window: int | None = None, dtype: str | None = None,
+              weights: dict | None = None) -> dict:
+    """What a cached (snapshot, task) result was made with: the task's settings (task_settings) and the
+    snapshot's weights (`weights`: its fingerprint, read from the export when not given). The one definition
+    of a result's identity: the sweep reuses a result only under an equal key, and a study's status and
+    report count and show only such results."""
+    return {"settings": task_settings(task, cfg, window, dtype),
+            "weights": weights if weights is not None else fingerprint(snap["path"])}
+
+
+def read_cache(path: Path) -> dict | None:
+    """A cache entry ({key, metrics, seconds}), or None where there is none or it is damaged (a miss, not the
+    end of the sweep)."""
+    try:
+        rec = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and isinstance(rec.get("metrics"), dict) else None
+
+
+def write_cache(path: Path, key: dict, metrics: dict, seconds: float) -> None:
+    """Written whole or not at all (a temporary file renamed): a sweep stopped or killed mid-write leaves no
+    half-written entry to be read as a result."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"key": key, "metrics": metrics, "seconds": seconds}, indent=1))
+
+
 # -- tasks ------------------------------------------------------------------------------------------------
 
 def scoring_window_of(snap: dict, cfg: SweepConfig, warn=None) -> int:
@@ -434,7 +483,21 @@ def check_vocab(snap: dict, tasks: list[str]) -> None:
                          f"valid_loss --valid-shards (token files of its own vocabulary)")
 
 
-def sweep(cfg: SweepConfig) -> list[dict]:
+class SweepStopped(RuntimeError):
+    """The sweep ended early because `stop` asked it to; the (snapshot, task) results it finished are cached,
+    and a sweep started again does only the rest."""
+
+
+def _check_stop(stop: Callable[[], str | None] | None, where: str) -> None:
+    reason = stop() if stop is not None else None
+    if reason:
+        raise SweepStopped(f"evaluation stopped ({reason}) {where}")
+
+
+def sweep(cfg: SweepConfig, stop: Callable[[], str | None] | None = None) -> list[dict]:
+    """Evaluate every snapshot (rows of the table, one per snapshot). `stop`, asked before each snapshot and
+    each task, returns why to stop (a signal, a deadline) or None: the sweep then raises SweepStopped at once,
+    its finished results cached and no table written (the previous one stays until a sweep completes)."""
     tasks = list(cfg.tasks or SUITES[cfg.suite])
     if cfg.valid_shards and "valid_loss" not in tasks:
         tasks.insert(0, "valid_loss")
@@ -468,56 +531,52 @@ def sweep(cfg: SweepConfig) -> list[dict]:
     logger.info(f"evaluating {len(snaps)} snapshot(s) x {len(tasks)} task(s) -> {out}")
     rows = []
     for n, snap in enumerate(snaps, 1):
-        cache_dir = out / "cache" / snap["run"] / snap["snapshot"]
-        fp = fingerprint(snap["path"])
-        window = scoring_window_of(snap, cfg, warn=logger.warning)
-        cached, todo = {}, []
-        for t in tasks:
-            f = cache_dir / f"{t}.json"
-            key = {"settings": task_settings(t, cfg, window, dtype), "weights": fp}
-            if f.exists() and not cfg.force:
-                try:
-                    rec = json.loads(f.read_text())
-                except (OSError, ValueError):   # a damaged cache entry is a miss, not the end of the sweep
-                    rec = {}
-                if isinstance(rec, dict) and same_key(rec.get("key"), key) and isinstance(rec.get("metrics"), dict):
-                    cached[t] = rec["metrics"]
-                    continue
-            todo.append(t)
         label = f"[{n}/{len(snaps)}] {snap['run']}/{snap['snapshot']} (step {snap['step']})"
-        logger.info(f"{label}: {len(cached)} cached, {len(todo)} to run {todo if todo else ''}")
-        if todo:
-            t0 = time.time()
-            try:
-                model = load_model(snap, cfg, todo)
-            except MemoryError:
-                raise
-            except Exception as err:  # noqa: BLE001  (a damaged export must not sink the other snapshots)
-                msg = f"cannot load {snap['path']}: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
-                logger.warning(f"{label}: {msg}; skipped (export that step again: launch/export.py RUN "
-                               f"--step {snap['step']} --force)")
-                cached.update({t: {"error": msg} for t in todo})
-                rows.append({**snap, "results": cached})
-                continue
-            for t in todo:
-                t1 = time.time()
-                res = run_tasks([t], model, snap, cfg, out).get(t, {"error": "no result"})
-                secs = time.time() - t1
-                if "error" not in res:
-                    cache_dir.mkdir(parents=True, exist_ok=True)
-                    key = {"settings": task_settings(t, cfg, window, dtype), "weights": fp}
-                    tmp = cache_dir / f".{t}.json.tmp"
-                    tmp.write_text(json.dumps({"key": key, "metrics": res, "seconds": secs}, indent=1))
-                    tmp.rename(cache_dir / f"{t}.json")
-                logger.info(f"    {t}: {short(res)} ({secs:.1f}s)")
-                cached[t] = res
-            del model
-            logger.info(f"    done in {time.time() - t0:.1f}s")
-        rows.append({**snap, "results": cached})
+        _check_stop(stop, f"before {label}")
+        rows.append({**snap, "results": _sweep_snapshot(snap, tasks, cfg, out, dtype, label, stop)})
     write_tables(rows, tasks, out)
     if cfg.plots:
         plot_metrics(rows, out)
     return rows
+
+
+def _sweep_snapshot(snap: dict, tasks: list[str], cfg: SweepConfig, out: Path, dtype: str, label: str,
+                    stop: Callable[[], str | None] | None) -> dict[str, dict]:
+    """One snapshot's results: the cached ones of the same key, the others run (and cached) in turn."""
+    fp = fingerprint(snap["path"])
+    window = scoring_window_of(snap, cfg, warn=logger.warning)
+    cached, todo = {}, []
+    for t in tasks:
+        rec = None if cfg.force else read_cache(cache_path(out, snap, t))
+        if rec is not None and same_key(rec.get("key"), cache_key(t, snap, cfg, window, dtype, fp)):
+            cached[t] = rec["metrics"]
+        else:
+            todo.append(t)
+    logger.info(f"{label}: {len(cached)} cached, {len(todo)} to run {todo if todo else ''}")
+    if not todo:
+        return cached
+    t0 = time.time()
+    try:
+        model = load_model(snap, cfg, todo)
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001  (a damaged export must not sink the other snapshots)
+        msg = f"cannot load {snap['path']}: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        logger.warning(f"{label}: {msg}; skipped (export that step again: launch/export.py RUN "
+                       f"--step {snap['step']} --force)")
+        return {**cached, **{t: {"error": msg} for t in todo}}
+    for t in todo:
+        _check_stop(stop, f"in {label} before {t}")
+        t1 = time.time()
+        res = run_tasks([t], model, snap, cfg, out).get(t, {"error": "no result"})
+        secs = time.time() - t1
+        if "error" not in res:
+            write_cache(cache_path(out, snap, t), cache_key(t, snap, cfg, window, dtype, fp), res, secs)
+        logger.info(f"    {t}: {short(res)} ({secs:.1f}s)")
+        cached[t] = res
+    del model
+    logger.info(f"    done in {time.time() - t0:.1f}s")
+    return cached
 
 
 def short(res: dict) -> str:

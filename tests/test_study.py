@@ -716,6 +716,175 @@ def test_a_config_that_is_not_a_study_file_is_a_clear_error(tmp_path, content, m
         load_study(path)
 
 
+# -- the evaluate stage: the settings of cached results, a stop between snapshots ----------------------------
+
+EVAL_TASKS = ["valid_loss", "wikitext2"]
+
+
+def fake_evaluation(tmp: Path, dataset: Path, monkeypatch, **evaluation):
+    """A study whose first run has three exports (files only) and an evaluation whose models and tasks are
+    stand-ins: load_model returns nothing, run_tasks records (snapshot, task) and returns the settings it was
+    given, so a test sees what was evaluated, with which settings, in seconds."""
+    from evaluation import sweep as sw
+    from scaling.study import load_study, plan_study
+    from scaling.study.stages import prepare_eval_inputs
+    shared = tmp / "shared"
+    (shared / "eval" / "wikitext-2-raw").mkdir(parents=True)
+    (shared / "eval" / "wikitext-2-raw" / "wiki.test.raw").write_text(" = Title = \n\n Some text . \n")
+    monkeypatch.setenv("LINSCALE_SHARED_DATA", str(shared))
+    path = study_yaml(tmp, dataset, evaluation={"tasks": EVAL_TASKS, "valid_windows": 4, "batch_size": 4,
+                                                "limit": 100, **evaluation})
+    cfg = load_study(path)
+    plan = plan_study(cfg)[0]
+    for s in plan.snapshot_steps:
+        d = plan.run_dir / "exports" / f"step_{s:08d}"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"model": {"arch": plan.arch, "size": plan.size, "vocab_size": 100352,
+                                                              "max_seq_len": 16}, "step": s, "tokens": 96 * s,
+                                                    "flops": 1e9 * s, "train_seq_len": 16}))
+        (d / "model.safetensors").write_bytes(f"weights of step {s}".encode())
+    prepare_eval_inputs(cfg, lambda m: None)
+    calls: list[tuple[str, str]] = []
+
+    def run_tasks(tasks, model, snap, sweep_cfg, out):
+        calls.append((snap["snapshot"], tasks[0]))
+        return {t: {"loss": 1.0, "limit": sweep_cfg.limit, "max_length": sweep_cfg.max_length,
+                    "windows": sweep_cfg.valid_windows} for t in tasks}
+    monkeypatch.setattr(sw, "load_model", lambda *a: object())
+    monkeypatch.setattr(sw, "run_tasks", run_tasks)
+    return path, plan, calls
+
+
+@pytest.mark.parametrize("change, task, stale", [
+    ("evaluation.limit=200", "wikitext2", "made with limit=100, study asks limit=200"),
+    ("evaluation.max_length=8", "wikitext2", "made with max_length=16, study asks max_length=8"),
+    ("evaluation.valid_windows=3", "valid_loss", "made with valid_windows=4, study asks valid_windows=3"),
+])
+def test_evaluations_made_with_other_settings_are_stale_and_made_again(tmp_path, dataset, monkeypatch, change,
+                                                                        task, stale):
+    """A cached result made with other settings than the study asks for now (after an edit of study.yaml) is not
+    done: `status` counts the snapshot as not evaluated and names the setting, the report leaves the stale number
+    out (the other tasks' results stay), and the evaluate stage makes only that task again."""
+    from scaling.study import load_study, plan_study
+    from scaling.study.report import evaluation_rows
+    from scaling.study.stages import evaluate, prepare_eval_inputs
+    from scaling.study.status import format_status, run_status
+    path, plan, calls = fake_evaluation(tmp_path, dataset, monkeypatch)
+    quiet = lambda m: None  # noqa: E731
+    evaluate(load_study(path), plan, quiet)
+    assert len(calls) == 2 * 3
+    status = run_status(load_study(path), plan)
+    assert (status.evaluated, status.to_evaluate, status.note) == (3, 3, "")
+    cfg = load_study(path, overrides=[change])
+    plan = plan_study(cfg)[0]
+    status = run_status(cfg, plan)
+    assert (status.evaluated, status.to_evaluate) == (0, 3)
+    assert status.note == f"3 snapshot(s) stale: {task} {stale}", status.note
+    assert f"stale: {task} {stale}" in format_status([status])
+    logged: list[str] = []
+    rows = evaluation_rows(cfg, [plan], logged.append)
+    other = next(t for t in EVAL_TASKS if t != task)
+    assert [sorted(r["results"]) for r in rows] == [[other]] * 3
+    assert sum(f"{task} left out, stale: {stale}" in m for m in logged) == 3, logged
+    calls.clear()
+    prepare_eval_inputs(cfg, quiet)
+    evaluate(cfg, plan, quiet)
+    assert calls == [(f"step_{s:08d}", task) for s in plan.snapshot_steps]
+    status = run_status(cfg, plan)
+    assert (status.evaluated, status.note) == (3, "")
+    rows = evaluation_rows(cfg, [plan], quiet)
+    made = {"limit": cfg.evaluation.limit, "max_length": cfg.evaluation.max_length or 16,
+            "windows": cfg.evaluation.valid_windows}
+    assert all({k: r["results"][task][k] for k in made} == made for r in rows), rows
+    if change == "evaluation.limit=200":   # the command says the same, back at the file's own limit
+        out = study("status", "--config", path).stdout
+        line = next(x for x in out.splitlines() if x.startswith(plan.name))
+        assert "0/3" in line and "3 snapshot(s) stale: wikitext2 made with limit=200, study asks limit=100" in line, out
+
+
+def test_stored_commonsense_scores_of_other_requests_or_window_are_stale(tmp_path, dataset):
+    """With csr: replay, a snapshot's stored scores are current only for the study's request file (tasks, limit),
+    scoring window and weights: `status` names scores of a request file made for another limit, scored in another
+    window or from weights exported again as stale, and does not count them."""
+    from evaluation.request_replay import FORMAT
+    from evaluation.sweep import fingerprint
+    from scaling.study import load_study, plan_study
+    from scaling.study.stages import CSR_REQUESTS, eval_dir
+    from scaling.study.status import run_status
+    path = study_yaml(tmp_path, dataset, evaluation={"tasks": ["piqa"], "limit": 5, "csr": "replay"})
+    cfg = load_study(path)
+    plan = plan_study(cfg)[0]
+    req = {"format": FORMAT, "tasks": ["piqa"], "limit": 5, "sha256": "r1", "pairs": []}
+    eval_dir(cfg).mkdir(parents=True)
+    (eval_dir(cfg) / CSR_REQUESTS).write_text(json.dumps(req))
+    export = plan.run_dir / "exports" / "step_00000001"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    (export / "model.safetensors").write_bytes(b"w")
+    scores = eval_dir(cfg, plan.name) / "csr_scores" / "step_00000001.json"
+    scores.parent.mkdir(parents=True)
+    scores.write_text(json.dumps({"key": {"requests": "r1", "weights": fingerprint(export), "window": 16},
+                                  "scores": []}))
+    status = run_status(cfg, plan)
+    assert (status.evaluated, status.note) == (1, "")
+    for change, why in (("evaluation.limit=6", "made with limit=5, study asks limit=6"),
+                        ("evaluation.max_length=8", "made with max_length=16, study asks max_length=8")):
+        status = run_status(load_study(path, overrides=[change]), plan)
+        assert (status.evaluated, status.note) == (0, f"1 snapshot(s) stale: commonsense scores {why}")
+    (export / "model.safetensors").write_bytes(b"exported again")
+    status = run_status(cfg, plan)
+    assert (status.evaluated, status.note) == (0, "1 snapshot(s) stale: commonsense scores made with other weights "
+                                                  "(exported again)")
+
+
+@pytest.mark.parametrize("stop_after", [1, 2], ids=["between-tasks", "between-snapshots"])
+def test_a_stop_during_evaluation_ends_the_stage_there_and_run_continues_it(tmp_path, dataset, monkeypatch,
+                                                                            stop_after):
+    """SIGUSR1 (a scheduler's warning; the deadline sends the same) while a run is evaluated: the evaluate stage
+    stops before the next task or snapshot, is recorded as stopped (not failed), keeps what it finished in the
+    cache and writes nothing half-way (no temporary file, no table); `run` again evaluates only the rest."""
+    import signal
+    import threading
+    from scaling.study import load_study, local
+    from scaling.study.stages import EVALUATE, eval_dir, read_state
+    from scaling.study.status import run_status
+    assert threading.current_thread() is threading.main_thread()   # where the study's Stopper takes the signal
+    path, plan, calls = fake_evaluation(tmp_path, dataset, monkeypatch)
+    cfg = load_study(path)
+    from evaluation import sweep as sw
+    run_tasks = sw.run_tasks
+
+    signals = []
+
+    def signalled(*a):   # the signal arrives once, while the stop_after-th task runs
+        res = run_tasks(*a)
+        if len(calls) == stop_after and not signals:
+            signals.append(os.kill(os.getpid(), signal.SIGUSR1))
+        return res
+    monkeypatch.setattr(sw, "run_tasks", signalled)
+    logged: list[str] = []
+    res = local.run_local(cfg, [plan], (EVALUATE,), log=logged.append)
+    snaps = [f"step_{s:08d}" for s in plan.snapshot_steps]
+    everything = [(s, t) for s in snaps for t in EVAL_TASKS]
+    assert calls == everything[:stop_after]
+    assert res["stopped"] == "SIGUSR1" and res["failed"] == {} and res["done"] == [], res
+    rec = read_state(cfg, plan.name, EVALUATE)
+    assert rec["status"] == "stopped" and "evaluation stopped (SIGUSR1)" in rec["error"], rec
+    cache = eval_dir(cfg, plan.name) / "cache" / plan.name
+    files = sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file())
+    assert files == [f"{s}/{t}.json" for s, t in everything[:stop_after]]
+    assert not (eval_dir(cfg, plan.name) / "results.json").exists()
+    assert run_status(cfg, plan).evaluated == stop_after // 2
+    calls.clear()
+    res = local.run_local(cfg, [plan], (EVALUATE,), log=logged.append)
+    assert res["stopped"] is None and res["done"] == [plan.name], res
+    assert calls == everything[stop_after:]
+    assert read_state(cfg, plan.name, EVALUATE)["status"] == "done"
+    table = json.loads((eval_dir(cfg, plan.name) / "results.json").read_text())["snapshots"]
+    assert [r["snapshot"] for r in table] == snaps and all(sorted(r["results"]) == sorted(EVAL_TASKS) for r in table)
+    assert run_status(cfg, plan).evaluated == 3
+
+
 # -- Slurm: the submitted job arrays and dependencies -------------------------------------------------------
 
 def fake_slurm(bin_dir: Path, log: Path) -> None:

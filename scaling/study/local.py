@@ -3,7 +3,8 @@
 Stages run in this process, so a study of small models does not pay a Python and CUDA start per stage.
 A stage that fails is recorded (STUDY/state/) and its run is left; the others go on. SIGTERM or SIGUSR1
 (what Slurm and most schedulers send) and the optional deadline stop the study cleanly: a run in training
-writes a checkpoint and the study ends; `run` again continues where it stopped. Each run is claimed for its stages
+writes a checkpoint, a run in evaluation stops before its next snapshot or task (the finished results stay cached),
+and the study ends; `run` again continues where it stopped. Each run is claimed for its stages
 (`run_claimed`): a run that another process works on is left to it, so two runners of one study share its runs."""
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ from scaling.study.stages import (EVALUATE, EXPORT, RUN_STAGES, TRAIN, RunBusy, 
                                   train)
 
 STAGE_FUNCTIONS = {TRAIN: train, EXPORT: export, EVALUATE: evaluate}
+# stages that take the study's stop flag (`stop`: the reason, or None) and end early, cleanly, when it is set
+STOPPABLE = (EVALUATE,)
 
 
 class Stopper:
     """A stop flag set by SIGTERM/SIGUSR1 outside training (the trainer has its own handler while it runs and
     checkpoints on the same signals) or by the deadline, which also signals the process so that a run in
-    training stops at its next step."""
+    training stops at its next step. The runner asks it between stages, the evaluate stage between snapshots
+    and between tasks."""
 
     def __init__(self, deadline_s: float | None):
         self.reason: str | None = None
@@ -109,8 +113,10 @@ def _run_stages(study: StudyConfig, plan: RunPlan, stages: tuple[str, ...], stop
     for stage in stages:
         if stopper.stop:
             return "stopped"
+        # the evaluate stage asks the flag between snapshots and tasks (training has the trainer's own handler)
+        extra = {"stop": lambda: stopper.reason} if stage in STOPPABLE else {}
         try:
-            tracked(study, plan.name, stage, STAGE_FUNCTIONS[stage], study, plan, log)
+            tracked(study, plan.name, stage, STAGE_FUNCTIONS[stage], study, plan, log, **extra)
         except RunBusy:
             raise
         except StageStopped as err:

@@ -101,22 +101,24 @@ def run_fit(study: StudyConfig, plans: list[RunPlan], log=print) -> dict | None:
 
 # -- evaluation table ----------------------------------------------------------------------------------
 
-def replayed_csr(study: StudyConfig, run: str, log=print) -> dict[str, dict]:
+def replayed_csr(study: StudyConfig, plan: RunPlan, log=print) -> dict[str, dict]:
     """snapshot name -> {task: metrics} from the run's stored commonsense scores (lm-eval replays them);
-    the metrics are cached next to the scores."""
-    src = eval_dir(study, run) / "csr_scores"
+    the metrics are cached next to the scores. Scores made for other requests (tasks, limit), weights or
+    scoring window than the study's now are left out, named (the evaluate stage scores them again)."""
+    src = eval_dir(study, plan.name) / "csr_scores"
     if study.evaluation.csr != "replay" or not csr_tasks(study) or not src.is_dir():
         return {}
     from evaluation.request_replay import read_requests, replay, task_manager
+    from scaling.study.stages import stored_csr_scores
     req = read_requests(eval_dir(study) / CSR_REQUESTS)
     manager = None
     out = {}
     for f in sorted(src.glob("*.json")):
         if f.name.endswith(".metrics.json"):
             continue
-        rec = json.loads(f.read_text())
-        if rec["key"]["requests"] != req["sha256"]:
-            log(f"[study] {f}: scored for another request file; skipped (evaluate the run again)")
+        rec, why = stored_csr_scores(study, plan, f.stem, req)
+        if rec is None:
+            log(f"[study] {f}: {why}; left out of the report (evaluate the run again)")
             continue
         cache = f.with_name(f.stem + ".metrics.json")
         if cache.is_file() and json.loads(cache.read_text()).get("key") == rec["key"]:
@@ -129,19 +131,23 @@ def replayed_csr(study: StudyConfig, run: str, log=print) -> dict[str, dict]:
     return out
 
 
-def _cached_rows(study: StudyConfig, plan: RunPlan) -> dict[str, dict]:
-    """Rows from the sweep's per-(snapshot, task) cache: what a sweep that stopped before writing its table
-    had finished. Snapshot facts come from the export's config.json, else from the snapshot's name."""
+def _cached_rows(study: StudyConfig, plan: RunPlan, log=print) -> dict[str, dict]:
+    """Rows from the sweep's per-(snapshot, task) cache, only results made with the study's settings now
+    (`cached_evaluation`; a stale one is named in the log and left out): what a sweep that stopped before
+    writing its table had finished too. Snapshot facts come from the export's config.json, else from the
+    snapshot's name."""
     from checkpoints.layout import parse_step
+    from scaling.study.stages import cached_evaluation
     cache = eval_dir(study, plan.name) / "cache" / plan.name
     rows = {}
     for snap_dir in sorted(cache.glob("step_*")) if cache.is_dir() else []:
         results = {}
         for f in sorted(snap_dir.glob("*.json")):
-            try:
-                results[f.stem] = json.loads(f.read_text())["metrics"]
-            except (OSError, json.JSONDecodeError, KeyError):
-                continue
+            metrics, why = cached_evaluation(study, plan, snap_dir.name, f.stem)
+            if metrics is not None:
+                results[f.stem] = metrics
+            elif why.startswith("stale"):
+                log(f"[study] report: {plan.name}/{snap_dir.name} {f.stem} left out, {why}")
         if not results:
             continue
         meta = {}
@@ -154,17 +160,26 @@ def _cached_rows(study: StudyConfig, plan: RunPlan) -> dict[str, dict]:
     return rows
 
 
+def _errors(row: dict) -> dict[str, dict]:
+    """The failed tasks of a sweep row (a snapshot that cannot be loaded, SCROLLS offline): not cached, so
+    only its table says why they are missing."""
+    return {t: res for t, res in row.get("results", {}).items() if isinstance(res, dict) and "error" in res}
+
+
 def evaluation_rows(study: StudyConfig, plans: list[RunPlan], log=print) -> list[dict]:
-    """Every evaluated snapshot of the study: the sweep rows of each run (its table, and what its cache holds
-    beyond the table), with replayed commonsense metrics."""
+    """Every evaluated snapshot of the study: the current results of each run's cache, with the snapshot facts
+    and failures of its sweep table (whose numbers may be of earlier settings: they are taken from the cache),
+    and replayed commonsense metrics."""
     rows = []
     for p in plans:
         d = eval_dir(study, p.name)
-        by_snap: dict[str, dict] = _cached_rows(study, p)
+        by_snap: dict[str, dict] = _cached_rows(study, p, log)
         if (d / "results.json").is_file():
             for r in json.loads((d / "results.json").read_text())["snapshots"]:
-                by_snap[r["snapshot"]] = r
-        for snap, metrics in replayed_csr(study, p.name, log).items():
+                results = {**_errors(r), **by_snap.get(r["snapshot"], {}).get("results", {})}
+                if results:
+                    by_snap[r["snapshot"]] = {**r, "results": results}
+        for snap, metrics in replayed_csr(study, p, log).items():
             if snap not in by_snap:
                 rec = json.loads((d / "csr_scores" / f"{snap}.json").read_text())["snapshot"]
                 by_snap[snap] = {**rec, "path": None, "results": {}}

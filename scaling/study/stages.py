@@ -8,8 +8,10 @@ only does the missing work:
   another budget that its checkpoints cannot continue to) is moved aside first (`run_change`, `supersede`).
 - export: the selected snapshots to RUN/exports/ (checkpoints.export; existing exports are kept).
 - evaluate: evaluation.sweep over the run's exports into STUDY/eval/<run>/ (its per-(snapshot, task) cache
-  skips finished work); with `evaluation.csr: replay` the commonsense tasks are scored from the study's
-  request file into STUDY/eval/<run>/csr_scores/ instead, and the report turns scores into metrics.
+  skips work finished with the same settings, and `cached_evaluation` reads it the same way for status and
+  report); with `evaluation.csr: replay` the commonsense tasks are scored from the study's request file into
+  STUDY/eval/<run>/csr_scores/ instead, and the report turns scores into metrics. A stop (signal, deadline)
+  ends it between snapshots and between tasks, its finished results kept.
 
 Where a study keeps things:
 
@@ -25,6 +27,7 @@ Where a study keeps things:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -32,6 +35,7 @@ import socket
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from checkpoints.atomic import atomic_write_bytes, atomic_write_text
 from checkpoints.layout import SUMMARY
@@ -387,7 +391,7 @@ def prepare_eval_inputs(study: StudyConfig, log=print) -> None:
         current = None
         if path.is_file():
             current = read_requests(path)
-        if current is None or current["tasks"] != csr_tasks(study) or current["limit"] != e.limit:
+        if current is None or requests_changes(study, current):
             req = write_requests(path, csr_tasks(study), e.limit)
             log(f"[study] commonsense requests: {len(req['pairs']):,} (context, continuation) pairs for "
                 f"{', '.join(req['tasks'])} at limit {e.limit} -> {path}")
@@ -448,9 +452,7 @@ def evaluation_problems(study: StudyConfig) -> list[str]:
     import importlib.util
 
     from evaluation import local_data
-    e = study.evaluation
-    replay = e.csr == "replay"
-    here = [t for t in e.tasks if not (replay and t in csr_tasks(study))]
+    here = sweep_tasks(study)
     problems = []
     for t in here:
         for name in TASK_FILES.get(t, ()):
@@ -487,23 +489,47 @@ def sweep_config(study: StudyConfig, run_dir: Path, tasks: list[str]):
                        valid_shards=valid, valid_seq_len=study.seq_len, valid_windows=e.valid_windows, plots=False)
 
 
-def evaluate(study: StudyConfig, plan: RunPlan, log=print) -> list[dict]:
-    """Evaluate the run's exports; returns the sweep's rows (one per snapshot)."""
-    from evaluation.sweep import sweep
+def sweep_tasks(study: StudyConfig) -> list[str]:
+    """The tasks the evaluate stage hands the sweep: with csr: replay the commonsense tasks are scored apart."""
+    replay = study.evaluation.csr == "replay"
+    return [t for t in study.evaluation.tasks if not (replay and t in csr_tasks(study))]
+
+
+def evaluate(study: StudyConfig, plan: RunPlan, log=print, stop: Callable[[], str | None] | None = None) -> list[dict]:
+    """Evaluate the run's exports; returns the sweep's rows (one per snapshot). `stop` (the study's stop flag:
+    the reason, or None) is asked between snapshots and between tasks: a signal or the deadline ends the stage
+    there (StageStopped) with every finished (snapshot, task) result cached, so the next `run` does the rest."""
+    from evaluation.sweep import SweepStopped, sweep
     check_evaluation(study)
-    e = study.evaluation
-    replay = e.csr == "replay"
-    tasks = [t for t in e.tasks if not (replay and t in csr_tasks(study))]
+    tasks = sweep_tasks(study)
     if "valid_loss" in tasks:
         check_valid_tokens(study)
-    rows = sweep(sweep_config(study, plan.run_dir, tasks)) if tasks else []
-    if replay and csr_tasks(study):
-        score_csr(study, plan, log)
+    try:
+        rows = sweep(sweep_config(study, plan.run_dir, tasks), stop=stop) if tasks else []
+    except SweepStopped as err:
+        raise StageStopped(f"{plan.name}: {err}; the finished results are kept, run the study again to evaluate "
+                           f"the rest") from None
+    if study.evaluation.csr == "replay" and csr_tasks(study):
+        score_csr(study, plan, log, stop)
     return rows
 
 
-def score_csr(study: StudyConfig, plan: RunPlan, log=print) -> None:
-    """Scores of the study's commonsense requests for every export of the run, cached per snapshot."""
+def csr_score_key(study: StudyConfig, req: dict, weights: dict) -> dict:
+    """What a snapshot's stored commonsense scores were made with: the request file (its digest), the weights'
+    fingerprint and the scoring window."""
+    return {"requests": req["sha256"], "weights": weights, "window": scoring_window(study)}
+
+
+def requests_changes(study: StudyConfig, req: dict) -> list[tuple[str, object, object]]:
+    """(setting, in the request file, the study's) where the commonsense request file was made for other
+    tasks or another limit than the study asks for (prepare_eval_inputs makes it again)."""
+    want = {"tasks": csr_tasks(study), "limit": study.evaluation.limit}
+    return [(k, req.get(k), v) for k, v in want.items() if req.get(k) != v]
+
+
+def score_csr(study: StudyConfig, plan: RunPlan, log=print, stop: Callable[[], str | None] | None = None) -> None:
+    """Scores of the study's commonsense requests for every export of the run, cached per snapshot; `stop` is
+    asked before each snapshot (as in `evaluate`)."""
     from evaluation.request_replay import read_requests, score_requests
     from evaluation.sweep import find_snapshots, fingerprint, load_model
     req = read_requests(eval_dir(study) / CSR_REQUESTS)
@@ -511,10 +537,14 @@ def score_csr(study: StudyConfig, plan: RunPlan, log=print) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg = sweep_config(study, plan.run_dir, ["valid_loss"])
     for snap in find_snapshots([str(plan.run_dir)]):
-        key = {"requests": req["sha256"], "weights": fingerprint(snap["path"]), "window": scoring_window(study)}
+        key = csr_score_key(study, req, fingerprint(snap["path"]))
         path = out / f"{snap['snapshot']}.json"
         if path.is_file() and json.loads(path.read_text()).get("key") == key:
             continue
+        reason = stop() if stop is not None else None
+        if reason:
+            raise StageStopped(f"{plan.name}: commonsense scoring stopped ({reason}) before {snap['snapshot']}; the "
+                               f"finished scores are kept, run the study again to score the rest")
         t0 = time.time()
         model = load_model(snap, cfg, [])
         scores = score_requests(model, req, scoring_window(study), study.evaluation.batch_size)
@@ -523,3 +553,99 @@ def score_csr(study: StudyConfig, plan: RunPlan, log=print) -> None:
                                                                "flops")}, "scores": scores}
         atomic_write_text(path, json.dumps(rec))
         log(f"    {snap['snapshot']}: {len(scores):,} commonsense requests scored ({time.time() - t0:.1f}s)")
+
+
+# -- what is evaluated: the caches against the study's settings now ------------------------------------
+
+# the sweep's names of settings a study sets, as the study config names them
+STUDY_NAMES = {"windows": "valid_windows", "window": "max_length"}
+# settings whose values say nothing printed in a line: named only
+OTHER_NAMES = {"weights": "weights (exported again)", "data": "evaluation data", "shards": "validation windows file",
+               "haystack": "haystack", "requests": "request file", "key": "settings"}
+
+
+def describe_stale(changes: list[tuple[str, object, object]]) -> str:
+    """'stale: made with limit=100, study asks limit=200' (evaluation.sweep.key_changes' differences)."""
+    plain = lambda v: v is None or isinstance(v, (bool, int, float, str))  # noqa: E731
+    shown = [(STUDY_NAMES.get(k, k), a, b) for k, a, b in changes if plain(a) and plain(b) and k not in OTHER_NAMES]
+    other = [OTHER_NAMES.get(k, k) for k, a, b in changes if not (plain(a) and plain(b)) or k in OTHER_NAMES]
+    show = lambda v: "null" if v is None else str(v)  # noqa: E731  (as YAML writes it: limit null is all)
+    parts = []
+    if shown:
+        parts.append("made with " + ", ".join(f"{k}={show(a)}" for k, a, _ in shown) + ", study asks "
+                     + ", ".join(f"{k}={show(b)}" for k, _, b in shown))
+    if other:
+        parts.append("made with other " + ", ".join(dict.fromkeys(other)))
+    return "stale: " + "; ".join(parts)
+
+
+def _key_here(study: StudyConfig, plan: RunPlan, snapshot: str, task: str, cached: dict) -> dict:
+    """The key the evaluate stage would give (snapshot, task) now (evaluation.sweep.cache_key). What this machine
+    cannot know of the evaluating one is taken from the cached key: under dtype auto its dtype (bfloat16 on a GPU,
+    where status may run on a login node), the digest of an evaluation file not here, the weights of an export
+    whose weights were left behind, the path of a validation windows file moved with the study."""
+    from checkpoints.layout import EXPORTS, MODEL_WEIGHTS
+    from evaluation.sweep import cache_key, fingerprint, run_dtype, scoring_window_of
+    cfg = sweep_config(study, plan.run_dir, [task])
+    export = plan.run_dir / EXPORTS / snapshot
+    snap = {"run": plan.name, "snapshot": snapshot, "path": str(export), "max_seq_len": None}
+    old = cached.get("settings") if isinstance(cached.get("settings"), dict) else {}
+    if cfg.dtype == "auto" and cfg.device != "cpu":
+        dtype = old.get("dtype")
+    else:  # an explicit dtype is the same on every device: resolved as on the CPU, without a word about a GPU
+        dtype = run_dtype(dataclasses.replace(cfg, device="cpu"))
+    weights = fingerprint(str(export)) if (export / MODEL_WEIGHTS).is_file() else cached.get("weights")
+    key = cache_key(task, snap, cfg, scoring_window_of(snap, cfg, warn=None), dtype, weights or {})
+    data, old_data = key["settings"].get("data"), old.get("data")
+    if isinstance(data, dict) and isinstance(old_data, dict):
+        key["settings"]["data"] = {k: old_data.get(k) if v is None else v for k, v in data.items()}
+    if "shards" in key["settings"]:
+        key["settings"]["shards"] = _moved_with_the_study(key["settings"]["shards"], old.get("shards"))
+    return key
+
+
+def _moved_with_the_study(now: list, cached) -> list:
+    """The study's validation windows file as the cached key names it when it is the same file at another path:
+    a study copied or moved with its files' times kept (rsync -a, cp -a; evaluated on another machine and
+    carried back) holds the same STUDY/eval/valid_tokens.bin, which the sweep keys by its path too."""
+    if not (isinstance(cached, list) and len(cached) == len(now) == 1 and isinstance(cached[0], list)):
+        return now
+    (path, size, mtime), old = now[0], cached[0]
+    same = len(old) == 3 and Path(str(old[0])).name == Path(path).name and old[1:] == [size, mtime]
+    return [old] if same else now
+
+
+def cached_evaluation(study: StudyConfig, plan: RunPlan, snapshot: str, task: str) -> tuple[dict | None, str]:
+    """(metrics, "") when the sweep's cached result for (snapshot, task) was made with what the study asks for
+    now, else (None, why): "not evaluated", or "stale: made with limit=100, study asks limit=200" (the evaluate
+    stage makes it again). Status counts, and the report shows, only current results."""
+    from evaluation.sweep import key_changes, read_cache
+    rec = read_cache(eval_dir(study, plan.name) / "cache" / plan.name / snapshot / f"{task}.json")
+    if rec is None or not isinstance(rec.get("key"), dict):
+        return None, "not evaluated"
+    changes = key_changes(rec["key"], _key_here(study, plan, snapshot, task, rec["key"]))
+    return (None, describe_stale(changes)) if changes else (rec["metrics"], "")
+
+
+def stored_csr_scores(study: StudyConfig, plan: RunPlan, snapshot: str, req: dict | None) -> tuple[dict | None, str]:
+    """(the record, "") when the snapshot's stored commonsense scores were made for the study's requests (tasks,
+    limit), weights and window now, else (None, why) as in cached_evaluation. `req`: the request file (None:
+    not made yet)."""
+    from checkpoints.layout import EXPORTS, MODEL_WEIGHTS
+    from evaluation.sweep import fingerprint
+    path = eval_dir(study, plan.name) / "csr_scores" / f"{snapshot}.json"
+    try:
+        rec = json.loads(path.read_text())
+        cached = rec["key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, "not evaluated"
+    if req is None:
+        return None, "not evaluated"
+    changes = requests_changes(study, req)
+    if changes:
+        return None, describe_stale(changes)
+    export = plan.run_dir / EXPORTS / snapshot
+    weights = fingerprint(str(export)) if (export / MODEL_WEIGHTS).is_file() else cached.get("weights")
+    key = csr_score_key(study, req, weights)
+    changes = [(k, cached.get(k), v) for k, v in key.items() if cached.get(k) != v]
+    return (None, describe_stale(changes)) if changes else (rec, "")

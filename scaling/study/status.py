@@ -23,7 +23,7 @@ class RunStatus:
     steps: int
     snapshots: int
     exported: int
-    evaluated: int      # snapshots whose every task is cached
+    evaluated: int      # snapshots whose every task is cached with the study's settings now
     to_evaluate: int    # snapshots selected for evaluation
     note: str = ""
 
@@ -74,20 +74,35 @@ def _failed_slurm_attempt(study: StudyConfig, plan: RunPlan) -> str:
     return f"Slurm job {rec.get('job_id')} exited {code} (stop: {rec.get('stop')})" if code else ""
 
 
-def _evaluated(study: StudyConfig, plan: RunPlan, steps: list[int]) -> int:
+def _evaluated(study: StudyConfig, plan: RunPlan, steps: list[int]) -> tuple[int, str]:
+    """(snapshots whose every task has a current result, a note naming the stale ones). A result made with
+    other settings than the study's now (another limit, scoring window, validation windows, ...) is not done:
+    the evaluate stage makes it again."""
     from checkpoints.layout import step_name
-    e = study.evaluation
-    replay = e.csr == "replay"
-    sweep_tasks = [t for t in e.tasks if not (replay and t in csr_tasks(study))]
-    cache = eval_dir(study, plan.name) / "cache" / plan.name
-    n = 0
+    from scaling.study.stages import cached_evaluation, stored_csr_scores, sweep_tasks
+    req = _requests(study)
+    n, stale = 0, []
     for s in steps:
         snap = step_name(s)
-        ok = all((cache / snap / f"{t}.json").is_file() for t in sweep_tasks)
-        if replay and csr_tasks(study):
-            ok = ok and (eval_dir(study, plan.name) / "csr_scores" / f"{snap}.json").is_file()
-        n += ok
-    return n
+        whys = {t: cached_evaluation(study, plan, snap, t)[1] for t in sweep_tasks(study)}
+        if req is not False:
+            whys["commonsense scores"] = stored_csr_scores(study, plan, snap, req)[1]
+        n += not any(whys.values())
+        # the first stale task of the snapshot, by name and setting: "wikitext2 made with limit=100, ..."
+        stale += [f"{t} {w.removeprefix('stale: ')}" for t, w in whys.items() if w.startswith("stale")][:1]
+    return n, f"{len(stale)} snapshot(s) stale: {stale[0]}" if stale else ""
+
+
+def _requests(study: StudyConfig):
+    """The commonsense request file with csr: replay (None where it is not made yet), else False."""
+    from scaling.study.stages import CSR_REQUESTS
+    if study.evaluation.csr != "replay" or not csr_tasks(study):
+        return False
+    from evaluation.request_replay import read_requests
+    try:
+        return read_requests(eval_dir(study) / CSR_REQUESTS)
+    except (OSError, ValueError):
+        return None
 
 
 def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = None) -> RunStatus:
@@ -143,8 +158,10 @@ def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = 
     # a study copied without its weights (snapshots left behind) still shows what was exported and evaluated
     selected = selected_snapshot_steps(study, plan.run_dir) if snaps else exports
     exported = [s for s in exports if s in selected]
-    return RunStatus(plan.name, train, step, plan.steps, len(snaps), len(exported), _evaluated(study, plan, selected),
-                     len(selected), note[:100])
+    evaluated, stale = _evaluated(study, plan, selected)
+    note = note or stale
+    return RunStatus(plan.name, train, step, plan.steps, len(snaps), len(exported), evaluated, len(selected),
+                     note[:100])
 
 
 def study_status(study: StudyConfig, plans: list[RunPlan], jobs: dict[str, dict[str, str]] | None = None
