@@ -98,15 +98,23 @@ def main(argv: list[str] | None = None) -> int:
         report(study, plans)
         return 0
     if args.command == "stage":
-        from scaling.study.local import STAGE_FUNCTIONS
-        from scaling.study.stages import RunBusy, run_claimed, tracked
+        from scaling.study.local import STAGE_FUNCTIONS, STOPPABLE, Stopper
+        from scaling.study.stages import RunBusy, StageStopped, run_claimed, tracked
+        # SIGTERM / SIGUSR1 (a Slurm time-limit warning, scancel) end an evaluation between snapshots and tasks
+        stopper = Stopper(None)
         try:
             with run_claimed(study, plans[0].name):
                 for stage in args.stages:
-                    tracked(study, plans[0].name, stage, STAGE_FUNCTIONS[stage], study, plans[0])
+                    extra = {"stop": lambda: stopper.reason} if stage in STOPPABLE else {}
+                    tracked(study, plans[0].name, stage, STAGE_FUNCTIONS[stage], study, plans[0], **extra)
         except RunBusy as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
+        except StageStopped as err:
+            print(f"[study] {plans[0].name}: {err}; the same stage again continues it", file=sys.stderr)
+            return 3
+        finally:
+            stopper.close()
         return 0
     # run
     print(format_plan(study, plans), flush=True)

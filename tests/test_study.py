@@ -1108,3 +1108,33 @@ def test_exponent_table_labels_each_method_beside_the_paper():
     assert f"{PAPER_TABLE3['llama']['D_opt'][1]:.4g}" in llama
     assert "0.610 [0.550, 0.670]" in by[("TNL", "handovers")]
     assert "| — |" in by[("HGRN2", "handovers")]
+
+
+def test_the_stage_command_of_a_slurm_job_stops_an_evaluation_and_continues_it(tmp_path, dataset, monkeypatch):
+    """`launch/study.py stage` (what a Slurm array task runs; Slurm warns it with SIGUSR1 before the time limit)
+    takes the signal as the study's runner does: the evaluation stops before its next task, the stage is
+    recorded as stopped, the command exits 3, and the same command again evaluates only the rest (exit 0)."""
+    import signal
+    from evaluation import sweep as sw
+    from launch_utils import load_launch_script
+    from scaling.study import load_study
+    from scaling.study.slurm import stage_script
+    from scaling.study.stages import EVALUATE, read_state
+    path, plan, calls = fake_evaluation(tmp_path, dataset, monkeypatch)
+    run_tasks = sw.run_tasks
+
+    def signalled(*a):
+        res = run_tasks(*a)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return res
+    monkeypatch.setattr(sw, "run_tasks", signalled)
+    cli = load_launch_script("study")
+    argv = ["stage", "--config", str(path), "--run", plan.name, "--stages", "evaluate"]
+    assert cli.main(argv) == 3
+    assert len(calls) == 3 and read_state(load_study(path), plan.name, EVALUATE)["status"] == "stopped"
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler is the command's only
+    assert cli.main(argv) == 0
+    assert len(calls) == 2 * 3 and read_state(load_study(path), plan.name, EVALUATE)["status"] == "done"
+    script = stage_script(load_study(path), [plan], "evaluate", ("export", "evaluate"))
+    assert "#SBATCH --signal=B:USR1@120" in script and script.index("trap '' USR1") < script.index("exec ")

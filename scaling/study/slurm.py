@@ -91,8 +91,13 @@ def _sets(study: StudyConfig) -> str:
 
 
 def stage_script(study: StudyConfig, plans: list[RunPlan], name: str, stages: tuple[str, ...]) -> str:
-    lines = _header(study, name, len(plans), study.slurm.evaluate, [])
-    lines += ["set -euo pipefail", f"cd {_q(ROOT)}"]
+    """The export / evaluate array: task i runs the stages of plans[i] in `launch/study.py stage`, which Slurm
+    warns with SIGUSR1 two minutes before the time limit: an evaluation stops before its next snapshot or
+    task, recorded as stopped, its finished results cached (the stage done again continues them)."""
+    lines = _header(study, name, len(plans), study.slurm.evaluate, ["--signal=B:USR1@120"])
+    # a warning that comes before Python has installed its handler must not end the job (USR1's default
+    # action): ignored until then (the disposition carries across exec; the stage command sets its own)
+    lines += ["set -euo pipefail", "trap '' USR1", f"cd {_q(ROOT)}"]
     lines += _cases([[f"RUN={_q(p.name)}"] for p in plans])
     lines.append(f"exec {_q(sys.executable)} launch/study.py stage --config {_q(study.path)}{_sets(study)} --run \"$RUN\" "
                  f"--stages {','.join(stages)}")
