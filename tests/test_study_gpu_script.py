@@ -105,7 +105,7 @@ def test_bundle_device_parts_and_collect(tmp_path):
         assert sorted(r["step"] for r in results) == plans[run].snapshot_steps
         assert all(r["results"]["valid_loss"]["loss"] > 0 for r in results)
     report = (docs / "report.md").read_text()
-    assert "4/4 runs trained and evaluated" in report
+    assert "4/4 runs trained and evaluated" in report, report[:1500]  # collected without the validation windows
     assert (docs / "table3.md").is_file() and (docs / "fits.json").is_file() and (docs / "metrics_vs_compute.png").is_file()
     assert sorted(p.name for p in (docs / "logs").iterdir()) == ["part1.log", "part2.log", "status_part1.txt",
                                                                  "status_part2.txt"]

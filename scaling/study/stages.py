@@ -605,10 +605,15 @@ def _key_here(study: StudyConfig, plan: RunPlan, snapshot: str, task: str, cache
 
 
 def _moved_with_the_study(now: list, cached) -> list:
-    """The study's validation windows file as the cached key names it when it is the same file at another path:
-    a study copied or moved with its files' times kept (rsync -a, cp -a; evaluated on another machine and
-    carried back) holds the same STUDY/eval/valid_tokens.bin, which the sweep keys by its path too."""
-    if not (isinstance(cached, list) and len(cached) == len(now) == 1 and isinstance(cached[0], list)):
+    """The study's validation windows file as the cached key names it when this machine cannot tell it apart:
+    the same file at another path (a study copied or moved with its files' times kept: rsync -a, cp -a), or no
+    file here at all (results evaluated on another machine and collected without it). The sweep keys that file
+    by its path, size and time."""
+    if not (isinstance(cached, list) and len(cached) == 1 and isinstance(cached[0], list)):
+        return now
+    if not now:
+        return cached
+    if len(now) != 1:
         return now
     (path, size, mtime), old = now[0], cached[0]
     same = len(old) == 3 and Path(str(old[0])).name == Path(path).name and old[1:] == [size, mtime]
