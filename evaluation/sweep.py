@@ -257,13 +257,27 @@ def data_key(task: str, cfg: SweepConfig) -> dict:
 
 def same_key(cached: dict | None, key: dict) -> bool:
     """Whether a cached result's key matches. A result cached before the data's digest was part of the key
-    (no settings.data) matches on everything else: it is not redone on the mere upgrade."""
+    (no settings.data) matches on everything else: it is not redone on the mere upgrade. Validation files
+    (settings.shards) match by name, size and time, or digest, wherever they are (`_moved`)."""
     if not isinstance(cached, dict):
         return False
     settings = cached.get("settings")
     if isinstance(settings, dict) and "data" not in settings:
         key = {**key, "settings": {k: v for k, v in key["settings"].items() if k != "data"}}
+    if isinstance(settings, dict) and _moved(settings.get("shards"), key["settings"].get("shards")):
+        key = {**key, "settings": {**key["settings"], "shards": settings["shards"]}}
     return cached == key
+
+
+def _moved(cached, now) -> bool:
+    """Whether two validation-file keys (`_valid_key`) name the same files at other paths: each entry of the
+    same file name and the same size and time (a token file) or digest (a prepared dataset's meta), as a
+    study copied or moved with its files' times kept (rsync -a, cp -a) holds them."""
+    if not (isinstance(cached, list) and isinstance(now, list)) or len(cached) != len(now) or cached == now:
+        return False
+    return all(isinstance(a, list) and isinstance(b, list) and len(a) == len(b) >= 2
+               and Path(str(a[0])).name == Path(str(b[0])).name and a[1:] == b[1:] and None not in b[1:]
+               for a, b in zip(cached, now))
 
 
 def key_changes(cached: dict | None, key: dict) -> list[tuple[str, object, object]]:

@@ -3,6 +3,7 @@ import csv
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -114,6 +115,16 @@ def test_cache_follows_the_dtype_and_the_files_now_matched(run_dir, tmp_path, mo
     cfg.dtype = "bfloat16"
     bf16 = sw.sweep(cfg)[0]["results"]["valid_loss"]
     assert len(calls) == 3 and bf16["loss"] != grown["loss"]
+    # the same files elsewhere, times kept (a study moved with rsync -a / cp -a): the cached result holds
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for f in sorted(tmp_path.glob("v*.bin")):
+        shutil.copy2(f, moved / f.name)
+    cfg.valid_shards = [str(moved / "v*.bin")]
+    assert sw.sweep(cfg)[0]["results"]["valid_loss"] == bf16 and len(calls) == 3
+    (moved / "v2.bin").write_bytes((moved / "v2.bin").read_bytes())  # rewritten: another time
+    sw.sweep(cfg)
+    assert len(calls) == 4
 
 
 def test_runs_of_one_name_in_two_folders_stay_apart(tmp_path):

@@ -583,7 +583,7 @@ def _key_here(study: StudyConfig, plan: RunPlan, snapshot: str, task: str, cache
     """The key the evaluate stage would give (snapshot, task) now (evaluation.sweep.cache_key). What this machine
     cannot know of the evaluating one is taken from the cached key: under dtype auto its dtype (bfloat16 on a GPU,
     where status may run on a login node), the digest of an evaluation file not here, the weights of an export
-    whose weights were left behind, the path of a validation windows file moved with the study."""
+    whose weights were left behind, a validation windows file not collected with the results."""
     from checkpoints.layout import EXPORTS, MODEL_WEIGHTS
     from evaluation.sweep import cache_key, fingerprint, run_dtype, scoring_window_of
     cfg = sweep_config(study, plan.run_dir, [task])
@@ -600,24 +600,15 @@ def _key_here(study: StudyConfig, plan: RunPlan, snapshot: str, task: str, cache
     if isinstance(data, dict) and isinstance(old_data, dict):
         key["settings"]["data"] = {k: old_data.get(k) if v is None else v for k, v in data.items()}
     if "shards" in key["settings"]:
-        key["settings"]["shards"] = _moved_with_the_study(key["settings"]["shards"], old.get("shards"))
+        key["settings"]["shards"] = _collected_without(key["settings"]["shards"], old.get("shards"))
     return key
 
 
-def _moved_with_the_study(now: list, cached) -> list:
-    """The study's validation windows file as the cached key names it when this machine cannot tell it apart:
-    the same file at another path (a study copied or moved with its files' times kept: rsync -a, cp -a), or no
-    file here at all (results evaluated on another machine and collected without it). The sweep keys that file
-    by its path, size and time."""
-    if not (isinstance(cached, list) and len(cached) == 1 and isinstance(cached[0], list)):
-        return now
-    if not now:
-        return cached
-    if len(now) != 1:
-        return now
-    (path, size, mtime), old = now[0], cached[0]
-    same = len(old) == 3 and Path(str(old[0])).name == Path(path).name and old[1:] == [size, mtime]
-    return [old] if same else now
+def _collected_without(now: list, cached) -> list:
+    """The study's validation windows file as the cached key names it when it is not on this machine (results
+    evaluated on another machine and collected without it): nothing here to tell it apart. A copy of it
+    elsewhere (a moved study) matches through evaluation.sweep.same_key."""
+    return cached if not now and isinstance(cached, list) and cached else now
 
 
 def cached_evaluation(study: StudyConfig, plan: RunPlan, snapshot: str, task: str) -> tuple[dict | None, str]:
