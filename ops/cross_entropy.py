@@ -149,8 +149,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore
         chunk_size: rows of logits held at a time ([chunk_size, V] in the compute dtype).
         weight_grad_into: a buffer of weight's shape (fp32 under autocast, else weight's dtype) into which
             the backward adds the weight's gradient, in place of handing it to autograd (the weight then
-            gets none); for a caller that accumulates the gradient itself. Used only when a gradient is
-            computed.
+            gets none); for a caller that accumulates the gradient itself. Used only when the weight's
+            gradient is computed (grad mode on, the weight requiring grad).
     Returns:
         the 0-dim loss (fp32; fp64 for an fp64 `hidden`). Under autocast the head matmuls run in the
         autocast dtype, as `hidden @ weight.t()` would; the gradients reach `hidden` and `weight` in
@@ -178,11 +178,12 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore
     if hidden.dtype != torch.float64 and torch.is_autocast_enabled(dev):
         compute_dtype = torch.get_autocast_dtype(dev)
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    if with_grad and weight_grad_into is not None:
+    if with_grad and weight_grad_into is not None and weight.requires_grad:
         acc = torch.float64 if compute_dtype == torch.float64 else torch.float32
         if (weight_grad_into.shape != weight.shape or weight_grad_into.device != weight.device
                 or weight_grad_into.dtype not in (acc, weight.dtype)):
-            raise ValueError(f"linear_cross_entropy: `weight_grad_into` must be a {acc} or {weight.dtype} buffer "
+            kinds = str(acc) if acc == weight.dtype else f"{acc} or {weight.dtype}"
+            raise ValueError(f"linear_cross_entropy: `weight_grad_into` must be a {kinds} buffer "
                              f"of weight's shape {tuple(weight.shape)} on {weight.device}, got "
                              f"{weight_grad_into.dtype} {tuple(weight_grad_into.shape)} on {weight_grad_into.device}")
         return _LinearCEInto.apply(hidden, weight, targets.long(), ignore_index, chunk_size, compute_dtype,

@@ -51,15 +51,17 @@ class _Linear(torch.autograd.Function):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         xc = x.to(dtype)
         wc = weight_cast if weight_cast is not None and weight_cast.dtype == dtype else weight.to(dtype)
-        ctx.save_for_backward(xc, wc, main_grad)
+        ctx.save_for_backward(xc, wc)
+        # not saved: another use of the weight whose backward runs first (two forwards, one backward) adds into it
+        ctx.main_grad = main_grad
         ctx.x_dtype = x.dtype
         return F.linear(xc, wc)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        xc, wc, main_grad = ctx.saved_tensors
+        xc, wc = ctx.saved_tensors
         grad_out = grad_out.to(wc.dtype)
-        accumulate_weight_grad(main_grad, grad_out, xc)
+        accumulate_weight_grad(ctx.main_grad, grad_out, xc)
         return (grad_out @ wc).to(ctx.x_dtype), None, None, None
 
 
@@ -139,9 +141,10 @@ def _fusable_embedding(m: nn.Module) -> bool:
 def fuse(model: nn.Module) -> list[tuple[nn.Parameter, Tensor]]:
     """Turn the bias-free nn.Linear modules of `model.blocks` into AccumulatingLinear, and the model's
     `embed` (the tied embedding and LM head) into AccumulatingEmbedding, each with a zeroed `main_grad`
-    buffer of its weight's dtype (fp32 weights under autocast; not in the state_dict). Call before
-    compiling. Returns (weight, main_grad) of each, the weights whose gradients now live in the buffers
-    (empty for a model without blocks)."""
+    buffer of its weight's dtype (fp32 weights under autocast; not in the state_dict). Modules fused
+    already (a second train module over the same model) are taken as they are, their buffers zeroed. Call
+    before compiling. Returns (weight, main_grad) of each, the weights whose gradients now live in the
+    buffers (empty for a model without blocks)."""
     pairs = []
     blocks = getattr(model, "blocks", [])
     for block in blocks:
@@ -150,21 +153,35 @@ def fuse(model: nn.Module) -> list[tuple[nn.Parameter, Tensor]]:
                 m.__class__ = AccumulatingLinear
                 m.register_buffer("main_grad", torch.zeros_like(m.weight), persistent=False)
                 m.register_buffer("weight_cast", None, persistent=False)
-                pairs.append((m.weight, m.main_grad))
+            if type(m) is AccumulatingLinear:
+                pairs.append((m.weight, m.main_grad.zero_()))
     embed = getattr(model, "embed", None)
     if len(blocks) and _fusable_embedding(embed):
         embed.__class__ = AccumulatingEmbedding
         embed.register_buffer("main_grad", torch.zeros_like(embed.weight), persistent=False)
-        pairs.append((embed.weight, embed.main_grad))
+    if type(embed) is AccumulatingEmbedding:
+        pairs.append((embed.weight, embed.main_grad.zero_()))
     return pairs
+
+
+def unfuse(model: nn.Module) -> None:
+    """Undo `fuse`: plain nn.Linear and nn.Embedding again, without buffers, so that autograd hands their
+    weights their gradients (a model fused by an earlier train module, trained now without the fusion)."""
+    for m in model.modules():
+        if type(m) in (AccumulatingLinear, AccumulatingEmbedding):
+            m.__class__ = nn.Linear if type(m) is AccumulatingLinear else nn.Embedding
+            for name in ("main_grad", "weight_cast"):
+                m._buffers.pop(name, None)
 
 
 @torch.no_grad()
 def expose(pairs: list[tuple[nn.Parameter, Tensor]]) -> None:
-    """The buffers as the weights' `.grad`, for clipping and the optimizer step. A gradient that autograd
-    did hand a fused weight (a path around the fused modules, such as the tied weight used as a plain
+    """The buffers as the weights' `.grad`, for clipping and the optimizer step (a weight frozen since gets
+    none). A gradient that autograd did hand a fused weight (a path around the fused modules, such as the tied weight used as a plain
     head by `LanguageModel.logits`) is added in, not dropped."""
     for p, g in pairs:
+        if not p.requires_grad:  # frozen after fusing: no gradient, so the optimizer leaves it alone
+            continue
         if p.grad is not None and p.grad is not g:
             g.add_(p.grad)
         p.grad = g

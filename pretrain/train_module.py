@@ -173,7 +173,11 @@ class TorchTrainModule(TrainModule):
         if fuse_grad_accumulation and ddp:
             raise ValueError("fused gradient accumulation is for one process; DDP reduces the gradients in "
                              "autograd's hooks")
-        self.fused_grads = grad_accumulation.fuse(self.model) if fuse_grad_accumulation else []
+        if fuse_grad_accumulation:
+            self.fused_grads = grad_accumulation.fuse(self.model)
+        else:
+            grad_accumulation.unfuse(self.model)
+            self.fused_grads = []
         if ddp:
             # gradients as views into DDP's reduction buckets: no copy of every gradient into a bucket and
             # back, and no second fp32 copy of the gradients (4 GiB at 1B)

@@ -205,3 +205,55 @@ def test_the_cast_made_once_is_the_one_the_projections_use():
         model.set_activation_checkpointing("mlp")  # a block that recomputes keeps casting its own weights
         with GA.cast_weights_once(model, torch.bfloat16):
             assert proj.weight_cast is None
+
+
+def test_a_weight_frozen_after_the_module_is_built_is_left_alone():
+    """A weight frozen (requires_grad False) after the train module was built gets no gradient from autograd,
+    and AdamW skips it; the fused path must leave it alone too: no head gradient added into the tied
+    embedding's buffer, no zero buffer exposed as `.grad` (AdamW's weight decay would still move it)."""
+    ids = _micro_batches(1)[0]
+    for fused in (False, True):
+        model = _tiny("tnl", n_layers=1)
+        module = TorchTrainModule(model, OptimConfig(lr=3e-3, warmup_steps=0), torch.device("cpu"), "fp32",
+                                  fuse_grad_accumulation=fused)
+        frozen = {"embed": model.embed.weight, "q_proj": model.blocks[0].token_mixer.q_proj.weight}
+        for p in frozen.values():
+            p.requires_grad_(False)
+        before = {n: p.detach().clone() for n, p in frozen.items()}
+        module.train_step([{"input_ids": ids[:, :-1], "targets": ids[:, 1:]}], 0)
+        for n, p in frozen.items():
+            assert torch.equal(p, before[n]), f"fused={fused}: frozen {n} moved by {float((p - before[n]).abs().max())}"
+
+
+def test_a_second_train_module_on_an_already_fused_model_still_trains():
+    """`fuse` on a model whose projections are already AccumulatingLinear (a second TorchTrainModule over the
+    same model) must not leave their gradients in buffers that nothing exposes: the step updates the weights."""
+    ids = _micro_batches(1)[0]
+    model = _tiny("tnl", n_layers=1)
+    TorchTrainModule(model, OptimConfig(), torch.device("cpu"), "fp32")
+    module = TorchTrainModule(model, OptimConfig(lr=3e-3, warmup_steps=0), torch.device("cpu"), "fp32")
+    before = [p.detach().clone() for p in model.parameters()]
+    res = module.train_step([{"input_ids": ids[:, :-1], "targets": ids[:, 1:]}], 0)
+    assert res.grad_norm > 0
+    assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    # and without the fusion over a fused model: autograd's gradients again, no buffer left behind
+    module = TorchTrainModule(model, OptimConfig(lr=3e-3, warmup_steps=0), torch.device("cpu"), "fp32",
+                              fuse_grad_accumulation=False)
+    assert not any(isinstance(m, (GA.AccumulatingLinear, GA.AccumulatingEmbedding)) for m in model.modules())
+    before = [p.detach().clone() for p in model.parameters()]
+    assert module.train_step([{"input_ids": ids[:, :-1], "targets": ids[:, 1:]}], 1).grad_norm > 0
+    assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), before))
+
+
+def test_two_forwards_before_one_backward_give_autograds_gradients():
+    """Two losses of one fused model summed and backpropagated once (each projection used twice before its
+    backward runs): autograd's path handles it, the fused one must give the same gradients."""
+    ref = _tiny("tnl", n_layers=1).double()
+    model = copy.deepcopy(ref)
+    pairs = GA.fuse(model)
+    a, b = _micro_batches(2)
+    for m in (ref, model):
+        (m(a[:, :-1], targets=a[:, 1:]) + m(b[:, :-1], targets=b[:, 1:])).backward()
+    GA.expose(pairs)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14, msg=name)
