@@ -91,7 +91,7 @@ def bench_train(a) -> None:
         from pretrain.sequence_parallel import SequenceParallelPlan, build_groups
         sp, dp_rank, dp = build_groups(sp_size)
         if sp.size > 1:
-            SequenceParallelPlan(model, sp)
+            SequenceParallelPlan(model, sp, equal_segments=True)  # every rank a seq / sp segment, as the trainer splits
     precision = "bf16" if device.type == "cuda" else "fp32"
     module = TorchTrainModule(model, OptimConfig(warmup_steps=0), device, precision, ddp=world > 1)
     if a.compile:

@@ -96,7 +96,9 @@ def local_documents(cu_seqlens: Tensor, rows: int, start: int, seg_len: int, seq
 class SequenceParallelPlan:
     """The hooks of one model. Keep the object: `remove()` takes them off again."""
 
-    def __init__(self, model: nn.Module, sp: SequenceParallel):
+    def __init__(self, model: nn.Module, sp: SequenceParallel, equal_segments: bool = False):
+        """`equal_segments`: every rank's segment has the same length (the trainer splits so), so a rank's
+        segment starts at rank x its length and the ranks need not exchange their lengths."""
         arch = model.config.arch
         spec = get_arch(arch)
         if not spec.sequence_parallel:
@@ -104,7 +106,7 @@ class SequenceParallelPlan:
             raise ValueError(f"--sp (sequence parallelism) is for the linear models ({able}), whose "
                              f"layers pass only a fixed-size state between ranks; --arch {arch} has softmax "
                              f"attention over the whole sequence: train it with --sp 1")
-        self.model, self.sp = model, sp
+        self.model, self.sp, self.equal_segments = model, sp, equal_segments
         self.positions: Tensor | None = None  # global positions of the local tokens (as the model flattens them)
         # the layout of each packed micro-batch still in flight, by its local cu_seqlens (the very tensor the
         # token mixers receive): a mixer recomputed in the backward must run with the layout of the forward
@@ -164,8 +166,7 @@ class SequenceParallelPlan:
         else:
             # the documents are cut on the host, which needs where this rank's segment starts (reading it
             # waits for the queued work, as the copy of the local offsets to the device below does anyway)
-            edges = segment_starts(self.sp, seg, input_ids.device).tolist()
-            start, T = edges[self.sp.rank], edges[-1]
+            start, T = self._segment_start(seg, input_ids.device)
             local, continues = local_documents(cu, rows, start, seg, T)
             # on the ids' device already, so the model's own move keeps this object (the key of `_layouts`)
             local = local.to(input_ids.device)
@@ -185,7 +186,16 @@ class SequenceParallelPlan:
         starts comes from the ranks' segment lengths, on the device (nothing waits for it)."""
         if not self.mixers_take_positions:
             return None
+        if self.equal_segments:
+            return self.sp.rank * seg + torch.arange(seg, device=device)
         return segment_starts(self.sp, seg, device)[self.sp.rank] + torch.arange(seg, device=device)
+
+    def _segment_start(self, seg: int, device: torch.device) -> tuple[int, int]:
+        """(where this rank's segment starts, the sequences' length) on the host."""
+        if self.equal_segments:
+            return self.sp.rank * seg, seg * self.sp.size
+        edges = segment_starts(self.sp, seg, device).tolist()
+        return edges[self.sp.rank], edges[-1]
 
     def layout_of(self, x: Tensor, cu_seqlens: Tensor | None) -> tuple[Segments, Tensor | None]:
         """The segment layout and global positions of the micro-batch whose token-mixer input is `x` (the

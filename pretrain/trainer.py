@@ -234,7 +234,7 @@ class Trainer:
         if sp > 1:  # hooks on the one-device model (pretrain/sequence_parallel.py), before any engine wraps it
             from pretrain.sequence_parallel import SequenceParallelPlan, build_groups
             self.sp, self.dp_rank, _ = build_groups(sp)
-            self.sp_plan = SequenceParallelPlan(model, self.sp)
+            self.sp_plan = SequenceParallelPlan(model, self.sp, equal_segments=True)  # the loader's split
         self.ac, self.ac_fraction = self._checkpointing(env.device)
         self.ac_blocks = model.set_activation_checkpointing(self.ac, self.ac_fraction)
         self.model = model

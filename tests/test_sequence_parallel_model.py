@@ -62,7 +62,8 @@ def run_arch(rank, world, size, arch, packed, ddp, ac):
     if ac:
         model.set_activation_checkpointing("full")
     sp = SequenceParallel(group)
-    SequenceParallelPlan(model, sp)
+    # both ways to place the segments: declared equal (as the trainer does: no exchange) and exchanged
+    SequenceParallelPlan(model, sp, equal_segments=ddp)
     seg = T // size
     cols = slice(sp_rank * seg, (sp_rank + 1) * seg)
     ids, targets = (x[:, cols].contiguous() for x in batch(10 + dp_rank))
