@@ -14,6 +14,11 @@ from torch import Tensor
 _LOW = (torch.bfloat16, torch.float16)
 
 
+def _fp32_epilogue(a: Tensor, b: Tensor, dtype: torch.dtype) -> bool:
+    """Whether cuBLAS can give a @ b in `dtype` from its epilogue: CUDA, low-precision operands, fp32 out."""
+    return a.is_cuda and a.dtype in _LOW and b.dtype == a.dtype and dtype == torch.float32
+
+
 def add_product_(out: Tensor, a: Tensor, b: Tensor) -> Tensor:
     """out += a @ b in place, in out's dtype; returns out.
 
@@ -23,7 +28,7 @@ def add_product_(out: Tensor, a: Tensor, b: Tensor) -> Tensor:
     Returns:
         `out`.
     """
-    if out.is_cuda and a.dtype in _LOW and b.dtype == a.dtype and out.dtype == torch.float32:
+    if _fp32_epilogue(a, b, out.dtype):
         return torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
     return out.addmm_(a.to(out.dtype), b.to(out.dtype))
 
@@ -31,6 +36,6 @@ def add_product_(out: Tensor, a: Tensor, b: Tensor) -> Tensor:
 def product(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
     """a @ b as a new tensor of `dtype`; from low-precision operands on CUDA straight from the matmul's
     fp32 epilogue (no low-precision product to cast)."""
-    if a.is_cuda and a.dtype in _LOW and b.dtype == a.dtype and dtype == torch.float32:
+    if _fp32_epilogue(a, b, dtype):
         return torch.mm(a, b, out_dtype=torch.float32)
     return a.to(dtype) @ b.to(dtype)

@@ -164,8 +164,8 @@ class SequenceParallelPlan:
             self.sp.segments = Segments(rows=rows, continues=None)
             self.positions = self._dense_positions(seg, input_ids.device)
         else:
-            # the documents are cut on the host, which needs where this rank's segment starts (reading it
-            # waits for the queued work, as the copy of the local offsets to the device below does anyway)
+            # the documents are cut on the host, which needs where this rank's segment starts (exchanged only
+            # for segments of other lengths, where reading it waits for the queued work)
             start, T = self._segment_start(seg, input_ids.device)
             local, continues = local_documents(cu, rows, start, seg, T)
             # on the ids' device already, so the model's own move keeps this object (the key of `_layouts`)

@@ -209,7 +209,9 @@ class TorchTrainModule(TrainModule):
         self.model.train()
         total = torch.zeros((), device=self.device)
         n = len(micro_batches)
-        with grad_accumulation.cast_weights_once(self.model, torch.bfloat16 if self.precision == "bf16" else None):
+        # the fused projections' bf16 weights, made once for all the micro-batches (none without the fusion)
+        cast = torch.bfloat16 if self.precision == "bf16" and self.fused_grads else None
+        with grad_accumulation.cast_weights_once(self.model, cast):
             for i, mb in enumerate(micro_batches):
                 sync = i == n - 1 or not isinstance(self.wrapped, nn.parallel.DistributedDataParallel)
                 ctx = contextlib.nullcontext() if sync else self.wrapped.no_sync()
