@@ -3,7 +3,7 @@ import shutil
 import tempfile
 import zipfile
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 LM_EVAL_HOOK = "linscale_lm_eval.pth"
@@ -52,7 +52,9 @@ if editable_wheel is not None:
 
     CMDCLASS["editable_wheel"] = EditableWheelWithLmEvalHook
 
-PACKAGES = ["pretrain", "models", "ops", "data_pipeline", "checkpoints", "evaluation", "scaling"]
+TOP_PACKAGES = ["pretrain", "models", "ops", "data_pipeline", "checkpoints", "evaluation", "scaling"]
+# every subpackage too (scaling.study, ...): a wheel built from a hand-written list silently drops new ones
+PACKAGES = find_packages(include=[p for top in TOP_PACKAGES for p in (top, f"{top}.*")])
 
 setup(
     name="linscale",

@@ -70,6 +70,12 @@ def test_both_wheels_install_the_hook_into_site_packages(tmp_path, kind):
     assert rows[HOOK] == _record_hash(data)
     if kind == "editable":
         assert any(n.startswith("__editable__") for n in names)   # modules resolve to the source tree
+    else:  # `pip install .` must carry every module and task file of the checkout, subpackages included
+        wanted = {f.relative_to(src).as_posix() for p in PACKAGES for f in (src / p).rglob("*")
+                  if f.suffix in (".py", ".yaml") and "__pycache__" not in f.parts}
+        assert "scaling/study/__init__.py" in wanted
+        missing = sorted(wanted - set(names))
+        assert not missing, f"the wheel lacks {len(missing)} file(s) of the checkout: {missing[:10]}"
 
 
 def test_editable_install_registers_the_model_when_lm_eval_starts(tmp_path):
