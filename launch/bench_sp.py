@@ -29,6 +29,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from pretrain.argtypes import non_negative_int, positive_int  # noqa: E402
+from pretrain.process_exit import exit_process  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:
@@ -208,4 +209,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     from pretrain.errors import run_cli
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

@@ -7,9 +7,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 if __name__ == "__main__":
+    from pretrain.process_exit import exit_process
     try:
         from pretrain.trainer import main  # a Ctrl-C while torch imports ends here too, without a traceback
-        sys.exit(main())
+        code = main()
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
-        sys.exit(130)
+        code = 130
+    exit_process(code)  # a rank of several: its exit status is the run's, never an abort in the teardown
