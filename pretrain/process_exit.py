@@ -33,10 +33,16 @@ def exit_process(code: int) -> None:
     leaves without the interpreter's teardown, so the status is `code` and never a teardown abort."""
     if not several_ranks() or os.environ.get(NO_TEARDOWN_ENV, "0") not in ("", "0"):
         sys.exit(code)
-    main = threading.main_thread()
-    for t in threading.enumerate():
-        if t is not main and not t.daemon:
-            t.join()  # what the interpreter does first at exit: a save in flight is finished, not cut
+    # what the interpreter does first at exit: tell idle executors' workers to stop (their threads would
+    # otherwise wait for work forever), then join every non-daemon thread, so a save in flight is finished
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:
+        main = threading.main_thread()
+        for t in threading.enumerate():
+            if t is not main and not t.daemon:
+                t.join()
     atexit._run_exitfuncs()  # logging's shutdown, tensorboard's writers, temporary folders, ...
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 PROGRAM = r"""
-import atexit, sys, threading, time
+import atexit, concurrent.futures, sys, threading, time
 from pathlib import Path
 from pretrain.process_exit import exit_process
 
@@ -31,6 +31,8 @@ def slow_save():
     (out / "save").write_text("complete")
 
 threading.Thread(target=slow_save, daemon=False).start()
+idle = concurrent.futures.ThreadPoolExecutor(2)  # workers left waiting for work, as compile pools are
+idle.submit(int).result()
 atexit.register(lambda: (out / "atexit").write_text("ran"))
 sys.stdout.write("last words, unflushed")
 exit_process(7)
