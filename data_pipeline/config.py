@@ -108,7 +108,7 @@ class DataConfig:
 
     def part_inputs(self, part: int, num_parts: int, files: dict[int, list[Path]] | None = None) -> str:
         """A digest of what part `part` of `num_parts` reads: every source's file count (which decides
-        the split) and, of the files it takes (every num_parts-th from `part`), path, size and
+        the split) and, of the files it takes (part_file_indices), path, size and
         modification time. A part whose digest differs from the inputs' now was made from other files.
         `files`: source index -> self.files(source)[0], when the caller has listed them already."""
         h = hashlib.sha256()
@@ -118,7 +118,7 @@ class DataConfig:
                 continue
             files_of = files[si] if files is not None else self.files(src)[0]
             h.update(f"{si} {len(files_of)}\n".encode())
-            for f in files_of[part::num_parts]:
+            for f in (files_of[i] for i in part_file_indices(src, si, len(files_of), part, num_parts)):
                 st = f.stat()
                 h.update(f"{f} {st.st_size} {st.st_mtime_ns}\n".encode())
         return h.hexdigest()[:16]
@@ -142,6 +142,16 @@ class DataConfig:
             return None
         hits = [Path(h) for f in files for h in glob.glob(f, recursive=True) if Path(h).is_file()]
         return sum(h.stat().st_size for h in dict.fromkeys(hits)) if hits else None
+
+
+def part_file_indices(src: SourceConfig, si: int, n_files: int, part: int, num_parts: int) -> range:
+    """Positions in source `si`'s sorted file list that part `part` of `num_parts` reads: every num_parts-th
+    from `part`. A source with `max_documents` is read whole by part si % num_parts (as an `hf` stream is):
+    its first max_documents documents in file order are then the same for any number of parts, where a
+    cap counted within each part would keep up to num_parts times as many, and others."""
+    if src.max_documents is not None:
+        return range(n_files) if si % num_parts == part else range(0)
+    return range(part, n_files, num_parts)
 
 
 def _type_ok(value, hint) -> bool:
@@ -247,7 +257,13 @@ def _validate(cfg: DataConfig, where: str) -> None:
     for lang, w in cfg.mix.items():
         if lang not in LANGUAGES or not (w >= 0 and math.isfinite(w)):
             raise ValueError(f"{where}: mix must map languages {LANGUAGES} to finite weights >= 0, got {cfg.mix}")
-    by_weight = all(s.weight is not None for s in cfg.sources)  # else the mix splits the tokens by language
+    with_weight = [s.name for s in cfg.sources if s.weight is not None]
+    if with_weight and len(with_weight) < len(cfg.sources):  # refused here, not after a whole prepare
+        without = [s.name for s in cfg.sources if s.weight is None]
+        raise ValueError(f"{where}: sources {with_weight} have a `weight` and {without} do not; give every "
+                         f"source a weight (its token share) or none (then `mix` splits each language's share "
+                         f"among its sources by size)")
+    by_weight = bool(with_weight)  # else the mix splits the tokens by language
     if not by_weight:
         for s in cfg.sources:
             if s.language not in cfg.mix:

@@ -224,7 +224,10 @@ def first_pass(loader: Loader) -> Iterator[dict[str, torch.Tensor]]:
     caps = provider.distinct_windows(loader.seq_len) if hasattr(provider, "distinct_windows") else None
     while True:
         batch = loader.next_batch()
-        if caps is not None and any(c > cap for c, cap in zip(loader.counts, caps)):
+        # the windows this batch holds (loader.counts moves only at a step's end, after all its micro-batches)
+        m = loader.micro or loader.accum
+        served = loader._plan[(m - 1) * loader.micro_batch:m * loader.micro_batch]
+        if caps is not None and any(idx >= caps[src] for src, idx in served):
             return
         yield batch
 

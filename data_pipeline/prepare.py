@@ -4,9 +4,10 @@ across everything and writes the train/val document indexes.
 Work splits in two ways. Within a part, worker processes clean, filter, hash and tokenize batches of
 documents (results come back in input order, so the output is the same for any worker count). Across
 parts (processes on several machines, or Slurm array tasks: `--part i --num-parts n`), part i takes
-files i, i+n, i+2n... of every source's sorted file list; each part writes its own token files and
-per-document keys. `merge` then reads every part's keys, removes exact and near duplicates (the first
-document in the global order (source, file, document) survives) and writes:
+files i, i+n, i+2n... of every source's sorted file list (a source with max_documents, like an hf
+stream, goes whole to one part); each part writes its own token files and per-document keys. `merge`
+then reads every part's keys, removes exact and near duplicates (the first document in the global
+order (source, file, document) survives) and writes:
 
     OUT/tokens/<source>/p<part>-<k>.tokens.bin    token files (written by the parts, shared by the splits)
     OUT/parts/part-<i>/...                        per-part document keys and counts (merge input)
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import DataConfig, SourceConfig
+from .config import DataConfig, SourceConfig, part_file_indices
 from .dedup import MinHasher, exact_keys, keyed_batch, shingle_hashes
 from .filters import check_batch, clean_batch, prepare_tables
 from .merge import run_all, write_part_records
@@ -231,7 +232,7 @@ def _batches(cfg: DataConfig, part: int, num_parts: int, counts: list[Counts]):
 
 def _file_docs(cfg: DataConfig, src: SourceConfig, si: int, files: list[Path], part: int, num_parts: int,
                counts: Counts):
-    for fi in range(part, len(files), num_parts):
+    for fi in part_file_indices(src, si, len(files), part, num_parts):
         if fi >= 1 << _FILE_BITS:
             raise ValueError(f"source {src.name!r} has more than {1 << _FILE_BITS} files")
         counts.files += 1
@@ -251,6 +252,15 @@ def prepare_part(cfg: DataConfig, out: Path, part: int = 0, num_parts: int = 1, 
         return _prepare_part(cfg, out, part, num_parts, workers, progress)
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask where the platform has one (a Slurm task, taskset,
+    a container's cpuset hold fewer than the machine), else the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _prepare_part(cfg: DataConfig, out: Path, part: int, num_parts: int, workers: int, progress: bool) -> dict:
     if not 0 <= part < num_parts:
         raise ValueError(f"part {part} is outside [0, {num_parts})")
@@ -260,7 +270,7 @@ def _prepare_part(cfg: DataConfig, out: Path, part: int, num_parts: int, workers
     _clear_part(cfg, out, part)
     pdir.mkdir(parents=True, exist_ok=True)
     inputs = cfg.part_inputs(part, num_parts)
-    workers = workers or min(os.cpu_count() or 1, 8)
+    workers = workers or min(usable_cpus(), 8)
     counts = [Counts(s.name) for s in cfg.sources]
     removed = [Counter() for _ in cfg.sources]
     removed_chars = [Counter() for _ in cfg.sources]

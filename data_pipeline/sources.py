@@ -211,7 +211,41 @@ def _binary_detail(head: bytes) -> str:
     for magic, suffix in _MAGIC.items():
         if head.startswith(magic):
             return f"compressed data without the {suffix} suffix that makes the reader decompress it: rename the file"
+    legacy = _legacy_encoding(head)
+    if legacy is not None:
+        codec, label = legacy
+        return (f"text in another encoding than UTF-8, {label} it seems: the sources read UTF-8; convert it "
+                f"(iconv -f {codec} -t UTF-8)")
     return "NUL or control bytes: not a text file"
+
+
+# the most frequent Han characters, simplified and traditional: legacy Chinese text decoded with its own
+# codec is full of them, decoded with the other codec (or a byte soup decoded at all) hardly holds any
+_COMMON_HAN = {"GB18030": "的一是不了在人有我他这个们中来上大为和国地到以说时要就出会也你对",
+               "BIG5": "的一是不了在人有我他這個們中來上大為和國地到以說時要就出會也你對"}
+
+
+def _legacy_encoding(head: bytes) -> tuple[str, str] | None:
+    """(iconv name, description) of the legacy encoding a file head that is not UTF-8 (and holds no NUL
+    and hardly any control bytes) reads as: Chinese GB18030/GBK or Big5 when that decoding is full of
+    common Han characters, else a single-byte Western encoding. None for what is not text."""
+    if b"\x00" in head or sum(1 for b in head if b < 9 or 13 < b < 32) > 0.05 * len(head):
+        return None
+    best, best_share = None, 0.0
+    for codec, common in _COMMON_HAN.items():
+        for cut in range(4):  # the head may end inside a character
+            try:
+                text = head[:len(head) - cut].decode(codec.lower())
+            except UnicodeDecodeError:
+                continue
+            han = sum(1 for c in text if "\u4e00" <= c <= "\u9fff")
+            share = sum(text.count(c) for c in common) / han if han >= 20 else 0.0
+            if share > best_share:
+                best, best_share = codec, share
+            break
+    if best is not None and best_share > 0.05:  # ~20% in real text; garbage readings stay under 2%
+        return best, "Chinese GB18030/GBK" if best == "GB18030" else "Chinese Big5"
+    return "WINDOWS-1252", "a Western single-byte encoding (Windows-1252, Latin-1)"
 
 
 def _lines(f: BinaryIO, limit: int, counts: Counts, where: str) -> Iterator[tuple[int, str]]:
@@ -298,6 +332,8 @@ def _text_docs(lines: Iterator[tuple[int, str]], unit: str, where: str, counts: 
     growing past `max_chars` characters is no longer held: the rest of it streams past and it is skipped
     as `overlong_documents` (a whole corpus in one file read with text_unit `file` would otherwise be
     held whole, tens of times its size in memory, to be removed by `too_long`)."""
+    if unit != "file":
+        lines = _split_bare_cr(lines)
     if unit == "line":
         for n, line in lines:
             yield line, f"{where}:{n}"
@@ -314,6 +350,18 @@ def _text_docs(lines: Iterator[tuple[int, str]], unit: str, where: str, counts: 
         buf.append(line)
     if buf:
         yield from buf.take(counts, f"{where}:{start}" if unit == "blank_line" else where, unit)
+
+
+def _split_bare_cr(lines: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+    """Lines ended by a bare carriage return (classic Mac OS files, or pieces of them pasted into others)
+    as lines of their own, as Python's universal newlines read them; each keeps the number of the
+    newline-ended line it was found in."""
+    for n, line in lines:
+        if "\r" in line:
+            for piece in line.split("\r"):
+                yield n, piece
+        else:
+            yield n, line
 
 
 class _Capped:
@@ -422,6 +470,14 @@ def _parquet_docs(path: Path, column: str, counts: Counts) -> Iterator[tuple[str
     for batch in pf.iter_batches(columns=[column], batch_size=4096):
         for text in batch.column(0).to_pylist():
             row += 1
+            if isinstance(text, bytes):
+                # text stored as plain binary, without the UTF-8 annotation (Hive, Impala and older Spark
+                # write strings so): decoded like a text file's line
+                try:
+                    text = (text[len(BOM):] if text.startswith(BOM) else text).decode("utf-8")
+                except UnicodeDecodeError as err:
+                    counts.skip("invalid_utf8_lines", f"{path}:row {row}", f"binary value: {err.reason}")
+                    continue
             if isinstance(text, str):
                 yield text, f"{path}:row {row}"
             else:

@@ -27,7 +27,7 @@ def _main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="data config YAML (see docs/data.md)")
     p.add_argument("--out", required=True, help="output folder (use a fresh one per config)")
-    p.add_argument("--workers", type=int, default=0, help="worker processes (default: CPU count, max 8)")
+    p.add_argument("--workers", type=int, default=0, help="worker processes (default: the CPUs this process may use, max 8)")
     p.add_argument("--part", type=int, default=None, help="prepare only this part (0-based)")
     p.add_argument("--num-parts", type=int, default=1, help="how many parts the input is split into")
     p.add_argument("--no-merge", action="store_true", help="do not run the merge (dedup + indexes) step")
