@@ -23,7 +23,7 @@ from data_pipeline.tokenizer import EOT_ID, get_tokenizer
 from evaluation.context import scoring_window
 from evaluation.devices import DTYPES, resolve_device, resolve_dtype  # noqa: F401  (also imported from here)
 from evaluation.scoring import generate_tokens, rolling_loglikelihood, score_continuations
-from models import LanguageModel, load_pretrained
+from models import LanguageModel, ModelConfig, get_arch, load_pretrained, pretrained_meta
 from pretrain.logs import get_logger
 
 logger = get_logger(__name__)
@@ -56,15 +56,28 @@ class LinscaleLM(TemplateLM):
                                  "RUN/snapshots/step_N)")
             if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPES:
                 raise ValueError(f"linscale: dtype={dtype!r}; use auto, {', '.join(DTYPES)}")
-            model = load_pretrained(pretrained, device=device, dtype=resolve_dtype(dtype, device),
-                                    **{k: int(v) if str(v).isdigit() else v for k, v in overrides.items()})
-        elif overrides:
-            raise ValueError(f"linscale: config overrides {sorted(overrides)} need pretrained=, not model=")
+            overrides = {k: int(v) if str(v).isdigit() else v for k, v in overrides.items()}
+            saved = (pretrained_meta(pretrained).get("model") or {}).get("max_seq_len")
+            # the training context (from the export or its run), not max_seq_len: see evaluation.context
+            window = scoring_window(pretrained, overrides.get("max_seq_len") or saved or ModelConfig.max_seq_len,
+                                    max_length, warn=logger.warning)
+            if "max_seq_len" not in overrides and isinstance(saved, int) and window > saved:
+                # LLaMA's RoPE table must cover the scoring window (as the sweep loads it); a table is computed,
+                # not learnt, so a longer one changes nothing within the saved length
+                overrides["max_seq_len"] = window
+            model = load_pretrained(pretrained, device=device, dtype=resolve_dtype(dtype, device), **overrides)
+        else:
+            if overrides:
+                raise ValueError(f"linscale: config overrides {sorted(overrides)} need pretrained=, not model=")
+            window = scoring_window(pretrained, model.config.max_seq_len, max_length,
+                                    warn=None if pretrained is None else logger.warning)
+        if get_arch(model.config.arch).context_limited and window > model.config.max_seq_len:
+            raise ValueError(f"linscale: max_length={window} is past this {model.config.arch} model's max_seq_len="
+                             f"{model.config.max_seq_len} (its RoPE table); pass a max_length of at most that, or a "
+                             f"model loaded with max_seq_len >= {window} (model_args max_seq_len={window})")
         self.model = model.eval()
         self.pretrained = str(pretrained) if pretrained is not None else None
-        # the training context (from the export or its run), not max_seq_len: see evaluation.context
-        self._max_length = scoring_window(pretrained, model.config.max_seq_len, max_length,
-                                          warn=None if pretrained is None else logger.warning)
+        self._max_length = window
         self.max_gen_toks = int(max_gen_toks)
         self.tokenizer_obj = get_tokenizer()
 

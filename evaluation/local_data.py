@@ -142,25 +142,46 @@ def load_lambada_openai(data_dir: str | None = None, **_):
     return _dataset("test", [{"text": t} for t in lambada_texts(eval_path("lambada_openai", data_dir))])
 
 
+def check_label(value, allowed, path: str | Path, item: int, note: str) -> None:
+    """A gold label must name one of the item's choices. lm-eval scores a label outside them as a wrong answer
+    for every model (with only a logged warning), so a labels file of another convention (0-based where 1-based
+    is expected, or the reverse) would lower the accuracy silently: refuse it, naming the file and the item."""
+    if value not in allowed:
+        shown = ", ".join(repr(a) for a in allowed)
+        raise ValueError(f"{path}: item {item} has the gold label {value!r}; expected one of {shown} ({note}). "
+                         f"Is this the right file? Restore it from the shared data folder")
+
+
 def load_piqa(data_dir: str | None = None, **_):
-    rows = read_jsonl(eval_path("piqa", data_dir), ("goal", "sol1", "sol2"))
-    labels = read_labels(eval_path("piqa_labels", data_dir), len(rows), eval_path("piqa", data_dir))
+    path, labels_path = eval_path("piqa", data_dir), eval_path("piqa_labels", data_dir)
+    rows = read_jsonl(path, ("goal", "sol1", "sol2"))
+    labels = read_labels(labels_path, len(rows), path)
+    for i, y in enumerate(labels, 1):
+        check_label(y, ("0", "1"), labels_path, i, "PIQA labels are 0 for sol1, 1 for sol2")
     return _dataset("validation", [{"goal": r["goal"], "sol1": r["sol1"], "sol2": r["sol2"], "label": int(y)}
                                    for r, y in zip(rows, labels, strict=True)])
 
 
 def load_siqa(data_dir: str | None = None, **_):
-    rows = read_jsonl(eval_path("siqa", data_dir))
-    labels = read_labels(eval_path("siqa_labels", data_dir), len(rows), eval_path("siqa", data_dir))
+    path, labels_path = eval_path("siqa", data_dir), eval_path("siqa_labels", data_dir)
+    rows = read_jsonl(path, ("context", "question", "answerA", "answerB", "answerC"))
+    labels = read_labels(labels_path, len(rows), path)
+    for i, y in enumerate(labels, 1):
+        check_label(y, ("1", "2", "3"), labels_path, i, "Social IQa labels are 1-based: 1 = answerA")
     return _dataset("validation", [{**r, "label": y} for r, y in zip(rows, labels, strict=True)])
 
 
 def _ai2_multiple_choice(name: str, data_dir: str | None, question_key: str):
+    path = eval_path(name, data_dir)
     rows = []
-    for r in read_jsonl(eval_path(name, data_dir), ("id", "question", "answerKey")):
+    for i, r in enumerate(read_jsonl(path, ("id", "question", "answerKey")), 1):
         choices = r["question"]["choices"]
+        labels = [c["label"] for c in choices]
+        # the task configs look the key up among the choice labels (OpenBookQA's with leading spaces stripped)
+        key = r["answerKey"].lstrip() if name == "openbookqa" and isinstance(r["answerKey"], str) else r["answerKey"]
+        check_label(key, labels, path, i, "the answerKey must be the label of one of the item's choices")
         rows.append({"id": r["id"], question_key: r["question"]["stem"], "answerKey": r["answerKey"],
-                     "choices": {"text": [c["text"] for c in choices], "label": [c["label"] for c in choices]}})
+                     "choices": {"text": [c["text"] for c in choices], "label": labels}})
     return _dataset("test", rows)
 
 
@@ -199,8 +220,11 @@ def load_hellaswag(data_dir: str | None = None, **_):
     """Our jsonl holds ctx = 'activity_label: ctx_a ctx_b' (klosax's conversion); it is split back into
     lm-eval's fields with ctx_b empty, so lm-eval's own process_docs builds the query. Lost in the
     conversion: lm-eval capitalises ctx_b, which here stays as klosax wrote it."""
+    path = eval_path("hellaswag", data_dir)
     rows = []
-    for r in read_jsonl(eval_path("hellaswag", data_dir), ("ind", "ctx", "endings", "label")):
+    for i, r in enumerate(read_jsonl(path, ("ind", "ctx", "endings", "label")), 1):
+        check_label(str(r["label"]), [str(k) for k in range(len(r["endings"]))], path, i,
+                    "a 0-based index into the item's endings")
         label, _, ctx = r["ctx"].partition(": ")
         rows.append({"ind": r["ind"], "activity_label": label, "ctx_a": ctx, "ctx_b": "",
                      "endings": r["endings"], "label": str(r["label"])})
@@ -210,7 +234,15 @@ def load_hellaswag(data_dir: str | None = None, **_):
 def load_winogrande(data_dir: str | None = None, **_):
     """llm-foundry's WinoGrande: context_options = sentence up to the blank with each option filled in,
     continuation = the rest after the blank; the same partial scoring lm-eval's winogrande does."""
-    return _dataset("validation", read_jsonl(eval_path("winogrande", data_dir), ("context_options", "continuation", "gold")))
+    path = eval_path("winogrande", data_dir)
+    rows = read_jsonl(path, ("context_options", "continuation", "gold"))
+    for i, r in enumerate(rows, 1):
+        g = r["gold"]
+        # winogrande_doc_to_text takes int(gold): an int or a string of digits (a bool is an int, but no index)
+        gold = int(g) if (isinstance(g, int) and not isinstance(g, bool)) or (isinstance(g, str) and g.isdigit()) else g
+        check_label(gold, list(range(len(r["context_options"]))), path, i,
+                    "a 0-based index into context_options (llm-foundry's format; dev-labels.lst counts from 1)")
+    return _dataset("validation", rows)
 
 
 def winogrande_doc_to_text(doc: dict) -> int:

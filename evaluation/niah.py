@@ -20,6 +20,7 @@ import json
 import math
 import random
 import re
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -160,19 +161,27 @@ def strip_gutenberg(text: str) -> str:
 
 
 def haystack_tokens(files: Sequence[str | Path] | None, n_tokens: int) -> list[int]:
-    """At least n_tokens of real text, documents joined by blank lines (cycled if the files are short)."""
+    """At least n_tokens of real text, documents joined by blank lines (cycled if the files are short; a file
+    with no text adds nothing, so a haystack is never blank lines alone)."""
     files = [Path(f) for f in (files or default_haystack_files())]
     tok = get_tokenizer()
     out: list[int] = []
-    for _ in range(1000):
-        for f in files:
-            opener = gzip.open if f.suffix == ".gz" else open
+    for f in files:
+        opener = gzip.open if f.suffix == ".gz" else open
+        try:
             with opener(f, "rt", encoding="utf-8", errors="replace") as fh:
-                text = strip_gutenberg(fh.read())
-            out += tok.encode_ordinary(text.strip() + "\n\n")
-            if len(out) >= n_tokens:
-                return out
-    raise ValueError("haystack files hold no text")
+                text = strip_gutenberg(fh.read()).strip()
+        except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+            raise ValueError(f"haystack file {f}: not a readable gzip file ({err}); is it cut short? Give it whole, "
+                             f"or as plain text without the .gz suffix") from None
+        if text:
+            out += tok.encode_ordinary(text + "\n\n")
+        if len(out) >= n_tokens:
+            return out
+    if not out:
+        raise ValueError(f"the haystack files {', '.join(map(str, files))} hold no text; give text files (plain "
+                         f"or .gz)")
+    return out * -(-n_tokens // len(out))
 
 
 def insertion_point(n_hay: int, depth: float) -> int:

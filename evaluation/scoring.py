@@ -68,7 +68,8 @@ def score_continuations(model: LanguageModel, requests: Sequence[tuple[Sequence[
                                  f"prefix the context with <|endoftext|> as lm-eval does")
             if len(cont) > max_length:
                 raise ValueError(f"request {i}: a continuation of {len(cont)} tokens is longer than the scoring window "
-                                 f"max_length {max_length}, so it cannot be scored whole; raise max_length")
+                                 f"max_length {max_length}, so it cannot be scored whole; raise the window "
+                                 f"(max_length= in the model_args, --max-length of launch/evaluate.py)")
             whole = (list(ctx) + list(cont))[-(max_length + 1):]
             rows.append(whole[:-1])
             n_cont.append(len(cont))

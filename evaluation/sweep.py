@@ -582,7 +582,11 @@ def _sweep_snapshot(snap: dict, tasks: list[str], cfg: SweepConfig, out: Path, d
     for t in todo:
         _check_stop(stop, f"in {label} before {t}")
         t1 = time.time()
-        res = run_tasks([t], model, snap, cfg, out).get(t, {"error": "no result"})
+        try:
+            res = run_tasks([t], model, snap, cfg, out).get(t, {"error": "no result"})
+        except ValueError as err:
+            # a check deep in the scoring code cannot say which snapshot and task it was given
+            raise ValueError(f"{snap['run']}/{snap['snapshot']}, task {t}: {err}") from err
         secs = time.time() - t1
         if "error" not in res:
             write_cache(cache_path(out, snap, t), cache_key(t, snap, cfg, window, dtype, fp), res, secs)
