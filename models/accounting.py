@@ -55,9 +55,12 @@ class ModelInfo:
 
 
 def model_info(cfg: ModelConfig, batch: int = 480, seq_len: int = 8192) -> ModelInfo:
+    """Parameters and FLOPs of `cfg` at `batch` sequences of `seq_len` tokens. The FLOPs are floats for
+    every architecture (an all-integer formula such as LLaMA's would otherwise give an int, and a JSON
+    reader one type for one architecture and another for the next)."""
     p = exact_params(cfg)
-    f = flops_per_step(cfg, batch, seq_len, include_embedding=True)
+    f = float(flops_per_step(cfg, batch, seq_len, include_embedding=True))
     return ModelInfo(arch=cfg.arch, size=cfg.size, params_non_embedding=p["non_embedding"],
                      params_total=p["total"], params_non_embedding_paper=paper_non_embedding_params(cfg),
-                     flops_per_step=f, flops_per_step_non_embedding=flops_per_step(cfg, batch, seq_len, False),
+                     flops_per_step=f, flops_per_step_non_embedding=float(flops_per_step(cfg, batch, seq_len, False)),
                      flops_per_token=f / (batch * seq_len), batch=batch, seq_len=seq_len)

@@ -20,6 +20,19 @@ def _positive(name: str, value: int) -> int:
     return int(value)
 
 
+def _finite(name: str, value: float, low: float, closed: bool) -> float:
+    """`value` as a plain float, or ValueError naming the field. A real number only: float() would pass the
+    string '1e-6' (a hand-edited config.json) through to fail at the first forward, deep inside torch, and
+    True as 1.0 (a norm epsilon or init std of 1, a model of another behaviour without a word)."""
+    bound = f"a finite number {'>=' if closed else '>'} {low:g}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"model config: {name} must be {bound}, got {value!r} ({type(value).__name__})")
+    v = float(value)
+    if not (math.isfinite(v) and (v >= low if closed else v > low)):
+        raise ValueError(f"model config: {name} must be {bound}, got {value}")
+    return v
+
+
 def _head_count_fix(d_model: int, n_heads: int) -> str:
     """The nearest head counts that divide d_model and the nearest widths n_heads divides."""
     below = max(h for h in range(1, min(n_heads, d_model) + 1) if d_model % h == 0)
@@ -68,10 +81,7 @@ class ModelConfig:
         spec.check_config(self)  # what this architecture alone needs (LLaMA's RoPE: an even head width)
         for name, low, closed in (("rope_base", 0.0, False), ("norm_eps", 0.0, False), ("init_std", 0.0, False),
                                   ("tpe_init_bound", 0.0, True)):
-            v = float(getattr(self, name))
-            if not (math.isfinite(v) and (v >= low if closed else v > low)):
-                raise ValueError(f"model config: {name} must be a finite number {'>=' if closed else '>'} {low:g}, "
-                                 f"got {getattr(self, name)}")
+            setattr(self, name, _finite(name, getattr(self, name), low, closed))
 
     @staticmethod
     def check_shape(n_layers: int, d_model: int, n_heads: int, d_glu: int) -> tuple[int, int, int, int]:

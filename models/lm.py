@@ -335,7 +335,9 @@ class LanguageModel(nn.Module):
                              f"(its RoPE table); generate fewer tokens or load it with "
                              f"load_pretrained(path, max_seq_len={need})")
         cache = self.new_cache()
-        logits = self(input_ids, cache=cache)[:, -1]
+        # the head on the last position only: the prompt's logits, [batch, length, vocab] in fp32, would take
+        # 400 kB a token (3 GB for an 8K-token prompt) to keep one row of them
+        logits = self.logits(self.hidden_states(input_ids, cache)[:, -1])
         out = [input_ids]
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for i in range(max_new_tokens):
@@ -346,7 +348,7 @@ class LanguageModel(nn.Module):
             out.append(nxt[:, None])
             if i == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
                 break  # the last token is never fed back
-            logits = self(nxt[:, None], cache=cache)[:, -1]
+            logits = self.logits(self.hidden_states(nxt[:, None], cache)[:, -1])
         return torch.cat(out, dim=1)
 
 

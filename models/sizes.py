@@ -5,7 +5,7 @@ with these (see docs/architectures.md). 410M has 26 layers for LLaMA and HGRN2, 
 (each architecture's `layer_overrides`).
 `tiny` and `mini` are ours, for CPU runs, tests and small scaling sweeps. The `l<L>d<D>` sizes are ours too, for
 small scaling studies on one GPU (docs/studies/): the paper's smallest size's GLU width (g = 3d) and, from
-d = 128 up, its head width (e = d/h = 128), with d/l between 64 and 128 (the paper's sizes span 39-128). Below
+d = 128 up, its head width (e = d/h = 128), with d/l in the paper's range (39-128; 48 to 128 here). Below
 d = 128 one head of width e = d is the closest the paper's proportions go (its head width would need d >= 128),
 and one layer the fewest: `l1d32` has d/l = 32, under the paper's range. They reach down to the N at which the
 compute-optimal size of a one-GPU study lies (docs/studies/mini_bilingual/README.md)."""
