@@ -81,16 +81,33 @@ class LlamaAttention(nn.Module):
         mask, causal = None, True
         if state is not None:
             if "k" in state:
-                k = torch.cat([state["k"], k], dim=2)
-                v = torch.cat([state["v"], v], dim=2)
+                k, v = _append_kv(state, k, v)
                 # queries sit at the end of the key sequence: query i sees keys 0 .. pos + i
                 causal = False
                 if T > 1:
                     qi = torch.arange(T, device=x.device)[:, None] + pos
                     mask = torch.arange(k.shape[2], device=x.device)[None, :] <= qi
-            state["k"], state["v"] = k, v
+            else:
+                state["k"], state["v"], state["len"] = k, v, T
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and T > 1)
         return self.out_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+
+def _append_kv(state: dict, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """The cache's keys and values [B, H, len, e] with k, v appended. The buffers grow by doubling, so a
+    generation of n tokens copies O(n) cached entries in all, where concatenating at every step copies the
+    whole cache each time (O(n^2))."""
+    n, t = state["len"], k.shape[2]
+    if n + t > state["k"].shape[2]:
+        cap = max(2 * state["k"].shape[2], n + t)
+        for name in ("k", "v"):
+            old = state[name]
+            state[name] = old.new_empty(*old.shape[:2], cap, old.shape[3])
+            state[name][:, :, :n] = old[:, :, :n]
+    state["k"][:, :, n:n + t] = k
+    state["v"][:, :, n:n + t] = v
+    state["len"] = n + t
+    return state["k"][:, :, :n + t], state["v"][:, :, :n + t]
 
 
 def rebuild_rope(model: nn.Module, device) -> None:

@@ -34,7 +34,7 @@ class InferenceCache:
     batch: int | None = None
 
     def nbytes(self) -> int:
-        tensors = [t for d in self.layers + list(self.extras.values()) for t in d.values()]
+        tensors = [t for d in self.layers + list(self.extras.values()) for t in d.values() if torch.is_tensor(t)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 

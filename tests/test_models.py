@@ -187,6 +187,25 @@ def test_linear_models_decode_in_constant_memory(arch):
     assert cache.nbytes() == first
 
 
+def test_llama_kv_cache_grows_by_doubling_and_decodes_like_the_full_forward():
+    """Each decoded token is appended into a buffer that doubles when full: over n tokens the cache is
+    reallocated O(log n) times (concatenating at every step copies all of it each time), and the logits of
+    every step equal the full forward's in float64."""
+    model = small("llama").double().eval()
+    ids = torch.randint(0, 97, (2, 40))
+    cache = model.new_cache()
+    with torch.no_grad():
+        full = model(ids)
+        steps = [model(ids[:, :3], cache=cache)]
+        buffers = {cache.layers[0]["k"].data_ptr()}
+        for t in range(3, 40):
+            steps.append(model(ids[:, t:t + 1], cache=cache))
+            buffers.add(cache.layers[0]["k"].data_ptr())
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-12)
+    assert cache.layers[0]["len"] == 40 and cache.layers[0]["k"].shape[2] >= 40
+    assert len(buffers) <= 5, len(buffers)  # 3 -> 6 -> 12 -> 24 -> 48 positions
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_causality(arch):
     """In float64, so that cos2's FFT convolution (causal up to rounding) is held to 1e-12."""
