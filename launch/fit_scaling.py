@@ -61,8 +61,18 @@ def prepare_outputs(args: FitScalingConfig) -> None:
 
 
 def warmup_warnings(runs, skip_tokens: float, skip_warmup: bool) -> list[str]:
-    """--skip-tokens that ends inside a run's warm-up: a cut meant to drop the warm-up that does not."""
-    if skip_warmup or skip_tokens <= 0:
+    """--skip-warmup for runs whose config does not say where their warm-up ends (it drops nothing of them), and
+    --skip-tokens that ends inside a run's warm-up: a cut meant to drop the warm-up that does not."""
+    if skip_warmup:
+        unknown = [r for r in runs if r.warmup_tokens is None]
+        if not unknown:
+            return []
+        return [f"--skip-warmup drops nothing of {len(unknown)} run(s) "
+                f"({', '.join(r.name for r in unknown[:4])}{', ...' if len(unknown) > 4 else ''}): their "
+                f"config.json has no optim.warmup_steps (or no batch size to turn it into tokens), so the rows of "
+                f"their warm-up, if any, are fitted; add optim.warmup_steps to config.json, or cut the rows with "
+                f"--skip-tokens"]
+    if skip_tokens <= 0:
         return []
     short = [r for r in runs if r.warmup_tokens and skip_tokens < r.warmup_tokens]
     if not short:
@@ -85,10 +95,18 @@ def skip_tokens_unit_warnings(runs, skip_tokens: float) -> list[str]:
             f"{min(per_step):.4g} tokens): it counts tokens, not billions of them (7.9e9 for 7.9B)"]
 
 
+def conflicting_flags(args: FitScalingConfig) -> str | None:
+    """An error message for flags that ask for opposite things, else None."""
+    if args.embedding_flops and args.no_embedding_flops:
+        return ("--embedding-flops and --no-embedding-flops ask for two different C; give one (C without the "
+                "embedding term, the paper's, is the default)")
+    return None
+
+
 def _main(argv=None) -> int:
     args = parse_args(argv)
     include_embedding = args.embedding_flops
-    bad = check_c_bounds(args)
+    bad = conflicting_flags(args) or check_c_bounds(args)
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return 2
@@ -102,6 +120,9 @@ def _main(argv=None) -> int:
     settings = args.settings()
     warnings = skip_tokens_unit_warnings(runs, args.skip_tokens) + warmup_warnings(runs, args.skip_tokens,
                                                                                   args.skip_warmup)
+    if args.smooth > 0 and args.envelope != "logged":
+        warnings.append(f"--smooth {args.smooth:g} smooths the logged losses of --envelope logged (and the points of "
+                        f"--chinchilla); the {args.envelope} envelope does not use them, so it is not smoothed")
     results = []
     lengths = sorted({r.seq_len for r in runs})
     if args.seq_len is not None and args.seq_len not in lengths:
@@ -119,17 +140,19 @@ def _main(argv=None) -> int:
         warnings += seq_warn
         if rs:
             results.append(analyze_arch(arch, rs, settings))
-    print(console_summary(results, problems, include_embedding, warnings))
+    print(console_summary(results, problems, include_embedding, warnings, args.loss_key))
     if args.json:
-        args.json.write_text(json.dumps(to_json(results, settings, include_embedding, warnings), indent=1))
+        selection = {"skip_tokens": args.skip_tokens, "skip_warmup": args.skip_warmup, "seq_len": args.seq_len}
+        args.json.write_text(json.dumps(to_json(results, settings, include_embedding, warnings, args.loss_key,
+                                                selection), indent=1))
         print(f"\nwrote {args.json}")
     if args.markdown:
         from scaling.report import markdown_tables
-        args.markdown.write_text(markdown_tables(results, include_embedding) + "\n")
+        args.markdown.write_text(markdown_tables(results, include_embedding, args.loss_key) + "\n")
         print(f"wrote {args.markdown}")
     if args.plots:
         from scaling.plots import write_plots
-        for path in write_plots(results, args.plots, include_embedding):
+        for path in write_plots(results, args.plots, include_embedding, args.loss_key):
             print(f"wrote {path}")
     if not any(r.loss_fit is not None for r in results):
         print("error: no architecture could be fitted (the NOTE and WARNING lines above say why)", file=sys.stderr)

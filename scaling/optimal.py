@@ -35,6 +35,12 @@ import numpy as np
 
 from scaling.curves import CurveFit, fit_curves, row_weights
 from scaling.runs import Run, size_label
+from scaling.units import flops_to_pflop_days
+
+
+def _pfd(flops: float) -> str:
+    """C for a message, in the unit of the tables and of --c-min/--c-max."""
+    return f"{flops_to_pflop_days(flops):.3g} PFLOP-days"
 
 GRID_POINTS = 512   # log-C points per adjacent pair on which a crossing is bracketed, then interpolated
 # above this many rows (a trainer logging every step), a size's rows are averaged within bins of log D before its
@@ -182,8 +188,8 @@ def _pair(a: SizeCurve, b: SizeCurve) -> tuple[np.ndarray, str, float, str]:
     r = len(a.fit.e)
     if hi <= lo:
         return np.full(r, np.nan), "no_overlap", float("nan"), (
-            f"{a.label} and {b.label} do not overlap in C ({a.label} ends at {np.exp(a1):.3g} FLOPs, "
-            f"{b.label} starts at {np.exp(b0):.3g}): no handover can be seen; train {a.label} longer")
+            f"{a.label} and {b.label} do not overlap in C ({a.label} ends at {_pfd(np.exp(a1))}, "
+            f"{b.label} starts at {_pfd(np.exp(b0))}): no handover can be seen; train {a.label} longer")
     x = np.linspace(lo, hi, GRID_POINTS)
     # g > 0: the larger size has the lower loss
     g = a.fit.log_loss(x - np.log(a.flops_per_token)) - b.fit.log_loss(x - np.log(b.flops_per_token))
@@ -203,12 +209,12 @@ def _pair(a: SizeCurve, b: SizeCurve) -> tuple[np.ndarray, str, float, str]:
     if (g[0] > 0).all():
         first = b.label if b0 >= a0 else a.label
         return xc, "larger_ahead", float(lo), (
-            f"{b.label} is already better than {a.label} where their logged C ranges begin (at {np.exp(lo):.3g} "
-            f"FLOPs, the first usable row of {first}): their handover is not observed; log {first} from earlier "
+            f"{b.label} is already better than {a.label} where their logged C ranges begin (at {_pfd(np.exp(lo))}, "
+            f"the first usable row of {first}): their handover is not observed; log {first} from earlier "
             f"(or, with --skip-warmup, from a shorter warm-up)")
     ender = a if a1 <= b1 else b
     return xc, "smaller_ahead", float(hi), (
-        f"{a.label} is still better than {b.label} where their overlap ends ({np.exp(hi):.3g} FLOPs), where run "
+        f"{a.label} is still better than {b.label} where their overlap ends ({_pfd(np.exp(hi))}), where run "
         f"{'/'.join(r.name for r in ender.runs)} stops while still winning: train it past the C where {b.label} "
         f"overtakes {a.label}, or the handover is lost")
 
@@ -229,7 +235,7 @@ def handovers(curves: list[SizeCurve], c_min: float | None = None, c_max: float 
             if c_max is not None:
                 outside |= log_c > np.log(c_max)
             if outside[0]:
-                h.status, h.reason = "outside_range", (f"handover {a.label} -> {b.label} at {h.c:.3g} FLOPs is "
+                h.status, h.reason = "outside_range", (f"handover {a.label} -> {b.label} at {_pfd(h.c)} is "
                                                        f"outside --c-min/--c-max")
             h.log_c = np.where(outside, np.nan, log_c)
         out.append(h)
@@ -256,8 +262,8 @@ def contradictions(hs: list[Handover]) -> list[str]:
     for c1, n1, p1, w1 in lower:
         for c2, n2, p2, w2 in upper:
             if p1 != p2 and c2 >= c1 * (1 - 1e-9) and n2 <= n1:
-                out.append(f"{p1} ({w1} at {c1:.3g} FLOPs: N_opt > {n1:,.0f}) contradicts {p2} ({w2} at {c2:.3g} "
-                           f"FLOPs: N_opt < {n2:,.0f}) for an N_opt that grows with C; one of these sizes trains "
+                out.append(f"{p1} ({w1} at {_pfd(c1)}: N_opt > {n1:,.0f}) contradicts {p2} ({w2} at {_pfd(c2)}: "
+                           f"N_opt < {n2:,.0f}) for an N_opt that grows with C; one of these sizes trains "
                            f"worse or noisier than its neighbours")
     return out
 
@@ -300,5 +306,5 @@ def optimal_points(hs: list[Handover]) -> OptimalPoints:
 
 
 def describe(h: Handover) -> str:
-    return f"{h.small} -> {h.large}" + (f" at C = {h.c:.3g} FLOPs (N {size_label(h.n)}, D {h.d:.3g})"
+    return f"{h.small} -> {h.large}" + (f" at C = {_pfd(h.c)} (N {size_label(h.n)}, D {h.d:.3g} tokens)"
                                         if h.status == "ok" else f": {h.reason}")

@@ -20,7 +20,7 @@ from matplotlib.colors import to_rgb  # noqa: E402
 
 from models.registry import arch_names, arch_title, get_arch  # noqa: E402
 from scaling.analysis import ArchResult  # noqa: E402
-from scaling.report import compute_name  # noqa: E402
+from scaling.report import compute_name, loss_name  # noqa: E402
 from scaling.runs import size_label  # noqa: E402
 from scaling.units import flops_to_pflop_days  # noqa: E402
 
@@ -116,7 +116,7 @@ def _n_opt_evidence(ax, r: ArchResult, color: str, c_span: tuple[float, float] |
     return drawn
 
 
-def plot_arch(r: ArchResult, out: Path, include_embedding: bool) -> Path:
+def plot_arch(r: ArchResult, out: Path, include_embedding: bool, loss_key: str = "loss") -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     ax = axes[0]
     color = arch_color(r.arch)
@@ -169,12 +169,12 @@ def plot_arch(r: ArchResult, out: Path, include_embedding: bool) -> Path:
     lo, hi = float(losses.min()), float(losses.max())
     axes[0].set_yscale("log")
     loss_axis(axes[0], lo * 0.98, hi * 1.02)
-    return _finish(fig, axes, ("training loss (nats/token)", "N (non-embedding parameters)", "D (tokens)"), 8,
+    return _finish(fig, axes, (f"{loss_name(loss_key)} (nats/token)", "N (non-embedding parameters)", "D (tokens)"), 8,
                    f"{arch_title(r.arch)}: loss, optimal model size and data size against compute",
                    out / f"scaling_{r.arch}.png", include_embedding, log_y=(False, True, True))
 
 
-def plot_compare(results: list[ArchResult], out: Path, include_embedding: bool) -> Path:
+def plot_compare(results: list[ArchResult], out: Path, include_embedding: bool, loss_key: str = "loss") -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     lo, hi = np.inf, 0.0
     c_lo, c_hi = np.inf, 0.0
@@ -235,9 +235,9 @@ def plot_compare(results: list[ArchResult], out: Path, include_embedding: bool) 
             ax.text(0.5, 0.5, f"no {law}(C) fitted for any architecture:\nit needs >= 2 handovers between adjacent "
                     "sizes\n(see the fit notes)", transform=ax.transAxes, ha="center", va="center", fontsize=10,
                     color="0.35")
-    return _finish(fig, axes, ("loss (envelope and fit, nats/token)", "N_opt (non-embedding parameters)",
-                               "D_opt (tokens)"), 8, "scaling laws by architecture", out / "scaling_compare.png",
-                   include_embedding, log_y=(False, True, True))
+    return _finish(fig, axes, (f"{loss_name(loss_key)} (envelope and fit, nats/token)",
+                               "N_opt (non-embedding parameters)", "D_opt (tokens)"), 8, "scaling laws by architecture",
+                   out / "scaling_compare.png", include_embedding, log_y=(False, True, True))
 
 
 def _finish(fig, axes, ylabels, legend_size: int, title: str, path: Path, include_embedding: bool,
@@ -264,12 +264,13 @@ def _finish(fig, axes, ylabels, legend_size: int, title: str, path: Path, includ
     return path
 
 
-def write_plots(results: list[ArchResult], out: str | Path, include_embedding: bool = False) -> list[Path]:
+def write_plots(results: list[ArchResult], out: str | Path, include_embedding: bool = False,
+                loss_key: str = "loss") -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [plot_arch(r, out, include_embedding) for r in results]
+    paths = [plot_arch(r, out, include_embedding, loss_key) for r in results]
     if sum(r.loss_fit is not None for r in results) >= 1:
-        paths.append(plot_compare(results, out, include_embedding))
+        paths.append(plot_compare(results, out, include_embedding, loss_key))
     # a plot an earlier fit wrote into this folder and this one did not (an architecture no longer among the
     # runs; no comparison where nothing was fitted) would be read beside the new ones as current: remove the
     # figures this function names, and nothing else in the folder

@@ -23,13 +23,18 @@ def compute_short(include_embedding: bool) -> str:
     return "C with embedding FLOPs" if include_embedding else "C without embedding FLOPs (paper)"
 
 
-def units(include_embedding: bool) -> dict:
+def loss_name(loss_key: str = "loss") -> str:
+    """What the fitted L is, in words: the metrics.jsonl key the fit read (`--loss-key`)."""
+    return {"loss": "training loss", "val_loss": "validation loss"}.get(loss_key, f"'{loss_key}'")
+
+
+def units(include_embedding: bool, loss_key: str = "loss") -> dict:
     return {
         "C": f"PFLOP-days (1 PFLOP-day = 1e15 * 86400 = {PFLOP_DAY:.3e} FLOPs) unless a key ends in _flops; "
              f"{compute_name(include_embedding)}, by the paper's formulas (models.accounting)",
         "N": "non-embedding parameters, the paper's formula (models.accounting.paper_non_embedding_params)",
         "D": "training tokens",
-        "L": "training loss as logged (nats/token)",
+        "L": f"{loss_name(loss_key)} as logged (metrics.jsonl key '{loss_key}'; nats/token)",
         "laws": "L = beta * C^alpha;  L = eps + beta * C^alpha;  N_opt = n_coef * C^a;  D_opt = d_coef * C^b",
         "chinchilla_allocation": "N_opt(C), D_opt(C) of the approach-3 law L(N, D) under the architecture's own "
                                  "C = fpt(N)·D (argmin over N, fpt log-log interpolated between the sizes), power laws "
@@ -139,9 +144,12 @@ def _strict(x):
 
 
 def to_json(results: list[ArchResult], settings: FitSettings, include_embedding: bool,
-            warnings: list[str] | None = None) -> dict:
-    return _strict({"units": units(include_embedding), "include_embedding_flops": include_embedding,
-                    "compute": compute_name(include_embedding), "settings": asdict(settings),
+            warnings: list[str] | None = None, loss_key: str = "loss", selection: dict | None = None) -> dict:
+    """The JSON record; `selection` names the settings that chose the rows (the CLI's --skip-tokens, --skip-warmup,
+    --seq-len), so that the record says which data the fits describe."""
+    return _strict({"units": units(include_embedding, loss_key), "include_embedding_flops": include_embedding,
+                    "compute": compute_name(include_embedding), "loss_key": loss_key,
+                    "selection": dict(selection or {}), "settings": asdict(settings),
                     "paper_unit": PAPER_UNIT, "paper_source": PAPER, "warnings": list(warnings or []),
                     "archs": {r.arch: arch_record(r) for r in results}})
 
@@ -152,9 +160,10 @@ def _fit_cell(f, digits: int = 4) -> tuple[str, str]:
     return _law(f.coef, f.exponent, digits), f"{f.exponent:.{digits}f}{_ci(f.exponent_ci)}"
 
 
-def markdown_tables(results: list[ArchResult], include_embedding: bool) -> str:
+def markdown_tables(results: list[ArchResult], include_embedding: bool, loss_key: str = "loss") -> str:
     lines = [f"C in PFLOP-days (1 PFLOP-day = {PFLOP_DAY:.2e} FLOPs) of {compute_name(include_embedding)}; "
-             f"N non-embedding parameters (paper formula); D tokens. Intervals: 95% over replicate studies "
+             f"N non-embedding parameters (paper formula); D tokens; L the {loss_name(loss_key)} (metrics.jsonl "
+             f"`{loss_key}`, nats/token). Intervals: 95% over replicate studies "
              f"(each run's residuals resampled around its fitted learning curve, every fit redone). N_opt and D_opt "
              f"are fitted to the handovers between adjacent sizes, not to the envelope's winners (docs/scaling.md).",
              "",
@@ -170,7 +179,7 @@ def markdown_tables(results: list[ArchResult], include_embedding: bool) -> str:
         pairs = len(r.optimal.handovers) if r.optimal is not None else 0
         lines.append("| " + " | ".join([r.arch, f"{len(r.sizes)}", rng, *_fit_cell(lf), *_fit_cell(nf, 3),
                                          *_fit_cell(df, 3), f"{used} of {pairs}"]) + " |")
-    lines += ["", table3_side_by_side(results, include_embedding)]
+    lines += ["", table3_side_by_side(results, include_embedding, loss_key)]
     offs = [r for r in results if r.offset_fit is not None]
     if offs:
         lines += ["", f"L(C) = ε + β·C^α ({compute_short(include_embedding)}, PFLOP-days):", "",
@@ -243,11 +252,13 @@ def allocation_table(results: list[ArchResult]) -> str:
     return "\n".join(lines)
 
 
-def table3_side_by_side(results: list[ArchResult], include_embedding: bool) -> str:
+def table3_side_by_side(results: list[ArchResult], include_embedding: bool, loss_key: str = "loss") -> str:
     """The paper's Table 3 next to ours: L(C), N_opt(C), D_opt(C) per architecture, coefficient and exponent."""
     like = include_embedding == PAPER_INCLUDES_EMBEDDING
     head = (f"Table 3 side by side (C in PFLOP-days; ours: {compute_short(include_embedding)}; paper: {PAPER_UNIT}"
             + ("" if like else "; NOT like for like: rerun without --embedding-flops to compare")
+            + ("" if loss_key == "loss" else f"; our L(C) is the {loss_name(loss_key)}, the paper's the training "
+                                             f"loss")
             + "; approach-3 rows: the allocation of the fitted L(N, D), intervals from a bootstrap over runs):")
     lines = [head, "", "| arch | law | ours | exponent (95%) | paper | paper exponent | Δ exponent | ours / paper at C=1 |",
              "|---|---|---|---|---|---|---|---|"]
@@ -270,8 +281,9 @@ def table3_side_by_side(results: list[ArchResult], include_embedding: bool) -> s
 
 
 def console_summary(results: list[ArchResult], problems: list[str], include_embedding: bool,
-                    warnings: list[str] | None = None) -> str:
-    out = [f"C: {compute_name(include_embedding)}, in PFLOP-days"]
+                    warnings: list[str] | None = None, loss_key: str = "loss") -> str:
+    out = [f"C: {compute_name(include_embedding)}, in PFLOP-days; L: the {loss_name(loss_key)} "
+           f"(metrics.jsonl '{loss_key}')"]
     for w in warnings or []:
         out.append(f"WARNING {w}")
     for r in results:
@@ -297,5 +309,5 @@ def console_summary(results: list[ArchResult], problems: list[str], include_embe
             out.append(f"  NOTE {note}")
     for p in problems:
         out.append(f"left out: {p}")
-    out += ["", markdown_tables(results, include_embedding)]
+    out += ["", markdown_tables(results, include_embedding, loss_key)]
     return "\n".join(out)

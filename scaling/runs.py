@@ -125,8 +125,17 @@ def _tokens_unit_problem(path: Path, config: dict, seq_len: int, logged_per_step
 def _read_config(path: Path) -> tuple[ModelConfig, int, dict]:
     try:
         config = json.loads((path / CONFIG_FILE).read_text())
-    except json.JSONDecodeError as err:
+    except ValueError as err:   # not JSON, or not UTF-8 text (a binary file in its place)
         raise RunError(f"{path}: {CONFIG_FILE} is not valid JSON ({err})") from err
+    if not isinstance(config, dict):
+        raise RunError(f"{path}: {CONFIG_FILE} holds a JSON {type(config).__name__}, not an object with 'model' and "
+                       f"'train' (as launch/pretrain.py writes it)")
+    # the sections read below; a hand-edited file with one of them as a string or a list would otherwise end in
+    # an AttributeError far from the file that caused it
+    for key, example in (("train", '{"seq_len": 2048, ...}'), ("optim", '{"warmup_steps": 2000, ...}')):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise RunError(f"{path}: {CONFIG_FILE} '{key}' is a JSON {type(config[key]).__name__}, not an object "
+                           f"(e.g. {example})")
     if not isinstance(config.get("model"), dict):
         raise RunError(f"{path}: {CONFIG_FILE} has no 'model' object (a ModelConfig dict)")
     try:

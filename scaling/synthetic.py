@@ -152,16 +152,17 @@ def write_sweep(out_root: str | Path, arch: str, sizes: list[str | ModelConfig],
     return paths
 
 
-def main(argv: list[str] | None = None) -> None:
+def _main(argv: list[str] | None = None) -> None:
+    from pretrain.argtypes import non_negative_float, non_negative_int, positive_int
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", help="directory to write run directories into (one per arch and size)")
     p.add_argument("--arch", nargs="+", default=list(arch_names()))
     p.add_argument("--sizes", nargs="+", default=["tiny", "mini", "70m", "160m", "410m", "1b", "3b", "7b"])
-    p.add_argument("--noise", type=float, default=0.01, help="std of the multiplicative log-normal loss noise")
-    p.add_argument("--rows", type=int, default=300, help="about this many logged rows per run")
-    p.add_argument("--early-rows", type=int, default=40,
+    p.add_argument("--noise", type=non_negative_float, default=0.01, help="std of the multiplicative log-normal loss noise")
+    p.add_argument("--rows", type=positive_int, default=300, help="about this many logged rows per run")
+    p.add_argument("--early-rows", type=non_negative_int, default=40,
                    help="log-spaced rows before the first regular one (a trainer's first logs)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     args = p.parse_args(argv)
     for j, arch in enumerate(args.arch):
         # a slightly different law per arch so the worked example's table has something to compare
@@ -171,5 +172,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{arch}: {len(paths)} runs, law {law} (a = {law.a:.3f}, b = {law.b:.3f})")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """A bad size or architecture ends in one `error:` line and exit code 2, not a traceback."""
+    from pretrain.errors import run_cli
+    return run_cli(_main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

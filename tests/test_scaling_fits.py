@@ -785,7 +785,7 @@ def test_rerun_into_a_plots_folder_leaves_no_stale_figure(tmp_path, capsys, monk
     import scaling.plots
 
     def stub(name):
-        def draw(r, out, include_embedding):
+        def draw(r, out, include_embedding, loss_key="loss"):
             path = out / (f"scaling_{r.arch}.png" if name == "arch" else "scaling_compare.png")
             path.write_bytes(b"png")
             return path
