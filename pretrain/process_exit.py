@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 
-NO_TEARDOWN_ENV = "LINSCALE_EXIT_TEARDOWN"  # "1": end through the interpreter's full teardown (debugging)
+TEARDOWN_ENV = "LINSCALE_EXIT_TEARDOWN"  # "1": end through the interpreter's full teardown (debugging)
 
 
 def several_ranks() -> bool:
@@ -31,7 +31,7 @@ def exit_process(code: int) -> None:
     """End the process with exit status `code`. A single process exits normally (`sys.exit`); a rank of
     several waits for its non-daemon threads, runs the `atexit` handlers, flushes stdout/stderr and then
     leaves without the interpreter's teardown, so the status is `code` and never a teardown abort."""
-    if not several_ranks() or os.environ.get(NO_TEARDOWN_ENV, "0") not in ("", "0"):
+    if not several_ranks() or os.environ.get(TEARDOWN_ENV, "0") not in ("", "0"):
         sys.exit(code)
     # what the interpreter does first at exit: tell idle executors' workers to stop (their threads would
     # otherwise wait for work forever), then join every non-daemon thread, so a save in flight is finished
