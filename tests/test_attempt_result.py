@@ -45,3 +45,37 @@ def test_newest_tells_a_new_checkpoint_of_the_same_step_from_an_old_one(tmp_path
     assert first.startswith("step_00000004@")
     os.utime(ckpt / "manifest.json", ns=(1, 1))   # the same step, written at another time
     assert newest() not in (first, "none")
+
+
+def test_new_is_a_checkpoint_written_since_the_start_whatever_its_step(tmp_path):
+    """RUN_DIR SINCE adds whether the newest checkpoint was written after SINCE (the attempt's start): a resume
+    of an earlier checkpoint of the run, or --overwrite, saves a step below the newest one it started with,
+    and that is progress all the same; a checkpoint that only became the newest because the later ones were
+    set aside is not."""
+    import os
+    from checkpoints.manifest import write_manifest
+    script = str(ROOT / "launch" / "slurm" / "attempt_result.py")
+
+    def ckpt(step: int, mtime: int) -> None:
+        path = tmp_path / "checkpoints" / f"step_{step:08d}"
+        path.mkdir(parents=True)
+        (path / "model.pt").write_bytes(b"x" * 10)
+        write_manifest(path)
+        os.utime(path / "manifest.json", ns=(mtime, mtime))
+
+    def run(*args: str) -> list[str]:
+        return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=60,
+                              check=True).stdout.split()
+    assert run(str(tmp_path), "none") == ["-1", "-", "-1", "0"]
+    ckpt(4, 10**18)
+    ckpt(8, 2 * 10**18)
+    start = run("--newest", str(tmp_path))[0]
+    assert start.startswith("step_00000008@")
+    assert run(str(tmp_path), start) == ["8", "-", "-1", "0"]          # nothing written
+    assert run(str(tmp_path), "none") == ["8", "-", "-1", "1"]
+    set_aside = tmp_path / "checkpoints" / "superseded"
+    set_aside.mkdir()
+    os.replace(tmp_path / "checkpoints" / "step_00000008", set_aside / "step_00000008")
+    assert run(str(tmp_path), start) == ["4", "-", "-1", "0"]          # --resume step 4: step 8 set aside
+    ckpt(6, 3 * 10**18)
+    assert run(str(tmp_path), start) == ["6", "-", "-1", "1"]          # and step 6 saved after it

@@ -384,7 +384,12 @@ def out_and_overwrite_flags(c: Cluster) -> Outcome:
     continues this run (it takes neither --overwrite nor a --resume of the submission again)."""
     out = c.tmp / "out_flag"
     out.mkdir()
-    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')  # an older run in the same directory
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')  # an older run in the same directory,
+    old = out / "checkpoints" / f"step_{2 * HOLD:08d}"                  # further on than this run gets before
+    old.mkdir(parents=True)                                              # its warning
+    (old / "model.pt").write_bytes(b"x" * 10)
+    from checkpoints.manifest import write_manifest
+    write_manifest(old)
     job = c.submit("out_flag_env", hold=f"0:{HOLD}", args=("--out", str(out), "--overwrite"), RUN_DIR="")
     job.run_dir = out
     job.wait_held(0, HOLD)
@@ -412,9 +417,28 @@ def resume_path_requeued_at_start(c: Cluster) -> Outcome:
     return Outcome(job, info, job.rows(), job.text(), {"ckpt": ckpt})
 
 
+def resume_earlier_checkpoint(c: Cluster) -> Outcome:
+    """`--resume` of an earlier checkpoint of the same run (going back, e.g. before a loss spike): the trainer
+    sets the later checkpoints aside, so the warning's checkpoint has a lower step than the newest one the job
+    started with. It is progress all the same: the job must requeue and finish the run."""
+    run_dir = c.tmp / "resume_earlier"
+    p = subprocess.run([sys.executable, str(ROOT / "launch" / "pretrain.py"), "--arch", "tnl", "--size", "tiny",
+                        "--data", str(c.data), "--out", str(run_dir), "--device", "cpu", "--micro-batch", str(MICRO),
+                        "--global-batch-tokens", str(BATCH * SEQ), *TRAIN_ARGS, "--max-steps", str(2 * HOLD),
+                        "--save-every", str(HOLD)],
+                       env={**c.env, "LINSCALE_TEST_HOLD": ""}, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    back = run_dir / "checkpoints" / f"step_{HOLD:08d}"
+    job = c.submit("resume_earlier", tasks_per_node=1, hold=f"0:{HOLD + 2}", args=("--resume", str(back)), ZERO="0")
+    job.wait_held(0, HOLD + 2)
+    sh("scancel", "--signal=USR1", "--batch", job.id)
+    info = job.wait_end()
+    return Outcome(job, info, job.rows(), job.text())
+
+
 SCENARIOS = [reference, usr1_batch, usr1_full_two_nodes, requeue_and_cap, usr1_and_requeue, requeue_refused,
              time_limit, preemption, user_cancel, crash_kill, crash_bad_flag, early_warning, usr1_at_start,
-             abort_at_exit, out_and_overwrite_flags, resume_path_requeued_at_start]
+             abort_at_exit, out_and_overwrite_flags, resume_path_requeued_at_start, resume_earlier_checkpoint]
 
 
 # -- fixtures --------------------------------------------------------------------------------------------------
@@ -640,6 +664,70 @@ def test_out_flag_names_the_run_and_restarts_neither_overwrite_nor_resume(outcom
     assert_truthful(o)
     attempt = json.loads((o.job.run_dir / "slurm_attempt.json").read_text())
     assert (attempt["restart"], attempt["exit"], attempt["stop"], attempt["checkpoint"]) == (1, 0, "finished", STEPS)
+
+
+def test_resuming_an_earlier_checkpoint_of_the_run_requeues_at_the_warning(outcomes):
+    o = outcome(outcomes, "resume_earlier_checkpoint")
+    assert o.info["JobState"] == "COMPLETED" and o.info["Restarts"] == "1", o.log[-3000:]
+    first, second = o.log.split("restart 1 (cap")
+    assert f"newest checkpoint: step {2 * HOLD}" in first
+    assert f"checkpoint step {HOLD + 2} written" in first and f"requeued job {o.job.id}" in first, first[-3000:]
+    assert "restart 1: resuming from the newest checkpoint (--resume auto)" in second
+    assert f"resumed from {o.job.run_dir / 'checkpoints' / f'step_{HOLD + 2:08d}'} at step {HOLD + 2}" in second
+    assert json.loads((o.job.run_dir / "summary.json").read_text())["step"] == STEPS
+    # one rank, unlike the reference: the steps after the checkpoint gone back to repeat the earlier run's
+    # losses bitwise (metrics.jsonl holds both), through the warning's checkpoint and the requeue
+    assert sorted(losses(o.rows)) == list(range(1, STEPS + 1))
+    earlier = {r["step"]: r["loss"] for r in reversed(o.rows)}   # each step's first row: the earlier run's
+    assert [r["step"] for r in o.rows].count(HOLD + 1) == 2
+    assert {s: earlier[s] for s in range(HOLD + 1, 2 * HOLD + 1)} == \
+        {s: losses(o.rows)[s] for s in range(HOLD + 1, 2 * HOLD + 1)}
+    assert_truthful(o)
+
+
+def stand_in_srun(tmp_path: Path, **env: str) -> tuple[dict, Path]:
+    """The environment of a job whose `srun` only writes the command line it got, one argument a line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    argv = tmp_path / "srun-argv"
+    (bin_dir / "srun").write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {argv}\necho srun-called\n')
+    (bin_dir / "srun").chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "LINSCALE_"))}
+    base.update(SLURM_JOB_ID="7", SLURM_SUBMIT_DIR=str(ROOT), RUN_DIR=str(tmp_path / "run"), DATA="",
+                PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), base.get("PATH", "")]), **env)
+    return base, argv
+
+
+@pytest.mark.parametrize("flag", [("--overwrite=true",), ("--overwrite", "yes"), ("--overwrite", "1")])
+def test_overwrite_with_a_value_is_for_the_first_attempt_only(tmp_path, flag):
+    """The trainer's --overwrite takes a value too; in every form it sets the run aside on the job's first
+    start only: a restart that took it again would set aside what the attempts before it trained."""
+    env, argv = stand_in_srun(tmp_path)
+    args = ["bash", str(SBATCH), "tnl", "tiny", *flag, "--ops-tune-cache", "/tmp/a b", "--max-steps", "3"]
+    p = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env)
+    assert p.returncode == 0 and "srun-called" in p.stdout, p.stdout + p.stderr
+    first = argv.read_text().splitlines()
+    assert "--overwrite" in first and "--resume" not in first and first[-4:] == ["--ops-tune-cache", "/tmp/a b", "--max-steps", "3"]
+    (tmp_path / "run" / "checkpoints" / "step_00000002").mkdir(parents=True)  # the first attempt saved
+    (tmp_path / "run" / "checkpoints" / "step_00000002" / "model.pt").write_bytes(b"x")
+    from checkpoints.manifest import write_manifest
+    write_manifest(tmp_path / "run" / "checkpoints" / "step_00000002")
+    p = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env={**env, "SLURM_RESTART_COUNT": "1"})
+    assert p.returncode == 0 and "--overwrite was for the first attempt" in p.stdout, p.stdout + p.stderr
+    again = argv.read_text().splitlines()
+    assert not any(a.startswith("--overwrite") for a in again) and "yes" not in again and "1" not in again, again
+    assert again[again.index("--resume") + 1] == "auto" and again[-4:] == ["--ops-tune-cache", "/tmp/a b", "--max-steps", "3"]
+
+
+@pytest.mark.parametrize("flag", [("--ou", "elsewhere"), ("--res=runs/x/checkpoints/step_00000004",), ("--overw",)])
+def test_abbreviations_of_the_flags_the_script_reads_are_refused(tmp_path, flag):
+    """The trainer takes `--ou DIR` for `--out DIR`: the script would inspect and requeue runs/ARCH-SIZE while
+    the run trained elsewhere (and never requeue it). Refused before anything starts."""
+    env, argv = stand_in_srun(tmp_path)
+    p = subprocess.run(["bash", str(SBATCH), "tnl", "tiny", *flag], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=120, env=env)
+    assert p.returncode == 2 and "write it in full" in p.stdout and not argv.exists(), p.stdout + p.stderr
 
 
 def test_missing_arch_and_size_is_a_usage_error(tmp_path):

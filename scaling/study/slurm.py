@@ -90,6 +90,14 @@ def _sets(study: StudyConfig) -> str:
     return "".join(f" --set {_q(o)}" for o in study.overrides)
 
 
+def _study_command(study: StudyConfig, args: str) -> list[str]:
+    """`launch/study.py ARGS --config ...` as a job runs it: from the directory the study is submitted from,
+    where the YAML's relative `out` and `data` were resolved (the training array got them as absolute paths),
+    so that the job loads the same study wherever the checkout is."""
+    return [f"cd {_q(Path.cwd())}",
+            f"exec {_q(sys.executable)} {_q(ROOT / 'launch' / 'study.py')} {args} --config {_q(study.path)}{_sets(study)}"]
+
+
 def stage_script(study: StudyConfig, plans: list[RunPlan], name: str, stages: tuple[str, ...]) -> str:
     """The export / evaluate array: task i runs the stages of plans[i] in `launch/study.py stage`, which Slurm
     warns with SIGUSR1 two minutes before the time limit: an evaluation stops before its next snapshot or
@@ -97,17 +105,16 @@ def stage_script(study: StudyConfig, plans: list[RunPlan], name: str, stages: tu
     lines = _header(study, name, len(plans), study.slurm.evaluate, ["--signal=B:USR1@120"])
     # a warning that comes before Python has installed its handler must not end the job (USR1's default
     # action): ignored until then (the disposition carries across exec; the stage command sets its own)
-    lines += ["set -euo pipefail", "trap '' USR1", f"cd {_q(ROOT)}"]
+    lines += ["set -euo pipefail", "trap '' USR1"]
     lines += _cases([[f"RUN={_q(p.name)}"] for p in plans])
-    lines.append(f"exec {_q(sys.executable)} launch/study.py stage --config {_q(study.path)}{_sets(study)} --run \"$RUN\" "
-                 f"--stages {','.join(stages)}")
+    lines += _study_command(study, "stage")
+    lines[-1] += f" --run \"$RUN\" --stages {','.join(stages)}"
     return "\n".join(lines) + "\n"
 
 
 def report_script(study: StudyConfig) -> str:
     lines = _header(study, REPORT, None, study.slurm.fit, [])
-    lines += ["set -euo pipefail", f"cd {_q(ROOT)}",
-              f"exec {_q(sys.executable)} launch/study.py report --config {_q(study.path)}{_sets(study)}"]
+    lines += ["set -euo pipefail", *_study_command(study, "report")]
     return "\n".join(lines) + "\n"
 
 
