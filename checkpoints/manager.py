@@ -186,6 +186,55 @@ def model_config_mismatch(saved: dict, current: dict) -> list[str]:
             if k != "size" and saved.get(k) != current.get(k)]
 
 
+# the run config's entries a resume does not report as changed settings: how this start was asked for, and
+# what is derived from other fields or checked on its own (the model, by model_config_mismatch)
+NOT_SETTINGS = {"resume", "overwrite", "model", "train.global_batch"}
+
+
+def _flat_config(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "model_overrides" and not prefix:
+            out.update(_flat_config(v, f"{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _flag(key: str) -> str:
+    from pretrain.config import flag_name
+    if key == "model_overrides":
+        return "--model"
+    return flag_name(key) if "." in key else f"--{key}"
+
+
+def changed_settings(saved: dict, current: dict) -> list[str]:
+    """The run-config settings (as flags: `--lr 0.003 -> 0.001`) that differ between a checkpoint's
+    recorded config (`saved`, `RunConfig.to_dict()`) and this start's; fields one of them lacks (a config
+    written by other code) are left out."""
+    before, now = _flat_config(saved), _flat_config(current)
+    return [f"{_flag(k)} {before[k]} -> {now[k]}" for k in now
+            if k in before and k not in NOT_SETTINGS and before[k] != now[k]]
+
+
+# settings a resume cannot change: the data loader's position (samples consumed, in a permutation drawn
+# from the seed) means another order, or another sequence length, from the checkpoint on
+FIXED_SETTINGS = {"train.seed": "the seed draws the order of the data, whose position the checkpoint holds",
+                  "train.seq_len": "the data loader's position counts sequences of that length"}
+
+
+def fixed_setting_mismatch(path: Path, saved: dict, current: dict) -> str | None:
+    """Why checkpoint `path` (its recorded run config `saved`) cannot be resumed with this start's config,
+    naming the flag and its value in the checkpoint; None when it can."""
+    before, now = _flat_config(saved), _flat_config(current)
+    for key, why in FIXED_SETTINGS.items():
+        if key in before and before[key] != now.get(key):
+            flag = _flag(key)
+            return (f"checkpoint {path} was trained with {flag} {before[key]} and this run has {flag} {now.get(key)}: "
+                    f"{why}; resume it with {flag} {before[key]}, or train into another --out")
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------
 # the manager
 # ---------------------------------------------------------------------------------------------------
@@ -252,6 +301,11 @@ class CheckpointManager(Callback):
         barrier()
         if resume_from is not None:
             self.load(resume_from)
+            # only once the checkpoint has loaded (model, batch, seed, data all accepted): a refused resume
+            # leaves the run's later checkpoints, snapshots and exports, and `latest`, as they were
+            if self.env.is_main:
+                self._set_aside_later_history(resume_from, checkpoints=self.run.resume != "auto")
+            barrier()
         self.signal.install()
 
     def _choose_resume(self) -> Path | None:
@@ -293,10 +347,10 @@ class CheckpointManager(Callback):
                 self._set_aside_after(0, "--resume auto (no checkpoint: from step 0)", checkpoints=False)
                 return None
             # what a stopped run wrote after its newest checkpoint (snapshots, exports) is replayed from
-            # it, under the flags given now, which may differ (another --lr): the old files are set aside,
-            # not kept as if they held the replayed steps' weights. Later checkpoints that auto passed over
-            # (corrupt, or another run's) stay where they are, named in the warnings above.
-            self._set_aside_later_history(path, checkpoints=False)
+            # it, under the flags given now, which may differ (another --lr): the old files are set aside
+            # (post_attach, once the checkpoint has loaded), not kept as if they held the replayed steps'
+            # weights. Later checkpoints that auto passed over (corrupt, or another run's) stay where they
+            # are, named in the warnings above.
             return str(path)
         path = Path(target)
         if path.is_dir() and ((path / CHECKPOINTS).is_dir() or path.name == CHECKPOINTS):
@@ -318,8 +372,7 @@ class CheckpointManager(Callback):
             raise ValueError(f"--resume {target}: a snapshot (the weights, for evaluation), which holds no optimizer "
                              f"or data-loader state; resume from a checkpoint ({path.parent.parent / CHECKPOINTS}"
                              f"/step_N)")
-        self._set_aside_later_history(path)
-        return target
+        return target  # the later history is set aside by post_attach, once this checkpoint has loaded
 
     def _set_aside_later_history(self, path: Path, checkpoints: bool = True) -> None:
         """Resuming one of this run's own checkpoints starts a new branch of its history (an earlier one
@@ -369,6 +422,10 @@ class CheckpointManager(Callback):
         mismatch = engine_mismatch(path, self.run.dist.zero, meta)
         if mismatch:
             raise CheckpointError(mismatch)
+        saved_run = meta.get("config") or {}
+        fixed = fixed_setting_mismatch(path, saved_run, self.run.to_dict())
+        if fixed:
+            raise ValueError(fixed)
         saved_world = int(meta["world_size"])
         same_world = saved_world == self.env.world_size
         if needs_universal(path / MODULE_DIR, saved_world, self.env.world_size):
@@ -386,13 +443,23 @@ class CheckpointManager(Callback):
             # Per-rank RNG streams cannot be carried over to a different rank count; each rank keeps the
             # stream seeded for it (the recipe draws no random numbers during training: no dropout).
             state["rng"] = None
-        self.trainer_state.load_state_dict(state)
+        try:
+            self.trainer_state.load_state_dict(state)
+        except ValueError as err:  # the data loader refuses a position in other data
+            data = saved_run.get("data")
+            raise ValueError(f"checkpoint {path} (trained on --data "
+                             f"{data if data is not None else 'left out: the embedded corpus'}): {err}; or train "
+                             f"into another --out") from None
         step = self.progress.step
         self.last_saved_step = step
         self.last_snapshot_step = step if (self.snap_dir / step_name(step)).is_dir() else None
         if self.env.is_main:
             note = "" if same_world else f" (saved by {saved_world} ranks, resumed on {self.env.world_size})"
             logger.info(f"resumed from {path} at step {step}, {self.progress.tokens} tokens{note}")
+            changed = changed_settings(saved_run, self.run.to_dict())
+            if changed:
+                logger.info(f"settings changed since checkpoint {path.name}, applied from step {step + 1} on: "
+                            + "; ".join(changed))
 
     # -- hooks the training loop calls ----------------------------------------------------------------
     def stop_requested(self) -> str | None:

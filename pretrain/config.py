@@ -314,9 +314,14 @@ def from_run_config(raw: dict, where: str) -> dict:
     `train.global_batch` (sequences per step) must agree with global_batch_tokens / seq_len and is dropped;
     the resolved `model` section becomes model overrides for each field that differs from what --arch,
     --size and seq_len give by themselves (the file's `model_overrides` and `--model` flags win over it).
-    A hand-written config without those entries passes unchanged."""
+    Its `resume` and `overwrite` are dropped: they record how that start was asked for (a resume, a start
+    over an earlier run), and carried into another start they would resume or move aside a run nobody
+    named on this command line. A hand-written config without those entries passes unchanged."""
     raw = dict(raw)
     train = raw.get("train")
+    if isinstance(raw.get("model"), dict) or (isinstance(train, dict) and "global_batch" in train):
+        raw.pop("resume", None)
+        raw.pop("overwrite", None)
     if isinstance(train, dict) and "global_batch" in train:
         train = dict(train)
         sequences = train.pop("global_batch")

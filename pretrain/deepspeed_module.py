@@ -38,7 +38,8 @@ from pretrain.config import RunConfig
 from pretrain.deepspeed_config import build_deepspeed_config
 from pretrain.distributed import DistEnv, all_reduce_mean, free_port
 from pretrain.logs import get_logger
-from pretrain.train_module import StepResult, TrainModule, build_optimizer, compile_blocks, lr_at, mean_loss
+from pretrain.train_module import (StepResult, TrainModule, build_optimizer, compile_blocks, mean_loss,
+                                   set_hyperparameters)
 
 logger = get_logger(__name__)
 
@@ -169,9 +170,7 @@ class DeepSpeedTrainModule(TrainModule):
     def train_step(self, micro_batches: list[dict], step: int, inject_nonfinite: bool = False) -> StepResult:
         if len(micro_batches) != self.accum:
             raise ValueError(f"got {len(micro_batches)} micro-batches for a step; DeepSpeed expects {self.accum}")
-        lr = lr_at(step, self.cfg.optim)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+        set_hyperparameters(self.optimizer, self.cfg.optim, step)
         self.engine.train()
         total = torch.zeros((), device=self.device)
         verify = os.environ.get(VERIFY_GRAD_NORM, "0") not in ("", "0")

@@ -49,13 +49,29 @@ def lr_at(step: int, cfg: OptimConfig) -> float:
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on linear and embedding matrices only; norm gains, HGRN2 lower bounds, LRPE angles and
-    TPE parameters are left undecayed."""
+    TPE parameters are left undecayed. The decayed group comes first (`set_hyperparameters` relies on it)."""
     decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
             (decay if id(p) in decay_ids else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def set_hyperparameters(optimizer: torch.optim.Optimizer, cfg: OptimConfig, step: int) -> float:
+    """Puts the run config's optimizer settings on the parameter groups for step `step` (0-based): the
+    learning rate `lr_at(step)`, betas, eps, and the weight decay (on the first group, the decayed one of
+    `param_groups`; none on the others). Called before every update, not once: loading a checkpoint's
+    optimizer state (torch's `load_state_dict`, DeepSpeed's `load_checkpoint`) brings back the settings it
+    was saved with, and a setting changed at a resume (`--weight-decay`, `--beta2`) must be the one that
+    trains. Returns the learning rate."""
+    lr = lr_at(step, cfg)
+    for i, g in enumerate(optimizer.param_groups):
+        g["lr"] = lr
+        g["betas"] = (cfg.beta1, cfg.beta2)
+        g["eps"] = cfg.eps
+        g["weight_decay"] = cfg.weight_decay if i == 0 else 0.0
+    return lr
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device,
@@ -203,9 +219,7 @@ class TorchTrainModule(TrainModule):
             return self.wrapped(**kwargs)
 
     def train_step(self, micro_batches: list[dict], step: int, inject_nonfinite: bool = False) -> StepResult:
-        lr = lr_at(step, self.optim_cfg)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+        set_hyperparameters(self.optimizer, self.optim_cfg, step)
         self.model.train()
         total = torch.zeros((), device=self.device)
         n = len(micro_batches)

@@ -657,6 +657,46 @@ def test_resume_past_the_limits(dataset, tmp_path, capsys):
     assert rc == 0 and "nothing trained" not in out and max(losses(run)) == 6
 
 
+def test_resume_with_other_settings(dataset, tmp_path, capsys):
+    """A resume with another --seed, --seq-len or --data is refused with one line naming the flag and the
+    checkpoint's value, and moves nothing (the later checkpoints, snapshots, exports and `latest` are as
+    before); a resume with other flags changed applies them, listing each in one log line."""
+    from checkpoints.export import export_run
+    run = tmp_path / "run"
+    flags = ("--save-every", "3", "--keep-last", "0", "--snapshot-every-tokens", str(2 * 96))
+    assert pretrain(run_flags(run, dataset, 6, *flags), capsys)[0] == 0
+    export_run(run, log=lambda m: None)
+
+    def listing() -> dict:
+        return {sub: sorted(p.name for p in (run / sub).iterdir()) for sub in ("checkpoints", "snapshots", "exports")} \
+            | {"latest": (run / "checkpoints" / "latest").read_text()}
+    before = listing()
+    step3 = run / "checkpoints" / "step_00000003"
+    other_data = make_dataset(tmp_path / "other_data", docs=120, seed=5)
+    cases = [
+        (run_flags(run, dataset, 6, *flags, "--resume", step3, seed=1),
+         f"error: checkpoint {step3} was trained with --seed 0 and this run has --seed 1: ", "resume it with --seed 0"),
+        (run_flags(run, dataset, 6, *flags, "--resume", step3, seq_len=32, batch=3),
+         f"error: checkpoint {step3} was trained with --seq-len 16 and this run has --seq-len 32: ",
+         "resume it with --seq-len 16"),
+        (run_flags(run, other_data, 6, *flags, "--resume", step3),
+         f"error: checkpoint {step3} (trained on --data {dataset}): ", "fingerprint"),
+    ]
+    for argv, head, fix in cases:
+        rc, _, err = pretrain(argv, capsys)
+        line = one_error_line(err)
+        assert rc == 2 and line.startswith(head) and fix in line and "another --out" in line, line
+        assert listing() == before
+    rc, out, _ = pretrain(run_flags(run, dataset, 8, *flags, "--lr", "1e-3", "--weight-decay", "0", "--resume",
+                                    "auto", micro=2), capsys)
+    assert rc == 0
+    lines = [ln for ln in out.splitlines() if "settings changed" in ln]
+    assert lines == ["[linscale] settings changed since checkpoint step_00000006, applied from step 7 on: --lr 0.003 "
+                     "-> 0.001; --weight-decay 0.1 -> 0.0; --micro-batch 1 -> 2; --max-steps 6 -> 8"], out
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["lr"]) for r in rows if r["step"] > 6] == [(7, 1e-3), (8, 1e-3)]
+
+
 def test_every_checkpoint_corrupt(dataset, tmp_path, capsys):
     """--resume auto with nothing but corrupt checkpoints refuses (exit 2, each one listed with its
     problem, nothing changed); --overwrite then starts from step 0 with them moved aside."""
