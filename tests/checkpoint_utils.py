@@ -9,11 +9,29 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pretrain.distributed import free_port  # noqa: F401  (the tests' rendezvous ports)
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 256
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Imported by a module that trains in its own process: tiny models train much faster on one intra-op
+    thread, and do not stall when the machine is busy."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", name="dataset")
+def small_dataset(tmp_path_factory) -> Path:
+    """The importing module's `dataset`: 120 documents (fewer than make_dataset's default: quicker to write)."""
+    return make_dataset(tmp_path_factory.mktemp("data"), docs=120)
 
 # A sitecustomize.py body: the trainer (launch/pretrain.py) aborts with SIGABRT as its interpreter exits,
 # after everything else it did, as a library thread torn down out of order at exit does. Prefixed with

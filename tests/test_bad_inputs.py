@@ -21,24 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from checkpoint_utils import one_thread, small_dataset  # noqa: F401  (fixtures)
 from checkpoint_utils import ABORT_AT_EXIT_HOOK, ROOT, env, free_port, losses, make_dataset, pretrain_cmd, run_flags
 
 DOC = ROOT / "docs" / "errors.md"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models train much faster on one thread (and do not stall when the machine is busy)."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("data"), docs=120)
 
 
 def pretrain(argv: list[str], capsys) -> tuple[int, str, str]:

@@ -9,20 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint_utils import losses, make_dataset, run_flags
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("data"), docs=120)
+from checkpoint_utils import one_thread, small_dataset  # noqa: F401  (fixtures)
+from checkpoint_utils import losses, run_flags
 
 
 def _main(argv: list) -> int:
