@@ -720,7 +720,41 @@ def test_overwrite_with_a_value_is_for_the_first_attempt_only(tmp_path, flag):
     assert again[again.index("--resume") + 1] == "auto" and again[-4:] == ["--ops-tune-cache", "/tmp/a b", "--max-steps", "3"]
 
 
-@pytest.mark.parametrize("flag", [("--ou", "elsewhere"), ("--res=runs/x/checkpoints/step_00000004",), ("--overw",)])
+def test_out_resume_and_overwrite_in_a_config_file_count_as_the_flags(tmp_path):
+    """A --config YAML's out names the run directory the script inspects and requeues (the trainer writes
+    there); its overwrite: true sets an earlier run aside on the first attempt only, as the flag does: a
+    restart passes --resume auto and --overwrite false, which win over the file."""
+    env, argv = stand_in_srun(tmp_path)
+    env.pop("RUN_DIR")
+    run = tmp_path / "from-config"
+    config = tmp_path / "train.yaml"
+    config.write_text(f"out: {run}\noverwrite: true\ntrain:\n  max_steps: 3\n")
+    args = ["bash", str(SBATCH), "tnl", "tiny", "--config", str(config)]
+    p = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env)
+    assert p.returncode == 0 and "srun-called" in p.stdout, p.stdout + p.stderr
+    first = argv.read_text().splitlines()
+    assert first[first.index("--out") + 1] == str(run) and "--overwrite" in first and "--resume" not in first, first
+    assert first[first.index("--config") + 1] == str(config)
+    assert run.is_dir() and not (tmp_path / "runs").exists()
+    ckpt = run / "checkpoints" / "step_00000002"   # the first attempt saved
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.pt").write_bytes(b"x")
+    from checkpoints.manifest import write_manifest
+    write_manifest(ckpt)
+    p = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env={**env, "SLURM_RESTART_COUNT": "1"})
+    assert p.returncode == 0 and "newest checkpoint: step 2" in p.stdout, p.stdout + p.stderr
+    again = argv.read_text().splitlines()
+    assert again[again.index("--resume") + 1] == "auto" and again[again.index("--overwrite") + 1] == "false", again
+    # a RUN_DIR naming another directory than the file's out is refused before anything starts
+    argv.unlink()
+    p = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env={**env, "RUN_DIR": str(tmp_path / "other")})
+    assert p.returncode == 2 and "name two run directories" in p.stdout and not argv.exists(), p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("flag", [("--ou", "elsewhere"), ("--res=runs/x/checkpoints/step_00000004",), ("--overw",),
+                                  ("--conf", "train.yaml")])
 def test_abbreviations_of_the_flags_the_script_reads_are_refused(tmp_path, flag):
     """The trainer takes `--ou DIR` for `--out DIR`: the script would inspect and requeue runs/ARCH-SIZE while
     the run trained elsewhere (and never requeue it). Refused before anything starts."""
