@@ -191,29 +191,13 @@ def model_config_mismatch(saved: dict, current: dict) -> list[str]:
 NOT_SETTINGS = {"resume", "overwrite", "model", "train.global_batch"}
 
 
-def _flat_config(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and k != "model_overrides" and not prefix:
-            out.update(_flat_config(v, f"{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def _flag(key: str) -> str:
-    from pretrain.config import flag_name
-    if key == "model_overrides":
-        return "--model"
-    return flag_name(key) if "." in key else f"--{key}"
-
-
 def changed_settings(saved: dict, current: dict) -> list[str]:
     """The run-config settings (as flags: `--lr 0.003 -> 0.001`) that differ between a checkpoint's
     recorded config (`saved`, `RunConfig.to_dict()`) and this start's; fields one of them lacks (a config
     written by other code) are left out."""
-    before, now = _flat_config(saved), _flat_config(current)
-    return [f"{_flag(k)} {before[k]} -> {now[k]}" for k in now
+    from pretrain.config import flag_name, flatten_sections
+    before, now = flatten_sections(saved), flatten_sections(current)
+    return [f"{flag_name(k)} {before[k]} -> {now[k]}" for k in now
             if k in before and k not in NOT_SETTINGS and before[k] != now[k]]
 
 
@@ -226,10 +210,11 @@ FIXED_SETTINGS = {"train.seed": "the seed draws the order of the data, whose pos
 def fixed_setting_mismatch(path: Path, saved: dict, current: dict) -> str | None:
     """Why checkpoint `path` (its recorded run config `saved`) cannot be resumed with this start's config,
     naming the flag and its value in the checkpoint; None when it can."""
-    before, now = _flat_config(saved), _flat_config(current)
+    from pretrain.config import flag_name, flatten_sections
+    before, now = flatten_sections(saved), flatten_sections(current)
     for key, why in FIXED_SETTINGS.items():
         if key in before and before[key] != now.get(key):
-            flag = _flag(key)
+            flag = flag_name(key)
             return (f"checkpoint {path} was trained with {flag} {before[key]} and this run has {flag} {now.get(key)}: "
                     f"{why}; resume it with {flag} {before[key]}, or train into another --out")
     return None

@@ -171,7 +171,8 @@ SECTIONS = {"optim": OptimConfig, "train": TrainConfig, "dist": DistConfig, "che
             "ops": OpsConfig}
 TOP_LEVEL = ("arch", "size", "data", "out", "resume", "overwrite")
 # short flag names for the commonest fields (as README and the Slurm script use them); everything else is --<field-name>
-FLAG_NAMES = {"dist.zero": "zero", "checkpoint.save_every": "save-every", "checkpoint.keep_last": "keep-last"}
+FLAG_NAMES = {"model_overrides": "model", "dist.zero": "zero", "checkpoint.save_every": "save-every",
+              "checkpoint.keep_last": "keep-last"}
 
 
 def flag_name(path: str) -> str:
@@ -262,12 +263,14 @@ def _set(cfg: RunConfig, path: str, value: Any) -> None:
         setattr(cfg, path, value)
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten_sections(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A config mapping with its sections' fields as dotted keys (`train.seq_len`); other values (`model`,
+    `model_overrides`) stay whole."""
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and k in SECTIONS:
-            out.update(_flatten(v, key + "."))
+            out.update(flatten_sections(v, key + "."))
         else:
             out[key] = v
     return out
@@ -365,7 +368,7 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     explicit: dict[str, Any] = {}
     origin: dict[str, str] = {}
     if args.config:
-        from_file = _flatten(from_run_config(load_yaml_mapping(Path(args.config), "--config"), args.config))
+        from_file = flatten_sections(from_run_config(load_yaml_mapping(Path(args.config), "--config"), args.config))
         explicit.update(from_file)
         origin.update({k: f"--config {args.config}" for k in from_file})
     for k, v in vars(args).items():

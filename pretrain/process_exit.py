@@ -35,14 +35,7 @@ def exit_process(code: int) -> None:
         sys.exit(code)
     # what the interpreter does first at exit: tell idle executors' workers to stop (their threads would
     # otherwise wait for work forever), then join every non-daemon thread, so a save in flight is finished
-    shutdown = getattr(threading, "_shutdown", None)
-    if shutdown is not None:
-        shutdown()
-    else:
-        main = threading.main_thread()
-        for t in threading.enumerate():
-            if t is not main and not t.daemon:
-                t.join()
+    threading._shutdown()  # the interpreter's own first step at exit (CPython 3.10 and later have it)
     atexit._run_exitfuncs()  # logging's shutdown, tensorboard's writers, temporary folders, ...
     for stream in (sys.stdout, sys.stderr):
         try:
