@@ -149,7 +149,7 @@ def check_label(value, allowed, path: str | Path, item: int, note: str) -> None:
     if value not in allowed:
         shown = ", ".join(repr(a) for a in allowed)
         raise ValueError(f"{path}: item {item} has the gold label {value!r}; expected one of {shown} ({note}). "
-                         f"Is this the right file? Restore it from the shared data folder")
+                         f"Is this the file of that task, in its original numbering?")
 
 
 def load_piqa(data_dir: str | None = None, **_):
