@@ -537,3 +537,61 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
                 b_dv += tl.dot(b_k, dh.to(dt), input_precision=PREC)
         dh = _step(dh, b_q, b_do, exp_ftz(b), b_last, False, GATED or HAS_DECAY, PREC)
         _store_rows(dv, b_dv, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+
+
+@triton.jit
+def dkv_scan_kernel(q, k, v, log_lam, do, dk, dv, dht, dh0, Es, cu, T, SC, SM1,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    HAS_DECAY: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+                    VARLEN: tl.constexpr, PREC: tl.constexpr):
+    """grid (1, N * H, segments); BK >= K, BV >= V; scalar decay or none (lightning, cosFormer2). The dk
+    and dv walks in one program: both walk backward over the same state gradient dh, so one program
+    holding the whole [K, V] dh reads each chunk's q, k, v and do once and forms the intra-chunk products
+    of both, where the two walks read q and do twice and dh is formed twice. Its programs are one per
+    (sequence, head, segment) instead of one per key block plus one per value block. Starts as the dk
+    walk; segment 0 writes d(initial state)."""
+    i_nh = tl.program_id(1)
+    i_s = tl.program_id(2)
+    i_h, bos, L, offs_k, offs_v, kmask, vmask, ll, hp, hmask = walk_program(
+        0, 0, i_nh, log_lam, cu, T, H, K, V, BK, BV, False, HAS_DECAY, VARLEN)
+    c0, c1, _, last = segment_chunks(i_s, L, SC, BT)
+    offs_t = tl.arange(0, BT)
+    dt = q.dtype.element_ty
+    dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dh += tl.load(dht + hp, mask=mask_and(hmask, last), other=0.).to(tl.float32)
+    dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, (c1 > c0) & (last == 0)), other=0.)
+    for cc in range(0, tl.maximum(c1 - c0, 0)):
+        c = c1 - 1 - cc
+        rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
+        b_q = _load_rows(q, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        b_k = _load_rows(k, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        b_v = _load_rows(v, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+        b_do = _load_rows(do, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+        b, b_last = _decay_rows(None, ll, bos, c, rows, rmask, i_h, H, K, offs_k, kmask, n_valid,
+                                False, HAS_DECAY, BT)
+        dh_t = dh.to(dt)
+        mask_t = _scalar_mask(ll, BT, HAS_DECAY, True)
+        # dk = (v dh^T) * exp(b_L - b) + ((do v^T) * D)^T q, stored before dv is formed (fewer live registers)
+        b_dk = tl.dot(b_v, tl.trans(dh_t), input_precision=PREC)
+        if HAS_DECAY:
+            w = exp_ftz(tl.minimum(b_last - b, 0.))
+            b_dk = b_dk * w
+        b_dAt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC) * mask_t
+        b_dk = tl.dot(b_dAt.to(dt), b_q, b_dk, input_precision=PREC)
+        _store_rows(dk, b_dk, bos, rows, rmask, i_h, H, K, offs_k, kmask)
+        # dv = (k * exp(b_L - b)) dh + ((q k^T) * D)^T do
+        b_At = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * mask_t
+        b_dv = tl.dot(b_At.to(dt), b_do, input_precision=PREC)
+        if HAS_DECAY:
+            b_dv = tl.dot((b_k * w).to(dt), dh_t, b_dv, input_precision=PREC)
+            # dh <- exp(b_L) dh + (q * exp(b))^T do, accumulated in place
+            dh = tl.dot(tl.trans((b_q * exp_ftz(b)).to(dt)), b_do, dh * exp_ftz(tl.trans(b_last)),
+                        input_precision=PREC)
+        else:
+            b_dv = tl.dot(b_k, dh_t, b_dv, input_precision=PREC)
+            dh = tl.dot(tl.trans(b_q), b_do, dh, input_precision=PREC)
+        _store_rows(dv, b_dv, bos, rows, rmask, i_h, H, V, offs_v, vmask)
+    if STORE_DH0:
+        tl.store(dh0 + hp, dh, mask=mask_and(hmask, i_s == 0))
