@@ -32,7 +32,7 @@ class SourceConfig:
     subset: str | None = None  # type hf: the dataset's config name
     split: str = "train"  # type hf
     data_files: list[str] | None = None  # type hf: for the file-backed builders ("json", "parquet", "text")
-    max_documents: int | None = None  # stop after this many raw documents (small runs, tests)
+    max_documents: int | None = None  # only the first this many raw documents, in sorted file order (small runs)
 
 
 @dataclass
@@ -148,7 +148,8 @@ def part_file_indices(src: SourceConfig, si: int, n_files: int, part: int, num_p
     """Positions in source `si`'s sorted file list that part `part` of `num_parts` reads: every num_parts-th
     from `part`. A source with `max_documents` is read whole by part si % num_parts (as an `hf` stream is):
     its first max_documents documents in file order are then the same for any number of parts, where a
-    cap counted within each part would keep up to num_parts times as many, and others."""
+    cap counted within each part would keep up to num_parts times as many, and others. (Streaming reads
+    the same documents: sources.capped_files.)"""
     if src.max_documents is not None:
         return range(n_files) if si % num_parts == part else range(0)
     return range(part, n_files, num_parts)
@@ -204,8 +205,12 @@ def _build(cls, raw: dict, where: str, skip: tuple[str, ...] = ()):
 
 def load_data_config(path: str | Path) -> DataConfig:
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"data config {path} is a folder, not a YAML file; a prepared dataset folder is "
+                                f"given without the .yaml suffix")
     if not path.is_file():
-        raise FileNotFoundError(f"data config {path} not found")
+        raise FileNotFoundError(f"data config {path} not found (relative paths are read from the working "
+                                f"directory, {Path.cwd()})")
     with open(path, encoding="utf-8") as f:  # from the file object, so a YAML error names the file and line
         raw = yaml_load(f) or {}
     return parse_data_config(raw, base_dir=path.resolve().parent, where=str(path))
@@ -223,6 +228,11 @@ def parse_data_config(raw: dict, base_dir: str | Path = ".", where: str = "data 
         raise ValueError(f"{where}: `sources` must be a list of sources (each a mapping with name, language, "
                          f"paths...), got {raw['sources']!r}")
     sources = [_build(SourceConfig, s, f"{where}: sources[{i}]") for i, s in enumerate(raw.pop("sources"))]
+    if raw.get("mix") is not None and all(s.weight is not None for s in sources):
+        # the weights alone would set the shares: a mix given beside them would be ignored without a word
+        raise ValueError(f"{where}: both `mix` and every source's `weight` are given, and with a weight on every "
+                         f"source `mix` is not used; remove `mix` (the weights set each source's token share), "
+                         f"or remove the weights (then `mix` splits each language's share among its sources by size)")
     filters = _build(FilterConfig, raw.pop("filters", {}) or {}, f"{where}: filters")
     dedup = _build(DedupConfig, raw.pop("dedup", {}) or {}, f"{where}: dedup")
     cfg = _build(DataConfig, {**raw, "sources": sources, "filters": filters, "dedup": dedup,

@@ -15,10 +15,15 @@ def normalise_weights(weights: list[float], names: list[str]) -> np.ndarray:
     w = np.asarray(weights, dtype=np.float64)
     if len(w) == 0:
         raise ValueError("no data sources to mix")
-    if (w < 0).any() or not np.isfinite(w).all() or w.sum() <= 0:
+    if (w < 0).any() or not np.isfinite(w).all() or not w.max() > 0:
         raise ValueError(f"source weights must be non-negative with a positive sum, got "
                          f"{dict(zip(names, weights))}")
-    return w / w.sum()
+    with np.errstate(over="ignore"):
+        total = w.sum()
+    if not np.isfinite(total):  # weights near the float limit (1e308 each): inf, which would make every share 0
+        w = w / w.max()
+        total = w.sum()
+    return w / total
 
 
 def assign_sources(weights: np.ndarray, counts: list[int], n: int) -> list[tuple[int, int]]:

@@ -38,7 +38,7 @@ from .dedup import MinHasher, exact_keys, keyed_batch, shingle_hashes
 from .filters import check_batch, clean_batch, prepare_tables
 from .merge import run_all, write_part_records
 from .shards import ShardWriter
-from .sources import Counts, iter_file, iter_source, max_doc_chars
+from .sources import Counts, iter_file, iter_source, max_doc_chars, no_match_detail
 from .tokenizer import encode_document_array, get_tokenizer
 
 log = logging.getLogger("linscale.data")
@@ -217,7 +217,7 @@ def _batches(cfg: DataConfig, part: int, num_parts: int, counts: list[Counts]):
             files, missing = found
             if part == 0:
                 for m in missing:
-                    counts[si].skip("missing_files", m, "no file matches")
+                    counts[si].skip("missing_files", m, no_match_detail(m))
             docs = _file_docs(cfg, src, si, files, part, num_parts, counts[si])
         for text, key in docs:
             texts.append(text)
@@ -398,12 +398,13 @@ def summary(stats: dict) -> str:
     """A short human-readable table of stats.json."""
     lines = [f"{'source':<16}{'lang':<5}{'docs in':>10}{'filtered':>10}{'exact dup':>10}{'near dup':>10}"
              f"{'docs out':>10}{'tokens out':>14}{'share':>8}  skipped input"]
-    wsum = sum(s["weight"] for s in stats["sources"]) or 1.0
+    top = max((s["weight"] for s in stats["sources"]), default=0.0) or 1.0  # scaled: 1e308 + 1e308 is inf
+    wsum = sum(s["weight"] / top for s in stats["sources"]) or 1.0
     for s in stats["sources"]:
         lines.append(f"{s['name']:<16}{s['language']:<5}{s['documents_in']:>10}"
                      f"{sum(s['removed_by_filter'].values()):>10}{s['exact_duplicates']:>10}"
                      f"{s['near_duplicates']:>10}{sum(s['documents_out'].values()):>10}"
-                     f"{sum(s['tokens_out'].values()):>14,}{s['weight'] / wsum:>8.1%}  "
+                     f"{sum(s['tokens_out'].values()):>14,}{s['weight'] / top / wsum:>8.1%}  "
                      f"{s['skipped_input'] or ''}")
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""Reading raw documents from a source: jsonl, parquet, text files, WikiExtractor <doc> files, compressed
+r"""Reading raw documents from a source: jsonl, parquet, text files, WikiExtractor <doc> files, compressed
 with gzip, zstd, bzip2 or xz (by suffix), Hugging Face datasets streaming.
 
 Malformed input never stops a run: a missing file, a binary file, a line that is not valid UTF-8 or
@@ -7,12 +7,17 @@ field are skipped, counted in `Counts` under a named reason, and warned about wi
 (the first few of each kind per source, then a summary), while every good document around them is kept.
 A compressed file that is truncated or corrupt keeps every record decompressed before the damage and is
 counted once under `damaged_files`. Encoding is decided line by line (one line in another encoding is
-skipped, not the file); a UTF-8 byte-order mark is dropped.
+skipped, not the file; a file whose skipped lines read as GBK, Big5 or Windows-1252 and whose other lines
+are ASCII gets one warning naming the encoding and the iconv command); a UTF-8 byte-order mark is dropped.
+A line ends at \n, \r\n or a bare \r, as Python's universal newlines read it (\r\r\n: two line ends). A
+blank line is no document, and a file that gives none (empty, blank lines only) is counted as `empty_files`.
 """
 from __future__ import annotations
 
 import bz2
+import contextlib
 import io
+import itertools
 import json
 import lzma
 import logging
@@ -38,14 +43,25 @@ class Counts:
     files: int = 0
     raw_documents: int = 0
     raw_chars: int = 0
+    quiet: bool = False  # count without warning (a read whose warnings another read of the same files gives)
+    notes: Counter = field(default_factory=Counter)  # hints about whole files shown, by kind (not in stats)
 
     def skip(self, reason: str, where: str, detail: str = "") -> None:
         self.skipped[reason] += 1
-        if self.skipped[reason] <= WARN_LIMIT:
+        if self.skipped[reason] <= WARN_LIMIT and not self.quiet:
             log.warning("%s: skipped %s at %s%s", self.source, reason.replace("_", " "), where,
                         f" ({detail})" if detail else "")
             if self.skipped[reason] == WARN_LIMIT:
                 log.warning("%s: further '%s' are counted, not shown", self.source, reason)
+
+    def note(self, kind: str, where: str, detail: str) -> None:
+        """A hint about a whole file (what its skipped lines have in common, and the fix): warned about for
+        the first few files of each kind per source; the lines themselves are counted under their reason."""
+        self.notes[kind] += 1
+        if self.notes[kind] <= WARN_LIMIT and not self.quiet:
+            log.warning("%s: %s: %s", self.source, where, detail)
+            if self.notes[kind] == WARN_LIMIT:
+                log.warning("%s: further files with this hint (%s) are not shown", self.source, kind.replace("_", " "))
 
 
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bzip2", ".xz": "xz"}
@@ -207,7 +223,7 @@ def _binary_detail(head: bytes) -> str:
     """What a file the reader calls binary most likely is, and the fix, for the warning."""
     if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (
             len(head) >= 64 and max(head[0::2].count(0), head[1::2].count(0)) > 0.4 * len(head)):
-        return "UTF-16/32 text, it seems: the sources read UTF-8; convert it (iconv -f UTF-16 -t UTF-8)"
+        return "UTF-16/32 text, it seems: the sources read UTF-8; convert it (iconv -f UTF-16 -t utf-8)"
     for magic, suffix in _MAGIC.items():
         if head.startswith(magic):
             return f"compressed data without the {suffix} suffix that makes the reader decompress it: rename the file"
@@ -215,7 +231,10 @@ def _binary_detail(head: bytes) -> str:
     if legacy is not None:
         codec, label = legacy
         return (f"text in another encoding than UTF-8, {label} it seems: the sources read UTF-8; convert it "
-                f"(iconv -f {codec} -t UTF-8)")
+                f"(iconv -f {codec} -t utf-8)")
+    if not _control_heavy(head):
+        return ("text in an encoding other than UTF-8 that is not GBK, Big5 or Windows-1252: the sources read "
+                "UTF-8; find its encoding (file -i, uchardet) and convert it (iconv -f ENCODING -t utf-8)")
     return "NUL or control bytes: not a text file"
 
 
@@ -223,13 +242,34 @@ def _binary_detail(head: bytes) -> str:
 # codec is full of them, decoded with the other codec (or a byte soup decoded at all) hardly holds any
 _COMMON_HAN = {"GB18030": "的一是不了在人有我他这个们中来上大为和国地到以说时要就出会也你对",
                "BIG5": "的一是不了在人有我他這個們中來上大為和國地到以說時要就出會也你對"}
+_HIGH_RUN = re.compile(rb"[\x80-\xff]+")
+
+
+def _control_heavy(data: bytes) -> bool:
+    return b"\x00" in data or sum(1 for b in data if b < 9 or 13 < b < 32) > 0.05 * len(data)
+
+
+def _looks_cp1252(data: bytes) -> bool:
+    """Whether bytes that are not UTF-8 read as Western text in Windows-1252 (a superset of Latin-1's
+    printable range): they decode (cp1252 leaves 0x81, 0x8D, 0x8F, 0x90, 0x9D undefined) and their non-ASCII
+    bytes stand mostly alone between ASCII ones — curly quotes, dashes, an accented letter inside a word —
+    where the multi-byte encodings (GBK, Big5, Shift-JIS) and the single-byte encodings of other alphabets
+    (Cyrillic, Greek) put them in runs: a whole word or phrase."""
+    runs = _HIGH_RUN.findall(data)
+    if not runs:
+        return False
+    try:
+        data.decode("cp1252")
+    except UnicodeDecodeError:
+        return False
+    return sum(map(len, runs)) <= 1.5 * len(runs)
 
 
 def _legacy_encoding(head: bytes) -> tuple[str, str] | None:
-    """(iconv name, description) of the legacy encoding a file head that is not UTF-8 (and holds no NUL
-    and hardly any control bytes) reads as: Chinese GB18030/GBK or Big5 when that decoding is full of
-    common Han characters, else a single-byte Western encoding. None for what is not text."""
-    if b"\x00" in head or sum(1 for b in head if b < 9 or 13 < b < 32) > 0.05 * len(head):
+    """(iconv name, description) of the legacy encoding bytes that are not UTF-8 (and hold no NUL and
+    hardly any control bytes) read as: Chinese GB18030/GBK or Big5 when that decoding is full of common Han
+    characters, Windows-1252 when they read as Western text in it (_looks_cp1252). None otherwise."""
+    if _control_heavy(head):
         return None
     best, best_share = None, 0.0
     for codec, common in _COMMON_HAN.items():
@@ -245,16 +285,25 @@ def _legacy_encoding(head: bytes) -> tuple[str, str] | None:
             break
     if best is not None and best_share > 0.05:  # ~20% in real text; garbage readings stay under 2%
         return best, "Chinese GB18030/GBK" if best == "GB18030" else "Chinese Big5"
-    return "WINDOWS-1252", "a Western single-byte encoding (Windows-1252, Latin-1)"
+    if _looks_cp1252(head):
+        return "cp1252", "Windows-1252 (cp1252, a superset of Latin-1: curly quotes, dashes, accented letters)"
+    return None
 
 
 def _lines(f: BinaryIO, limit: int, counts: Counts, where: str) -> Iterator[tuple[int, str]]:
-    """(1-based line number, decoded line without newline); lines over `limit` bytes and lines that are
-    not UTF-8 are skipped and counted. Reads in blocks (much faster than readline); an overlong line is
-    dropped as it streams past, never held whole."""
+    """(1-based line number, decoded line without its line end); lines over `limit` bytes and lines that
+    are not UTF-8 are skipped and counted. A line ends at \\n; the one \\r before it is part of the line end
+    (\\r\\n), any other \\r stays in the line (\\r\\r\\n is a bare \\r, then \\r\\n: two line ends, as Python's
+    universal newlines read it; _split_bare_cr and clean() end lines there). Reads in blocks (much faster
+    than readline); an overlong line is dropped as it streams past, never held whole. At the end of a file
+    whose skipped non-UTF-8 lines read as one legacy encoding (and whose other lines are ASCII, so the whole
+    file converts), one hint names the encoding and the iconv command (_BadLines.hint)."""
     lineno = 0
-    tail = b""
+    held: list[bytes] = []  # the pieces of the line not ended yet, joined once it ends (a long line spans
+    held_bytes = 0          # many blocks: adding each block to the bytes so far would copy it over and over)
     overlong = 0  # bytes of the overlong line being skipped, 0 when none
+    bad = _BadLines()
+    ascii_only = True  # every UTF-8 line so far is ASCII (else the file is UTF-8 with damaged lines: no hint)
     block_size = min(1 << 18, limit + 1)  # small enough that a truncated archive loses little
     while True:
         block = f.read(block_size)
@@ -269,33 +318,84 @@ def _lines(f: BinaryIO, limit: int, counts: Counts, where: str) -> Iterator[tupl
             counts.skip("overlong_lines", f"{where}:{lineno}", f"{overlong} bytes > {limit}")
             overlong = 0
             parts = parts[1:]
-        else:
-            parts[0] = tail + parts[0]
+        elif held:
+            held.append(parts[0])
+            held_bytes += len(parts[0])
+            if len(parts) == 1:  # no line end in this block
+                if held_bytes > limit:
+                    overlong, held, held_bytes = held_bytes, [], 0
+                continue
+            parts[0] = b"".join(held)
         tail = parts.pop()
+        held, held_bytes = ([tail], len(tail)) if tail else ([], 0)
         for raw in parts:
             lineno += 1
             if len(raw) > limit:
                 counts.skip("overlong_lines", f"{where}:{lineno}", f"{len(raw)} bytes > {limit}")
                 continue
-            if raw.startswith(BOM):  # a byte-order mark (first line, or files concatenated): not text
-                raw = raw[len(BOM):]
+            if raw[-1:] == b"\r":  # the \r of a \r\n line end (only one: see above)
+                raw = raw[:-1]
+            if raw[:3] == BOM:  # a byte-order mark (first line, or files concatenated): not text
+                raw = raw[3:]
             try:
-                yield lineno, raw.decode("utf-8").rstrip("\r")
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                counts.skip("invalid_utf8_lines", f"{where}:{lineno}", str(err.reason))
-        if len(tail) > limit:
-            overlong, tail = len(tail), b""
+                bad.add(raw, err, counts, f"{where}:{lineno}")
+                continue
+            if ascii_only and not raw.isascii():
+                ascii_only = False
+            yield lineno, line
+        if held_bytes > limit:
+            overlong, held, held_bytes = held_bytes, [], 0
+    tail = b"".join(held)
     if tail and damage_of(f) is not None:
         tail = b""  # the record cut off where a compressed stream is damaged: counted with the damaged file
     if overlong:
         counts.skip("overlong_lines", f"{where}:{lineno + 1}", f"{overlong} bytes > {limit}")
     elif tail:
-        if tail.startswith(BOM):
-            tail = tail[len(BOM):]
+        if tail[-1:] == b"\r":
+            tail = tail[:-1]
+        if tail[:3] == BOM:
+            tail = tail[3:]
         try:
-            yield lineno + 1, tail.decode("utf-8").rstrip("\r")
+            line = tail.decode("utf-8")
         except UnicodeDecodeError as err:
-            counts.skip("invalid_utf8_lines", f"{where}:{lineno + 1}", str(err.reason))
+            bad.add(tail, err, counts, f"{where}:{lineno + 1}")
+        else:
+            ascii_only = ascii_only and tail.isascii()
+            yield lineno + 1, line
+    if bad.count and ascii_only:
+        bad.hint(counts, where)
+
+
+class _BadLines:
+    """A file's lines that are not UTF-8: counted (skipped) one by one, and a sample of their bytes kept for
+    the hint about the whole file, given when its other lines are ASCII (else the file is UTF-8 with damaged
+    lines, or mixes encodings, and converting it whole would garble its good lines)."""
+
+    SAMPLE = 8192
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sample: list[bytes] = []
+        self.sample_bytes = 0
+
+    def add(self, raw: bytes, err: UnicodeDecodeError, counts: Counts, where: str) -> None:
+        counts.skip("invalid_utf8_lines", where, str(err.reason))
+        self.count += 1
+        if self.sample_bytes < self.SAMPLE:
+            self.sample.append(raw[:self.SAMPLE - self.sample_bytes])
+            self.sample_bytes += len(self.sample[-1]) + 1
+
+    def hint(self, counts: Counts, where: str) -> None:
+        legacy = _legacy_encoding(b"\n".join(self.sample))
+        if legacy is None:
+            return
+        codec, label = legacy
+        counts.note("legacy_encoding", where,
+                    f"{self.count} line(s) not UTF-8, skipped; they read as {label}, it seems, and the file's other "
+                    f"lines are ASCII: the sources read UTF-8, so convert the file (iconv -f {codec} -t utf-8) "
+                    f"to keep those lines")
 
 
 class _Prefixed:
@@ -328,15 +428,17 @@ def _whole_file(f: BinaryIO, limit: int) -> tuple[str | None, bytes]:
 
 def _text_docs(lines: Iterator[tuple[int, str]], unit: str, where: str, counts: Counts | None = None,
                max_chars: int | None = None) -> Iterator[tuple[str, str]]:
-    """Documents of a text file: each line, each blank-line block, or the whole file. A block or file
-    growing past `max_chars` characters is no longer held: the rest of it streams past and it is skipped
-    as `overlong_documents` (a whole corpus in one file read with text_unit `file` would otherwise be
-    held whole, tens of times its size in memory, to be removed by `too_long`)."""
-    if unit != "file":
-        lines = _split_bare_cr(lines)
+    """Documents of a text file: each line, each blank-line block, or the whole file. A blank line (nothing
+    but whitespace) is no document: with text_unit `line` it is passed over, not counted (with `blank_line`
+    it separates documents), and a file of nothing but whitespace holds none. A block or file growing past
+    `max_chars` characters is no longer held: the rest of it streams past and it is skipped as
+    `overlong_documents` (a whole corpus in one file read with text_unit `file` would otherwise be held
+    whole, tens of times its size in memory, to be removed by `too_long`)."""
+    lines = _split_bare_cr(lines)
     if unit == "line":
         for n, line in lines:
-            yield line, f"{where}:{n}"
+            if line.strip():
+                yield line, f"{where}:{n}"
         return
     buf = _Capped(max_chars)
     start = 1
@@ -349,13 +451,15 @@ def _text_docs(lines: Iterator[tuple[int, str]], unit: str, where: str, counts: 
             start = n
         buf.append(line)
     if buf:
-        yield from buf.take(counts, f"{where}:{start}" if unit == "blank_line" else where, unit)
+        for text, at in buf.take(counts, f"{where}:{start}" if unit == "blank_line" else where, unit):
+            if text.strip():  # (a file of blank lines: no document)
+                yield text, at
 
 
 def _split_bare_cr(lines: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:
-    """Lines ended by a bare carriage return (classic Mac OS files, or pieces of them pasted into others)
-    as lines of their own, as Python's universal newlines read them; each keeps the number of the
-    newline-ended line it was found in."""
+    """Lines ended by a bare carriage return (classic Mac OS files, or pieces of them pasted into others;
+    the first \\r of \\r\\r\\n) as lines of their own, as Python's universal newlines read them; each keeps
+    the number of the newline-ended line it was found in."""
     for n, line in lines:
         if "\r" in line:
             for piece in line.split("\r"):
@@ -411,7 +515,7 @@ def _wikiextractor_docs(lines: Iterator[tuple[int, str]], where: str, counts: Co
                         max_chars: int | None = None) -> Iterator[tuple[str, str]]:
     buf: _Capped | None = None  # the open <doc> block (see _Capped for max_chars)
     start = 0
-    for n, line in lines:
+    for n, line in _split_bare_cr(lines):
         if line.startswith("<doc") and _DOC_OPEN.match(line):  # the cheap test first
             if buf is not None:
                 counts.skip("unclosed_doc_tags", f"{where}:{start}")
@@ -524,13 +628,22 @@ def iter_file(src: SourceConfig, path: Path, counts: Counts, max_line_bytes: int
               max_doc_chars: int | None = None) -> Iterator[tuple[str, str]]:
     """(text, where) of every raw document in one file. A document of several lines (text blocks and
     files, WikiExtractor blocks) over `max_doc_chars` characters is skipped as `overlong_documents`
-    without being held whole (callers pass twice filters.max_chars: `too_long` would remove it anyway)."""
+    without being held whole (callers pass twice filters.max_chars: `too_long` would remove it anyway).
+    A file read to its end that gave no document and nothing skipped (no bytes, only blank lines, no
+    <doc> block, a parquet file without rows) is counted as `empty_files`."""
     where = str(path)
+    skipped_before = sum(counts.skipped.values())
     if src.type == "parquet":
+        rows = 0
         try:
-            yield from _parquet_docs(path, src.column, counts)
+            for item in _parquet_docs(path, src.column, counts):
+                rows += 1
+                yield item
         except Exception as err:  # pyarrow raises several types for a corrupt file
             counts.skip("unreadable_files", where, f"{type(err).__name__}: {err}"[:160])
+            return
+        if rows == 0 and sum(counts.skipped.values()) == skipped_before:
+            counts.skip("empty_files", where, "no rows")
         return
     kept = 0
     try:
@@ -543,7 +656,7 @@ def iter_file(src: SourceConfig, path: Path, counts: Counts, max_line_bytes: int
             if src.type == "text" and src.text_unit == "file":
                 doc, seen = _whole_file(f, max_line_bytes)
                 if doc is not None and damage_of(f) is None:
-                    docs = iter([(doc, where)])
+                    docs = iter([(doc, where)] if doc.strip() else [])  # only whitespace: no document
                     if max_doc_chars is not None and len(doc) > max_doc_chars:  # as the line reader does
                         docs = iter(())
                         counts.skip("overlong_documents", where, _overlong_detail(len(doc), max_doc_chars, "file"))
@@ -565,8 +678,19 @@ def iter_file(src: SourceConfig, path: Path, counts: Counts, max_line_bytes: int
             if damage is not None:
                 counts.skip("damaged_files", where, f"{COMPRESSION[path.suffix.lower()]} stream {damage}; the "
                                                     f"{kept} document(s) before the damage are kept")
+            elif kept == 0 and sum(counts.skipped.values()) == skipped_before:
+                counts.skip("empty_files", where, _empty_detail(src, head))
     except OSError as err:  # unreadable: permissions, I/O errors
         counts.skip("unreadable_files", where, f"{type(err).__name__}: {err} ({kept} document(s) read before)"[:200])
+
+
+def _empty_detail(src: SourceConfig, head: bytes) -> str:
+    """Why a file gave no document (for the empty_files warning)."""
+    if not head:
+        return "0 bytes"
+    if src.type == "wikiextractor":
+        return "no <doc ...> block in it: is it a WikiExtractor output file? (type text reads plain text)"
+    return "nothing but whitespace and blank lines"
 
 
 def max_doc_chars(cfg: DataConfig) -> int:
@@ -586,11 +710,23 @@ def check_inputs(cfg: DataConfig, where: str = "data config") -> None:
             continue
         files, missing = cfg.files(src)
         if not files:
-            empty.append(f"source {src.name!r} ({', '.join(missing)})")
+            empty.append(f"source {src.name!r} ({', '.join(m + _folder_hint(m) for m in missing)})")
     if empty:
         raise FileNotFoundError(f"{where}: no input file matches for {'; '.join(empty)}. Fix the paths or globs "
                                 f"(relative ones are read from the config's folder, {cfg.base_dir}) or remove "
                                 f"the source")
+
+
+def no_match_detail(pattern: str) -> str:
+    """Why a source pattern gives no file, for the `missing_files` warning."""
+    return "no file matches" + _folder_hint(pattern)
+
+
+def _folder_hint(pattern: str) -> str:
+    # a folder given as a path matches no file: its files are given with a glob
+    if Path(pattern).is_dir():
+        return f": it is a folder; give its files with a glob, e.g. {Path(pattern) / '*.jsonl'} or {Path(pattern) / '**' / '*'}"
+    return ""
 
 
 # what prepare writes inside --out (one sample path of each kind, relative to it): a source pattern that
@@ -679,9 +815,10 @@ def check_out_is_not_input(cfg: DataConfig, out, where: str = "data config") -> 
 _OUTPUT_DIRS = ("tokens", "parts", "merge", "train", "val", "stats.json")
 
 
-def iter_source(cfg: DataConfig, src: SourceConfig, counts: Counts, files: list[Path] | None = None
-                ) -> Iterator[tuple[str, str]]:
-    """(text, where) of every raw document of a source, files in the given (default: sorted) order."""
+def iter_source(cfg: DataConfig, src: SourceConfig, counts: Counts, files: list[Path] | None = None,
+                limits: list[int] | None = None) -> Iterator[tuple[str, str]]:
+    """(text, where) of every raw document of a source, files in the given (default: sorted) order;
+    `limits`: how many documents to read of each of those files (capped_files), at most."""
     limit = src.max_documents
     start = counts.raw_documents  # the limit is per call: streaming reads a source once an epoch
     if src.type == "hf":
@@ -690,8 +827,8 @@ def iter_source(cfg: DataConfig, src: SourceConfig, counts: Counts, files: list[
         if files is None:
             files, missing = cfg.files(src)
             for m in missing:
-                counts.skip("missing_files", m, "no file matches")
-        gen = _iter_files(cfg, src, files, counts)
+                counts.skip("missing_files", m, no_match_detail(m))
+        gen = _iter_files(cfg, src, files, counts, limits)
     for text, where in gen:
         if limit is not None and counts.raw_documents - start >= limit:
             return
@@ -700,10 +837,40 @@ def iter_source(cfg: DataConfig, src: SourceConfig, counts: Counts, files: list[
         yield text, where
 
 
-def _iter_files(cfg: DataConfig, src: SourceConfig, files: list[Path], counts: Counts):
-    for path in files:
+def _iter_files(cfg: DataConfig, src: SourceConfig, files: list[Path], counts: Counts,
+                limits: list[int] | None = None):
+    for i, path in enumerate(files):
         if not path.is_file():
             counts.skip("missing_files", str(path), "no such file")
             continue
         counts.files += 1
-        yield from iter_file(src, path, counts, cfg.filters.max_line_bytes, max_doc_chars(cfg))
+        docs = iter_file(src, path, counts, cfg.filters.max_line_bytes, max_doc_chars(cfg))
+        if limits is None:
+            yield from docs
+        else:
+            with contextlib.closing(docs):  # the file is closed as soon as its share is read
+                yield from itertools.islice(docs, limits[i])
+
+
+def capped_files(cfg: DataConfig, src: SourceConfig) -> list[tuple[Path, int]]:
+    """The files that hold a file-based source's first `max_documents` raw documents in its sorted file
+    order — the documents prepare reads of it — each with how many of its documents those are (all of them
+    but in the last file). Streaming reads exactly these every epoch, in a new file order each time, so the
+    capped set does not change from one epoch to the next. Costs one read of those files up to the cap
+    (decompressing and splitting into documents; no cleaning, filtering or tokenizing), counted quietly:
+    the epochs' reads warn about what they skip."""
+    quiet = Counts(src.name, quiet=True)
+    out: list[tuple[Path, int]] = []
+    left = src.max_documents
+    assert left is not None and src.type != "hf"
+    for path in cfg.files(src)[0]:
+        if left <= 0:
+            break
+        if not path.is_file():
+            continue
+        with contextlib.closing(iter_file(src, path, quiet, cfg.filters.max_line_bytes, max_doc_chars(cfg))) as docs:
+            n = sum(1 for _ in itertools.islice(docs, left))
+        if n:
+            out.append((path, n))
+            left -= n
+    return out

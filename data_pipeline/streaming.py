@@ -1,7 +1,9 @@
 """Streaming mode: a data config read, filtered, tokenized and packed on the fly, no prepare step.
 
 Each source is an endless stream of epochs; epoch e reads the source's files in a permutation seeded by
-(seed, source, e) (a Hugging Face stream in its own order), cleans and filters every document, keeps the
+(seed, source, e) (a Hugging Face stream in its own order; a source with max_documents: the files holding
+its first max_documents documents in sorted file order, found once at start, each read up to its share of
+them, so every epoch reads the same documents), cleans and filters every document, keeps the
 ones of the requested split (val: the documents whose text hash falls in `val_fraction`, as in
 prepare), and appends their tokens. Window j of a source is stream tokens [j*seq_len, j*seq_len+seq_len+1),
 the same rule as for prepared shards, so the loader's order, mixing and resume are the same; resuming
@@ -23,7 +25,7 @@ from .dedup import exact_key
 from .filters import check_batch, clean_batch
 from .loader import digest, stable_id
 from .mixing import normalise_weights
-from .sources import Counts, iter_source
+from .sources import Counts, capped_files, check_inputs, iter_source, no_match_detail
 from .tokenizer import encode_document_array
 
 log = logging.getLogger("linscale.data")
@@ -36,9 +38,18 @@ class _SourceStream:
         self.removed: Counter = Counter()
         self.files, missing = cfg.files(src) if src.type != "hf" else ([], [])
         for m in missing:
-            self.counts.skip("missing_files", m, "no file matches")
+            self.counts.skip("missing_files", m, no_match_detail(m))
         if src.type != "hf" and not self.files:
             raise FileNotFoundError(f"source {src.name!r}: no input files match {src.paths}")
+        # max_documents: the first that many raw documents in sorted file order, found once here and read
+        # every epoch (a cap counted along each epoch's own file order would take other documents each time)
+        self.limits: list[int] | None = None
+        if src.max_documents is not None and src.type != "hf":
+            capped = capped_files(cfg, src)
+            if capped:  # (none: no file holds a document; the first epoch reads them all and says why)
+                self.files, self.limits = [f for f, _ in capped], [n for _, n in capped]
+                log.info("source %r: its first %d documents (max_documents %d) lie in %d of its files; every "
+                         "epoch reads them", src.name, sum(self.limits), src.max_documents, len(capped))
         self.buf = np.zeros(0, np.uint32)
         self.base = 0  # stream position of buf[0]
         self.epoch = 0
@@ -58,7 +69,8 @@ class _SourceStream:
             else:
                 perm = np.random.default_rng([self.seed, stable_id(self.src.name), self.epoch]
                                              ).permutation(len(self.files))
-                raw = iter_source(self.cfg, self.src, self.counts, [self.files[i] for i in perm])
+                raw = iter_source(self.cfg, self.src, self.counts, [self.files[i] for i in perm],
+                                  None if self.limits is None else [self.limits[i] for i in perm])
             threshold = round(self.cfg.val_fraction * 1_000_000)
             for group in _groups(raw):
                 texts = clean_batch(group)
@@ -172,6 +184,7 @@ class StreamProvider:
 
     def __init__(self, cfg: DataConfig, seed: int, split: str = "train", label: str = "stream"):
         self.cfg = cfg
+        check_inputs(cfg, label)  # a source matching no file: refused naming its patterns and the folder
         self.names = [s.name for s in cfg.sources]
         self.languages = [s.language for s in cfg.sources]
         sizes = stream_sizes(cfg)
@@ -198,8 +211,11 @@ class StreamProvider:
         # the files as they are now (each source's relative paths and sizes, in the order read): a resume on
         # files added, removed or rewritten since would read other documents at the same positions, so it is
         # refused as other data (prepared shards are checked the same way, by their token counts)
-        self.fingerprint = digest({"config": cfg.fingerprint(), "split": split, "weights": self.weights,
-                                   "files": input_files_key(cfg)})
+        key = {"config": cfg.fingerprint(), "split": split, "weights": self.weights, "files": input_files_key(cfg)}
+        capped = [s.name for s in cfg.sources if s.max_documents is not None and s.type != "hf"]
+        if capped:  # which documents a capped source reads is part of what the stream is
+            key["capped_sources"] = {"sources": capped, "select": "first in sorted file order"}
+        self.fingerprint = digest(key)
         self.label = f"{label} [{split}, streaming]"
 
     @classmethod
