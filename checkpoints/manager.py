@@ -46,7 +46,7 @@ from checkpoints.layout import (CHECKPOINTS, EXPORTS, LATEST, META, MODEL_WEIGHT
                                 tmp_dirs)
 from checkpoints.manifest import verify, write_manifest
 from checkpoints.run_dir import checkpoint_run_id, read_run_id
-from checkpoints.schedule import SnapshotSchedule
+from checkpoints.schedule import SnapshotSchedule, resumed_schedule, schedule_of_config
 from checkpoints.signals import StopSignal
 from checkpoints.staging import StagingBuffers
 from checkpoints.layout import DEEPSPEED_DIR
@@ -258,9 +258,21 @@ class CheckpointManager(Callback):
         if self.cfg.save_every < 0 or self.cfg.keep_last < 0:
             raise ValueError(f"checkpoint: save_every={self.cfg.save_every} and keep_last={self.cfg.keep_last} "
                              f"must be >= 0 (save_every 0: only at the end or on a signal; keep_last 0: keep all)")
-        self.schedule = SnapshotSchedule(self.cfg.snapshot_every_tokens, self.cfg.snapshot_log_points,
-                                         tokens_per_step,
-                                         total_steps * tokens_per_step if total_steps is not None else None)
+        # the snapshot schedule of a fresh start; a resume replaces it with the one its checkpoint records
+        # (load): the log-spaced points are fixed at the run's first start (checkpoints/schedule.py)
+        self.total_tokens = total_steps * tokens_per_step if total_steps is not None else None
+        self._schedule_error: ValueError | None = None
+        try:
+            self.schedule = SnapshotSchedule(self.cfg.snapshot_every_tokens, self.cfg.snapshot_log_points,
+                                             tokens_per_step, self.total_tokens)
+        except ValueError as err:
+            if not run.resume:
+                raise
+            # a checkpoint's recorded schedule may give the end the flags lack: decided once resumed
+            self._schedule_error = err
+            self.schedule = SnapshotSchedule(self.cfg.snapshot_every_tokens, 0, tokens_per_step)
+        self._recorded_schedule: dict | None = None  # the loaded trainer state's (load_state_dict)
+        self.resumed_step: int | None = None  # the step this start resumed at (None: a fresh start)
         self.writer = BackgroundWriter()
         self._abort = threading.Event()  # set when a save is abandoned: rank 0's writer stops waiting
         self._last_bytes: dict[str, int] = {}  # size of this run's last checkpoint / snapshot (space checks)
@@ -284,6 +296,8 @@ class CheckpointManager(Callback):
         the process's handlers as they were)."""
         resume_from = self._choose_resume()
         barrier()
+        if resume_from is None and self._schedule_error is not None:
+            raise self._schedule_error  # a fresh start after all (--resume auto without a checkpoint)
         if resume_from is not None:
             self.load(resume_from)
             # only once the checkpoint has loaded (model, batch, seed, data all accepted): a refused resume
@@ -326,6 +340,8 @@ class CheckpointManager(Callback):
                         + f". Nothing was changed. To start from step 0 anyway, run without --resume and with "
                           f"--overwrite (they are moved to {self.run_dir}/overwritten-<time>/); to use "
                           f"one of them regardless, pass --resume with its path")
+                if self._schedule_error is not None:  # refused before the stopped attempt's files are moved
+                    raise self._schedule_error
                 logger.info(f"--resume auto: no complete checkpoint in {self.ckpt_dir} yet; starting from step 0")
                 # the steps are replayed from 0, under the flags given now: what the stopped attempt wrote
                 # (snapshots, exports) is not kept as if it held the replayed steps' weights
@@ -350,14 +366,44 @@ class CheckpointManager(Callback):
             raise ValueError(f"--resume {target}: {problem}. Pass a complete checkpoint directory "
                              f"({self.ckpt_dir}/step_N) or --resume auto to take the newest complete one")
         try:
-            kind = json.loads((path / META).read_text()).get("kind")
+            meta = json.loads((path / META).read_text())
         except (OSError, ValueError):
-            kind = None
-        if kind == "snapshot":
+            meta = {}
+        if meta.get("kind") == "snapshot":
             raise ValueError(f"--resume {target}: a snapshot (the weights, for evaluation), which holds no optimizer "
                              f"or data-loader state; resume from a checkpoint ({path.parent.parent / CHECKPOINTS}"
                              f"/step_N)")
+        self._refuse_a_branch_that_trains_nothing(target, path, meta)
         return target  # the later history is set aside by post_attach, once this checkpoint has loaded
+
+    def _refuse_a_branch_that_trains_nothing(self, target: str, path: Path, meta: dict) -> None:
+        """--resume of one of this run's earlier checkpoints that is already at or past --max-steps /
+        --max-tokens: nothing would be trained from it, and resuming it would still set this run's later
+        checkpoints, snapshots and exports aside as an abandoned branch. Refused before anything moves."""
+        step, tokens = meta.get("step"), meta.get("tokens")
+        t = self.run.train
+        if not isinstance(step, int) or not isinstance(tokens, int):
+            return
+        reached = [(flag, limit, now) for flag, limit, now in (("--max-steps", t.max_steps, step),
+                                                               ("--max-tokens", t.max_tokens, tokens))
+                   if limit is not None and now >= limit]
+        if not reached:
+            return
+        try:
+            inside = Path(os.path.realpath(path)).parent == Path(os.path.realpath(self.ckpt_dir))
+        except OSError:
+            inside = False
+        later = [f"{parent.name}/{p.name}" for parent in (self.ckpt_dir, self.snap_dir, self.run_dir / EXPORTS)
+                 for s, p in step_dirs(parent) if s > step] if inside else []
+        if not later:
+            return  # nothing to set aside: the start trains nothing and says so (Trainer._nothing_to_train)
+        shown = ", ".join(later[:4]) + (f" and {len(later) - 4} more" if len(later) > 4 else "")
+        limits = " and ".join(f"{flag} is {limit}" for flag, limit, _ in reached)
+        raise_ = " and ".join(f"{flag} above {now}" for flag, _, now in reached)
+        raise ValueError(f"--resume {target}: the checkpoint is at step {step} ({tokens} tokens) and {limits}, so "
+                         f"nothing would be trained from it, while resuming it would set this run's later history "
+                         f"({shown}) aside as an abandoned branch; nothing was changed. To train on from it, raise "
+                         f"{raise_}; to continue the run's newest checkpoint, pass --resume auto")
 
     def _set_aside_later_history(self, path: Path, checkpoints: bool = True) -> None:
         """Resuming one of this run's own checkpoints starts a new branch of its history (an earlier one
@@ -435,8 +481,10 @@ class CheckpointManager(Callback):
             raise ValueError(f"checkpoint {path} (trained on --data "
                              f"{data if data is not None else 'left out: the embedded corpus'}): {err}; or train "
                              f"into another --out") from None
+        schedule_note = self._resume_schedule(meta, saved_run)
         step = self.progress.step
         self.last_saved_step = step
+        self.resumed_step = step
         self.last_snapshot_step = step if (self.snap_dir / step_name(step)).is_dir() else None
         if self.env.is_main:
             note = "" if same_world else f" (saved by {saved_world} ranks, resumed on {self.env.world_size})"
@@ -445,6 +493,36 @@ class CheckpointManager(Callback):
             if changed:
                 logger.info(f"settings changed since checkpoint {path.name}, applied from step {step + 1} on: "
                             + "; ".join(changed))
+            if schedule_note:
+                logger.info(schedule_note)
+
+    def _resume_schedule(self, meta: dict, saved_run: dict) -> str | None:
+        """Follow the snapshot schedule the loaded checkpoint records (its trainer state; else its meta.json;
+        a checkpoint written before either was recorded: the schedule its recorded config gives), so that the
+        log-spaced points stay where the run's first start put them (checkpoints/schedule.py). Returns the
+        line to log, if any."""
+        recorded = self._recorded_schedule
+        if not isinstance(recorded, dict):
+            recorded = meta.get("snapshot_schedule")
+        if not isinstance(recorded, dict):
+            old = schedule_of_config(saved_run, self.tokens_per_step)
+            recorded = old.record() if old is not None else None
+        if recorded is None:
+            if self._schedule_error is not None:
+                raise self._schedule_error
+            return None
+        self.schedule, note = resumed_schedule(recorded, self.cfg.snapshot_every_tokens, self.cfg.snapshot_log_points,
+                                               self.tokens_per_step, self.total_tokens)
+        self._schedule_error = None
+        return note
+
+    # -- the trainer state's share of the manager -----------------------------------------------------
+    def state_dict(self) -> dict:
+        """Saved with the trainer state of every checkpoint: the snapshot schedule the run follows."""
+        return {"snapshot_schedule": self.schedule.record()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._recorded_schedule = state.get("snapshot_schedule")
 
     # -- hooks the training loop calls ----------------------------------------------------------------
     def stop_requested(self) -> str | None:
@@ -502,7 +580,9 @@ class CheckpointManager(Callback):
             self.signal.uninstall()
             return
         jobs = []
-        if stop_reason == "finished" and self.schedule.enabled and self.last_snapshot_step != step:
+        # a resumed start that trained nothing (its checkpoint already meets the limits) writes nothing
+        trained = self.resumed_step != step
+        if stop_reason == "finished" and self.schedule.enabled and self.last_snapshot_step != step and trained:
             jobs.append(self._stage_snapshot())
         if self.last_saved_step != step:
             jobs.append(self._stage_checkpoint(blocking=False))
@@ -668,7 +748,8 @@ class CheckpointManager(Callback):
                 "flops_non_embedding": step * self.flops_per_step_ne, "tokens_per_step": self.tokens_per_step,
                 "world_size": world, "module": type(self.module).__name__, "zero": self.run.dist.zero,
                 "model": self.model_cfg.to_dict(), "config": self.run.to_dict(), "code": self.code,
-                "run_id": self.run_id, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                "run_id": self.run_id, "snapshot_schedule": self.schedule.record(),
+                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         stall = time.perf_counter() - t0
         self.last_saved_step = step
 

@@ -131,7 +131,8 @@ class RunConfig:
     size: str = param("tiny", choices=tuple(SIZES), casefold=True)
     data: str | None = param(None, path=True)  # None: the embedded default corpus; a data YAML; a prepared dataset dir
     out: str | None = param(None, path=True)   # run directory; default runs/<arch>-<size>
-    resume: str | None = param(None, path=True)  # 'auto', a checkpoint directory, or None
+    # 'auto' (in any case: `Auto`, `AUTO`; resume_target), a checkpoint directory, or None
+    resume: str | None = param(None, path=True)
     # start afresh in a run directory that holds an earlier run (its files are moved aside, not deleted)
     overwrite: bool = False
     model_overrides: dict[str, Any] = field(default_factory=dict)
@@ -205,10 +206,16 @@ def _field_type(f: dataclasses.Field):
     return str
 
 
+# what a field's value means where its range alone does not say (shown by --help after the range)
+FIELD_NOTES = {"optim.grad_clip": "the largest global gradient norm; 0 or inf turns clipping off",
+               "train.spike_factor": "inf never logs a spike"}
+
+
 def _help(path: str, f: dataclasses.Field) -> str:
     default = f.default if f.default is not dataclasses.MISSING else None
     allowed = allowed_values(f.metadata)
-    return f"{path} (default {default}" + (f"; {allowed}" if allowed else "") + ")"
+    note = FIELD_NOTES.get(path)
+    return f"{path} (default {default}" + (f"; {allowed}" if allowed else "") + (f"; {note}" if note else "") + ")"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -222,8 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "any value no flag or --config sets; the defaults shown below are the paper's)")
     p.add_argument("--data", default=None, help="data YAML or prepared dataset dir (default: embedded corpus)")
     p.add_argument("--out", default=None, help="run directory (default runs/<arch>-<size>)")
-    p.add_argument("--resume", default=None, help="'auto' (this run's newest complete checkpoint; a fresh start "
-                                                  "when it has none) or a checkpoint dir")
+    p.add_argument("--resume", default=None, help="'auto' in any case (this run's newest complete checkpoint; a "
+                                                  "fresh start when it has none) or a checkpoint dir (a directory "
+                                                  "named like auto: ./Auto)")
     p.add_argument("--overwrite", nargs="?", const=True, type=_parse_bool, default=None,
                    help="start afresh in a run directory that holds an earlier run: its checkpoints, snapshots "
                         "and logs are moved to RUN/overwritten-<time>/ (not deleted)")
@@ -421,17 +429,19 @@ def _num(x: float) -> str:
 
 
 def allowed_values(meta) -> str:
-    """What a field allows, in words: 'one of a, b, c', 'a number >= 0', 'an integer in [1, 3)'."""
+    """What a field allows, in words: 'one of a, b, c', '>= 0', '>= 0 and < 1', '>= 0, or inf'."""
     if "choices" in meta:
         return "one of " + ", ".join(map(str, meta["choices"]))
     lo = (">=", meta["ge"]) if "ge" in meta else (">", meta["gt"]) if "gt" in meta else None
     hi = ("<=", meta["le"]) if "le" in meta else ("<", meta["lt"]) if "lt" in meta else None
     if lo and hi:
-        return f"{lo[0]} {_num(lo[1])} and {hi[0]} {_num(hi[1])}"
-    if lo or hi:
+        text = f"{lo[0]} {_num(lo[1])} and {hi[0]} {_num(hi[1])}"
+    elif lo or hi:
         op, v = lo or hi
-        return f"{op} {_num(v)}"
-    return ""
+        text = f"{op} {_num(v)}"
+    else:
+        text = ""
+    return f"{text}, or inf" if text and meta.get("inf") else text
 
 
 def field_kind(f: dataclasses.Field) -> str:
@@ -505,7 +515,11 @@ def check_field(f: dataclasses.Field, value: Any, label: str) -> Any:
                           + (f" ({allowed_values(f.metadata)})" if allowed_values(f.metadata) else "")) from None
     meta = f.metadata
     if kind in ("int", "float") and isinstance(value, float) and not math.isfinite(value) and "choices" not in meta:
-        if not (value == math.inf and meta.get("inf")):
+        if meta.get("inf"):  # +inf means no limit; NaN and -inf mean nothing
+            if value != math.inf:
+                what = "not a number" if math.isnan(value) else "out of range"
+                raise ConfigError(f"{label} {value}: {what}; allowed: {allowed_values(meta)}")
+        else:
             raise ConfigError(f"{label} {value}: must be a finite number ({allowed_values(meta)})")
     if "choices" in meta:
         ok = value.lower() in [str(c).lower() for c in meta["choices"]] if meta.get("casefold") and isinstance(value, str) \
@@ -607,11 +621,25 @@ def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
     if cfg.dist.deepspeed_config and cfg.dist.zero == 0:  # it would be ignored without a word
         raise ConfigError(f"--deepspeed-config {cfg.dist.deepspeed_config} is read only by DeepSpeed, and this run "
                           f"is plain PyTorch/DDP (--zero 0): pass --zero 1, 2 or 3 with it, or drop it")
+    cfg.resume = resume_target(cfg.resume, _label("resume", origin))
     if cfg.overwrite and cfg.resume == "auto":
         raise ConfigError(f"--overwrite and --resume auto contradict each other: --resume auto continues the "
                           f"run in {cfg.run_dir}, --overwrite starts it afresh; pass one of them")
     t.activation_checkpointing = t.activation_checkpointing.lower()
     t.compile = str(t.compile).lower()
+
+
+def resume_target(resume: str | None, label: str = "--resume") -> str | None:
+    """--resume as the trainer reads it: 'auto' in any case (`Auto`, `AUTO`) is the keyword 'auto'; anything
+    else a checkpoint path. `auto` itself is always the keyword. Another spelling of it that also names
+    something here (a directory `./Auto`) is ambiguous and refused, naming both ways to say it."""
+    if resume is None or resume == "auto" or resume.strip().lower() != "auto":
+        return resume
+    if Path(resume).exists():
+        raise ConfigError(f"{label} {resume}: ambiguous: 'auto' in any case means this run's newest complete "
+                          f"checkpoint, and {resume} is also a path here ({Path(resume).resolve()}); pass "
+                          f"--resume auto for the newest checkpoint, or --resume ./{resume.strip()} for that path")
+    return "auto"
 
 
 def ac_mode(t: TrainConfig) -> str:

@@ -720,6 +720,27 @@ def test_overwrite_with_a_value_is_for_the_first_attempt_only(tmp_path, flag):
     assert again[again.index("--resume") + 1] == "auto" and again[-4:] == ["--ops-tune-cache", "/tmp/a b", "--max-steps", "3"]
 
 
+def test_resume_auto_in_another_case_is_the_keyword_on_every_attempt(tmp_path):
+    """The trainer reads `--resume Auto` as `auto`; so does the script: the first attempt passes the keyword,
+    and a restart says nothing of resuming elsewhere than the first attempt asked."""
+    env, argv = stand_in_srun(tmp_path)
+    args = ["bash", str(SBATCH), "tnl", "tiny", "--resume", "Auto", "--max-steps", "3"]
+    p = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env)
+    assert p.returncode == 0 and "srun-called" in p.stdout, p.stdout + p.stderr
+    first = argv.read_text().splitlines()
+    assert first[first.index("--resume") + 1] == "auto", first
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000002"   # the first attempt saved
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.pt").write_bytes(b"x")
+    from checkpoints.manifest import write_manifest
+    write_manifest(ckpt)
+    p = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env={**env, "SLURM_RESTART_COUNT": "1"})
+    assert p.returncode == 0 and "not from --resume" not in p.stdout, p.stdout + p.stderr
+    again = argv.read_text().splitlines()
+    assert again[again.index("--resume") + 1] == "auto", again
+
+
 def test_out_resume_and_overwrite_in_a_config_file_count_as_the_flags(tmp_path):
     """A --config YAML's out names the run directory the script inspects and requeues (the trainer writes
     there); its overwrite: true sets an earlier run aside on the first attempt only, as the flag does: a
