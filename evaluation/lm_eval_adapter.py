@@ -22,7 +22,8 @@ from tqdm import tqdm
 from data_pipeline.tokenizer import EOT_ID, get_tokenizer
 from evaluation.context import scoring_window
 from evaluation.devices import DTYPES, resolve_device, resolve_dtype  # noqa: F401  (also imported from here)
-from evaluation.scoring import generate_tokens, rolling_loglikelihood, score_continuations
+from evaluation.scoring import (check_requests_fit, generate_tokens, rolling_loglikelihood, score_continuations,
+                                truncated_requests)
 from models import LanguageModel, ModelConfig, get_arch, load_pretrained, pretrained_meta
 from pretrain.logs import get_logger
 
@@ -80,6 +81,8 @@ class LinscaleLM(TemplateLM):
         self._max_length = window
         self.max_gen_toks = int(max_gen_toks)
         self.tokenizer_obj = get_tokenizer()
+        # {task: {doc_id, ...}}: the items whose context was cut to fit the window (count_truncated)
+        self.truncated: dict = {}
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "LinscaleLM":
@@ -115,14 +118,49 @@ class LinscaleLM(TemplateLM):
     def tok_decode(self, tokens: list[int]) -> str:
         return self.tokenizer_obj.decode(tokens)
 
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """TemplateLM's (tokenize, then _loglikelihood_tokens), keeping which task and item each request is
+        of, so that a request that cannot be scored is named by them and context truncation is counted per
+        task (`truncated`)."""
+        self._items = [(getattr(r, "task_name", None), getattr(r, "doc_id", None)) for r in requests]
+        try:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._items = None
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         pairs = [(ctx, cont) for _, ctx, cont in requests]
+        items = getattr(self, "_items", None)
+        if items is None or len(items) != len(pairs):
+            items = [(None, None)] * len(pairs)
+        labels = [request_label(task, doc, i) for i, (task, doc) in enumerate(items)]
+        check_requests_fit(pairs, self.max_length, labels)   # before anything is scored or counted
+        self.count_truncated(pairs, items)
         with tqdm(total=len(pairs), disable=disable_tqdm, desc="linscale loglikelihood") as bar:
-            results = score_continuations(self.model, pairs, self.max_length, self.batch_size_per_gpu, bar.update)
+            results = score_continuations(self.model, pairs, self.max_length, self.batch_size_per_gpu, bar.update,
+                                          labels=labels)
         for (key, _, _), res in zip(requests, results):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, res)
         return results
+
+    def count_truncated(self, pairs, items) -> None:
+        """Items (documents) of each task with a request whose context was cut from the left to fit the window,
+        added to `self.truncated` {task: {doc_id, ...}} and logged (one line per task). Requests that name no
+        task count under None, by their index."""
+        if getattr(self, "truncated", None) is None:
+            self.truncated = {}
+        cut: dict = {}
+        for i in truncated_requests(pairs, self.max_length):
+            task, doc = items[i]
+            cut.setdefault(task, set()).add(doc if doc is not None else i)
+        for task, docs in cut.items():
+            self.truncated.setdefault(task, set()).update(docs)
+            total = len({d if d is not None else i for i, (t, d) in enumerate(items) if t == task})
+            logger.warning(f"{task or 'loglikelihood'}: the context of {len(docs)} of {total} "
+                           f"{'items' if task is not None else 'requests'} is cut from the left to fit the scoring "
+                           f"window of {self.max_length} tokens (each continuation is scored whole); a larger "
+                           f"max_length (--max-length) keeps them whole")
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         docs = [self.tok_encode(req.args[0]) for req in requests]
@@ -178,6 +216,14 @@ class LinscaleLM(TemplateLM):
 # lm-eval's names for the generation budget, in its order of priority (lm_eval.models.utils.normalize_gen_kwargs):
 # a task's generation_kwargs or the CLI's --gen_kwargs may use any of them
 MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+
+
+def request_label(task: str | None, doc_id, index: int) -> str:
+    """How an error names a log-likelihood request: its task and item (lm-eval's doc_id, the item's index in the
+    task's split), else its index."""
+    if task is None:
+        return f"request {index}"
+    return f"task {task}, item {doc_id}" if doc_id is not None else f"task {task}, request {index}"
 
 
 def max_new_tokens(gen_kwargs: dict, default: int) -> int:

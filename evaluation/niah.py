@@ -53,9 +53,12 @@ def column_penalty(success: Sequence[bool]) -> float:
 def check_grid(depths: Sequence[float], lengths: Sequence[int]) -> None:
     """The metrics weight depth i by alpha_d^i and length j by alpha_c^j, so the grid must be in increasing
     order: refuse (rather than silently sort) a grid given in any other order, repeats included."""
-    for name, values in (("depths", list(depths)), ("lengths", list(lengths))):
+    for name, values, flag, example, default in (
+            ("depths", list(depths), "--niah-depths", "0 50 100", DEFAULT_DEPTHS),
+            ("lengths", list(lengths), "--niah-lengths", "1024 2048 4096", DEFAULT_LENGTHS)):
         if not values:
-            raise ValueError(f"NIAH {name}: empty")
+            raise ValueError(f"NIAH {name}: the grid is empty, so there is no cell to score and no metric; give at "
+                             f"least one ({flag} {example}; without the flag: {' '.join(map(str, default))})")
         if any(b <= a for a, b in zip(values, values[1:])):
             raise ValueError(f"NIAH {name} must be strictly increasing (the weights follow the order), got "
                              f"{values}; give them sorted, e.g. {sorted(set(values))}")
@@ -230,6 +233,37 @@ def build_prompt(hay: list[int], needle: Needle, mode: str, length: int, depth: 
     return [EOT_ID] + h[:at] + n_ids + h[at:] + q_ids
 
 
+def draw_needles(cfg: NiahConfig) -> dict[tuple[int, int, int], Needle]:
+    """The needle of every (trial, depth index, length index), drawn from `cfg.seed`: a rerun asks the same."""
+    rng = random.Random(cfg.seed)
+    return {(t, i, j): random_needle(rng) for t in range(cfg.trials)
+            for i in range(len(cfg.depths)) for j in range(len(cfg.lengths))}
+
+
+def prompt_overhead(needle: Needle, mode: str) -> int:
+    """Tokens of a prompt that are not haystack: <|endoftext|>, the needle and the question."""
+    tok = get_tokenizer()
+    needle_text, question = needle.text(mode)
+    return 1 + len(tok.encode_ordinary(needle_text)) + len(tok.encode_ordinary(question))
+
+
+def check_lengths(cfg: NiahConfig, needles: dict | None = None) -> None:
+    """Every context length holds its needles and the question (checked before any model runs: a length too short
+    would end the task after the model was loaded)."""
+    check_grid(cfg.depths, cfg.lengths)
+    needles = draw_needles(cfg) if needles is None else needles
+    need = {j: max(prompt_overhead(n, cfg.mode) for (_, _, jj), n in needles.items() if jj == j)
+            for j in range(len(cfg.lengths))}
+    short = [(L, need[j]) for j, L in enumerate(cfg.lengths) if L < need[j]]
+    if short:
+        least = max(need.values())
+        raise ValueError(f"NIAH {cfg.mode}: context length{'s' if len(short) > 1 else ''} "
+                         f"{', '.join(str(L) for L, _ in short)} too short for the needle and the question "
+                         f"({', '.join(f'{n} tokens at {L}' for L, n in short)}, with <|endoftext|>), so no "
+                         f"haystack fits around them; give --niah-lengths of at least {least} (the paper's lengths "
+                         f"start at 1024)")
+
+
 def run_niah(model, cfg: NiahConfig, progress: Callable[[str], None] | None = None) -> dict:
     """Scores of every cell, the metrics and each reply. The needle and the haystack offset of a trial
     are drawn from `seed`, so a rerun asks exactly the same questions."""
@@ -239,11 +273,10 @@ def run_niah(model, cfg: NiahConfig, progress: Callable[[str], None] | None = No
     if cfg.scoring not in SCORINGS:
         raise ValueError(f"NIAH scoring {cfg.scoring!r}; choose one of {SCORINGS}")
     lengths, depths = list(cfg.lengths), list(cfg.depths)
+    needles = draw_needles(cfg)
+    check_lengths(cfg, needles)
     stride = 997  # haystack offset between trials: different text, same books
     hay = haystack_tokens(cfg.haystack or None, max(lengths) + stride * cfg.trials)
-    rng = random.Random(cfg.seed)
-    needles = {(t, i, j): random_needle(rng) for t in range(cfg.trials)
-               for i in range(len(depths)) for j in range(len(lengths))}
     scores = np.zeros((len(depths), len(lengths)))
     achieved = np.zeros((len(depths), len(lengths)))
     cells = []

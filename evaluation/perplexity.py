@@ -25,7 +25,7 @@ from pathlib import Path
 
 from data_pipeline.tokenizer import EOT_ID, get_tokenizer
 from evaluation import local_data
-from evaluation.scoring import rolling_loglikelihood, score_continuations, validation_loss
+from evaluation.scoring import rolling_loglikelihood, score_continuations, truncated_requests, validation_loss
 from models.lm import LanguageModel
 
 __all__ = ["wikitext_perplexity", "lambada_openai", "validation_loss", "encode_pair", "wikitext_detokenizer"]
@@ -113,11 +113,13 @@ def lambada_openai(model: LanguageModel, path: str | Path | None = None, max_len
                    progress: Callable[[int], None] | None = None) -> dict:
     """LAMBADA (OpenAI detokenized test set): last-word accuracy and target-word perplexity."""
     texts = local_data.lambada_texts(path)[:limit]
-    scores = score_continuations(model, lambada_requests(texts), max_length or default_max_length(model),
-                                 batch_size, progress)
+    requests = lambada_requests(texts)
+    window = max_length or default_max_length(model)
+    scores = score_continuations(model, requests, window, batch_size, progress,
+                                 labels=[f"LAMBADA example {i}" for i in range(len(requests))])
     lls = [s for s, _ in scores]
     return {"acc": sum(g for _, g in scores) / len(scores), "perplexity": perplexity_of(-sum(lls) / len(lls)),
-            "examples": len(scores)}
+            "examples": len(scores), "truncated": len(truncated_requests(requests, window))}
 
 
 def is_prepared_dataset(path: str | Path) -> bool:

@@ -78,15 +78,20 @@ def build_requests(tasks: list[str], limit: int | None) -> dict:
             self.pairs: dict = {}
 
         def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
-            for _, ctx, cont in requests:
-                self.pairs.setdefault(_key(ctx, cont), None)
+            from evaluation.lm_eval_adapter import request_label
+            items = getattr(self, "_items", None) or [(None, None)] * len(requests)
+            for i, ((_, ctx, cont), (task, doc)) in enumerate(zip(requests, items)):
+                # a pair shared by several items is named by the first
+                self.pairs.setdefault(_key(ctx, cont), request_label(task, doc, i))
             return [(0.0, False)] * len(requests)
 
     lm = RecordingLM()
     run_lm_eval(None, list(tasks), _sweep_config(limit), lm=lm, task_manager=task_manager())
     pairs = [[list(c), list(k)] for c, k in lm.pairs]
     digest = hashlib.sha256(json.dumps([list(tasks), limit, pairs]).encode()).hexdigest()
-    return {"format": FORMAT, "tasks": list(tasks), "limit": limit, "pairs": pairs, "sha256": digest}
+    # items: the task and item of each pair, for errors only (not part of the digest)
+    return {"format": FORMAT, "tasks": list(tasks), "limit": limit, "pairs": pairs, "sha256": digest,
+            "items": list(lm.pairs.values())}
 
 
 def write_requests(path: str | Path, tasks: list[str], limit: int | None) -> dict:
@@ -115,7 +120,10 @@ def score_requests(model, requests: dict, max_length: int | None = None, batch_s
     (max_length: the scoring window; default the model config's max_seq_len, as LinscaleLM)."""
     from evaluation.scoring import score_continuations
     window = max_length or model.config.max_seq_len
-    res = score_continuations(model, [(c, k) for c, k in requests["pairs"]], window, batch_size)
+    labels = requests.get("items")
+    if not (isinstance(labels, list) and len(labels) == len(requests["pairs"])):
+        labels = None   # a file written before the items were recorded: requests are named by index
+    res = score_continuations(model, [(c, k) for c, k in requests["pairs"]], window, batch_size, labels=labels)
     return [[float(ll), bool(g)] for ll, g in res]
 
 
@@ -141,9 +149,12 @@ def task_manager():
     return KeepingTaskManager()
 
 
-def replay(requests: dict, scores: list, limit: int | None = None, manager=None) -> dict[str, dict]:
+def replay(requests: dict, scores: list, limit: int | None = None, manager=None,
+           max_length: int | None = None) -> dict[str, dict]:
     """The metrics of each task (as evaluation.sweep.run_lm_eval reports them) from stored scores.
-    `manager`: a task_manager() shared by many replays of the same request file."""
+    `manager`: a task_manager() shared by many replays of the same request file. `max_length`: the window the
+    scores were made in; given, each task also reports `truncated` (its items whose context was cut to fit), as a
+    direct run does."""
     from evaluation.sweep import run_lm_eval
     if len(scores) != len(requests["pairs"]):
         raise ValueError(f"{len(scores)} scores for {len(requests['pairs'])} requests: the scores belong to "
@@ -153,7 +164,14 @@ def replay(requests: dict, scores: list, limit: int | None = None, manager=None)
     table = {_key(c, k): (float(s[0]), bool(s[1])) for (c, k), s in zip(requests["pairs"], scores)}
 
     class ReplayLM(_lm_base()):
+        def __init__(self):
+            super().__init__(max_length or 8192)
+            self.truncated = {} if max_length else None
+
         def _loglikelihood_tokens(self, reqs, disable_tqdm: bool = False, **kwargs):
+            if max_length:
+                items = getattr(self, "_items", None) or [(None, None)] * len(reqs)
+                self.count_truncated([(ctx, cont) for _, ctx, cont in reqs], items)
             out = []
             for _, ctx, cont in reqs:
                 k = _key(ctx, cont)

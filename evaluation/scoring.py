@@ -41,15 +41,55 @@ def target_logprobs(model: LanguageModel, h: Tensor, targets: Tensor) -> tuple[T
     return torch.cat(logps), torch.cat(greedy)
 
 
+def truncated_requests(requests: Sequence[tuple[Sequence[int], Sequence[int]]], max_length: int) -> list[int]:
+    """Indices of the requests whose context is cut from the left to fit the window: context + continuation
+    longer than max_length + 1 tokens (the last token is only a target), the continuation itself fitting."""
+    return [i for i, (ctx, cont) in enumerate(requests)
+            if len(ctx) + len(cont) > max_length + 1 and len(cont) <= max_length]
+
+
+def check_requests_fit(requests: Sequence[tuple[Sequence[int], Sequence[int]]], max_length: int,
+                       labels: Sequence[str] | None = None) -> None:
+    """Refuse, before anything is scored, requests that cannot be scored whole in windows of max_length: a
+    continuation with no context token before it, or one longer than the window (only the context can be cut:
+    cutting the continuation would sum fewer tokens and mis-score the item without a sign; lm-eval's HF model
+    refuses both too and prefixes an empty context with <|endoftext|>). The error names the request (its
+    `labels` entry, e.g. 'task piqa_local, item 314', else its index) and the window that fits every one."""
+    name = (lambda i: labels[i]) if labels is not None else (lambda i: f"request {i}")
+    for i, (ctx, cont) in enumerate(requests):
+        if not cont:
+            raise ValueError(f"{name(i)} has an empty continuation")
+        if not ctx:
+            raise ValueError(f"{name(i)} has no context: its first continuation token cannot be scored; "
+                             f"prefix the context with <|endoftext|> as lm-eval does")
+    too_long = [i for i, (_, cont) in enumerate(requests) if len(cont) > max_length]
+    if not too_long:
+        return
+    worst = max(too_long, key=lambda i: len(requests[i][1]))
+    need = len(requests[worst][1])
+    # the choices of one item share its label: name the others once each
+    others = list(dict.fromkeys(name(i) for i in sorted(too_long, key=lambda i: -len(requests[i][1]))))[1:]
+    more = (f"; {len(others)} other(s) do not fit either ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})"
+            if others else "")
+    raise ValueError(f"{name(worst)}: a continuation of {need} tokens is longer than the scoring window max_length "
+                     f"{max_length}, so it cannot be scored whole (only the context is cut from the left to fit)"
+                     f"{more}. Pass --max-length {need} or more to launch/evaluate.py (max_length={need} in lm-eval's "
+                     f"model_args; evaluation.max_length in a study config)")
+
+
 @torch.no_grad()
 def score_continuations(model: LanguageModel, requests: Sequence[tuple[Sequence[int], Sequence[int]]],
                         max_length: int, batch_size: int = 8,
-                        progress: Callable[[int], None] | None = None) -> list[tuple[float, bool]]:
+                        progress: Callable[[int], None] | None = None,
+                        labels: Sequence[str] | None = None) -> list[tuple[float, bool]]:
     """(sum log p(continuation | context), is_greedy) per (context_ids, continuation_ids) request.
 
     Inputs are the last max_length+1 tokens of context+continuation minus the final one (lm-eval's
-    truncation); rows are sorted by length so a batch wastes little padding. Right padding is safe: the
-    models are causal, so padded positions never influence the scored ones."""
+    truncation: the continuation is kept whole and the context cut from the left; `truncated_requests` says
+    which); rows are sorted by length so a batch wastes little padding. Right padding is safe: the models are
+    causal, so padded positions never influence the scored ones. A request that cannot be scored whole is
+    refused before any is scored (`check_requests_fit`; `labels` name the requests in its error)."""
+    check_requests_fit(requests, max_length, labels)
     device = model_device(model)
     out: list[tuple[float, bool] | None] = [None] * len(requests)
     order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][0]) + len(requests[i][1])))
@@ -58,18 +98,6 @@ def score_continuations(model: LanguageModel, requests: Sequence[tuple[Sequence[
         rows, n_cont = [], []
         for i in idx:
             ctx, cont = requests[i]
-            if not cont:
-                raise ValueError(f"request {i} has an empty continuation")
-            # a continuation's first token needs a context token before it, and all of it must fit the window:
-            # otherwise only part of it would be scored, and the sum would silently cover fewer tokens (lm-eval's
-            # HF model refuses both too; it prefixes an empty context with <|endoftext|>)
-            if not ctx:
-                raise ValueError(f"request {i} has no context: its first continuation token cannot be scored; "
-                                 f"prefix the context with <|endoftext|> as lm-eval does")
-            if len(cont) > max_length:
-                raise ValueError(f"request {i}: a continuation of {len(cont)} tokens is longer than the scoring window "
-                                 f"max_length {max_length}, so it cannot be scored whole; raise the window "
-                                 f"(max_length= in the model_args, --max-length of launch/evaluate.py)")
             whole = (list(ctx) + list(cont))[-(max_length + 1):]
             rows.append(whole[:-1])
             n_cont.append(len(cont))

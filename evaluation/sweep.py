@@ -40,7 +40,8 @@ CSR_AVG_TASKS = ("boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_ch
 # lm-eval's SCROLLS tasks: they download tau/scrolls from the HF hub, so they run only where it is reachable
 SCROLLS_TASKS = ("scrolls_qasper", "scrolls_quality", "scrolls_narrativeqa", "scrolls_qmsum",
                  "scrolls_contractnli", "scrolls_govreport", "scrolls_summscreenfd")
-COUNTS = {"examples", "documents", "words", "bytes", "tokens", "windows", "loglikelihood", "window"}  # table only, not plotted
+COUNTS = {"examples", "documents", "words", "bytes", "tokens", "windows", "loglikelihood", "window",
+          "truncated"}  # table only, not plotted
 SUITES = {
     "quick": ("wikitext2", "lambada_openai"),
     "paper": ("wikitext2", "lambada_openai", *CSR_TASKS, "niah_easy", "niah_standard", *SCROLLS_TASKS),
@@ -99,8 +100,11 @@ def run_dir_of(path: Path) -> Path:
     return path
 
 
-def find_snapshots(paths: list[str]) -> list[dict]:
-    """One record per exported snapshot (run name, path, arch, size, step, tokens, flops), in step order."""
+def find_snapshots(paths: list[str], keep_damaged: bool = False) -> list[dict]:
+    """One record per exported snapshot (run name, path, arch, size, step, tokens, flops), in step order. An export
+    whose config.json does not parse (cut short) is an error, or with `keep_damaged` a record holding `error` (what
+    is wrong and the command that exports it again), named in a warning: the sweep reports it in its table and
+    evaluates the others."""
     found, seen = [], set()
     for p in map(Path, paths):
         run_dir = run_dir_of(p)
@@ -128,8 +132,18 @@ def find_snapshots(paths: list[str]) -> list[dict]:
             try:
                 meta = json.loads((e / MODEL_CONFIG).read_text())
             except ValueError as err:
-                raise ValueError(f"{e / MODEL_CONFIG}: not valid JSON ({err}); export that step again "
-                                 f"(launch/export.py RUN --step N --force) or leave it out") from None
+                step = parse_step(e.name)
+                msg = (f"{e / MODEL_CONFIG}: not valid JSON ({err}); export that step again (launch/export.py "
+                       f"{run_dir if e.parent.name == EXPORTS else 'RUN'} --step {step if step is not None else 'N'} "
+                       f"--force) or leave it out")
+                if not keep_damaged:
+                    raise ValueError(msg) from None
+                logger.warning(f"{msg}; the other snapshots are evaluated")
+                found.append({"run": run, "run_dir": str(run_dir.resolve()), "snapshot": e.name,
+                              "path": str(e.resolve()), "arch": None, "size": None, "step": step, "tokens": None,
+                              "flops": None, "flops_non_embedding": None, "train_seq_len": None,
+                              "max_seq_len": None, "n_params": None, "error": msg})
+                continue
             model = meta.get("model") if isinstance(meta, dict) else None
             if not isinstance(model, dict):
                 raise ValueError(f"{e / MODEL_CONFIG}: no \"model\" section, so not an export of launch/export.py "
@@ -364,6 +378,14 @@ def task_settings(task: str, cfg: SweepConfig, window: int | None = None, dtype:
     return s
 
 
+def niah_config(task: str, cfg: SweepConfig):
+    """The NIAH settings of task niah_easy / niah_standard under the sweep's flags."""
+    from evaluation.niah import NiahConfig
+    return NiahConfig(mode=task.removeprefix("niah_"), lengths=tuple(cfg.niah_lengths), depths=tuple(cfg.niah_depths),
+                      trials=cfg.niah_trials, haystack=tuple(cfg.niah_haystack), batch_size=cfg.batch_size,
+                      scoring=cfg.niah_scoring, threshold=cfg.niah_threshold)
+
+
 def run_tasks(tasks: list[str], model, snap: dict, cfg: SweepConfig, out: Path) -> dict[str, dict]:
     """Metrics (a flat dict of numbers, plus detail) for each task, run on an already loaded model."""
     from evaluation import perplexity
@@ -395,11 +417,7 @@ def run_tasks(tasks: list[str], model, snap: dict, cfg: SweepConfig, out: Path) 
                                                     cfg.valid_windows)
         elif t.startswith("niah_"):
             from evaluation import niah
-            ncfg = niah.NiahConfig(mode=t.removeprefix("niah_"), lengths=tuple(cfg.niah_lengths),
-                                   depths=tuple(cfg.niah_depths), trials=cfg.niah_trials,
-                                   haystack=tuple(cfg.niah_haystack), batch_size=cfg.batch_size,
-                                   scoring=cfg.niah_scoring, threshold=cfg.niah_threshold)
-            res = niah.run_niah(model, ncfg, progress=lambda msg: logger.info(f"    {msg}"))
+            res = niah.run_niah(model, niah_config(t, cfg), progress=lambda msg: logger.info(f"    {msg}"))
             png = niah.plot_heatmap(res, out / "niah" / snap["run"] / f"{snap['snapshot']}_{t}.png",
                                     title=f"{snap['run']} {snap['snapshot']} {t}")
             m = res["metrics"]
@@ -442,6 +460,10 @@ def run_lm_eval(model, tasks: list[str], cfg: SweepConfig, window: int | None = 
                        if "," in k and "stderr" not in k and isinstance(v, (int, float))}
             if t in CSR_METRIC:
                 metrics["paper"] = metrics.get(CSR_METRIC[t])
+            truncated = getattr(lm, "truncated", None)
+            if isinstance(truncated, dict) and t in CSR_METRIC:
+                # items whose context was cut from the left to fit the window (lm-eval's truncation)
+                metrics["truncated"] = len(truncated.get(names[t], ()))
             out[t] = metrics
     return out
 
@@ -520,10 +542,13 @@ def sweep(cfg: SweepConfig, stop: Callable[[], str | None] | None = None) -> lis
     if unknown:
         raise ValueError(f"unknown task(s) {unknown}")
     if any(t.startswith("niah_") for t in tasks):
-        from evaluation.niah import SCORINGS, check_grid
+        from evaluation.niah import SCORINGS, check_grid, check_lengths
         check_grid(cfg.niah_depths, cfg.niah_lengths)   # before any model is loaded
         if cfg.niah_scoring not in SCORINGS:
             raise ValueError(f"--niah-scoring {cfg.niah_scoring!r}; choose one of {SCORINGS}")
+        for t in tasks:
+            if t.startswith("niah_"):
+                check_lengths(niah_config(t, cfg))    # each length holds the needle and the question
     from evaluation.perplexity import is_prepared_dataset
     datasets = [d for d in cfg.valid_shards if is_prepared_dataset(d)]
     if "valid_loss" in tasks and not datasets and not matched_files(cfg.valid_shards):
@@ -535,18 +560,23 @@ def sweep(cfg: SweepConfig, stop: Callable[[], str | None] | None = None) -> lis
                             f"token files in it, e.g. '{Path(folders[0]) / '*.bin'}'" if folders
                             else f"; nothing matches {' '.join(cfg.valid_shards)}" if cfg.valid_shards else ""))
     dtype = run_dtype(cfg)  # also checks --device before anything is loaded
-    snaps = find_snapshots(cfg.runs)
+    snaps = find_snapshots(cfg.runs, keep_damaged=True)
     # the default out is in the first run given
     out = Path(cfg.out) if cfg.out else (run_dir_of(Path(cfg.runs[0])) / EVAL if cfg.runs else Path(EVAL))
     make_output_dir(out, f"--out {out}" if cfg.out else f"the results folder {out} (default: <first run>/eval)")
     for snap in snaps:      # a model that cannot take the text tasks at all is the first thing to say
-        check_vocab(snap, tasks)
+        if not snap.get("error"):
+            check_vocab(snap, tasks)
     check_task_data(tasks, cfg)
     logger.info(f"evaluating {len(snaps)} snapshot(s) x {len(tasks)} task(s) -> {out}")
     rows = []
     for n, snap in enumerate(snaps, 1):
         label = f"[{n}/{len(snaps)}] {snap['run']}/{snap['snapshot']} (step {snap['step']})"
         _check_stop(stop, f"before {label}")
+        if snap.get("error"):   # a damaged export: its row says why it has no numbers
+            logger.warning(f"{label}: not evaluated, its config.json is damaged (warned above)")
+            rows.append({**snap, "results": {t: {"error": snap["error"]} for t in tasks}})
+            continue
         rows.append({**snap, "results": _sweep_snapshot(snap, tasks, cfg, out, dtype, label, stop)})
     write_tables(rows, tasks, out)
     if cfg.plots:
@@ -557,7 +587,13 @@ def sweep(cfg: SweepConfig, stop: Callable[[], str | None] | None = None) -> lis
 def _sweep_snapshot(snap: dict, tasks: list[str], cfg: SweepConfig, out: Path, dtype: str, label: str,
                     stop: Callable[[], str | None] | None) -> dict[str, dict]:
     """One snapshot's results: the cached ones of the same key, the others run (and cached) in turn."""
-    fp = fingerprint(snap["path"])
+    try:
+        fp = fingerprint(snap["path"])
+    except OSError as err:   # gone since the sweep found it: reported in its row, the other snapshots go on
+        msg = (f"cannot read {snap['path']}: {err.strerror or err} (removed or replaced since the sweep started); "
+               f"evaluate it again when it is back (launch/export.py RUN --step {snap['step']} --force exports it)")
+        logger.warning(f"{label}: {msg}; skipped")
+        return {t: {"error": msg} for t in tasks}
     window = scoring_window_of(snap, cfg, warn=logger.warning)
     cached, todo = {}, []
     for t in tasks:
@@ -659,7 +695,7 @@ def run_styles(rows: list[dict]) -> dict[str, dict]:
     from scaling.plots import SIZE_MARKERS, size_shades
     from scaling.runs import size_label
     runs = {}
-    for r in rows:
+    for r in sorted(rows, key=lambda r: r.get("arch") is None):   # a damaged export's row names no arch
         runs.setdefault(r["run"], (r.get("arch") or "?", r.get("n_params") or 0))
     order = sorted(runs, key=lambda run: (arch_order(runs[run][0]), runs[run][0], runs[run][1], run))
     style = {}

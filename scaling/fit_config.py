@@ -5,11 +5,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+import argparse
+
+from pretrain.argtypes import non_negative_float, non_negative_int, positive_float, positive_int, ranged
 from pretrain.cli import option
 from scaling.analysis import FitSettings
+from scaling.envelope import MAX_POINTS_PER_DECADE, POINTS_PER_DECADE_WHY
 
 _FIT = FitSettings()  # the fit's own defaults
+
+
+def points_per_decade_arg(text: str) -> int:
+    """--points-per-decade: an integer from 1 to MAX_POINTS_PER_DECADE; the error says why the bound."""
+    value = ranged(int, ge=1)(text)
+    if value > MAX_POINTS_PER_DECADE:
+        raise argparse.ArgumentTypeError(f"{text}: out of range; allowed: >= 1 and <= {MAX_POINTS_PER_DECADE}: "
+                                         f"{POINTS_PER_DECADE_WHY}")
+    return value
+
+
+points_per_decade_arg.__name__ = f"int >= 1 and <= {MAX_POINTS_PER_DECADE}"
 
 
 @dataclass
@@ -34,7 +49,9 @@ class FitScalingConfig:
     skip_warmup: bool = option(False, help="ignore the rows of each run's lr warm-up (steps <= optim.warmup_steps "
                                            "of its own config)")
     seq_len: int | None = option(None, type=positive_int, help="fit only runs trained at this context length")
-    points_per_decade: int = option(_FIT.points_per_decade, type=positive_int, help="C grid density")
+    points_per_decade: int = option(_FIT.points_per_decade, type=points_per_decade_arg,
+                                    help=f"C grid density: log-spaced points per factor 10 of C, 1 to "
+                                         f"{MAX_POINTS_PER_DECADE} (a finer grid changes no fit)")
     envelope: str = option(_FIT.envelope, choices=["fitted", "logged"],
                            help="envelope of each size's fitted learning curve L(D) = e + b*D^-beta, or of the "
                                 "logged losses (noisier: the minimum over runs favours lucky rows)")

@@ -236,8 +236,10 @@ def load_run(path: str | Path, include_embedding: bool = False, loss_key: str = 
     path = Path(path)
     missing = [f for f in (CONFIG_FILE, METRICS_FILE) if not (path / f).is_file()]
     if missing:
-        raise RunError(f"{path}: not a run directory (missing {' and '.join(missing)}); "
-                       f"a run holds {CONFIG_FILE} and {METRICS_FILE} as written by launch/pretrain.py")
+        why = (f"missing {METRICS_FILE}, its loss log: a run that has not logged a step yet, or whose log was lost"
+               if missing == [METRICS_FILE] else f"missing {' and '.join(missing)}")
+        raise RunError(f"{path}: not a run directory ({why}); a run holds {CONFIG_FILE} and {METRICS_FILE} as written "
+                       f"by launch/pretrain.py. Leave it out with --skip-bad (or give the other runs by name)")
     cfg, seq_len, config = _read_config(path)
     logged_per_step = logged_tokens_per_step(path / METRICS_FILE)
     bad_unit = _tokens_unit_problem(path, config, seq_len, logged_per_step)
@@ -305,7 +307,7 @@ def load_runs(paths: list[str | Path], include_embedding: bool = False, loss_key
             problems.append(str(err))
             continue
         if len(run.tokens) == 0:
-            msg = f"{p}: no usable rows in {METRICS_FILE} (skipped: {run.skipped or 'file empty'})"
+            msg = no_rows_message(p, run.skipped, loss_key)
             if not skip_bad:
                 raise RunError(msg)
             problems.append(msg)
@@ -320,6 +322,39 @@ def load_runs(paths: list[str | Path], include_embedding: bool = False, loss_key
     if not runs:
         raise RunError("no usable runs: " + "; ".join(problems))
     return runs, problems
+
+
+def logged_losses(path: Path) -> list[str]:
+    """The keys of a metrics.jsonl's rows that hold a number and name a loss (`loss`, `val_loss`, ...), in the order
+    first seen."""
+    keys: dict[str, None] = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                keys.update((k, None) for k, v in row.items()
+                            if "loss" in k and isinstance(v, (int, float)) and not isinstance(v, bool))
+    return list(keys)
+
+
+def no_rows_message(path: Path, skipped: dict[str, int], loss_key: str) -> str:
+    """Why a run has no row to fit, and what to do: an empty log, a log without the fitted loss (naming the
+    losses it does log), or rows all skipped for the reasons counted."""
+    fix = "leave the run out with --skip-bad (or give the other runs by name)"
+    if not skipped:
+        return (f"{path}: no usable rows in {METRICS_FILE}: it holds no rows (a run stopped before its first log, or "
+                f"its log was lost); {fix}, or train the run until it logs")
+    missing = f"{loss_key} missing or not finite"
+    if skipped.get(missing) and set(skipped) <= {missing, "no tokens", "unparseable line (e.g. truncated)",
+                                                 "not a JSON object"}:
+        others = [k for k in logged_losses(path / METRICS_FILE) if k != loss_key]
+        return (f"{path}: no usable rows in {METRICS_FILE}: no row has a finite '{loss_key}', the loss fitted "
+                f"(skipped: {skipped})" + (f"; it logs {', '.join(others)} (--loss-key {others[0]} fits that loss, "
+                                           f"in every run); or {fix}" if others else f"; {fix}"))
+    return f"{path}: no usable rows in {METRICS_FILE} (skipped: {skipped}); {fix}"
 
 
 def same_run(a: Run, b: Run) -> bool:

@@ -137,7 +137,7 @@ def test_flag_out_of_range():
         checked += 1
     assert checked >= 20
     # the issue's cases, with their messages
-    for argv, expect in ((["--grad-clip", "-1"], "--grad-clip -1: out of range; allowed: >= 0"),
+    for argv, expect in ((["--grad-clip", "-1"], "--grad-clip -1: out of range; allowed: >= 0, or inf"),
                          (["--warmup-steps", "-5"], "--warmup-steps -5: out of range; allowed: >= 0"),
                          (["--max-steps", "-1"], "--max-steps -1: out of range; allowed: >= 0"),
                          (["--log-every", "0"], "--log-every 0: out of range; allowed: >= 1"),
@@ -183,7 +183,7 @@ def test_bad_flags_on_the_command_line():
     """What the terminal shows: one line, exit 2, for the issue's silently accepted flags."""
     proc = cli("pretrain.py", "--grad-clip", "-1", "--out", "/nonexistent/never-created")
     assert proc.returncode == 2
-    assert one_error_line(proc.stderr) == "error: --grad-clip -1: out of range; allowed: >= 0"
+    assert one_error_line(proc.stderr) == "error: --grad-clip -1: out of range; allowed: >= 0, or inf"
     assert not Path("/nonexistent/never-created").exists()
 
 
@@ -377,15 +377,32 @@ def test_compile_fails(dataset, tmp_path, capsys, monkeypatch):
 
 
 def test_negative_grad_clip_never_trains(dataset, tmp_path, capsys):
-    """--grad-clip -1 is refused before anything runs (it used to train uphill); --grad-clip 0 turns
-    clipping off and trains downhill."""
+    """--grad-clip -1 is refused before anything runs (it used to train uphill), and so are NaN and -inf,
+    each with the range that is allowed (>= 0, or inf); --grad-clip 0 turns clipping off and trains
+    downhill, and inf, which --help, the messages and the docs name alongside 0, trains bitwise as 0 does."""
+    from pretrain.config import build_parser
     run = tmp_path / "run"
     rc, _, err = pretrain(run_flags(run, dataset, 6, "--grad-clip", "-1"), capsys)
     assert rc == 2 and not run.exists()
+    assert one_error_line(err) == "error: --grad-clip -1: out of range; allowed: >= 0, or inf"
+    for value, expect in (("nan", "error: --grad-clip nan: not a number; allowed: >= 0, or inf"),
+                          ("-inf", "error: --grad-clip -inf: out of range; allowed: >= 0, or inf")):
+        rc, _, err = pretrain([*run_flags(run, dataset, 6), f"--grad-clip={value}"], capsys)
+        assert rc == 2 and not run.exists() and one_error_line(err) == expect, err
+    help_text = " ".join(build_parser().format_help().split())
+    assert "optim.grad_clip (default 1.0; >= 0, or inf; the largest global gradient norm; 0 or inf turns " \
+           "clipping off)" in help_text
     rc, _, _ = pretrain(run_flags(run, dataset, 8, "--grad-clip", "0", "--save-every", "0"), capsys)
     assert rc == 0
     loss = losses(run)
     assert loss[8][0] < loss[1][0]
+    unclipped = tmp_path / "unclipped"
+    rc, _, _ = pretrain(run_flags(unclipped, dataset, 8, "--grad-clip", "inf", "--save-every", "0"), capsys)
+    assert rc == 0 and losses(unclipped) == loss
+    # a threshold this run's gradients exceed trains otherwise: the equality above is not one by chance
+    clipped = tmp_path / "clipped"
+    rc, _, _ = pretrain(run_flags(clipped, dataset, 8, "--grad-clip", "0.05", "--save-every", "0"), capsys)
+    assert rc == 0 and losses(clipped) != loss
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -641,6 +658,94 @@ def test_resume_past_the_limits(dataset, tmp_path, capsys):
     assert sorted(x.name for x in (run / "checkpoints").glob("step_*")) == ["step_00000002", "step_00000004"]
     rc, out, _ = pretrain(run_flags(run, dataset, 6, "--resume", "auto"), capsys)  # below the limit: trains
     assert rc == 0 and "nothing trained" not in out and max(losses(run)) == 6
+
+
+def test_resume_past_the_limits_writes_no_snapshot(dataset, tmp_path, capsys, monkeypatch):
+    """With snapshots on, a checkpoint that a signal wrote (so no snapshot of its step) resumed past the
+    limits: nothing trained, and no snapshot of a step the run went past written as its "final" one."""
+    from pretrain.config import parse_config
+    from pretrain.trainer import Trainer
+    run = tmp_path / "run"
+    flags = ("--snapshot-every-tokens", str(2 * 96), "--snapshot-log-points", "0", "--save-every", "0")
+    trainer = Trainer(parse_config(run_flags(run, dataset, 20, *flags)))
+    real_step = trainer.module.train_step
+
+    def train_step(micro, step, **kw):
+        if step == 4:  # during the 5th step
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real_step(micro, step, **kw)
+
+    monkeypatch.setattr(trainer.module, "train_step", train_step)
+    assert trainer.fit()["stop"] == "signal"
+    snaps = sorted(p.name for p in (run / "snapshots").iterdir())
+    assert snaps == ["step_00000002", "step_00000004"]
+    rc, out, _ = pretrain(run_flags(run, dataset, 3, *flags, "--resume", "auto"), capsys)
+    assert rc == 0 and "nothing trained: the checkpoint is at step 5 (480 tokens) and --max-steps is 3" in out
+    assert sorted(p.name for p in (run / "snapshots").iterdir()) == snaps
+
+
+def test_resume_an_earlier_checkpoint_past_the_limits(dataset, tmp_path, capsys):
+    """--resume of an earlier checkpoint of this run that already meets --max-steps: nothing could be
+    trained, and the resume would only set the later checkpoints, snapshots and exports aside as an
+    abandoned branch. Refused with one line (exit 2), nothing moved; the newest checkpoint past the
+    limits has nothing later and only trains nothing (exit 0)."""
+    from checkpoints.export import export_run
+    run = tmp_path / "run"
+    flags = ("--save-every", "2", "--keep-last", "0", "--snapshot-every-tokens", str(2 * 96))
+    assert pretrain(run_flags(run, dataset, 6, *flags), capsys)[0] == 0
+    export_run(run, log=lambda m: None)
+
+    def listing() -> dict:
+        return {sub: sorted(p.name for p in (run / sub).iterdir()) for sub in ("checkpoints", "snapshots", "exports")} \
+            | {"latest": (run / "checkpoints" / "latest").read_text()}
+    before = listing()
+    step4 = run / "checkpoints" / "step_00000004"
+    rc, _, err = pretrain(run_flags(run, dataset, 3, *flags, "--resume", step4), capsys)
+    assert rc == 2
+    assert one_error_line(err) == (
+        f"error: --resume {step4}: the checkpoint is at step 4 (384 tokens) and --max-steps is 3, so nothing would be "
+        f"trained from it, while resuming it would set this run's later history (checkpoints/step_00000006, "
+        f"snapshots/step_00000006, exports/step_00000006) aside as an abandoned branch; nothing was changed. To train "
+        f"on from it, raise --max-steps above 4; to continue the run's newest checkpoint, pass --resume auto")
+    assert listing() == before
+    rc, _, err = pretrain([*run_flags(run, dataset, 9, *flags, "--resume", step4), "--max-tokens", "384"], capsys)
+    assert rc == 2 and "and --max-tokens is 384, so nothing would be trained" in one_error_line(err)
+    assert listing() == before
+    rc, out, _ = pretrain(run_flags(run, dataset, 6, *flags, "--resume", run / "checkpoints" / "step_00000006"), capsys)
+    assert rc == 0 and "nothing trained: the checkpoint is at step 6" in out and listing() == before
+    # below the limit the earlier checkpoint is resumed as a new branch, as before
+    rc, out, _ = pretrain(run_flags(run, dataset, 5, *flags, "--resume", step4), capsys)
+    assert rc == 0 and "nothing trained" not in out
+    assert "step_00000005" in listing()["checkpoints"] and "step_00000006" not in listing()["checkpoints"]
+
+
+def test_resume_auto_in_another_case(dataset, tmp_path, capsys, monkeypatch):
+    """`--resume Auto` / `AUTO` (or `resume: AUTO` in --config) is `--resume auto`, not a path; where that
+    spelling also names something in the working directory it is ambiguous and refused, naming both ways
+    to say it, before anything is written."""
+    from pretrain.config import parse_config
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    assert pretrain(run_flags(run, dataset, 4, "--save-every", "2"), capsys)[0] == 0
+    rc, out, err = pretrain(run_flags(run, dataset, 6, "--save-every", "2", "--resume", "AUTO"), capsys)
+    assert rc == 0, err
+    assert f"resumed from {run / 'checkpoints' / 'step_00000004'} at step 4" in out
+    got = losses(run)
+    assert sorted(got) == list(range(1, 7)) and all(len(v) == 1 for v in got.values())
+    config = tmp_path / "run.yaml"
+    config.write_text("resume: Auto\n")
+    assert parse_config(["--config", str(config)]).resume == "auto"
+    (tmp_path / "Auto").mkdir()
+    rc, _, err = pretrain(run_flags(run, dataset, 8, "--save-every", "2", "--resume", "Auto"), capsys)
+    assert rc == 2
+    assert one_error_line(err) == (
+        f"error: --resume Auto: ambiguous: 'auto' in any case means this run's newest complete checkpoint, and Auto "
+        f"is also a path here ({(tmp_path / 'Auto').resolve()}); pass --resume auto for the newest checkpoint, or "
+        f"--resume ./Auto for that path")
+    assert max(losses(run)) == 6
+    # `auto` itself stays the keyword
+    rc, out, _ = pretrain(run_flags(run, dataset, 8, "--save-every", "2", "--resume", "auto"), capsys)
+    assert rc == 0 and "at step 6" in out and max(losses(run)) == 8
 
 
 def test_resume_with_other_settings(dataset, tmp_path, capsys):
@@ -1317,6 +1422,84 @@ def test_data_globs_match_nothing(tmp_path, dataset, capsys):
     assert f"read from the config's folder, {tmp_path}" in line
     rc, _, err = pretrain(["--data", tmp_path / "data.yaml", "--out", tmp_path / "run", "--max-steps", "1"], capsys)
     assert rc == 2 and "no input file matches" in one_error_line(err)
+    (tmp_path / "corpus").mkdir()  # a folder given as a path matches no file: the message says to glob its files
+    (tmp_path / "corpus" / "a.jsonl").write_bytes(_jsonl(_records(2)))
+    rc, stats, err = _prepare(tmp_path, [str(tmp_path / "corpus")])
+    line = one_error_line(err)
+    assert rc == 2 and f"{tmp_path / 'corpus'}: it is a folder; give its files with a glob, e.g. " \
+                       f"{tmp_path / 'corpus' / '*.jsonl'}" in line, line
+
+
+def test_data_config_missing_or_a_folder(tmp_path, capsys):
+    """A data config path that does not exist, or a folder named *.yaml: prepare_data and training end in one
+    line naming the path and what is wrong (where relative paths are read from), exit 2, nothing written."""
+    from launch.prepare_data import main
+    (tmp_path / "d.yaml").mkdir()
+    for cfg, expect in ((tmp_path / "missing.yaml", f"error: data config {tmp_path / 'missing.yaml'} not found "
+                                                    f"(relative paths are read from the working directory, "),
+                        (tmp_path / "d.yaml", f"error: data config {tmp_path / 'd.yaml'} is a folder, not a YAML file")):
+        rc, err = in_process(main, ["--config", cfg, "--out", tmp_path / "ds", "--no-progress"], capsys)
+        assert rc == 2 and expect in one_error_line(err), err
+        rc, _, err = pretrain(["--data", cfg, "--out", tmp_path / "run", "--max-steps", "1"], capsys)
+        assert rc == 2 and expect in one_error_line(err), err
+    assert not (tmp_path / "ds").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_data_config_mix_beside_weights(tmp_path, capsys):
+    """`mix` beside a `weight` on every source (a 2:1 mix the weights' 1:1 would silently replace): refused
+    when the config is read, by prepare_data and by training, one line naming both keys and the fix."""
+    from launch.prepare_data import main
+    (tmp_path / "a.jsonl").write_bytes(_jsonl(_records(3)))
+    cfg = tmp_path / "data.yaml"
+    cfg.write_text(json.dumps({"mix": {"en": 2, "zh": 1}, "sources": [
+        {"name": "a", "language": "en", "type": "jsonl", "paths": ["a.jsonl"], "weight": 1},
+        {"name": "b", "language": "zh", "type": "jsonl", "paths": ["a.jsonl"], "weight": 1}]}))
+    want = "both `mix` and every source's `weight` are given, and with a weight on every source `mix` is not used; remove `mix`"
+    rc, err = in_process(main, ["--config", cfg, "--out", tmp_path / "ds", "--workers", "1", "--no-progress"], capsys)
+    assert rc == 2 and f"error: {cfg}: {want}" in one_error_line(err), err
+    assert not (tmp_path / "ds").exists()
+    rc, _, err = pretrain(["--data", cfg, "--out", tmp_path / "run", "--max-steps", "1"], capsys)
+    assert rc == 2 and want in one_error_line(err), err
+
+
+def test_empty_input_files(tmp_path):
+    """Files holding no document (0 bytes, a .gz of nothing, only blank lines) among good ones: each counted
+    once under empty_files and warned about by name; none read as a document (documents_in counts the good
+    files only, nothing removed as too_short); prepare finishes."""
+    import gzip
+    docs = _records(2)
+    (tmp_path / "good0.txt").write_text(docs[0])
+    (tmp_path / "good1.txt").write_text(docs[1])
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "empty.txt.gz").write_bytes(gzip.compress(b""))
+    (tmp_path / "blank.txt").write_bytes(b"\n \r\n\t\n")
+    rc, stats, err = _prepare(tmp_path, [str(tmp_path / "*.txt*")], kind="text")
+    assert rc == 0, err
+    src = stats["sources"][0]
+    assert src["skipped_input"] == {"empty_files": 3}, src
+    assert src["documents_in"] == 2 and not sum(src["removed_by_filter"].values())
+    assert sum(src["documents_out"].values()) == 2
+    for name in ("empty.txt", "empty.txt.gz", "blank.txt"):
+        assert f"skipped empty files at {tmp_path / name}" in err, err
+
+
+def test_file_in_windows_1252(tmp_path):
+    """An English file saved as Windows-1252 among UTF-8 files: its lines with curly quotes and dashes are
+    skipped and counted, and one warning for that file names Windows-1252 and `iconv -f cp1252 -t utf-8`,
+    whose codec gives the text back exactly; the UTF-8 file with the same characters gets no hint."""
+    docs = _records(6, seed=3)
+    text = "\n".join(f"\u201c{d[:300]}\u201d \u2013 {d[300:]}" if i % 2 else d for i, d in enumerate(docs))
+    (tmp_path / "a_1252.txt").write_bytes(text.encode("cp1252"))
+    (tmp_path / "b_utf8.txt").write_text(text, encoding="utf-8")
+    rc, stats, err = _prepare(tmp_path, [str(tmp_path / "*.txt")], kind="text")
+    assert rc == 0, err
+    assert stats["sources"][0]["skipped_input"] == {"invalid_utf8_lines": 3}
+    hints = [ln for ln in err.splitlines() if "iconv" in ln]
+    assert len(hints) == 1 and str(tmp_path / "a_1252.txt") in hints[0], err
+    assert "3 line(s) not UTF-8, skipped; they read as Windows-1252" in hints[0]
+    assert "convert the file (iconv -f cp1252 -t utf-8)" in hints[0]
+    codec = hints[0].split("iconv -f ")[1].split(" ")[0]
+    assert (tmp_path / "a_1252.txt").read_bytes().decode(codec) == text
 
 
 def test_prepare_bad_part_flags(tmp_path, capsys):
@@ -1431,6 +1614,11 @@ def test_fit_scaling_bad_numbers(capsys):
     from launch.fit_scaling import main
     for args, expect in ((["--n-boot", "-1"], "argument --n-boot: -1: out of range; allowed: >= 0"),
                          (["--points-per-decade", "0"], "argument --points-per-decade: 0: out of range; allowed: >= 1"),
+                         (["--points-per-decade", "1001"],
+                          "argument --points-per-decade: 1001: out of range; allowed: >= 1 and <= 1000: a grid finer "
+                          "than 1000 points per decade"),
+                         (["--points-per-decade", "1000000000"], "every grid point costs memory per run and bootstrap "
+                                                                 "replicate"),
                          (["--min-runs", "0"], "argument --min-runs: 0: out of range"),
                          (["--smooth", "-0.1"], "argument --smooth: -0.1: out of range; allowed: >= 0"),
                          (["--c-min", "nan"], "argument --c-min: nan: not a finite number"),
@@ -1442,6 +1630,35 @@ def test_fit_scaling_bad_numbers(capsys):
 # ---------------------------------------------------------------------------------------------------
 # checkpoints, models and the other commands
 # ---------------------------------------------------------------------------------------------------
+
+def test_fit_scaling_run_without_a_loss_log(tmp_path, capsys):
+    """A run of a folder of runs without a usable loss log (an empty metrics.jsonl, rows of another loss, no log
+    at all): one line naming the run, what is wrong and the fix; with --skip-bad the others are fitted."""
+    from launch.fit_scaling import main
+    from models.sizes import model_config
+    from scaling.synthetic import LossLaw, write_run
+    runs = tmp_path / "runs"
+    for size in ("l1d32", "l1d64", "l1d96"):
+        write_run(runs / f"tnl-{size}", model_config("tnl", size), LossLaw(), 3e8, n_rows=40)
+    log = runs / "tnl-l1d96" / "metrics.jsonl"
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    log.write_text("")
+    rc, err = in_process(main, [runs, "--n-boot", "0"], capsys)
+    assert rc == 2 and f"{runs / 'tnl-l1d96'}: no usable rows in metrics.jsonl: it holds no rows" in \
+        one_error_line(err) and "--skip-bad" in err, err
+    log.write_text("".join(json.dumps({**{k: v for k, v in r.items() if k != "loss"}, "val_loss": r["loss"]}) + "\n"
+                           for r in rows))
+    rc, err = in_process(main, [runs, "--n-boot", "0"], capsys)
+    assert rc == 2 and "no row has a finite 'loss', the loss fitted" in one_error_line(err), err
+    assert "it logs val_loss (--loss-key val_loss fits that loss, in every run); or leave the run out with " \
+        "--skip-bad" in err, err
+    log.unlink()
+    rc, err = in_process(main, [runs, "--n-boot", "0"], capsys)
+    assert rc == 2 and "not a run directory (missing metrics.jsonl, its loss log" in one_error_line(err), err
+    rc = main([str(runs), "--n-boot", "0", "--skip-bad"])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"left out: {runs / 'tnl-l1d96'}: not a run directory" in out and "2 run(s)" in out, out
+
 
 def test_vocab_smaller_than_the_data(dataset, tmp_path, capsys):
     """--model vocab_size below the data's token ids is refused at start (not at the first forward), with
@@ -1619,6 +1836,109 @@ def test_evaluation_data_damaged(tmp_path, capsys, monkeypatch):
     assert rc == 2 and f"{tmp_path / 'v2.bin'}: 6 bytes, not a whole number of uint32 tokens" in one_error_line(err)
     rc, err = _evaluate_main([*base, "--tasks", "valid_loss", "--valid-shards", tmp_path / "v1.bin"], capsys)
     assert rc == 2 and "hold no window of --valid-seq-len 2048 + 1 tokens" in one_error_line(err)
+
+
+def _piqa_data(root: Path, items: list[tuple[str, str, str, int]]) -> None:
+    (root / "eval" / "piqa").mkdir(parents=True)
+    (root / "eval" / "piqa" / "valid.jsonl").write_text(
+        "".join(json.dumps({"goal": g, "sol1": a, "sol2": b}) + "\n" for g, a, b, _ in items))
+    (root / "eval" / "piqa" / "valid-labels.lst").write_text("".join(f"{y}\n" for *_, y in items))
+
+
+def test_evaluate_window_shorter_than_a_continuation(tmp_path, capsys, monkeypatch):
+    """A commonsense item whose continuation is longer than the scoring window (the export's training context,
+    32 tokens here): one line naming the task, the item and the --max-length that fits; with that window the
+    task runs, and the items whose context was cut from the left are counted in the table (by hand: 2, the long
+    solution's own item and the long question's)."""
+    from evaluation.perplexity import encode_pair
+    export = _tiny_export(tmp_path / "exp")
+    long_sol = "wrap the handle " + "with several layers of strong tape " * 6
+    items = [("Keep a pan handle cool", "Wrap it in foil", "Leave it in the oven", 0),
+             ("Open a jar", long_sol, "Hit it hard", 1),
+             ("Question about a very long topic " * 8, "Yes", "No", 0)]
+    _piqa_data(tmp_path / "shared", items)
+    monkeypatch.setenv("LINSCALE_SHARED_DATA", str(tmp_path / "shared"))
+    need = len(encode_pair("Question: Open a jar\nAnswer:", " " + long_sol)[1])
+    assert need > 32
+    base = [export, "--tasks", "piqa", "--device", "cpu", "--out", tmp_path / "eval"]
+    rc, err = _evaluate_main(base, capsys)
+    line = one_error_line(err)
+    assert rc == 2 and f"task piqa: task piqa_local, item 1: a continuation of {need} tokens is longer than the " \
+        f"scoring window max_length 32" in line and f"Pass --max-length {need} or more" in line, err
+    cut = sum(any(len(sum(encode_pair(f"Question: {g}\nAnswer:", " " + c), [])) > need + 1 for c in (a, b))
+              for g, a, b, _ in items)
+    assert cut == 2
+    rc, err = _evaluate_main([*base, "--max-length", need], capsys)
+    assert rc == 0, err
+    assert f"piqa_local: the context of 2 of 3 items is cut from the left to fit the scoring window of {need}" in err
+    row = json.loads((tmp_path / "eval" / "results.json").read_text())["snapshots"][0]
+    assert row["results"]["piqa"]["truncated"] == 2 and 0 <= row["results"]["piqa"]["acc"] <= 1
+
+
+def test_evaluate_an_export_with_a_damaged_config(tmp_path, capsys, monkeypatch):
+    """A run with one export's config.json cut short: a warning names the file and the command that exports it
+    again, its row carries the error, the other export is evaluated (the sweep refused to start before)."""
+    from models import build_model, save_pretrained
+    import numpy as np
+    run = tmp_path / "run"
+    for step in (1, 2):
+        save_pretrained(build_model("tnl", "tiny", max_seq_len=64), run / "exports" / f"step_{step:08d}",
+                        extra={"step": step, "tokens": 64 * step, "flops": 1e9 * step, "train_seq_len": 32})
+    cfg = run / "exports" / "step_00000001" / "config.json"
+    cfg.write_text(cfg.read_text()[:30])
+    np.arange(3 * 33, dtype=np.uint32).tofile(tmp_path / "v.bin")
+    rc, err = _evaluate_main([run, "--tasks", "valid_loss", "--valid-shards", tmp_path / "v.bin", "--valid-seq-len",
+                              "32", "--device", "cpu", "--out", tmp_path / "eval"], capsys)
+    assert rc == 0 and "Traceback" not in err, err
+    assert f"{cfg}: not valid JSON" in err and f"launch/export.py {run} --step 1 --force" in err, err
+    import csv
+    with open(tmp_path / "eval" / "results.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert [r["snapshot"] for r in table] == ["step_00000001", "step_00000002"]
+    assert "config.json: not valid JSON" in table[0]["errors"] and table[0]["valid_loss/loss"] == ""
+    assert table[1]["errors"] == "" and float(table[1]["valid_loss/windows"]) == 3
+    # an export removed after the sweep found it (a re-export replacing it): its row says so, the others go on
+    from evaluation import sweep as sw
+    import shutil
+    found = sw.find_snapshots
+    cfg.write_text(json.dumps({"model": build_model("tnl", "tiny").config.to_dict(), "step": 1}))
+    gone = run / "exports" / "step_00000001"
+
+    def find_then_remove(*a, **k):
+        snaps = found(*a, **k)
+        shutil.rmtree(gone)
+        return snaps
+    monkeypatch.setattr(sw, "find_snapshots", find_then_remove)
+    rc, err = _evaluate_main([run, "--tasks", "valid_loss", "--valid-shards", tmp_path / "v.bin", "--valid-seq-len",
+                              "32", "--device", "cpu", "--out", tmp_path / "eval2"], capsys)
+    assert rc == 0 and f"cannot read {gone}: No such file or directory (removed or replaced since the sweep " \
+        f"started)" in err, err
+    with open(tmp_path / "eval2" / "results.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert "cannot read" in table[0]["errors"] and float(table[1]["valid_loss/windows"]) == 3
+
+
+def test_niah_grid_that_cannot_run(tmp_path, capsys, monkeypatch):
+    """NIAH lengths too short for the needle and the question, and an empty grid: one line naming the fix,
+    before any model is loaded (the short length failed only after the model was loaded)."""
+    from evaluation import sweep as sw
+    from evaluation.niah import NiahConfig, check_lengths, run_niah
+    export = _tiny_export(tmp_path / "exp")
+    (tmp_path / "hay.txt").write_text("grass " * 200)
+    monkeypatch.setattr(sw, "load_model", lambda *a: pytest.fail("a model was loaded"))
+    rc, err = _evaluate_main([export, "--tasks", "niah_easy", "--niah-lengths", "16", "64", "--niah-depths", "0", "50",
+                              "--niah-haystack", tmp_path / "hay.txt", "--device", "cpu", "--out", tmp_path / "e"],
+                             capsys)
+    line = one_error_line(err)
+    assert rc == 2 and "NIAH easy: context length 16 too short for the needle and the question" in line, err
+    least = int(re.search(r"give --niah-lengths of at least (\d+)", line).group(1))
+    assert 16 < least <= 64
+    check_lengths(NiahConfig(mode="easy", lengths=(least, 64), depths=(0.0, 50.0)))
+    with pytest.raises(ValueError, match=r"NIAH depths: the grid is empty.*--niah-depths 0 50 100"):
+        run_niah(None, NiahConfig(depths=()))
+    with pytest.raises(ValueError, match=r"NIAH lengths: the grid is empty.*--niah-lengths"):
+        sw.sweep(sw.SweepConfig(runs=[str(export)], tasks=["niah_standard"], niah_lengths=[], device="cpu",
+                                niah_haystack=[str(tmp_path / "hay.txt")], out=str(tmp_path / "e")))
 
 
 def test_every_command_has_the_handler(tmp_path):

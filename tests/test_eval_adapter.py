@@ -111,6 +111,69 @@ def test_generate_until_takes_lm_evals_budget_names_and_skips_empty_stops(models
     assert out == [tok.decode(new[:n]).split("\n\n\n\n")[0] for _, n in cases]
 
 
+class TaskReq(Req):  # an Instance with the task and item lm-eval gives it
+    def __init__(self, task, doc_id, *args):
+        super().__init__(*args)
+        self.task_name, self.doc_id = task, doc_id
+
+
+def test_long_context_is_cut_from_the_left_and_counted_per_task(models):
+    """What lm-eval does when context + continuation exceed the window: the continuation is scored whole and
+    the context cut from the left (reference: one unbatched forward pass over the last max_length+1 tokens);
+    the items so cut are counted per task. In a window that holds everything nothing is cut and the scores are
+    those of the whole context."""
+    model = models["hgrn2"]
+    long_ctx = "A very long question about the colour of the sky over the old harbour town " * 2
+    items = [("t1", 0, "The sky is", " blue"), ("t1", 0, "The sky is", " green"),
+             ("t1", 1, long_ctx, " blue"), ("t1", 1, long_ctx, " a shade of green and grey"),
+             ("t2", 0, long_ctx, " yes"), ("t2", 1, "Short", " no")]
+    lens = [len(sum(encode_pair(c, k), [])) for _, _, c, k in items]
+    window = 16
+    assert sorted(set(n > window + 1 for n in lens)) == [False, True]   # some are cut, some are not
+    assert max(lens) <= 64 + 1                                           # a window of 64 holds every one
+    for w, cut in ((window, {"t1": {1}, "t2": {0}}), (64, {})):
+        lm = LinscaleLM(model=model, batch_size=3, max_length=w)
+        got = lm.loglikelihood([TaskReq(t, d, c, k) for t, d, c, k in items], disable_tqdm=True)
+        for (_, _, c, k), (lp, greedy) in zip(items, got):
+            ce, ke = encode_pair(c, k)
+            ids = (ce + ke)[-(w + 1):]   # the left-cut window, scored by hand
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([ids[:-1]])).double(), -1)[0]
+            pos = range(len(ids) - 1 - len(ke), len(ids) - 1)
+            assert lp == pytest.approx(sum(float(logp[q, t]) for q, t in zip(pos, ke)), rel=1e-4, abs=1e-3)
+            assert greedy == all(int(logp[q].argmax()) == t for q, t in zip(pos, ke))
+        assert lm.truncated == cut
+    # the whole window: the same numbers as the full, uncut context
+    lm = LinscaleLM(model=model, batch_size=3, max_length=64)
+    (lp, _), = lm.loglikelihood([TaskReq("t1", 1, long_ctx, " blue")], disable_tqdm=True)
+    ce, ke = encode_pair(long_ctx, " blue")
+    assert lp == pytest.approx(direct_logprob(model, ce, ke, 10 ** 6)[0], rel=1e-4, abs=1e-3)
+
+
+def test_a_continuation_longer_than_the_window_names_task_item_and_window(models):
+    """A continuation longer than the window cannot be scored whole (cutting it would sum fewer tokens and
+    mis-score the item): refused before anything is scored, naming the task, the item and the window that fits
+    every continuation; the choices of one item are named once."""
+    lm = LinscaleLM(model=models["tnl"], batch_size=2, max_length=8)
+    long = " one two three four five six seven eight nine ten"
+    longer = long + " eleven twelve"
+    reqs = [TaskReq("piqa_local", 0, "Q", " a"), TaskReq("piqa_local", 3, "Q", long),
+            TaskReq("piqa_local", 3, "Q", " b"), TaskReq("arc_easy_local", 5, "Q", longer),
+            TaskReq("arc_easy_local", 5, "Q", longer + " x")]
+    need = len(encode_pair("Q", longer + " x")[1])
+    assert need > len(encode_pair("Q", long)[1]) > 8
+    with pytest.raises(ValueError) as err:
+        lm.loglikelihood(reqs, disable_tqdm=True)
+    msg = str(err.value)
+    assert msg.startswith(f"task arc_easy_local, item 5: a continuation of {need} tokens is longer than the scoring "
+                          f"window max_length 8")
+    assert "1 other(s) do not fit either (task piqa_local, item 3)" in msg
+    assert f"Pass --max-length {need} or more" in msg and f"max_length={need}" in msg
+    assert lm.truncated == {}   # refused before anything was counted or scored
+    lm = LinscaleLM(model=models["tnl"], batch_size=2, max_length=need)
+    assert len(lm.loglikelihood(reqs, disable_tqdm=True)) == len(reqs)
+
+
 def test_bad_batch_size_or_dtype_is_one_clear_error(tmp_path):
     """model_args are checked before the weights load: batch_size must be a positive integer (lm-eval's auto
     and auto:N mean 8), dtype one the adapter knows, max_length and max_gen_toks positive; anything else is a

@@ -548,3 +548,121 @@ def test_valid_loss_keeps_its_cached_result_when_other_tasks_settings_change(tmp
     assert settings() == settings(limit=4) == settings(window=128)
     assert settings() != settings(valid_windows=3) and settings() != settings(valid_seq_len=64)
     assert settings("wikitext2") != settings("wikitext2", limit=4)
+
+
+def test_commonsense_results_count_the_items_whose_context_was_cut(tmp_path):
+    """A commonsense task in a window shorter than some items: each item's context is cut from the left (its
+    choices scored whole), the task's `truncated` says how many items, and acc is the argmax of choice
+    log-likelihoods computed by hand on the cut windows; in a window that holds every item nothing is cut and
+    acc is that of the whole contexts. (A task of the sweep's name, `piqa_local`, from a folder of our own.)"""
+    from lm_eval.tasks import TaskManager
+
+    from eval_utils import write_tiny_mc_task
+    from evaluation.perplexity import encode_pair
+    torch.manual_seed(3)
+    model = build_model("hgrn2", "tiny", max_seq_len=64).eval()
+    long_q = "In the old harbour town, after the long winter and the storms that closed the roads, the sky was"
+    rows = [{"q": "The sky is", "choices": [" blue", " loud"], "label": 0},
+            {"q": long_q, "choices": [" blue again", " a colour nobody had seen"], "label": 1},
+            {"q": "Fire is", "choices": [" hot", " cold"], "label": 0},
+            {"q": long_q + " " + long_q, "choices": [" grey", " green"], "label": 1}]
+    write_tiny_mc_task(tmp_path, "piqa_local", rows)
+
+    def hand_acc(window: int) -> tuple[float, int]:
+        hits, cut = 0, 0
+        for r in rows:
+            lls = []
+            for c in r["choices"]:
+                ce, ke = encode_pair(r["q"], c)
+                ids = (ce + ke)[-(window + 1):]
+                with torch.no_grad():
+                    logp = torch.log_softmax(model(torch.tensor([ids[:-1]])).double(), -1)[0]
+                lls.append(sum(float(logp[len(ids) - 1 - len(ke) + i, t]) for i, t in enumerate(ke)))
+            cut += any(len(sum(encode_pair(r["q"], c), [])) > window + 1 for c in r["choices"])
+            hits += int(max(range(len(lls)), key=lls.__getitem__) == r["label"])
+        return hits / len(rows), cut
+
+    for window in (12, 64):
+        acc, cut = hand_acc(window)
+        assert (cut > 0) == (window == 12)
+        tm = TaskManager(include_path=str(tmp_path), include_defaults=False)
+        res = sw.run_lm_eval(model, ["piqa"], sw.SweepConfig(runs=[], batch_size=3), window=window, task_manager=tm)
+        assert res["piqa"]["truncated"] == cut
+        assert res["piqa"]["acc"] == pytest.approx(acc) and res["piqa"]["paper"] == res["piqa"]["acc"]
+    assert hand_acc(12)[1] == 2                                      # items 1 and 3, by hand
+    with pytest.raises(ValueError, match=r"task piqa_local, item 1: a continuation of \d+ tokens .* Pass --max-length"):
+        sw.run_lm_eval(model, ["piqa"], sw.SweepConfig(runs=[], batch_size=3), window=3,
+                       task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False))
+
+
+def test_piqa_needs_a_window_as_long_as_its_longest_solution(shared_data, monkeypatch):
+    """PIQA validation item 314 has a solution of 234 tokens (the longest continuation of the eight commonsense
+    tasks): in windows below 234 tokens (the tiny preset trains at 128) it cannot be scored whole, and the
+    error names the task, the item and the window; 234 holds every PIQA request."""
+    from evaluation.request_replay import build_requests
+    from evaluation.scoring import check_requests_fit, truncated_requests
+    monkeypatch.setenv("LINSCALE_SHARED_DATA", str(shared_data))
+    req = build_requests(["piqa"], None)
+    pairs, labels = [tuple(p) for p in req["pairs"]], req["items"]
+    assert max(len(k) for _, k in pairs) == 234
+    with pytest.raises(ValueError, match=r"^task piqa_local, item 314: a continuation of 234 tokens is longer than the "
+                                         r"scoring window max_length 128.* Pass --max-length 234 or more"):
+        check_requests_fit(pairs, 128, labels)
+    with pytest.raises(ValueError, match="item 314: a continuation of 234 tokens"):
+        check_requests_fit(pairs, 233, labels)
+    check_requests_fit(pairs, 234, labels)
+    # the contexts cut in that window: every request longer than 235 tokens, counted by hand
+    assert truncated_requests(pairs, 234) == [i for i, (c, k) in enumerate(pairs) if len(c) + len(k) > 235]
+
+
+def test_a_snapshot_whose_config_is_cut_short_is_reported_and_the_others_evaluated(run_dir, tmp_path, monkeypatch):
+    """One export of a run with its config.json cut short: a warning names the file and the command that exports
+    the step again, its row of the table carries that error, and the other snapshots are evaluated (the sweep
+    refused to start at all before). Given alone to find_snapshots it is still an error."""
+    shards = tmp_path / "val.bin"
+    np.random.default_rng(0).integers(0, 100277, 3 * 17, dtype=np.uint32).tofile(shards)
+    bad = run_dir / "exports" / "step_00000010" / "config.json"
+    bad.write_text(bad.read_text()[:40])
+    warned = []
+    monkeypatch.setattr(sw.logger, "warning", warned.append)
+    rows = sw.sweep(sw.SweepConfig(runs=[str(run_dir)], tasks=["valid_loss"], valid_shards=[str(shards)],
+                                   valid_seq_len=16, out=str(tmp_path / "out"), device="cpu", plots=False))
+    assert [r["snapshot"] for r in rows] == ["step_00000010", "step_00000030"]
+    assert "not valid JSON" in rows[0]["results"]["valid_loss"]["error"]
+    assert rows[1]["results"]["valid_loss"]["windows"] == 3
+    assert any(f"{bad}: not valid JSON" in w and f"launch/export.py {run_dir.resolve()} --step 10 --force" in w
+               for w in warned), warned
+    with open(tmp_path / "out" / "results.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert table[0]["step"] == "10" and "config.json: not valid JSON" in table[0]["errors"]
+    assert table[1]["errors"] == "" and table[1]["valid_loss/loss"] != ""
+    with pytest.raises(ValueError, match="step_00000010/config.json: not valid JSON"):
+        sw.find_snapshots([str(run_dir)])
+
+
+def test_niah_grids_that_cannot_run_are_named_before_any_model(run_dir, tmp_path, monkeypatch):
+    """An empty depth (or length) grid, and context lengths too short for the needle and the question, are one
+    error naming the flag and the fix, before any model is loaded (the short length ended the task only after the
+    model was loaded; the empty grid said only 'NIAH depths: empty')."""
+    from data_pipeline.tokenizer import get_tokenizer
+    from evaluation import niah
+    monkeypatch.setattr(sw, "load_model", lambda *a: pytest.fail("a model was loaded"))
+    hay = tmp_path / "hay.txt"
+    hay.write_text("grass " * 400)
+    base = dict(runs=[str(run_dir)], device="cpu", out=str(tmp_path / "out"), niah_haystack=[str(hay)])
+    with pytest.raises(ValueError, match=r"NIAH depths: the grid is empty.*--niah-depths 0 50 100"):
+        sw.sweep(sw.SweepConfig(tasks=["niah_easy"], niah_depths=[], niah_lengths=[256], **base))
+    with pytest.raises(ValueError, match=r"NIAH lengths: the grid is empty.*--niah-lengths"):
+        sw.sweep(sw.SweepConfig(tasks=["niah_standard"], niah_depths=[50], niah_lengths=[], **base))
+    # the longest needle + question of the standard grid below, counted by hand
+    cfg = niah.NiahConfig(mode="standard", lengths=(16, 256), depths=(0.0, 100.0))
+    tok = get_tokenizer()
+    need = max(1 + len(tok.encode_ordinary(f" The special magic number for {n.key} is {n.value}."))
+               + len(tok.encode_ordinary(f"\n\nWhat is the special magic number for {n.key}? The special magic "
+                                         f"number for {n.key} is"))
+               for n in niah.draw_needles(cfg).values())
+    assert 16 < need < 256
+    with pytest.raises(ValueError, match=rf"NIAH standard: context length 16 too short .*give --niah-lengths of at "
+                                         rf"least {need}"):
+        sw.sweep(sw.SweepConfig(tasks=["niah_standard"], niah_depths=[0, 100], niah_lengths=[16, 256], **base))
+    niah.check_lengths(niah.NiahConfig(mode="standard", lengths=(need, 256), depths=(0.0, 100.0)))

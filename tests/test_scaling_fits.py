@@ -818,3 +818,31 @@ def test_skip_tokens_below_one_step_is_warned_about_as_a_unit_slip(tmp_path):
     (w,) = warn(runs, 7.9)
     assert "--skip-tokens 7.9" in w and "not billions" in w and f"{per_step:.4g}" in w
     assert warn(runs, per_step) == [] and warn(runs, 0.0) == []
+
+
+def test_points_per_decade_is_bounded(tmp_path, capsys):
+    """--points-per-decade is at most 1,000 (0.23% steps in C): a denser grid adds nothing the fits use (at 100
+    and 1,000 points per decade the L(C) exponent agrees to a small fraction of its interval) and costs memory per
+    run and replicate, so a huge value made the fit exhaust the memory (a billion per decade: ~1e10 grid points).
+    Past the bound: the usage error, saying why, before any run is read; the Python API refuses it too."""
+    from scaling.envelope import MAX_POINTS_PER_DECADE, c_grid
+    assert MAX_POINTS_PER_DECADE == 1000
+    write_sweep(tmp_path / "runs", "tnl", ["tiny", "mini", "70m"], LossLaw(), tokens_per_param=300, n_rows=60,
+                noise=0.01)
+    runs, _ = load_runs([tmp_path / "runs"])
+    fits = [analyze_arch("tnl", runs, FitSettings(n_boot=30, points_per_decade=p)).loss_fit for p in (100, 1000)]
+    half_width = (fits[0].exponent_ci[1] - fits[0].exponent_ci[0]) / 2
+    assert abs(fits[1].exponent - fits[0].exponent) < 0.05 * half_width, (fits, half_width)
+    decades = np.log10(max(r.compute[-1] for r in runs) / min(r.compute[0] for r in runs))
+    assert len(c_grid(runs, 1000)) == int(np.ceil(decades * 1000)) + 1
+    for bad in (0, 1001, 10 ** 9):
+        with pytest.raises(ValueError, match=r"points_per_decade .*: out of range; allowed: an integer from 1 to 1000 "
+                                             r"\(a grid finer than 1000 points per decade"):
+            c_grid(runs, bad)
+    for flag in ("1001", "1000000000"):
+        with pytest.raises(SystemExit) as exit_:
+            _cli()([str(tmp_path / "nowhere"), "--points-per-decade", flag])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and f"argument --points-per-decade: {flag}: out of range; allowed: >= 1 and " \
+            f"<= 1000: a grid finer than 1000 points per decade (0.23% steps in C) adds nothing the fits use" \
+            in err, err

@@ -303,3 +303,28 @@ def test_tokens_logged_in_billions_are_refused(tmp_path):
                                              + "\n" for s in range(1, 6)), seq_len, batch)
     runs, problems = load_runs([d, ok], skip_bad=True)
     assert [r.name for r in runs] == ["ok"] and len(problems) == 1 and "billions" in problems[0]
+
+
+def test_a_run_without_a_loss_log_says_why_and_what_to_do(tmp_path):
+    """A run in a folder of runs with no metrics.jsonl, an empty one, or one whose rows hold no finite value of
+    the fitted loss: the error names the run, what is wrong and the fix (--skip-bad; for a log of another loss,
+    the --loss-key it does log); with --skip-bad the other runs are fitted and the reason is listed."""
+    cfg = model_config("tnl", "tiny")
+    good = write_run(tmp_path / "runs" / "tnl-mini", model_config("tnl", "mini"), LossLaw(), 1e6, n_rows=10)
+    bad = _write(tmp_path / "runs" / "tnl-tiny", cfg, "")
+    with pytest.raises(RunError, match=r"tnl-tiny: no usable rows in metrics.jsonl: it holds no rows .*--skip-bad"):
+        load_runs([tmp_path / "runs"])
+    rows = "".join(json.dumps({"step": s, "tokens": 256 * s, "val_loss": 3.0 - s / 10, "lr": 3e-4}) + "\n"
+                   for s in range(1, 6))
+    (bad / "metrics.jsonl").write_text(rows)
+    with pytest.raises(RunError, match=r"no row has a finite 'loss', the loss fitted .*it logs val_loss "
+                                       r"\(--loss-key val_loss fits that loss, in every run\); or leave the run out "
+                                       r"with --skip-bad"):
+        load_runs([tmp_path / "runs"])
+    assert len(load_runs([bad], loss_key="val_loss")[0][0].tokens) == 5   # the loss it does log
+    (bad / "metrics.jsonl").unlink()
+    with pytest.raises(RunError, match=r"tnl-tiny: not a run directory \(missing metrics.jsonl, its loss log: a run "
+                                       r"that has not logged a step yet.*Leave it out with --skip-bad"):
+        load_runs([tmp_path / "runs"])
+    runs, problems = load_runs([tmp_path / "runs"], skip_bad=True)
+    assert [r.path for r in runs] == [good] and len(problems) == 1 and "tnl-tiny" in problems[0]

@@ -125,7 +125,7 @@ def replayed_csr(study: StudyConfig, plan: RunPlan, log=print) -> dict[str, dict
             out[f.stem] = json.loads(cache.read_text())["metrics"]
             continue
         manager = manager or task_manager()
-        metrics = replay(req, rec["scores"], manager=manager)
+        metrics = replay(req, rec["scores"], manager=manager, max_length=(rec.get("key") or {}).get("window"))
         cache.write_text(json.dumps({"key": rec["key"], "metrics": metrics}, indent=1))
         out[f.stem] = metrics
     return out
