@@ -101,6 +101,19 @@ def _slot(buf, i_nh, j, SM1, K: tl.constexpr, V: tl.constexpr, offs_k, offs_v):
 
 
 @triton.jit
+def _dh_start(dht, Es, hp, hmask, last, c0, c1, i_nh, i_s, SM1, K: tl.constexpr, V: tl.constexpr, offs_k, offs_v,
+              BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr):
+    """A backward walk's starting [BK, BV] block of dh: d(final state) for the sequence's last segment,
+    else slot i_s of Es (the chained state gradients); an empty segment starts from zeros."""
+    dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dh += tl.load(dht + hp, mask=mask_and(hmask, last), other=0.).to(tl.float32)
+    dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, (c1 > c0) & (last == 0)),
+                  other=0.)
+    return dh
+
+
+@triton.jit
 def anchor_block(buf, bos, c, AC, i_h, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, offs_k, offs_v,
                  BT: tl.constexpr):
     """Pointers to a [BK, BV] block of the GLA d log_f anchor buffer [slots, H, K, V] at the boundary
@@ -462,10 +475,7 @@ def dk_scan_kernel(q, v, g, log_lam, do, dk, dht, dh0, Es, anc, cu, T, SC, SM1, 
     c0, c1, _, last = segment_chunks(i_s, L, SC, BT)
     offs_t = tl.arange(0, BT)
     dt = q.dtype.element_ty
-    dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_DHT:
-        dh += tl.load(dht + hp, mask=mask_and(hmask, last), other=0.).to(tl.float32)
-    dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, (c1 > c0) & (last == 0)), other=0.)
+    dh = _dh_start(dht, Es, hp, hmask, last, c0, c1, i_nh, i_s, SM1, K, V, offs_k, offs_v, BK, BV, HAS_DHT)
     for cc in range(0, tl.maximum(c1 - c0, 0)):
         c = c1 - 1 - cc
         if ANCHOR:  # dh here: the gradient of the state at chunk c's end
@@ -513,10 +523,7 @@ def dv_scan_kernel(q, k, g, log_lam, A, do, dv, dht, Es, cu, T, SC, SM1,
     c0, c1, _, last = segment_chunks(i_s, L, SC, BT)
     offs_t = tl.arange(0, BT)
     dt = q.dtype.element_ty
-    dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_DHT:
-        dh += tl.load(dht + hp, mask=mask_and(hmask, last), other=0.).to(tl.float32)
-    dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, (c1 > c0) & (last == 0)), other=0.)
+    dh = _dh_start(dht, Es, hp, hmask, last, c0, c1, i_nh, i_s, SM1, K, V, offs_k, offs_v, BK, BV, HAS_DHT)
     for cc in range(0, tl.maximum(c1 - c0, 0)):
         c = c1 - 1 - cc
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)
@@ -558,10 +565,7 @@ def dkv_scan_kernel(q, k, v, log_lam, do, dk, dv, dht, dh0, Es, cu, T, SC, SM1,
     c0, c1, _, last = segment_chunks(i_s, L, SC, BT)
     offs_t = tl.arange(0, BT)
     dt = q.dtype.element_ty
-    dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_DHT:
-        dh += tl.load(dht + hp, mask=mask_and(hmask, last), other=0.).to(tl.float32)
-    dh += tl.load(_slot(Es, i_nh, i_s, SM1, K, V, offs_k, offs_v), mask=mask_and(hmask, (c1 > c0) & (last == 0)), other=0.)
+    dh = _dh_start(dht, Es, hp, hmask, last, c0, c1, i_nh, i_s, SM1, K, V, offs_k, offs_v, BK, BV, HAS_DHT)
     for cc in range(0, tl.maximum(c1 - c0, 0)):
         c = c1 - 1 - cc
         rows, rmask, n_valid = _chunk_rows(c, offs_t, L, BT)

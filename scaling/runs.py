@@ -14,6 +14,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -156,20 +157,25 @@ def _number(row: dict, key: str) -> float | None:
     return float(v)
 
 
-def logged_tokens_per_step(path: Path) -> float | None:
-    """Tokens per optimizer step as a metrics.jsonl logs them (tokens / step of its first row that has both),
-    or None."""
+def _object_rows(path: Path) -> Iterator[dict]:
+    """The rows of a metrics.jsonl that parse as JSON objects, in order (others are passed over)."""
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if not isinstance(row, dict):
-                continue
-            tokens, step = _number(row, "tokens"), _number(row, "step")
-            if tokens is not None and step and step > 0 and math.isfinite(tokens) and tokens > 0:
-                return tokens / step
+            if isinstance(row, dict):
+                yield row
+
+
+def logged_tokens_per_step(path: Path) -> float | None:
+    """Tokens per optimizer step as a metrics.jsonl logs them (tokens / step of its first row that has both),
+    or None."""
+    for row in _object_rows(path):
+        tokens, step = _number(row, "tokens"), _number(row, "step")
+        if tokens is not None and step and step > 0 and math.isfinite(tokens) and tokens > 0:
+            return tokens / step
     return None
 
 
@@ -328,15 +334,9 @@ def logged_losses(path: Path) -> list[str]:
     """The keys of a metrics.jsonl's rows that hold a number and name a loss (`loss`, `val_loss`, ...), in the order
     first seen."""
     keys: dict[str, None] = {}
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict):
-                keys.update((k, None) for k, v in row.items()
-                            if "loss" in k and isinstance(v, (int, float)) and not isinstance(v, bool))
+    for row in _object_rows(path):
+        keys.update((k, None) for k, v in row.items()
+                    if "loss" in k and isinstance(v, (int, float)) and not isinstance(v, bool))
     return list(keys)
 
 

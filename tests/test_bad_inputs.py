@@ -684,6 +684,12 @@ def test_resume_past_the_limits_writes_no_snapshot(dataset, tmp_path, capsys, mo
     assert sorted(p.name for p in (run / "snapshots").iterdir()) == snaps
 
 
+def run_history(run) -> dict:
+    """A run's checkpoints, snapshots and exports by name, and the checkpoint `latest` names."""
+    return {sub: sorted(p.name for p in (run / sub).iterdir()) for sub in ("checkpoints", "snapshots", "exports")} \
+        | {"latest": (run / "checkpoints" / "latest").read_text()}
+
+
 def test_resume_an_earlier_checkpoint_past_the_limits(dataset, tmp_path, capsys):
     """--resume of an earlier checkpoint of this run that already meets --max-steps: nothing could be
     trained, and the resume would only set the later checkpoints, snapshots and exports aside as an
@@ -694,11 +700,7 @@ def test_resume_an_earlier_checkpoint_past_the_limits(dataset, tmp_path, capsys)
     flags = ("--save-every", "2", "--keep-last", "0", "--snapshot-every-tokens", str(2 * 96))
     assert pretrain(run_flags(run, dataset, 6, *flags), capsys)[0] == 0
     export_run(run, log=lambda m: None)
-
-    def listing() -> dict:
-        return {sub: sorted(p.name for p in (run / sub).iterdir()) for sub in ("checkpoints", "snapshots", "exports")} \
-            | {"latest": (run / "checkpoints" / "latest").read_text()}
-    before = listing()
+    before = run_history(run)
     step4 = run / "checkpoints" / "step_00000004"
     rc, _, err = pretrain(run_flags(run, dataset, 3, *flags, "--resume", step4), capsys)
     assert rc == 2
@@ -707,16 +709,16 @@ def test_resume_an_earlier_checkpoint_past_the_limits(dataset, tmp_path, capsys)
         f"trained from it, while resuming it would set this run's later history (checkpoints/step_00000006, "
         f"snapshots/step_00000006, exports/step_00000006) aside as an abandoned branch; nothing was changed. To train "
         f"on from it, raise --max-steps above 4; to continue the run's newest checkpoint, pass --resume auto")
-    assert listing() == before
+    assert run_history(run) == before
     rc, _, err = pretrain([*run_flags(run, dataset, 9, *flags, "--resume", step4), "--max-tokens", "384"], capsys)
     assert rc == 2 and "and --max-tokens is 384, so nothing would be trained" in one_error_line(err)
-    assert listing() == before
+    assert run_history(run) == before
     rc, out, _ = pretrain(run_flags(run, dataset, 6, *flags, "--resume", run / "checkpoints" / "step_00000006"), capsys)
-    assert rc == 0 and "nothing trained: the checkpoint is at step 6" in out and listing() == before
+    assert rc == 0 and "nothing trained: the checkpoint is at step 6" in out and run_history(run) == before
     # below the limit the earlier checkpoint is resumed as a new branch, as before
     rc, out, _ = pretrain(run_flags(run, dataset, 5, *flags, "--resume", step4), capsys)
     assert rc == 0 and "nothing trained" not in out
-    assert "step_00000005" in listing()["checkpoints"] and "step_00000006" not in listing()["checkpoints"]
+    assert "step_00000005" in run_history(run)["checkpoints"] and "step_00000006" not in run_history(run)["checkpoints"]
 
 
 def test_resume_auto_in_another_case(dataset, tmp_path, capsys, monkeypatch):
@@ -757,11 +759,7 @@ def test_resume_with_other_settings(dataset, tmp_path, capsys):
     flags = ("--save-every", "3", "--keep-last", "0", "--snapshot-every-tokens", str(2 * 96))
     assert pretrain(run_flags(run, dataset, 6, *flags), capsys)[0] == 0
     export_run(run, log=lambda m: None)
-
-    def listing() -> dict:
-        return {sub: sorted(p.name for p in (run / sub).iterdir()) for sub in ("checkpoints", "snapshots", "exports")} \
-            | {"latest": (run / "checkpoints" / "latest").read_text()}
-    before = listing()
+    before = run_history(run)
     step3 = run / "checkpoints" / "step_00000003"
     other_data = make_dataset(tmp_path / "other_data", docs=120, seed=5)
     cases = [
@@ -777,7 +775,7 @@ def test_resume_with_other_settings(dataset, tmp_path, capsys):
         rc, _, err = pretrain(argv, capsys)
         line = one_error_line(err)
         assert rc == 2 and line.startswith(head) and fix in line and "another --out" in line, line
-        assert listing() == before
+        assert run_history(run) == before
     rc, out, _ = pretrain(run_flags(run, dataset, 8, *flags, "--lr", "1e-3", "--weight-decay", "0", "--resume",
                                     "auto", micro=2), capsys)
     assert rc == 0
