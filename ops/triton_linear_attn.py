@@ -216,8 +216,9 @@ def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, d
         Es_k = Es_plain if gated and dht is not None else Es
     else:
         Es = Es_k = _dummy(q)
-    if not gated and plan.launch["dkv"]["on"]:
-        # the dk and dv walks as one (dkv_scan_kernel); dq's side stream, if any, runs next to it
+    if not gated and plan.launch["dkv"]["on"] and _np2(K) * _np2(V) <= 128 * 128:
+        # the dk and dv walks as one (dkv_scan_kernel; it holds the whole [K, V] dh, which fits the
+        # registers and shared memory up to 128 x 128); dq's side stream, if any, runs next to it
         c = plan.launch["dkv"]
         launch(dkv_scan_kernel, (1, N * H, S),
             q, k, v, log_lam, do, dk, dv, dht if dht is not None else dv, dh0 if dh0 is not None else dv, Es,
