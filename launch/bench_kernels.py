@@ -616,10 +616,6 @@ def resources(a) -> None:
             ("combine", S.seg_combine_kernel, "slot dec init cu T SC SM1", [F32, F32, F32, I, i32, i32, i32],
              dict(base, BK=min(L["combine"]["block"], Kp), BV=min(L["combine"]["block_v"], Vp), REVERSE=True, HAS_INIT=True)),
         ]
-        if not gated:
-            rows.append(("dkv", S.dkv_scan_kernel, "q k v log_lam do dk dv dht dh0 Es cu T SC SM1",
-                         [P, P, P, F32, P, P, P, F32, F32, F32, I, i32, i32, i32],
-                         dict(base, BK=Kp, BV=Vp, HAS_DECAY=True, HAS_DHT=True, STORE_DH0=True, PREC="tf32")))
         if gated:
             rows += [
                 ("cumsum", G.gla_cumsum_kernel, "g bc tame cu chunks T NT", [F32, F32, I, I, I, i32, i32],

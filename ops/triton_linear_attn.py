@@ -27,7 +27,7 @@ from ops.triton_launch import launch, on_input_device
 from ops.tuning import launch_options
 from ops.triton_gla_intra import (TAME_SPAN, gla_A_sub_kernel, gla_A_tame_kernel, gla_cumsum_kernel, gla_dg_kernel,
                                   gla_dqk_sub_kernel, gla_dqk_tame_kernel, gla_intra_out_kernel, gla_state_grad_kernel)
-from ops.triton_scan import (dk_scan_kernel, dkv_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel,
+from ops.triton_scan import (dk_scan_kernel, dq_scan_kernel, dv_scan_kernel, fwd_scan_kernel,
                              seg_combine_kernel, seg_local_kernel)
 
 BT = tuning.BT  # chunk length
@@ -216,18 +216,6 @@ def _bwd_walks(q, k, v, g, log_lam, A, do, h0, dht, Hs, cu, N, T, gated, plan, d
         Es_k = Es_plain if gated and dht is not None else Es
     else:
         Es = Es_k = _dummy(q)
-    if not gated and plan.launch["dkv"]["on"] and _np2(K) * _np2(V) <= 128 * 128:
-        # the dk and dv walks as one (dkv_scan_kernel; it holds the whole [K, V] dh, which fits the
-        # registers and shared memory up to 128 x 128); dq's side stream, if any, runs next to it
-        c = plan.launch["dkv"]
-        launch(dkv_scan_kernel, (1, N * H, S),
-            q, k, v, log_lam, do, dk, dv, dht if dht is not None else dv, dh0 if dh0 is not None else dv, Es,
-            cu, T, SC, SM1, H=H, K=K, V=V, BT=BT, BK=_np2(K), BV=_np2(V), HAS_DECAY=log_lam is not None,
-            HAS_DHT=dht is not None, STORE_DH0=dh0 is not None, VARLEN=cu.numel() > 1, PREC=_prec(q),
-            **launch_options(c))
-        if side:
-            cur.wait_stream(side[0])
-        return dq, dk, dv, dh0
     if side:
         side[1].wait_stream(cur)
     with _on(side, 1):

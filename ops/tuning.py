@@ -134,9 +134,6 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
         "local": {"block": min(32 if gated else 64, Kp), "block_v": Vp if gated else min(64, Vp), "num_warps": 4,
                   "num_stages": 2},
         "combine": {"block": min(16, Kp), "block_v": Vp, "num_warps": 4, "num_stages": 1},
-        # lightning / cosFormer2: the dk and dv walks as one program per (sequence, head, segment)
-        # (`dkv_scan_kernel`) when "on"; it holds the whole [K, V] state gradient, so only up to 128 x 128
-        "dkv": {"on": 0, "num_warps": 8, "num_stages": 2},
         # GLA intra-chunk kernels (each GPU-tested): tame chunks' A and dq / dk at 32-wide key blocks, 4 warps;
         # the level kernels (flag 0) at 32-wide key blocks, 4 warps (fwd+bwd GPU time over 9 shapes, H100
         # and H200, docs/kernels.md, Launch configurations; 64-wide d log_f blocks, 1.5% faster there, spill
@@ -167,13 +164,11 @@ def default_launch(op: str, K: int, V: int, device: torch.device) -> dict[str, d
 
 
 # maxnreg (a cap on registers a thread) trades spills for more programs per SM; key_blocks (the key blocks
-# one program of the dq / dk level kernel walks, 1 when unset) trades programs for fewer dA products; on
-# (dkv only) switches the fused dk / dv walk on (1) or off (0)
+# one program of the dq / dk level kernel walks, 1 when unset) trades programs for fewer dA products
 _LAUNCH_KEYS = {"block": (1, 256), "block_v": (1, 256), "num_warps": (1, 16), "num_stages": (1, 8),
-                "maxnreg": (32, 255), "key_blocks": (1, 16), "on": (0, 1)}
-_ANY_INT = ("num_stages", "maxnreg", "on")  # the other keys take powers of two
-# keys that one kernel reads: elsewhere a variant would time nothing
-_ONLY_FOR = {"key_blocks": ("dqk_sub",), "on": ("dkv",)}
+                "maxnreg": (32, 255), "key_blocks": (1, 16)}
+_ANY_INT = ("num_stages", "maxnreg")  # the other keys take powers of two
+_ONLY_FOR = {"key_blocks": ("dqk_sub",)}  # keys that one kernel reads: elsewhere a variant would time nothing
 
 
 def launch_options(c: dict) -> dict:

@@ -341,24 +341,6 @@ def test_cu_seqlens_resets_state(kind, layout):
     _check_against_recurrence(kind, q, k, v, x, torch.randn(3, 2, 16, 16), cu=cu, layout=layout)
 
 
-@pytest.mark.parametrize("kind,T,Dk,Dv,layout,h0,packed", [
-    ("la", 83, 32, 16, "scan", True, False), ("la", 130, 24, 40, "split1", True, False),
-    ("la", 130, 16, 32, "split2", False, False), ("nodecay", 77, 32, 16, "scan", True, False),
-    ("nodecay", 130, 24, 24, "split1", False, False), ("la", 127, 16, 16, "split1", True, True),
-    ("la", 127, 16, 16, "scan", False, True), ("la", 83, 128, 128, "split1", True, False),
-])
-def test_fused_dkv_walk_matches_recurrence(kind, T, Dk, Dv, layout, h0, packed):
-    """The dk and dv walks fused into one program (`dkv_scan_kernel`, forced on) against the float64
-    recurrence: every layout, key and value widths that are not powers of two or differ, with and without
-    an initial state, packed documents (boundaries inside chunks), TNL's 128-wide heads."""
-    N, cu = (1, torch.tensor([0, 17, 87, 127])) if packed else (2 if not h0 else 1, None)
-    q, k, v, x = _make(kind, T, 2, Dk, Dv, N=N, seed=11)
-    n_states = 3 if packed else N
-    init = torch.randn(n_states, 2, Dk, Dv) * 0.5 if h0 else None
-    with force_plan(launch={"dkv": {"on": 1}}):
-        _check_against_recurrence(kind, q, k, v, x, init, cu=cu, layout=layout)
-
-
 @pytest.mark.parametrize("kind", ["la", "gla"])
 def test_backward_uses_the_forward_segments(kind):
     """The backward walks from the forward's chained segment states, so it must use the forward's

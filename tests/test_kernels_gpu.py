@@ -143,26 +143,6 @@ def test_bf16_vs_float64(kind, Dk, Dv, gates, layout):
     assert finite and all(e <= BAR for e in errs.values()), errs
 
 
-@pytest.mark.parametrize("layout", ["scan", "split", "auto"])
-@pytest.mark.parametrize("kind,Dk,Dv,dtype,packed", [
-    ("la", 128, 128, torch.bfloat16, False), ("la", 64, 96, torch.bfloat16, False),
-    ("nodecay", 128, 128, torch.bfloat16, False), ("nodecay", 96, 64, torch.float16, False),
-    ("la", 48, 48, torch.float32, False), ("la", 128, 128, torch.bfloat16, True),
-])
-def test_fused_dkv_walk_vs_float64(kind, Dk, Dv, dtype, packed, layout):
-    """The dk and dv walks fused into one program (`dkv_scan_kernel`, forced on) keep the accuracy bar in
-    every layout, at TNL's and cosFormer2-like widths, in bf16, fp16 and fp32, packed or not."""
-    B, T, H = (1, 4100, 3) if packed else (2, 1000 + 37, 4)
-    q, k, v, x = _inputs(B, T, H, Dk, Dv, kind)
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    cu = torch.tensor([0, 1500, 1577, 4100], device=DEV) if packed else None
-    h0 = torch.randn(3 if packed else B, H, Dk, Dv, device=DEV) * 0.1
-    with force_plan(launch={"dkv": {"on": 1}}):
-        errs, finite = _compare(kind, q, k, v, x, h0, layout, cu=cu)
-    print(kind, Dk, Dv, dtype, packed, layout, {n: f"{e:.1e}" for n, e in errs.items()})
-    assert finite and all(e <= BAR for e in errs.values()), errs
-
-
 @pytest.mark.parametrize("layout", ["scan", "split"])
 @pytest.mark.parametrize("kind,Dk,Dv,gates", [
     ("la", 256, 256, None), ("nodecay", 256, 256, None), ("gla", 512, 128, "wide"), ("gla", 512, 128, "mixed"),
