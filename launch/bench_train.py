@@ -150,7 +150,8 @@ def run_cell(spec: dict) -> dict:
         out["triton"] = triton.__version__
     except ImportError:
         pass
-    for mode, fraction in settings:
+    first = spec.get("attempt", 0)  # run_cell_attempts: one setting a process
+    for mode, fraction in settings[first:first + 1]:
         torch._dynamo.reset()
         gc.collect()
         if cuda:
@@ -214,6 +215,8 @@ def run_cell(spec: dict) -> dict:
         finally:
             module = model = micro = None
     out["status"] = "oom"
+    if first + 1 < len(settings):
+        out["next_attempt"] = first + 1
     return out
 
 
@@ -246,6 +249,44 @@ def device_slug(name: str) -> str:
     return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
 
 
+def _cell_process(spec: dict, timeout: float) -> dict:
+    """One attempt of a cell (`run_cell`) in a fresh process: its result, or an error / timeout record."""
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--cell", json.dumps(spec)], capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        return {**spec, "status": "timeout", "timeout_s": timeout,
+                "log_tail": ((err.stdout or b"").decode(errors="replace")
+                             + (err.stderr or b"").decode(errors="replace"))[-3000:]}
+    res = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("BENCH_RESULT "):
+            res = json.loads(line[len("BENCH_RESULT "):])
+    if res is None:
+        res = {**spec, "status": "error", "returncode": proc.returncode, "log_tail": (proc.stdout + proc.stderr)[-3000:]}
+    if "graph_breaks" in os.environ.get("TORCH_LOGS", ""):
+        # the cell ran with Dynamo's graph-break log on: keep what it said (empty: no break)
+        res["graph_break_log"] = graph_break_lines(proc.stdout + proc.stderr)
+    return res
+
+
+def run_cell_attempts(spec: dict, timeout: float) -> dict:
+    """A cell's activation-checkpointing settings tried in turn (`run_cell`'s `settings`: with --ac auto, the
+    memory estimate's choice, then every block), each in its own process, until one fits: a setting tried
+    after an out-of-memory one then starts from a GPU the failed attempt no longer holds any memory of (in
+    one process its tensors, compiled graphs and allocator state can stay behind and inflate the next
+    attempt's peak). The result carries every attempt; `timeout` bounds the whole cell."""
+    t0, before, i = time.time(), [], 0
+    while True:
+        res = _cell_process({**spec, "attempt": i}, max(30.0, timeout - (time.time() - t0)))
+        res["attempts"] = before + res.get("attempts", [])
+        nxt = res.pop("next_attempt", None)
+        if res.get("status") != "oom" or nxt is None or time.time() - t0 >= timeout:
+            res.pop("attempt", None)
+            return res
+        before, i = res["attempts"], nxt
+
+
 def run_matrix(args) -> None:
     import torch
     slug = device_slug(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
@@ -264,9 +305,11 @@ def run_matrix(args) -> None:
             continue
         name = cell_name(arch, size, seq, micro, args.ac, args.ac_fraction, not args.no_compile, args.ops,
                          args.grad_accum_fusion)
-        path = out / f"{name}@{slug}.json"
-        if path.exists() and not args.force:
-            print(f"[bench] {name}: measured already ({path})", flush=True)
+        # no '@' or other shell-special characters in the name: copies between machines keep every file
+        path = out / f"{name}__{slug}.json"
+        done = next((p for p in (path, out / f"{name}@{slug}.json") if p.exists()), None)  # '@': older results
+        if done is not None and not args.force:
+            print(f"[bench] {name}: measured already ({done})", flush=True)
             continue
         left = args.time_budget - (time.time() - start) if args.time_budget else None
         if left is not None and left < args.min_cell_s:
@@ -280,27 +323,12 @@ def run_matrix(args) -> None:
         timeout = args.cell_timeout if left is None else max(30, min(args.cell_timeout, left))
         print(f"[bench] {name} ...", flush=True)
         t0 = time.time()
-        try:
-            proc = subprocess.run([sys.executable, __file__, "--cell", json.dumps(spec)], capture_output=True,
-                                  text=True, timeout=timeout)
-            tail = (proc.stdout + proc.stderr)[-3000:]
-            res = None
-            for line in proc.stdout.splitlines():
-                if line.startswith("BENCH_RESULT "):
-                    res = json.loads(line[len("BENCH_RESULT "):])
-            if res is None:
-                res = {**spec, "status": "error", "returncode": proc.returncode, "log_tail": tail}
-            if "graph_breaks" in os.environ.get("TORCH_LOGS", ""):
-                # the cell ran with Dynamo's graph-break log on: keep what it said (empty: no break)
-                res["graph_break_log"] = graph_break_lines(proc.stdout + proc.stderr)
-        except subprocess.TimeoutExpired as err:
-            res = {**spec, "status": "timeout", "timeout_s": timeout,
-                   "log_tail": ((err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace"))[-3000:]}
+        res = run_cell_attempts(spec, timeout)
         res["wall_s"] = time.time() - t0
         if res["status"] in ("ok", "oom") or args.keep_failures:
             path.write_text(json.dumps(res, indent=1))
         else:
-            (out / f"{name}@{slug}.failed.json").write_text(json.dumps(res, indent=1))
+            (out / f"{name}__{slug}.failed.json").write_text(json.dumps(res, indent=1))
         print(f"[bench] {name}: {res['status']}" + (f", {res['tokens_per_s']:,.0f} tokens/s, MFU "
               f"{100 * (res.get('mfu') or 0):.1f}%, peak {res['peak_gib']:.1f} GiB, ac {res['ac']}, compile "
               f"{res['compile_s']:.0f} s" if res["status"] == "ok" else "") + f" ({res['wall_s']:.0f} s)", flush=True)

@@ -76,3 +76,61 @@ def test_ratio_is_per_micro_batch_and_options(tmp_path):
     ratios = _ratios(bench_train.report(tmp_path))
     assert ratios["tnl (grad_accum_fusion=off)"] == ["1.291x"]
     assert ratios["tnl"] == ["1.292x", "1.311x"]
+
+
+def test_a_setting_after_an_out_of_memory_one_runs_in_a_fresh_process(monkeypatch):
+    """--ac auto tries the memory estimate's choice, then every block checkpointed: each attempt is its own
+    process (a failed attempt's memory cannot inflate the next one's peak), and the cell's result keeps
+    every attempt in order."""
+    bench = load_bench_train()
+    calls = []
+
+    def fake_process(spec, timeout):
+        calls.append(spec["attempt"])
+        if spec["attempt"] == 0:
+            return {**spec, "status": "oom", "attempts": [{"ac": "full", "ac_fraction": 0.25, "status": "oom"}],
+                    "next_attempt": 1}
+        return {**spec, "status": "ok", "ac": "full", "ac_fraction": 1.0,
+                "attempts": [{"ac": "full", "ac_fraction": 1.0, "status": "ok"}]}
+    monkeypatch.setattr(bench, "_cell_process", fake_process)
+    res = bench.run_cell_attempts({"arch": "tnl", "ac": "auto"}, timeout=600)
+    assert calls == [0, 1]
+    assert res["status"] == "ok" and [a["status"] for a in res["attempts"]] == ["oom", "ok"]
+    assert "next_attempt" not in res and "attempt" not in res
+    # the last setting out of memory too: the cell is recorded as such, with both attempts
+    monkeypatch.setattr(bench, "_cell_process", lambda spec, timeout: {
+        **spec, "status": "oom", "attempts": [{"status": "oom"}], **({"next_attempt": 1} if spec["attempt"] == 0 else {})})
+    res = bench.run_cell_attempts({"arch": "tnl", "ac": "auto"}, timeout=600)
+    assert res["status"] == "oom" and len(res["attempts"]) == 2
+
+
+def test_run_cell_runs_only_the_attempt_it_is_given(monkeypatch):
+    """run_cell (CPU, the tiny preset) out of memory at its first setting stops there and names the next one;
+    given that one, it runs it alone."""
+    import torch
+
+    from pretrain.train_module import TorchTrainModule
+    bench = load_bench_train()
+    real = TorchTrainModule.train_step
+
+    seen = []  # the checkpointing setting of each model built
+
+    def step(self, micro, i):  # the setting without checkpointing runs out of memory
+        if seen[-1] == "none":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, micro, i)
+
+    def fake_ckpt(self, mode, fraction):
+        seen.append(mode)
+        return [] if mode == "none" else [0]
+    from models.lm import LanguageModel
+    monkeypatch.setattr(LanguageModel, "set_activation_checkpointing", fake_ckpt)
+    monkeypatch.setattr(TorchTrainModule, "train_step", step)
+    spec = {"arch": "tnl", "size": "tiny", "seq": 32, "micro_tokens": 64, "tokens_per_step": 128, "ac": "auto",
+            "ac_fraction": 1.0, "compile": False, "warmup": 0, "steps": 1, "profile": False, "ops": None}
+    res = bench.run_cell({**spec, "attempt": 0})
+    assert seen == ["none"] and res["status"] == "oom" and res["next_attempt"] == 1
+    assert [a["status"] for a in res["attempts"]] == ["oom"]
+    res = bench.run_cell({**spec, "attempt": 1})
+    assert seen == ["none", "full"] and res["status"] == "ok" and res["ac"] == "full"
+    assert [a["ac"] for a in res["attempts"]] == ["full"] and "next_attempt" not in res
