@@ -30,12 +30,14 @@ def save_pretrained(model: LanguageModel, path: str | Path, dtype: torch.dtype =
     """A self-contained directory: model.safetensors + config.json (model config, tokenizer, extra info).
     Written under a temporary name and published by rename (checkpoints.atomic.publish_dir): a reader
     sees the old directory or the new one, never half of one and never none. `dtype` (e.g. bf16, to halve
-    the file) casts every weight but the `fp32_parameter_names`, which stay fp32."""
+    the file) casts every weight but the `fp32_parameter_names`, which stay fp32. A model wrapped by
+    torch.compile or DistributedDataParallel is saved as the model inside, under its own parameter names."""
     from safetensors.torch import save_file
 
     from checkpoints.atomic import publish_dir
     from checkpoints.layout import MODEL_CONFIG, MODEL_WEIGHTS, TMP_SUFFIX
     from data_pipeline.tokenizer import ENCODING_NAME
+    model = _unwrapped(model)
     path = Path(path)
     tmp = path.with_name(path.name + TMP_SUFFIX)
     if tmp.exists():  # left by an interrupted save
@@ -55,6 +57,23 @@ def save_pretrained(model: LanguageModel, path: str | Path, dtype: torch.dtype =
     (tmp / MODEL_CONFIG).write_text(json.dumps(meta, indent=2))
     publish_dir(tmp, path)
     return path
+
+
+def _unwrapped(model) -> LanguageModel:
+    """The LanguageModel inside `torch.compile(model)` (its `_orig_mod`) or a DistributedDataParallel /
+    DataParallel wrapper (its `module`): their state dicts prefix every name (`_orig_mod.`, `module.`), so
+    the weights would be saved under names no model loads, and the fp32 parameters, looked up by their plain
+    names, would be rounded with the rest. ValueError for anything else that is not a LanguageModel."""
+    inner = model
+    while not isinstance(inner, LanguageModel):
+        if isinstance(getattr(inner, "_orig_mod", None), torch.nn.Module):  # torch.compile's OptimizedModule
+            inner = inner._orig_mod
+        elif isinstance(inner, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+            inner = inner.module
+        else:
+            raise ValueError(f"save_pretrained takes a models.LanguageModel (or one wrapped by torch.compile or "
+                             f"DistributedDataParallel), got {type(model).__name__}")
+    return inner
 
 
 def _read_json(file: Path) -> dict:
@@ -168,6 +187,28 @@ def _check_weights_fit(path: Path, model: LanguageModel, state: dict, overrides:
                      f"vocab_size={cfg.vocab_size}): {'; '.join(parts)}. {hint[0].upper() + hint[1:]}")
 
 
+def _load_device(device: str | torch.device) -> torch.device:
+    """`device` as a torch.device this machine has, or ValueError naming it: an unknown name would otherwise
+    surface as the weights file being 'unreadable' (and the advice to export it again), a GPU this machine
+    lacks as an allocator error from inside safetensors."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"load_pretrained: device {device!r} is not a device; use 'cpu', 'cuda' or 'cuda:N'") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"load_pretrained: device {str(device)!r}, but CUDA is not available on this machine; "
+                             f"load with device='cpu'")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"load_pretrained: device {str(device)!r}, but this machine has {count} CUDA device(s) "
+                             f"(cuda:0 .. cuda:{count - 1})")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"load_pretrained: device {str(device)!r}, but MPS is not available on this machine; "
+                         f"load with device='cpu'")
+    return dev
+
+
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                     **overrides) -> LanguageModel:
     """Load an export (model.safetensors + config.json) or a snapshot (model.safetensors + meta.json) on one
@@ -178,6 +219,7 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype:
 
     from checkpoints.layout import MODEL_WEIGHTS
     path = Path(path)
+    device = _load_device(device)
     meta = pretrained_meta(path)
     cfg = _config_from_meta(path, meta, overrides)
     with torch.device("meta"):

@@ -271,6 +271,30 @@ def test_zero3_checkpoint_and_snapshot_export_the_plain_runs_weights(tmp_path):
     assert from_tuples.keys() == got.keys() and all(torch.equal(from_tuples[k], got[k]) for k in got)
 
 
+def test_zero2_checkpoint_exports_the_weights_of_its_snapshot_bit_for_bit(tmp_path):
+    """ZeRO-2 (two CPU ranks) keeps the fp32 weights only as flattened, padded partitions of the optimizer's
+    master copy, which zero_to_fp32 reads by another path than ZeRO-3's. cos2, whose parameters include odd
+    sizes (TPE decays [e], LRPE angles [h, e]) that fall across the partition boundary: the checkpoint's
+    export equals the snapshot of the same step (gathered while training) bit for bit, in fp32 and in bf16."""
+    pytest.importorskip("deepspeed")
+    from safetensors.torch import load_file
+
+    from checkpoint_utils import run_pretrain
+    from checkpoints.export import Source, export_one
+    data = make_dataset(tmp_path / "data", docs=120)
+    run = tmp_path / "zero2"
+    run_pretrain(run_flags(run, data, 2, "--save-every", "2", "--zero", "2", "--snapshot-every-tokens", str(2 * TPS),
+                           arch="cos2"), nproc=2)
+    for dtype in ("fp32", "bf16"):
+        ckpt = load_file(str(export_one(Source(2, "checkpoint", run / "checkpoints" / "step_00000002"),
+                                        tmp_path / f"ckpt-{dtype}", dtype) / "model.safetensors"))
+        snap = load_file(str(export_one(Source(2, "snapshot", run / "snapshots" / "step_00000002"),
+                                        tmp_path / f"snap-{dtype}", dtype) / "model.safetensors"))
+        assert ckpt.keys() == snap.keys() and len(ckpt) == 23
+        for k in snap:
+            assert ckpt[k].dtype == snap[k].dtype and torch.equal(ckpt[k], snap[k]), (dtype, k)
+
+
 def test_export_never_replaces_a_folder_or_file_that_is_not_an_export(trained, tmp_path, capsys):
     """An export replaces RUN/exports/step_N whole. Something else standing there (a folder of notes, a
     file) is refused with one line and left as it was; an earlier export or an empty folder is replaced."""
@@ -383,3 +407,37 @@ def test_bf16_load_and_export_keep_positions_and_decays_fp32(arch, tmp_path):
         ids = torch.randint(0, 97, (2, 9))
         with torch.no_grad():
             assert torch.isfinite(loaded(ids)).all()
+
+
+def test_save_pretrained_of_a_compiled_or_ddp_wrapped_model_saves_the_model_inside(tmp_path):
+    """`torch.compile(model)` and DistributedDataParallel prefix every state-dict name (`_orig_mod.`,
+    `module.`). Saved as they are, the export holds names no model loads, and the parameters kept fp32 in a
+    bf16 export (looked up by their plain names) are rounded with the rest. The export of a wrapped model
+    holds the plain model's weights under their own names, bit for bit (bf16: the fp32 ones untouched), and
+    loads; a module that is no language model is refused by name."""
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+
+    from models import load_pretrained, save_pretrained
+    model = _tiny("cos2")
+    want = model.state_dict()
+    keep = set(model.fp32_parameter_names())
+    assert keep  # cos2 has parameters a bf16 export keeps fp32
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        wrapped = {"compiled": torch.compile(model), "ddp": torch.nn.parallel.DistributedDataParallel(model)}
+        for name, w in wrapped.items():
+            for dtype in (torch.float32, torch.bfloat16):
+                out = save_pretrained(w, tmp_path / f"{name}-{dtype}", dtype=dtype)
+                saved = load_file(str(out / "model.safetensors"))
+                assert saved.keys() == want.keys(), name
+                for k, v in want.items():
+                    expect = v if k in keep or dtype == torch.float32 else v.to(dtype)
+                    assert saved[k].dtype == expect.dtype and torch.equal(saved[k], expect), (name, dtype, k)
+                assert torch.equal(logits_of(load_pretrained(out, dtype=dtype), batch() % 97),
+                                   logits_of(load_pretrained(save_pretrained(model, tmp_path / "plain", dtype=dtype)),
+                                             batch() % 97))
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(ValueError, match="save_pretrained takes a models.LanguageModel .* got Linear"):
+        save_pretrained(torch.nn.Linear(2, 2), tmp_path / "linear")

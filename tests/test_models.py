@@ -91,6 +91,47 @@ def test_llama_flops_equal_six_times_matmul_parameters_plus_attention():
     assert flops_per_step(cfg, b, n) == pytest.approx(6 * matmul_params * b * n + head * b * n + b * (attention + elementwise))
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("size", ["mini", "1b"])
+def test_params_and_flops_by_component_at_two_sizes(arch, size):
+    """Each architecture at two sizes, counted part by part: the parameters of every kind of module the model
+    holds (by numel, grouped by name) against the component formulas of docs/architectures.md, and the
+    training FLOPs of one step against the same components (forward x 3; matmuls 2 FLOPs per multiply-add).
+    The tied embedding counts once in the parameters and twice (input and head) in the FLOPs."""
+    cfg = model_config(arch, size)
+    with torch.device("meta"):
+        model = build_model(arch, size)
+    l, d, h, g, t, v, e = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_glu, cfg.gate_rank, cfg.vocab_size,
+                           cfg.head_dim)
+    groups: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        kind = ("embed" if name.startswith("embed.") else "glu" if ".channel_mixer." in name
+                else "gate" if ".token_mixer.gate." in name else "proj" if name.endswith("_proj.weight")
+                else "norm" if "norm" in name else "other")
+        groups[kind] = groups.get(kind, 0) + p.numel()
+    norms = {"llama": (2 * l + 1) * d}.get(arch, 0)  # the linear models' SRMSNorm has no gain
+    other = {"hgrn2": l * d, "cos2": l * h * e + d * e + e}.get(arch, 0)  # bounds; LRPE angles, TPE B and decays
+    want = {"embed": v * d, "glu": l * 3 * d * g, "proj": l * 4 * d * d,
+            "gate": l * 2 * d * t if arch in ("tnl", "cos2") else 0, "norm": norms, "other": other}
+    assert {k: groups.get(k, 0) for k in want} == want and set(groups) <= set(want)
+    assert exact_params(cfg) == {"non_embedding": sum(want.values()) - v * d, "embedding": v * d,
+                                 "total": sum(want.values())}
+
+    b, n, B = 3, 1000, e  # the paper's block size is the head width
+    glu = 6 * n * d * g + n * g                                    # three d x g matmuls, the elementwise product
+    mixer = {
+        "llama": 8 * n * d * d + 2 * 2 * n * n * d + 3 * n * n * h,  # q k v o; QK^T and AV over n x n; softmax
+        "tnl": 8 * n * d * d + 4 * n * d * e + n * d * e / B + 4 * n * B * d + n * B * h + 4 * n * t * d + 2 * n * d,
+        "hgrn2": 8 * n * d * d + 4 * n * d * e + n * d * e / B + 4 * n * B * d + n * B * h + 5 * n * d,
+        # LRPE doubles the key width: the state and intra-chunk products of TNL at 2e, and 2nde more
+        "cos2": 8 * n * d * d + 8 * n * d * e + 2 * n * d * e / B + 6 * n * B * d + n * B * h + 4 * n * t * d + 2 * n * d,
+    }[arch]
+    outside = {"hgrn2": 3 * 4 * d * l, "cos2": 3 * 4 * b * n * d * e}.get(arch, 0)  # the bounds once; the TPE
+    no_embedding = 3 * b * l * (mixer + glu) + outside
+    assert flops_per_step(cfg, b, n, include_embedding=False) == pytest.approx(no_embedding, rel=1e-12)
+    assert flops_per_step(cfg, b, n) == pytest.approx(no_embedding + 3 * 2 * 2 * b * n * d * v, rel=1e-12)
+
+
 def test_llama_needs_an_even_head_width():
     """RoPE rotates channel pairs: an odd head width is refused by the config (naming e), not left to a
     shape mismatch at the first forward; the linear models build it."""
