@@ -95,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         print(format_status(study_status(study, plans, job_states(study))))
         return 0
     if args.command == "report":
+        from scaling.study.stages import check_paths
+        try:
+            check_paths(study, ())  # the report is written into the study directory
+        except StudyConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         report(study, plans)
         return 0
     if args.command == "stage":
@@ -102,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         from scaling.study.stages import RunBusy, StageStopped, run_claimed, tracked
         # SIGTERM / SIGUSR1 (a Slurm time-limit warning, scancel) end an evaluation between snapshots and tasks
         stopper = Stopper(None)
+        stage = None
         try:
             with run_claimed(study, plans[0].name):
                 for stage in args.stages:
@@ -113,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         except StageStopped as err:
             print(f"[study] {plans[0].name}: {err}; the same stage again continues it", file=sys.stderr)
             return 3
+        except Exception as err:  # noqa: BLE001 - recorded with its traceback by `tracked`, as under `run`
+            if stage is None:
+                raise
+            from scaling.study.stages import state_path
+            print(f"error: {plans[0].name}: {stage} failed: {type(err).__name__}: {err} (traceback in "
+                  f"{state_path(study, plans[0].name, stage)})", file=sys.stderr)
+            return 1
         finally:
             stopper.close()
         return 0

@@ -282,6 +282,43 @@ def test_rope_table_shorter_than_seq_len(tmp_path, capsys):
     assert "load_pretrained(path, max_seq_len=10)" in str(exc.value)
 
 
+def test_save_pretrained_of_a_wrapped_model(tmp_path):
+    """A compiled model is saved under the plain model's names and loads; a module that is no language model
+    is refused by its type (tests/test_export.py checks the weights bit for bit, DDP too)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from models import build_model, load_pretrained, save_pretrained
+    model = build_model("hgrn2", "tiny", vocab_size=97)
+    out = save_pretrained(torch.compile(model), tmp_path / "export", dtype=torch.bfloat16)
+    saved = load_file(str(out / "model.safetensors"))
+    assert saved.keys() == model.state_dict().keys() and saved["lower_bounds.bounds"].dtype == torch.float32
+    assert load_pretrained(out).config == model.config
+    with pytest.raises(ValueError, match=r"save_pretrained takes a models.LanguageModel \(or one wrapped by "
+                                         r"torch.compile or DistributedDataParallel\), got Linear"):
+        save_pretrained(torch.nn.Linear(2, 2), tmp_path / "linear")
+    assert not (tmp_path / "linear").exists()
+
+
+def test_load_pretrained_on_a_device_it_cannot_use(tmp_path):
+    """A device name torch does not know, or a GPU this machine lacks, is named as such before the weights are
+    read: not as weights 'unreadable ... damaged' with the advice to export them again, nor as an allocator
+    error from inside safetensors."""
+    import torch
+
+    from models import build_model, load_pretrained, save_pretrained
+    out = save_pretrained(build_model("tnl", "tiny", vocab_size=97), tmp_path / "export")
+    with pytest.raises(ValueError, match=r"load_pretrained: device 'bogus' is not a device; use 'cpu', 'cuda' or "
+                                         r"'cuda:N'") as exc:
+        load_pretrained(out, device="bogus")
+    assert "damaged" not in str(exc.value)
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU; on a machine without one, any
+    with pytest.raises(ValueError, match=rf"load_pretrained: device '{missing}', but (CUDA is not available on this "
+                                         rf"machine; load with device='cpu'|this machine has \d+ CUDA device)"):
+        load_pretrained(out, device=missing)
+    assert load_pretrained(out, device=torch.device("cpu")).embed.weight.device.type == "cpu"
+
+
 @pytest.mark.parametrize("arch", ["llama", "tnl", "hgrn2", "cos2"])
 def test_model_called_with_a_malformed_batch(arch):
     """Every architecture names the faulty argument the same way, for ids, targets and document offsets."""

@@ -28,7 +28,7 @@
 # default .whl), OUT (device output folder), TRAIN_DEADLINE (seconds of training, default 420), DEADLINE (seconds
 # from the start of `device` to the end of evaluation, default 540), SIZES (`device` trains only these sizes of the
 # part, e.g. "l1d32 l1d48": sizes added to a study whose other runs came back earlier), STUDY_SET
-# (space-separated `--set` overrides of the config, e.g. for a dry run: "sizes=[l1d128] tokens=1024"), PYTHON.
+# (space-separated `--set` overrides of the config, e.g. for a dry run: "sizes=[l1d128] tokens=32768", two steps), PYTHON.
 set -euo pipefail
 
 CFG=${STUDY_CONFIG:-docs/studies/mini_bilingual/study.yaml}

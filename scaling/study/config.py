@@ -30,6 +30,7 @@ STUDY_OWNED = {"train.seq_len": "seq_len", "train.global_batch_tokens": "global_
                "checkpoint.snapshot_log_points": "snapshots.log_points"}
 SNAPSHOT_CHOICES = ("all", "final")
 CSR_MODES = ("direct", "replay")
+EVAL_DTYPES = ("auto", "float32", "bfloat16")   # evaluation.sweep's --dtype choices
 TOP_KEYS = ("name", "out", "data", "archs", "sizes", "tokens", "seq_len", "global_batch_tokens", "recipe", "model",
             "per_run", "snapshots", "evaluation", "fit", "slurm")
 
@@ -272,6 +273,10 @@ def _evaluation(raw: Any) -> EvalSpec:
         spec.snapshots = _int(spec.snapshots, "evaluation.snapshots")
     if spec.export_dtype not in ("fp32", "bf16"):
         raise _err(f"evaluation.export_dtype {spec.export_dtype!r}: choose fp32 or bf16")
+    if spec.dtype not in EVAL_DTYPES:
+        # the sweep resolves it only when it loads a model: after the training, and in every `status`
+        raise _err(f"evaluation.dtype {spec.dtype!r}: choose {', '.join(EVAL_DTYPES)} (auto: bfloat16 on a GPU, "
+                   f"float32 on the CPU)")
     if spec.device != "auto":
         from evaluation.devices import device_kind
         try:
@@ -325,6 +330,11 @@ def parse_study(raw: dict, path: Path | None = None, base: Path | None = None) -
     if not isinstance(name, str) or not _plain_name(name):
         raise _err("name is required: a short name without spaces or slashes (it names the study directory)")
     base = Path(base or Path.cwd())
+    for key in ("out", "data"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise _err(f"{key} must be a path (a string), got {raw[key]!r}"
+                       + (": write the data config in its own YAML file and give its path" if key == "data" and
+                          isinstance(raw[key], dict) else ""))
     out = Path(raw.get("out") or f"studies/{name}")
     out = out if out.is_absolute() else base / out
     data = raw.get("data")
@@ -346,6 +356,16 @@ def parse_study(raw: dict, path: Path | None = None, base: Path | None = None) -
     if gbt % seq_len:
         raise _err(f"global_batch_tokens={gbt} is not a whole number of sequences of seq_len={seq_len}; "
                    f"use a multiple of {seq_len}, e.g. {max(1, gbt // seq_len) * seq_len}")
+    short = {k: v for k, v in tokens.items() if v < gbt}
+    if short:
+        # steps = ceil(tokens / global_batch_tokens): a budget below one step would train a whole step, up to
+        # global_batch_tokens / tokens times the budget asked for, and put that run at the wrong D and C
+        k, v = min(short.items(), key=lambda kv: kv[1])
+        raise _err(f"tokens{'' if isinstance(raw.get('tokens'), (int, float, str)) else '.' + k}={v:,} is less than "
+                   f"one step of global_batch_tokens={gbt:,}: the run would train {gbt:,} tokens, "
+                   f"{gbt / v:.3g}x its budget; give it at least {gbt:,} tokens, or lower global_batch_tokens "
+                   f"(a multiple of seq_len={seq_len})"
+                   + (f" (also below one step: {', '.join(sorted(set(short) - {k}))})" if len(short) > 1 else ""))
     recipe, _ = _recipe(raw.get("recipe"), "recipe")
     model = _model(raw.get("model"), "model")
     per_run: dict[str, dict[str, Any]] = {}

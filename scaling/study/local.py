@@ -64,14 +64,15 @@ class Stopper:
 def run_local(study: StudyConfig, plans: list[RunPlan], stages: tuple[str, ...] = RUN_STAGES,
               deadline_s: float | None = None, log=print) -> dict:
     """Returns, for this invocation, {"done": [...], "failed": {run: error}, "busy": {run: why}, "stopped": reason
-    or None, "seconds": wall time}; "busy" are runs another process works on (left to it)."""
+    or None, "stopped_in": [the run a stop ended mid-way], "seconds": wall time}; "busy" are runs another process
+    works on (left to it)."""
     t0 = time.time()
     check_paths(study, stages)
     if EVALUATE in stages:
         check_evaluation(study)  # before any training: a missing eval file must not surface hours later
         prepare_eval_inputs(study, log)
     stopper = Stopper(deadline_s)
-    done, failed, busy = [], {}, {}
+    done, failed, busy, stopped_in = [], {}, {}, []
     try:
         for i, plan in enumerate(plans, 1):
             if stopper.stop:
@@ -86,7 +87,9 @@ def run_local(study: StudyConfig, plans: list[RunPlan], stages: tuple[str, ...] 
                 continue
             if outcome is None:
                 done.append(plan.name)
-            elif outcome != "stopped":
+            elif outcome == "stopped":
+                stopped_in.append(plan.name)
+            else:
                 failed[plan.name] = outcome
     finally:
         stopper.close()
@@ -97,7 +100,8 @@ def run_local(study: StudyConfig, plans: list[RunPlan], stages: tuple[str, ...] 
     for name in [n for n in busy if _stages_done(study, by_name[n], stages)]:
         busy.pop(name)
         done.append(name)
-    return {"done": done, "failed": failed, "busy": busy, "stopped": stopper.reason, "seconds": time.time() - t0}
+    return {"done": done, "failed": failed, "busy": busy, "stopped": stopper.reason, "stopped_in": stopped_in,
+            "seconds": time.time() - t0}
 
 
 def _stages_done(study: StudyConfig, plan: RunPlan, stages: tuple[str, ...]) -> bool:
@@ -134,15 +138,19 @@ def summary_lines(study: StudyConfig, plans: list[RunPlan], stages: tuple[str, .
                   report: Path | None) -> list[str]:
     """What this invocation did, what failed or was left, and where the results are: the last lines of `run`."""
     names = [p.name for p in plans]
-    reached = set(res["done"]) | set(res["failed"]) | set(res["busy"])
+    stopped_in = [n for n in res.get("stopped_in", []) if n in names]
+    reached = set(res["done"]) | set(res["failed"]) | set(res["busy"]) | set(stopped_in)
     not_reached = [n for n in names if n not in reached]
     lines = [f"[study] summary: {len(res['done'])} of {len(names)} run(s) through {', '.join(stages)} in "
              f"{res.get('seconds', 0):.0f}s"
              + (f"; failed: {len(res['failed'])}" if res["failed"] else "")
              + (f"; left to another process: {len(res['busy'])}" if res["busy"] else "")
-             + (f"; not reached (stopped: {res['stopped']}): {len(not_reached)}" if res["stopped"] else "")]
+             + (f"; stopped ({res['stopped']}) in {len(stopped_in)}, not reached: {len(not_reached)}"
+                if res["stopped"] else "")]
     lines += [f"  failed  {run}: {why[:300]}" for run, why in res["failed"].items()]
     lines += [f"  busy    {why[:300]}" for why in res["busy"].values()]
+    if res["stopped"] and stopped_in:
+        lines.append(f"  stopped in: {', '.join(stopped_in)} (the same command continues it where it stopped)")
     if res["stopped"] and not_reached:
         lines.append(f"  not reached: {', '.join(not_reached)}")
     if res["failed"]:

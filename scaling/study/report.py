@@ -342,6 +342,8 @@ def final_snapshot_table(study: StudyConfig, rows: list[dict]) -> list[str]:
     last: dict[tuple[str, str], dict] = {}
     for r in rows:
         k = (r.get("arch"), r.get("size"))
+        if not flat_metrics(r):  # a snapshot whose evaluation failed (failed_evaluations): not the last evaluated
+            continue
         if r.get("step") is not None and (k not in last or r["step"] > last[k]["step"]):
             last[k] = r
     keys = [h for h in HEADLINE if any(h[0] in flat_metrics(r) for r in last.values())]
@@ -358,6 +360,13 @@ def final_snapshot_table(study: StudyConfig, rows: list[dict]) -> list[str]:
             lines.append(f"| {s.name} | {arch_title(a)} | {r['step']} | "
                          + " | ".join(_fmt(f.get(h[0])) for h in keys) + " |")
     return lines
+
+
+def failed_evaluations(rows: list[dict]) -> list[str]:
+    """One line per snapshot with a task that failed in the last evaluation (its sweep table's error), so that a
+    missing number in the report says why."""
+    from evaluation.sweep import row_errors
+    return [f"- {r['run']} {r['snapshot']}: {' '.join(row_errors(r).split())[:400]}" for r in rows if row_errors(r)]
 
 
 def csr_ordering(study: StudyConfig, rows: list[dict]) -> list[str]:
@@ -433,6 +442,10 @@ def write_markdown(study: StudyConfig, plans: list[RunPlan], fits: dict | None, 
         order = csr_ordering(study, rows)
         if order:
             lines += ["Commonsense average, highest first:", "", *order, ""]
+        failed = failed_evaluations(rows)
+        if failed:
+            lines += ["Not evaluated (the error of the last evaluation; `run` again evaluates them once the cause is "
+                      "fixed):", "", *failed, ""]
     if figures:
         lines += ["## Figures", ""] + [f"![{f.stem}]({f.relative_to(out)})" for f in figures] + [""]
     path = out / "report.md"

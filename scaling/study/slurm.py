@@ -126,7 +126,12 @@ HELD = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDE
 def _sbatch(cmd: str, script: Path, dependency: str | None) -> str:
     args = [cmd, "--parsable"] + ([f"--dependency={dependency}", "--kill-on-invalid-dep=yes"] if dependency else []) \
         + [str(script)]
-    res = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    try:
+        res = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    except FileNotFoundError:
+        raise RuntimeError(f"{cmd}: not found, this machine has no Slurm (nothing was submitted); run the study here "
+                           f"without --slurm, or write the job scripts with --slurm --dry-run (into {script.parent}) to "
+                           f"submit them where Slurm is") from None
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed (exit {res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
     return res.stdout.strip().split(";")[0]

@@ -509,9 +509,26 @@ def evaluate(study: StudyConfig, plan: RunPlan, log=print, stop: Callable[[], st
     except SweepStopped as err:
         raise StageStopped(f"{plan.name}: {err}; the finished results are kept, run the study again to evaluate "
                            f"the rest") from None
+    check_sweep_rows(plan, rows)
     if study.evaluation.csr == "replay" and csr_tasks(study):
         score_csr(study, plan, log, stop)
     return rows
+
+
+class EvaluationFailed(RuntimeError):
+    """Snapshots the sweep could not evaluate (an export that cannot be loaded, a task whose data cannot be had)."""
+
+
+def check_sweep_rows(plan: RunPlan, rows: list[dict]) -> None:
+    """The sweep goes on past a snapshot or task it cannot evaluate, with the error in that row: the stage is not
+    done then (the run would count as evaluated, and `run` exit 0, with numbers missing). EvaluationFailed names
+    each such snapshot and its errors; the results the sweep made are cached, and `run` again evaluates the rest."""
+    from evaluation.sweep import row_errors
+    failed = [(r.get("snapshot"), row_errors(r)) for r in rows if row_errors(r)]
+    if failed:
+        raise EvaluationFailed(f"{plan.name}: {len(failed)} of {len(rows)} snapshot(s) not evaluated: "
+                               + "; ".join(f"{snap}: {why}" for snap, why in failed)
+                               + ". The other results are kept; fix that and run the study again")
 
 
 def csr_score_key(study: StudyConfig, req: dict, weights: dict) -> dict:
