@@ -706,7 +706,7 @@ def test_bench_matrix_runs_a_cell_and_resumes(tmp_path):
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     files = list(tmp_path.glob("*.json"))
-    assert [f.name for f in files] == ["tnl-tiny-s32-m64-acnone-eager@cpu.json"]
+    assert [f.name for f in files] == ["tnl-tiny-s32-m64-acnone-eager__cpu.json"]
     res = json.loads(files[0].read_text())
     assert res["status"] == "ok" and res["micro_batch"] == 2 and res["accumulation"] == 1
     assert len(res["attempts"][0]["step_s_all"]) == 2 and res["tokens_per_s"] > 0
@@ -716,7 +716,7 @@ def test_bench_matrix_runs_a_cell_and_resumes(tmp_path):
     assert res["ops"] == {} and res["ops_config"]["side_streams"] is False
     ab = subprocess.run(cmd + ["--ops", "side_streams=true"], capture_output=True, text=True, timeout=300, env=env)
     assert ab.returncode == 0, ab.stdout[-2000:] + ab.stderr[-2000:]
-    res = json.loads((tmp_path / "tnl-tiny-s32-m64-acnone-eager-side_streams-true@cpu.json").read_text())
+    res = json.loads((tmp_path / "tnl-tiny-s32-m64-acnone-eager-side_streams-true__cpu.json").read_text())
     assert res["ops"] == {"side_streams": True} and res["ops_config"]["side_streams"] is True
     bad = subprocess.run(cmd + ["--ops", "streams=off"], capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 2 and "FIELD=VALUE with FIELD one of impl, gla_triton, side_streams" in bad.stderr
