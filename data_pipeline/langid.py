@@ -51,7 +51,17 @@ def samples(text: str) -> list[str]:
     else:
         step = (len(body) - SAMPLE_CHARS) / (SAMPLES - 1)
         pieces = [body[int(k * step):int(k * step) + SAMPLE_CHARS] for k in range(SAMPLES)]
-    return [p.replace("\n", " ").replace("\r", " ") for p in pieces]
+    # fastText reads UTF-8: a lone surrogate (which clean() keeps, and no UTF encoding holds) becomes U+FFFD,
+    # as the tokenizer replaces it, rather than failing the call
+    return [_valid_unicode(p.replace("\n", " ").replace("\r", " ")) for p in pieces]
+
+
+def _valid_unicode(s: str) -> str:
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _has_kana(s: str) -> bool:

@@ -35,7 +35,8 @@ PERMUTATION = "feistel4-v1"
 
 class WindowProvider(Protocol):
     """Fills one window of a source's token stream. Requests for one source come in increasing
-    window order within a loader's life (streaming providers rely on it)."""
+    window order, except after load_state_dict of an earlier position (a streaming provider then replays
+    that source's stream from its start)."""
     names: list[str]
     languages: list[str]
     weights: list[float]
@@ -285,10 +286,15 @@ def _check_batching(seq_len: int, global_batch: int, micro_batch: int, rank: int
                          f"{seq_len}, {global_batch}, {micro_batch}, {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside [0, {world_size})")
+    if global_batch % world_size:  # no micro batch can help: the batch does not split over the ranks
+        unit = world_size * micro_batch
+        near = sorted({max(1, global_batch // unit) * unit, -(-global_batch // unit) * unit})
+        raise ValueError(f"global batch {global_batch} is not a multiple of world size x micro batch "
+                         f"= {world_size} x {micro_batch}: it does not split evenly over {world_size} ranks; "
+                         f"choose a global batch of {' or '.join(map(str, near))}")
     if global_batch % (world_size * micro_batch):
         raise ValueError(f"global batch {global_batch} is not a multiple of world size x micro batch "
-                         f"= {world_size} x {micro_batch}; choose a micro batch that divides "
-                         f"{global_batch // world_size if global_batch % world_size == 0 else 'it'}")
+                         f"= {world_size} x {micro_batch}; choose a micro batch that divides {global_batch // world_size}")
 
 
 def stable_id(name: str) -> int:

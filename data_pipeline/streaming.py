@@ -88,9 +88,11 @@ class _SourceStream:
             self.epoch += 1
 
     def read(self, pos: int, n: int, out: np.ndarray) -> None:
-        """Copy stream positions [pos, pos+n) into out; positions only move forward."""
+        """Copy stream positions [pos, pos+n) into out. Positions move forward; a position behind the buffer
+        (the loader given an earlier state) restarts the stream and replays it, as a fresh resume does."""
         if pos < self.base:
-            raise RuntimeError("streaming sources are read forward only")
+            self.buf, self.base, self.epoch = np.zeros(0, np.uint32), 0, 0
+            self._docs = self._epoch_docs()
         base, have_end = self.base, self.base + len(self.buf)
         pieces = [self.buf]
         if have_end <= pos:  # all buffered tokens are behind the window
