@@ -327,6 +327,8 @@ def run(op: str, fn: Callable, q: Tensor, k: Tensor, v: Tensor, x: Tensor | None
         return fn(q, k, v, x, initial_state, cu_seqlens)
     if initial_state is not None:
         raise ValueError(f"{op}: an initial state cannot be passed under sequence parallelism (the state that "
-                         f"enters each rank's segment comes from the ranks before it); decode without it")
+                         f"enters each rank's segment comes from the ranks before it); call it without "
+                         f"initial_state, or run it on the whole sequence on one rank (outside "
+                         f"`sequence_parallel`) to start from a state")
     body = lightning_attn_sp if op == "lightning_attn" else gated_linear_attn_sp
     return body(sp, fn, q, k, v, x, cu_seqlens)

@@ -106,6 +106,11 @@ class SequenceParallelPlan:
             raise ValueError(f"--sp (sequence parallelism) is for the linear models ({able}), whose "
                              f"layers pass only a fixed-size state between ranks; --arch {arch} has softmax "
                              f"attention over the whole sequence: train it with --sp 1")
+        # a second plan would scale the loss's gradient twice and enter the exchange twice; refuse it before
+        # anything is attached, so the model keeps the one plan it has
+        if any(isinstance(block.token_mixer, _SequenceParallelMixer) for block in model.blocks):
+            raise ValueError("this model already has a sequence-parallel plan (SequenceParallelPlan applied "
+                             "before); call remove() on that plan first, or keep using it")
         self.model, self.sp, self.equal_segments = model, sp, equal_segments
         self.positions: Tensor | None = None  # global positions of the local tokens (as the model flattens them)
         # the layout of each packed micro-batch still in flight, by its local cu_seqlens (the very tensor the
