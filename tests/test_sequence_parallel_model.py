@@ -16,7 +16,7 @@ from models import build_model
 from models.lm import IGNORE_INDEX
 from ops.sequence_parallel import SequenceParallel
 from pretrain.sequence_parallel import SequenceParallelPlan, local_documents
-from tests.sp_utils import spawn_gloo
+from tests.sp_utils import check_against_one_process, check_grads, reduced_grads, spawn_gloo
 from tests.test_sequence_parallel_ops import GLOBAL_CU, groups_of
 
 B, T, V = 2, 24, 97
@@ -101,23 +101,6 @@ def test_model_segments_match_whole_sequences():
 def split(x, rank, world):
     seg = x.shape[1] // world
     return x[:, rank * seg:(rank + 1) * seg].contiguous()
-
-
-def reduced_grads(model, world):
-    """The group's gradients, averaged over its ranks as data parallelism over all ranks averages them."""
-    out = {}
-    for name, p in model.named_parameters():
-        g = p.grad.clone()
-        dist.all_reduce(g)
-        out[name] = g / world
-    return out
-
-
-def check_grads(what, got, want):
-    # relative to each gradient's largest entry: HGRN2 computes its gates in fp32 even in a float64 model
-    for name, g in want.items():
-        err = (got[name] - g).abs().max().item()
-        assert err <= 2e-6 * g.abs().max().item() + 1e-12, f"{what}: gradient of {name} off by {err:.3g}"
 
 
 def _layouts_worker(rank, world):
@@ -208,23 +191,8 @@ def _unequal_worker(rank, world, arch):
         for split in SPLITS:
             cols = _columns(split, rank)
             x, y = batch(20)
-            base.zero_grad()
-            with torch.no_grad():
-                logits_ref = base(x, cu_seqlens=cu)
-            loss_ref = base(x, y, cu_seqlens=cu)
-            loss_ref.backward()
-            model = copy.deepcopy(base)
-            model.zero_grad()
-            SequenceParallelPlan(model, SequenceParallel())
-            what = f"{arch} packed={packed} segments {split}, rank {rank}"
-            with torch.no_grad():
-                logits = model(x[:, cols].contiguous(), cu_seqlens=cu)
-            torch.testing.assert_close(logits, logits_ref[:, cols], rtol=1e-9, atol=1e-9,
-                                       msg=lambda m: f"{what}: logits\n{m}")
-            loss = model(x[:, cols].contiguous(), y[:, cols].contiguous(), cu_seqlens=cu)
-            assert abs(loss.item() - loss_ref.item()) < 1e-12, (what, loss.item(), loss_ref.item())
-            loss.backward()
-            check_grads(what, reduced_grads(model, world), {n: p.grad for n, p in base.named_parameters()})
+            check_against_one_process(base, x, y, cu, cols, f"{arch} packed={packed} segments {split}, rank {rank}",
+                                      world)
 
         # full activation checkpointing, both splits' micro-batches forward before one backward: the blocks
         # recomputed in the backward run with their own micro-batch's segment, not the last forward's

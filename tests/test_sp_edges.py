@@ -5,8 +5,6 @@ boundary, on a chunk boundary and one token either side of both, give the logits
 parameter gradient of the single process on whole sequences (float64, TNL, HGRN2, cosFormer2)."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -15,7 +13,7 @@ from models import build_model
 from ops import lightning_attn
 from ops.sequence_parallel import SequenceParallel, sequence_parallel
 from pretrain.sequence_parallel import SequenceParallelPlan
-from tests.sp_utils import spawn_gloo
+from tests.sp_utils import check_against_one_process, spawn_gloo
 
 V = 97
 
@@ -67,29 +65,8 @@ def _long_segments_worker(rank, world):
     cols = slice(rank * seg, (rank + 1) * seg)
     for arch in ("tnl", "hgrn2", "cos2"):
         for cu in (None, torch.tensor(CU, dtype=torch.int32)):
-            base = tiny(arch).double()
-            with torch.no_grad():
-                logits_ref = base(x, cu_seqlens=cu)
-            loss_ref = base(x, y, cu_seqlens=cu)
-            loss_ref.backward()
-            model = copy.deepcopy(base)
-            model.zero_grad()
-            SequenceParallelPlan(model, SequenceParallel(), equal_segments=True)
-            what = f"{arch} packed={cu is not None} rank {rank}"
-            with torch.no_grad():
-                logits = model(x[:, cols].contiguous(), cu_seqlens=cu)
-            torch.testing.assert_close(logits, logits_ref[:, cols], rtol=1e-9, atol=1e-9,
-                                       msg=lambda m: f"{what}: logits\n{m}")
-            loss = model(x[:, cols].contiguous(), y[:, cols].contiguous(), cu_seqlens=cu)
-            assert abs(loss.item() - loss_ref.item()) < 1e-12, (what, loss.item(), loss_ref.item())
-            loss.backward()
-            for name, p in model.named_parameters():
-                got = p.grad.clone()
-                dist.all_reduce(got)
-                got /= world
-                want = dict(base.named_parameters())[name].grad
-                err = (got - want).abs().max().item()
-                assert err <= 1e-9 * want.abs().max().item() + 1e-12, f"{what}: gradient of {name} off by {err:.3g}"
+            check_against_one_process(tiny(arch).double(), x, y, cu, cols, f"{arch} packed={cu is not None} rank {rank}",
+                                      world, rel=1e-9, equal_segments=True)
     dist.barrier()
 
 
