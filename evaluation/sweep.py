@@ -40,6 +40,11 @@ CSR_AVG_TASKS = ("boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_ch
 # lm-eval's SCROLLS tasks: they download tau/scrolls from the HF hub, so they run only where it is reachable
 SCROLLS_TASKS = ("scrolls_qasper", "scrolls_quality", "scrolls_narrativeqa", "scrolls_qmsum",
                  "scrolls_contractnli", "scrolls_govreport", "scrolls_summscreenfd")
+# each SCROLLS task's score as the SCROLLS benchmark reports it: F1, exact match, or for the summarization
+# tasks the geometric mean of ROUGE-1, ROUGE-2 and ROUGE-L (`scrolls_score`)
+SCROLLS_METRIC = {"scrolls_qasper": "f1", "scrolls_narrativeqa": "f1", "scrolls_quality": "em",
+                  "scrolls_contractnli": "em", "scrolls_qmsum": "rouge_gm", "scrolls_govreport": "rouge_gm",
+                  "scrolls_summscreenfd": "rouge_gm"}
 COUNTS = {"examples", "documents", "words", "bytes", "tokens", "windows", "loglikelihood", "window",
           "truncated"}  # table only, not plotted
 SUITES = {
@@ -460,11 +465,30 @@ def run_lm_eval(model, tasks: list[str], cfg: SweepConfig, window: int | None = 
                        if "," in k and "stderr" not in k and isinstance(v, (int, float))}
             if t in CSR_METRIC:
                 metrics["paper"] = metrics.get(CSR_METRIC[t])
+            if t in SCROLLS_METRIC:
+                metrics.update(scrolls_score(t, metrics))
             truncated = getattr(lm, "truncated", None)
             if isinstance(truncated, dict) and t in CSR_METRIC:
                 # items whose context was cut from the left to fit the window (lm-eval's truncation)
                 metrics["truncated"] = len(truncated.get(names[t], ()))
             out[t] = metrics
+    return out
+
+
+def scrolls_score(task: str, metrics: dict) -> dict:
+    """The SCROLLS benchmark's score of `task` from lm-eval's metrics: {'scrolls': F1 or exact match as
+    given}, and for GovReport, SummScreenFD and QMSum also 'rouge_gm', the geometric mean of ROUGE-1, ROUGE-2
+    and ROUGE-L, which SCROLLS reports for them (0 where one of the three is 0). {} where the metric it needs
+    is missing."""
+    out = {}
+    if SCROLLS_METRIC[task] == "rouge_gm":
+        parts = [metrics.get(k) for k in ("rouge1", "rouge2", "rougeL")]
+        if any(not isinstance(p, (int, float)) for p in parts):
+            return {}
+        out["rouge_gm"] = 0.0 if min(parts) <= 0 else math.prod(parts) ** (1 / 3)
+    value = out.get("rouge_gm", metrics.get(SCROLLS_METRIC[task]))
+    if isinstance(value, (int, float)):
+        out["scrolls"] = value
     return out
 
 
