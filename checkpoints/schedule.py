@@ -120,16 +120,24 @@ def resumed_schedule(recorded: dict, every_tokens: int, log_points: int, tokens_
     return sched, note
 
 
+def planned_steps(max_steps: int | None, max_tokens: int | None, tokens_per_step: int) -> int | None:
+    """The steps a run trains: the first of --max-steps and the step whose tokens reach --max-tokens (None
+    when neither is set)."""
+    steps = [max_steps] if max_steps is not None else []
+    if max_tokens is not None:
+        steps.append(math.ceil(max_tokens / tokens_per_step))
+    return min(steps) if steps else None
+
+
 def schedule_of_config(config: dict, tokens_per_step: int) -> SnapshotSchedule | None:
     """The schedule a run config (`RunConfig.to_dict()`, as a checkpoint's meta.json records it) gives at
     a start: for checkpoints written before the schedule itself was recorded. None when it names none."""
     ck, train = config.get("checkpoint") or {}, config.get("train") or {}
     try:
         every, log_points = int(ck.get("snapshot_every_tokens") or 0), int(ck.get("snapshot_log_points") or 0)
-        steps = [int(train["max_steps"])] if train.get("max_steps") is not None else []
-        if train.get("max_tokens") is not None:
-            steps.append(math.ceil(int(train["max_tokens"]) / tokens_per_step))
-        total = min(steps) * tokens_per_step if steps else None
+        steps = planned_steps(None if train.get("max_steps") is None else int(train["max_steps"]),
+                              None if train.get("max_tokens") is None else int(train["max_tokens"]), tokens_per_step)
+        total = steps * tokens_per_step if steps is not None else None
         return SnapshotSchedule(every, log_points, tokens_per_step, total)
     except (TypeError, ValueError, KeyError):
         return None

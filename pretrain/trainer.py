@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import math
 import os
 import random
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 import ops
 from checkpoints.layout import CHECKPOINTS, DEEPSPEED_CONFIG, RUN_CONFIG, SUMMARY, step_dirs
 from checkpoints.manager import CheckpointManager, check_resume_engine, model_config_mismatch
+from checkpoints.schedule import planned_steps
 from models import LanguageModel, build_from_config, flops_per_step, get_arch, model_info
 from models.config import VOCAB_SIZE
 from pretrain.callbacks import Callback, TrainProgress
@@ -413,11 +413,7 @@ class Trainer:
                (t.max_tokens is not None and self.tokens >= t.max_tokens)
 
     def total_steps(self) -> int | None:
-        t = self.cfg.train
-        candidates = [t.max_steps] if t.max_steps is not None else []
-        if t.max_tokens is not None:
-            candidates.append(math.ceil(t.max_tokens / self.tokens_per_step))
-        return min(candidates) if candidates else None
+        return planned_steps(self.cfg.train.max_steps, self.cfg.train.max_tokens, self.tokens_per_step)
 
     def _nothing_to_train(self) -> str:
         """The one line for a start whose progress already meets the limits (e.g. a resume of a finished

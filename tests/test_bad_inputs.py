@@ -727,17 +727,23 @@ def run_history(run) -> dict:
         | {"latest": (run / "checkpoints" / "latest").read_text()}
 
 
+def exported_six_step_run(dataset, tmp_path, capsys, save_every: int):
+    """A 6-step run checkpointed every `save_every` steps (all kept), snapshotted every 2 steps and
+    exported: its directory, its flags, and its history (`run_history`)."""
+    from checkpoints.export import export_run
+    run = tmp_path / "run"
+    flags = ("--save-every", str(save_every), "--keep-last", "0", "--snapshot-every-tokens", str(2 * 96))
+    assert pretrain(run_flags(run, dataset, 6, *flags), capsys)[0] == 0
+    export_run(run, log=lambda m: None)
+    return run, flags, run_history(run)
+
+
 def test_resume_an_earlier_checkpoint_past_the_limits(dataset, tmp_path, capsys):
     """--resume of an earlier checkpoint of this run that already meets --max-steps: nothing could be
     trained, and the resume would only set the later checkpoints, snapshots and exports aside as an
     abandoned branch. Refused with one line (exit 2), nothing moved; the newest checkpoint past the
     limits has nothing later and only trains nothing (exit 0)."""
-    from checkpoints.export import export_run
-    run = tmp_path / "run"
-    flags = ("--save-every", "2", "--keep-last", "0", "--snapshot-every-tokens", str(2 * 96))
-    assert pretrain(run_flags(run, dataset, 6, *flags), capsys)[0] == 0
-    export_run(run, log=lambda m: None)
-    before = run_history(run)
+    run, flags, before = exported_six_step_run(dataset, tmp_path, capsys, save_every=2)
     step4 = run / "checkpoints" / "step_00000004"
     rc, _, err = pretrain(run_flags(run, dataset, 3, *flags, "--resume", step4), capsys)
     assert rc == 2
@@ -791,12 +797,7 @@ def test_resume_with_other_settings(dataset, tmp_path, capsys):
     """A resume with another --seed, --seq-len or --data is refused with one line naming the flag and the
     checkpoint's value, and moves nothing (the later checkpoints, snapshots, exports and `latest` are as
     before); a resume with other flags changed applies them, listing each in one log line."""
-    from checkpoints.export import export_run
-    run = tmp_path / "run"
-    flags = ("--save-every", "3", "--keep-last", "0", "--snapshot-every-tokens", str(2 * 96))
-    assert pretrain(run_flags(run, dataset, 6, *flags), capsys)[0] == 0
-    export_run(run, log=lambda m: None)
-    before = run_history(run)
+    run, flags, before = exported_six_step_run(dataset, tmp_path, capsys, save_every=3)
     step3 = run / "checkpoints" / "step_00000003"
     other_data = make_dataset(tmp_path / "other_data", docs=120, seed=5)
     cases = [
