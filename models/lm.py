@@ -55,14 +55,24 @@ class Block(nn.Module):
         self.recompute = "none"
 
     def set_recompute(self, mode: str) -> None:
-        """What this block recomputes in its backward (AC_MODES). A token mixer with an attribute
-        `recomputed` learns whether it runs inside a fully checkpointed block, and while training there runs
-        its hand-written autograd.Functions as plain ops: a compiled checkpointed block keeps the inputs of
-        such a Function instead of recomputing them (cos2's LRPE 8 d, HGRN2's forget gate 4 d bytes a token
-        on an H100), plain ops it recomputes."""
+        """What this block recomputes in its backward (AC_MODES). Every module of the block with an
+        attribute `recomputed` (a token mixer, a fused projection of pretrain/grad_accumulation.py) learns
+        whether it runs inside the recomputed part, and while training there runs its hand-written
+        autograd.Functions as plain ops: a compiled checkpointed block keeps what such a Function saves
+        instead of recomputing it (cos2's LRPE 8 d, HGRN2's forget gate 4 d bytes a token; the fused
+        projections about 26 d, most of what the block would keep unchecked; H100), plain ops it
+        recomputes."""
         self.recompute = mode
-        if hasattr(self.token_mixer, "recomputed"):
-            self.token_mixer.recomputed = mode == "full"
+        inside = self.recomputed_modules()
+        for m in self.modules():
+            if hasattr(m, "recomputed"):
+                m.recomputed = m in inside
+
+    def recomputed_modules(self) -> set[nn.Module]:
+        """The modules whose forward activation checkpointing runs again in the backward ('full': the whole
+        block; 'mlp': the channel mixer and its norm; 'none': none)."""
+        roots = {"none": [], "mlp": [self.channel_norm, self.channel_mixer], "full": [self]}[self.recompute]
+        return {m for root in roots for m in root.modules()}
 
     def forward(self, x: Tensor, **mixer_kwargs) -> Tensor:
         if self.recompute == "full" and self._checkpointing(mixer_kwargs):

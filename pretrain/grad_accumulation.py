@@ -69,12 +69,19 @@ class AccumulatingLinear(nn.Linear):
     """nn.Linear (no bias) whose weight gradient is added into `self.main_grad` by its own product.
     Made from an nn.Linear in place by `fuse`: the same parameters, the same state_dict. Inside
     `cast_weights_once`, `weight_cast` holds the weight in the autocast dtype, made once for all the
-    step's micro-batches; outside it is None and each call casts the weight."""
+    step's micro-batches; outside it is None and each call casts the weight.
+
+    `recomputed` (kept by `models.lm.Block.set_recompute`): the projection lies in the part of a block that
+    activation checkpointing recomputes. It then runs as a plain nn.Linear and autograd hands its weight
+    the gradient (`expose` adds it into the buffer): inside a compiled checkpointed block the Function's
+    saved input and weight would be kept instead of recomputed, and the block would keep most of its
+    activations (docs/training.md, "Weight gradients accumulated by their own matmul")."""
     main_grad: Tensor
     weight_cast: Tensor | None
+    recomputed: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
-        if not (torch.is_grad_enabled() and self.weight.requires_grad):
+        if self.recomputed or not (torch.is_grad_enabled() and self.weight.requires_grad):
             return super().forward(x)
         return _Linear.apply(x, self.weight, self.main_grad, self.weight_cast)
 
@@ -85,12 +92,10 @@ def cast_weights_once(model: nn.Module, dtype: torch.dtype | None) -> Iterator[N
     forward and backward; dropped on exit. Autocast would cast the fp32 weight again in each micro-batch:
     a memory-bound pass over every block weight (6 bytes a parameter) per micro-batch after the first. The
     weights must not change inside (the train module's step changes them after its micro-batches). Only
-    the blocks that keep their activations take part: their forward saves the cast weights for the backward
-    anyway, so the step's peak memory is unchanged; an activation-checkpointed block drops them after its
-    forward and keeps casting its own. `dtype` None: nothing is cast (fp32 training)."""
-    mods = [] if dtype is None else [
-        m for block in getattr(model, "blocks", []) if getattr(block, "recompute", "none") == "none"
-        for m in block.modules() if isinstance(m, AccumulatingLinear)]
+    the projections that keep their activations take part: their forward saves the cast weights for the
+    backward anyway, so the step's peak memory is unchanged; a recomputed one (`AccumulatingLinear.recomputed`)
+    drops them after its forward and keeps casting its own. `dtype` None: nothing is cast (fp32 training)."""
+    mods = [] if dtype is None else [m for m in model.modules() if isinstance(m, AccumulatingLinear) and not m.recomputed]
     with torch.no_grad():
         for m in mods:
             m.weight_cast = m.weight.to(dtype)
@@ -148,12 +153,14 @@ def fuse(model: nn.Module) -> list[tuple[nn.Parameter, Tensor]]:
     pairs = []
     blocks = getattr(model, "blocks", [])
     for block in blocks:
+        recomputed = block.recomputed_modules() if hasattr(block, "recomputed_modules") else set()
         for m in block.modules():
             if type(m) is nn.Linear and m.bias is None and m.weight.requires_grad:
                 m.__class__ = AccumulatingLinear
                 m.register_buffer("main_grad", torch.zeros_like(m.weight), persistent=False)
                 m.register_buffer("weight_cast", None, persistent=False)
             if type(m) is AccumulatingLinear:
+                m.recomputed = m in recomputed
                 pairs.append((m.weight, m.main_grad.zero_()))
     embed = getattr(model, "embed", None)
     if len(blocks) and _fusable_embedding(embed):
@@ -172,6 +179,7 @@ def unfuse(model: nn.Module) -> None:
             m.__class__ = nn.Linear if type(m) is AccumulatingLinear else nn.Embedding
             for name in ("main_grad", "weight_cast"):
                 m._buffers.pop(name, None)
+            m.__dict__.pop("recomputed", None)
 
 
 @torch.no_grad()

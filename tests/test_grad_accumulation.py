@@ -78,6 +78,48 @@ def test_fused_gradients_compiled_one_graph_with_checkpointed_blocks(arch):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
+def _recomputed_projections(model, mode: str, blocks: list[int]) -> set[int]:
+    """ids of the projections that activation checkpointing `mode` on `blocks` runs again in the backward."""
+    parts = {"full": lambda b: [b], "mlp": lambda b: [b.channel_norm, b.channel_mixer]}[mode]
+    return {id(m) for i in blocks for part in parts(model.blocks[i]) for m in part.modules()
+            if isinstance(m, torch.nn.Linear)}
+
+
+@pytest.mark.parametrize("arch,mode,fuse_first", [("tnl", "full", False), ("llama", "mlp", False),
+                                                  ("hgrn2", "full", True), ("cos2", "mlp", True)])
+def test_recomputed_projections_take_autograds_path_into_the_same_buffers(arch, mode, fuse_first):
+    """The projections that activation checkpointing recomputes run as plain linears (inside a compiled
+    checkpointed block the fused Function's saved input would be kept, not recomputed), whether the
+    checkpointing is set before the fusion or after it: autograd hands exactly those weights a gradient,
+    `expose` adds it into the buffers, and every gradient equals autograd's in float64. Switching the
+    checkpointing off again puts every projection back on the fused path."""
+    ref = _tiny(arch, n_layers=3).double()
+    model = copy.deepcopy(ref)
+    if fuse_first:
+        pairs = GA.fuse(model)
+    blocks = model.set_activation_checkpointing(mode, 0.5)
+    if not fuse_first:
+        pairs = GA.fuse(model)
+    ref.set_activation_checkpointing(mode, 0.5)
+    assert blocks and len(blocks) < 3
+    expected = _recomputed_projections(model, mode, blocks)
+    projections = [m for m in model.blocks.modules() if isinstance(m, GA.AccumulatingLinear)]
+    assert {id(m) for m in projections if m.recomputed} == expected
+    batches = _micro_batches(2)
+    _accumulate(ref, batches)
+    _accumulate(model, batches)
+    assert {id(m) for m in projections if m.weight.grad is not None} == expected
+    GA.expose(pairs)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14, msg=name)
+    model.set_activation_checkpointing("none")
+    assert not any(m.recomputed for m in projections)
+    GA.reset(pairs)
+    model.zero_grad(set_to_none=True)
+    _accumulate(model, batches)
+    assert all(m.weight.grad is None for m in projections)
+
+
 def test_inductor_keeps_the_accumulation_in_the_graph():
     """Inductor (the GPU's backend) compiles the fused block whole: no break at the mutating custom op,
     and the buffer holds the sum of two micro-batches."""
@@ -202,9 +244,15 @@ def test_the_cast_made_once_is_the_one_the_projections_use():
             proj.weight_cast = torch.zeros_like(proj.weight_cast)
             assert float(proj(x).abs().max()) == 0.0
         assert proj.weight_cast is None and float(proj(x).abs().max()) > 0.0
-        model.set_activation_checkpointing("mlp")  # a block that recomputes keeps casting its own weights
+        # a recomputed projection keeps casting its own weight; the others of its block are cast once
+        glu = model.blocks[0].channel_mixer
+        model.set_activation_checkpointing("mlp")
         with GA.cast_weights_once(model, torch.bfloat16):
-            assert proj.weight_cast is None
+            assert proj.weight_cast is not None
+            assert all(m.weight_cast is None for m in glu.modules() if isinstance(m, GA.AccumulatingLinear))
+        model.set_activation_checkpointing("full")
+        with GA.cast_weights_once(model, torch.bfloat16):
+            assert all(m.weight_cast is None for m in model.modules() if isinstance(m, GA.AccumulatingLinear))
 
 
 def test_a_weight_frozen_after_the_module_is_built_is_left_alone():
