@@ -185,8 +185,12 @@ def unfuse(model: nn.Module) -> None:
 @torch.no_grad()
 def expose(pairs: list[tuple[nn.Parameter, Tensor]]) -> None:
     """The buffers as the weights' `.grad`, for clipping and the optimizer step (a weight frozen since gets
-    none). A gradient that autograd did hand a fused weight (a path around the fused modules, such as the
-    tied weight used as a plain head by `LanguageModel.logits`) is added in, not dropped."""
+    none). A gradient that autograd did hand a fused weight into a `.grad` of its own (a path around the
+    fused modules, such as the tied weight used as a plain head by `LanguageModel.logits`) is added in, not
+    dropped. The train module calls it before the micro-batches too: autograd then adds what it hands a
+    fused weight (a projection that activation checkpointing recomputes, `AccumulatingLinear.recomputed`)
+    into the buffer in place, where a `.grad` of its own would hold 4 more bytes a parameter through the
+    backward."""
     for p, g in pairs:
         if not p.requires_grad:  # frozen after fusing: no gradient, so the optimizer leaves it alone
             continue

@@ -225,6 +225,7 @@ class TorchTrainModule(TrainModule):
         n = len(micro_batches)
         # the fused projections' bf16 weights, made once for all the micro-batches (none without the fusion)
         cast = torch.bfloat16 if self.precision == "bf16" and self.fused_grads else None
+        grad_accumulation.expose(self.fused_grads)  # a gradient autograd hands a fused weight goes into its buffer
         with grad_accumulation.cast_weights_once(self.model, cast):
             for i, mb in enumerate(micro_batches):
                 sync = i == n - 1 or not isinstance(self.wrapped, nn.parallel.DistributedDataParallel)

@@ -120,6 +120,47 @@ def test_recomputed_projections_take_autograds_path_into_the_same_buffers(arch, 
     assert all(m.weight.grad is None for m in projections)
 
 
+def test_gradients_autograd_hands_recomputed_projections_go_into_their_buffers_in_place(monkeypatch):
+    """With the buffers set as `.grad` before the backward (as the train module's step does), the
+    gradients autograd hands the recomputed projections are added into the buffers in place, with no
+    tensor of their own, and equal autograd's in float64; a train module's step with checkpointed blocks
+    matches one without the fusion."""
+    ref = _tiny("tnl", n_layers=3).double()
+    model = copy.deepcopy(ref)
+    for m in (ref, model):
+        m.set_activation_checkpointing("full", 0.5)
+    pairs = GA.fuse(model)
+    GA.expose(pairs)
+    batches = _micro_batches(2)
+    _accumulate(ref, batches)
+    _accumulate(model, batches)
+    assert all(p.grad is g for p, g in pairs)
+    GA.expose(pairs)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14, msg=name)
+    seen = []  # at each call of expose in a step: whether every weight holding a gradient holds its buffer
+
+    def spy(pairs):
+        seen.append(all(p.grad is g for p, g in pairs if p.grad is not None))
+        expose(pairs)
+    expose = GA.expose
+    monkeypatch.setattr(GA, "expose", spy)
+    steps = [_micro_batches(3) for _ in range(2)]
+    runs = {}
+    for fused in (False, True):
+        net = _tiny("tnl", n_layers=3).double()
+        net.set_activation_checkpointing("full", 0.5)
+        module = TorchTrainModule(net, OptimConfig(lr=3e-3, warmup_steps=0), torch.device("cpu"), "fp32",
+                                  fuse_grad_accumulation=fused)
+        mbs = [[{"input_ids": ids[:, :-1], "targets": ids[:, 1:]} for ids in step] for step in steps]
+        runs[fused] = ([module.train_step(mb, i) for i, mb in enumerate(mbs)], net)
+    assert seen and all(seen)
+    for a, b in zip(runs[False][0], runs[True][0]):
+        assert a.loss == pytest.approx(b.loss, rel=1e-12) and a.grad_norm == pytest.approx(b.grad_norm, rel=1e-10)
+    for p, q in zip(runs[True][1].parameters(), runs[False][1].parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
+
+
 def test_inductor_keeps_the_accumulation_in_the_graph():
     """Inductor (the GPU's backend) compiles the fused block whole: no break at the mutating custom op,
     and the buffer holds the sum of two micro-batches."""
