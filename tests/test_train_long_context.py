@@ -421,6 +421,10 @@ MEASURED = [
     ('cos2', '1b', 16384, 'none', 1.0, 56.4), ('cos2', '1b', 32768, 'full', 0.375, 68.2),
     ('cos2', '1b', 32768, 'full', 0.625, 51.8), ('cos2', '1b', 65536, 'full', 0.75, 66.0),
     ('cos2', '1b', 65536, 'full', 0.875, 49.9),
+    # four sequences of 8192 a micro-batch, the fused weight-gradient projections on (docs/bench_train/
+    # h100-ac-fused-projections-after)
+    ('tnl', '1b', 32768, 'full', 1.0, 25.0), ('tnl', '1b', 32768, 'full', 0.5, 54.6),
+    ('cos2', '1b', 32768, 'full', 1.0, 26.1),
 ]
 
 
