@@ -72,10 +72,11 @@ class AccumulatingLinear(nn.Linear):
     step's micro-batches; outside it is None and each call casts the weight.
 
     `recomputed` (kept by `models.lm.Block.set_recompute`): the projection lies in the part of a block that
-    activation checkpointing recomputes. It then runs as a plain nn.Linear and autograd hands its weight
-    the gradient (`expose` adds it into the buffer): inside a compiled checkpointed block the Function's
-    saved input and weight would be kept instead of recomputed, and the block would keep most of its
-    activations (docs/training.md, "Weight gradients accumulated by their own matmul")."""
+    activation checkpointing recomputes. It then runs as a plain nn.Linear, because inside a compiled
+    checkpointed block the Function's saved input and weight would be kept instead of recomputed, and the
+    block would keep most of its activations (docs/training.md, "Weight gradients accumulated by their own
+    matmul"). Autograd hands its weight the gradient: into the buffer in place once `expose` has set the
+    buffer as `.grad` (the train module's step does so before its micro-batches), else `expose` adds it in."""
     main_grad: Tensor
     weight_cast: Tensor | None
     recomputed: bool = False
