@@ -271,7 +271,6 @@ class CheckpointManager(Callback):
             # a checkpoint's recorded schedule may give the end the flags lack: decided once resumed
             self._schedule_error = err
             self.schedule = SnapshotSchedule(self.cfg.snapshot_every_tokens, 0, tokens_per_step)
-        self._recorded_schedule: dict | None = None  # the loaded trainer state's (load_state_dict)
         self.resumed_step: int | None = None  # the step this start resumed at (None: a fresh start)
         self.writer = BackgroundWriter()
         self._abort = threading.Event()  # set when a save is abandoned: rank 0's writer stops waiting
@@ -497,13 +496,10 @@ class CheckpointManager(Callback):
                 logger.info(schedule_note)
 
     def _resume_schedule(self, meta: dict, saved_run: dict) -> str | None:
-        """Follow the snapshot schedule the loaded checkpoint records (its trainer state; else its meta.json;
-        a checkpoint written before either was recorded: the schedule its recorded config gives), so that the
-        log-spaced points stay where the run's first start put them (checkpoints/schedule.py). Returns the
-        line to log, if any."""
-        recorded = self._recorded_schedule
-        if not isinstance(recorded, dict):
-            recorded = meta.get("snapshot_schedule")
+        """Follow the snapshot schedule the loaded checkpoint records in its meta.json (a checkpoint written
+        before it was recorded: the schedule its recorded config gives), so that the log-spaced points stay
+        where the run's first start put them (checkpoints/schedule.py). Returns the line to log, if any."""
+        recorded = meta.get("snapshot_schedule")
         if not isinstance(recorded, dict):
             old = schedule_of_config(saved_run, self.tokens_per_step)
             recorded = old.record() if old is not None else None
@@ -515,14 +511,6 @@ class CheckpointManager(Callback):
                                                self.tokens_per_step, self.total_tokens)
         self._schedule_error = None
         return note
-
-    # -- the trainer state's share of the manager -----------------------------------------------------
-    def state_dict(self) -> dict:
-        """Saved with the trainer state of every checkpoint: the snapshot schedule the run follows."""
-        return {"snapshot_schedule": self.schedule.record()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._recorded_schedule = state.get("snapshot_schedule")
 
     # -- hooks the training loop calls ----------------------------------------------------------------
     def stop_requested(self) -> str | None:

@@ -2,7 +2,7 @@
 evaluation sweep need dense points where the model changes fastest, at the start).
 
 The log-spaced points are a property of the run, fixed at its first start: every checkpoint records the
-schedule (`SnapshotSchedule.record`, in the trainer state and in meta.json), and a resume follows the
+schedule (`SnapshotSchedule.record`, in its meta.json), and a resume follows the
 recorded points (`resumed_schedule`), whatever --max-steps, --max-tokens or --snapshot-every-tokens say
 now. Otherwise extending a run would move them: the points already taken would no longer match the
 schedule, and the later ones would fall elsewhere."""

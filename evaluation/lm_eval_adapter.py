@@ -22,8 +22,7 @@ from tqdm import tqdm
 from data_pipeline.tokenizer import EOT_ID, get_tokenizer
 from evaluation.context import scoring_window
 from evaluation.devices import DTYPES, resolve_device, resolve_dtype  # noqa: F401  (also imported from here)
-from evaluation.scoring import (check_requests_fit, generate_tokens, rolling_loglikelihood, score_continuations,
-                                truncated_requests)
+from evaluation.scoring import generate_tokens, rolling_loglikelihood, score_continuations, truncated_requests
 from models import LanguageModel, ModelConfig, get_arch, load_pretrained, pretrained_meta
 from pretrain.logs import get_logger
 
@@ -134,11 +133,11 @@ class LinscaleLM(TemplateLM):
         if items is None or len(items) != len(pairs):
             items = [(None, None)] * len(pairs)
         labels = [request_label(task, doc, i) for i, (task, doc) in enumerate(items)]
-        check_requests_fit(pairs, self.max_length, labels)   # before anything is scored or counted
-        self.count_truncated(pairs, items)
         with tqdm(total=len(pairs), disable=disable_tqdm, desc="linscale loglikelihood") as bar:
+            # refuses, before any is scored, a request that cannot be scored whole (named by its label)
             results = score_continuations(self.model, pairs, self.max_length, self.batch_size_per_gpu, bar.update,
                                           labels=labels)
+        self.count_truncated(pairs, items)
         for (key, _, _), res in zip(requests, results):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, res)

@@ -45,6 +45,7 @@ SCROLLS_TASKS = ("scrolls_qasper", "scrolls_quality", "scrolls_narrativeqa", "sc
 SCROLLS_METRIC = {"scrolls_qasper": "f1", "scrolls_narrativeqa": "f1", "scrolls_quality": "em",
                   "scrolls_contractnli": "em", "scrolls_qmsum": "rouge_gm", "scrolls_govreport": "rouge_gm",
                   "scrolls_summscreenfd": "rouge_gm"}
+SWEEP_DTYPES = ("auto", "float32", "bfloat16")  # --dtype (auto: bfloat16 on a GPU, float32 on the CPU)
 COUNTS = {"examples", "documents", "words", "bytes", "tokens", "windows", "loglikelihood", "window",
           "truncated"}  # table only, not plotted
 SUITES = {
@@ -65,7 +66,7 @@ class SweepConfig:
                                      help=f"instead of the suite, any of: {' '.join(TASKS)}")
     out: str | None = option(None, help="results folder (default: <first run>/eval)")
     device: str = option("auto")
-    dtype: str = option("auto", choices=["auto", "float32", "bfloat16"])
+    dtype: str = option("auto", choices=list(SWEEP_DTYPES))
     batch_size: int = option(8, type=positive_int)
     limit: int | None = option(None, type=positive_int,
                                help="examples per task (smoke runs; documents for WikiText-2)")
@@ -566,13 +567,12 @@ def sweep(cfg: SweepConfig, stop: Callable[[], str | None] | None = None) -> lis
     if unknown:
         raise ValueError(f"unknown task(s) {unknown}")
     if any(t.startswith("niah_") for t in tasks):
-        from evaluation.niah import SCORINGS, check_grid, check_lengths
-        check_grid(cfg.niah_depths, cfg.niah_lengths)   # before any model is loaded
+        from evaluation.niah import SCORINGS, check_lengths
         if cfg.niah_scoring not in SCORINGS:
             raise ValueError(f"--niah-scoring {cfg.niah_scoring!r}; choose one of {SCORINGS}")
-        for t in tasks:
+        for t in tasks:     # before any model is loaded: the grid, and each length holds the needle and question
             if t.startswith("niah_"):
-                check_lengths(niah_config(t, cfg))    # each length holds the needle and the question
+                check_lengths(niah_config(t, cfg))
     from evaluation.perplexity import is_prepared_dataset
     datasets = [d for d in cfg.valid_shards if is_prepared_dataset(d)]
     if "valid_loss" in tasks and not datasets and not matched_files(cfg.valid_shards):

@@ -2,10 +2,9 @@
 pretrain.cli), and the fit's own settings (`scaling.analysis.FitSettings`) made from them."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
-
-import argparse
 
 from pretrain.argtypes import non_negative_float, non_negative_int, positive_float, positive_int, ranged
 from pretrain.cli import option

@@ -30,7 +30,6 @@ STUDY_OWNED = {"train.seq_len": "seq_len", "train.global_batch_tokens": "global_
                "checkpoint.snapshot_log_points": "snapshots.log_points"}
 SNAPSHOT_CHOICES = ("all", "final")
 CSR_MODES = ("direct", "replay")
-EVAL_DTYPES = ("auto", "float32", "bfloat16")   # evaluation.sweep's --dtype choices
 TOP_KEYS = ("name", "out", "data", "archs", "sizes", "tokens", "seq_len", "global_batch_tokens", "recipe", "model",
             "per_run", "snapshots", "evaluation", "fit", "slurm")
 
@@ -273,9 +272,10 @@ def _evaluation(raw: Any) -> EvalSpec:
         spec.snapshots = _int(spec.snapshots, "evaluation.snapshots")
     if spec.export_dtype not in ("fp32", "bf16"):
         raise _err(f"evaluation.export_dtype {spec.export_dtype!r}: choose fp32 or bf16")
-    if spec.dtype not in EVAL_DTYPES:
+    from evaluation.sweep import SWEEP_DTYPES
+    if spec.dtype not in SWEEP_DTYPES:
         # the sweep resolves it only when it loads a model: after the training, and in every `status`
-        raise _err(f"evaluation.dtype {spec.dtype!r}: choose {', '.join(EVAL_DTYPES)} (auto: bfloat16 on a GPU, "
+        raise _err(f"evaluation.dtype {spec.dtype!r}: choose {', '.join(SWEEP_DTYPES)} (auto: bfloat16 on a GPU, "
                    f"float32 on the CPU)")
     if spec.device != "auto":
         from evaluation.devices import device_kind
