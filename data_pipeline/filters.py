@@ -44,6 +44,7 @@ from __future__ import annotations
 import html
 import re
 import unicodedata
+from html.entities import html5
 
 import numpy as np
 
@@ -63,7 +64,8 @@ _CONT = ("\u0080-\u00bf\u20ac\u201a\u0192\u201e\u2026\u2020\u2021\u02c6\u2030\u0
 _MOJIBAKE = re.compile(f"[\u00c2-\u00df][{_CONT}]|[\u00e0-\u00ef][{_CONT}]{{2}}")
 _LEAD = "\u00c2-\u00ef"  # lead characters of 2- and 3-byte sequences
 _MOJIBAKE_GATE = re.compile(f"[{_LEAD}][{_CONT}]")  # one class pair: 3x faster to scan for
-_ENTITY = re.compile(r"&(?:[a-zA-Z]{2,8}|#[0-9]{2,7}|#[xX][0-9a-fA-F]{2,6});")
+# a whole character reference, ending in `;` (HTML5 names run to 31 characters, some with digits: &frac12;)
+_ENTITY = re.compile(r"&(?:[a-zA-Z][a-zA-Z0-9]{1,31}|#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6});")
 
 FILTER_NAMES = ("too_short", "too_long", "lorem_ipsum", "markup", "urls", "long_tokens", "symbols",
                 "non_alpha", "language", "dup_lines", "dup_paragraphs", "dup_ngrams", "top_ngram",
@@ -74,9 +76,10 @@ HEAD_UNITS = {"en": 20_000, "zh": 80_000}  # units (words; zh: letters) the n-gr
 
 def clean(text: str) -> str:
     """Repairs and normalises a raw document: mojibake (UTF-8 decoded as Windows-1252/Latin-1) fixed
-    with ftfy, HTML character references unescaped (&amp; -> &), line ends and Unicode line separators
-    to \\n, control characters, BOM, zero-width space and soft hyphens removed, NFC, outer whitespace
-    stripped. ftfy (about 1 M characters/s) runs only on the lines that show a mojibake pattern."""
+    with ftfy, HTML character references (whole ones, ending in ;) unescaped (&amp; -> &), line ends
+    and Unicode line separators to \\n, control characters, BOM, zero-width space and soft hyphens
+    removed, NFC, outer whitespace stripped. ftfy (about 1 M characters/s) runs only on the lines that
+    show a mojibake pattern."""
     return _clean(text, bool(_MOJIBAKE_GATE.search(text)), True)
 
 
@@ -97,9 +100,11 @@ def _clean(text: str, mojibake: bool, control: bool) -> str:
     if mojibake and _MOJIBAKE.search(text):
         text = "".join(_ftfy(line) if _MOJIBAKE.search(line) else line for line in text.splitlines(True))
         repaired = True
-    if "&" in text and _ENTITY.search(text):
-        text = html.unescape(text)  # can produce control characters (&#12;, &shy;): scanned below
-        repaired = True
+    if "&" in text:
+        # each whole reference on its own: html.unescape over the text would also decode the bare legacy
+        # names (&sect, &reg, &para, &not...) that begin URL parameters (&section=, &region=, &param=)
+        text, found = _ENTITY.subn(_entity, text)
+        repaired = repaired or found > 0  # can produce control characters (&#12;, &shy;): scanned below
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     if control or repaired:
@@ -138,6 +143,13 @@ def _gate_tables() -> np.ndarray:
         t[ord("\r")] &= ~np.uint8(4)
         _TABLES["gates"] = t
     return t
+
+
+def _entity(m: re.Match) -> str:
+    """The character(s) of one whole reference; an unknown name stays as it is (html.unescape would
+    decode a legacy name at its start: &copyright; -> ©right;)."""
+    ref = m.group()
+    return html.unescape(ref) if ref[1] == "#" else html5.get(ref[1:], ref)
 
 
 def _control(m: re.Match) -> str:

@@ -33,6 +33,19 @@ def test_clean_normalises_and_repairs():
     assert clean("全角，标点（保留）") == "全角，标点（保留）"  # full-width forms are real text
 
 
+def test_clean_unescapes_only_whole_character_references():
+    """Only references ending in `;` are decoded, each on its own, whatever else the document holds:
+    the bare legacy names that html.unescape also decodes are prefixes of common URL parameters
+    (&sect -> &section=, &reg -> &region=, &para -> &param=) and stay text beside an `&amp;`."""
+    url = "see index.php?id=7&section=2&region=eu&param=1&not=3&copy=4 there"
+    assert clean(url) == url
+    assert clean(url + " &amp; more") == url + " & more"
+    assert clean("&copyright; &amp;") == "&copyright; &"  # not a reference: no ©right;
+    # decoded alone as beside another reference: names with digits, long names, one-digit numbers
+    for ref, char in (("&frac12;", "½"), ("&ZeroWidthSpace;", ""), ("&#9;", "\t"), ("&#x263A;", "☺")):
+        assert clean(f"a {ref} b") == clean(f"a {ref} b &amp;")[:-2] == f"a {char} b"
+
+
 def test_each_filter_fires_on_its_case():
     rng = random.Random(0)
     cfg = FilterConfig()
