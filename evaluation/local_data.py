@@ -72,7 +72,8 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
     parse (a file cut short), a record of another kind, or a file with no record is an error naming the file
     and line: evaluating on what is left would report a number over a silently different set."""
     rows = []
-    with open(path, encoding="utf-8") as f:
+    # utf-8-sig: a byte-order mark (a file saved by some Windows editors) is not part of the first record
+    with open(path, encoding="utf-8-sig") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -93,7 +94,9 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
 
 def read_labels(path: str | Path, n: int | None = None, of: str | Path | None = None) -> list[str]:
     """The non-empty lines of a labels file; with `n`, exactly n of them (one per record of the file `of`)."""
-    labels = [x.strip() for x in Path(path).read_text().splitlines() if x.strip()]
+    # utf-8-sig: a byte-order mark would stick to the first label ('\ufeff1'), which check_label then refuses as
+    # a label of another convention although the labels are right
+    labels = [x.strip() for x in Path(path).read_text(encoding="utf-8-sig").splitlines() if x.strip()]
     if n is not None and len(labels) != n:
         raise ValueError(f"{path}: {len(labels)} labels for the {n} records of {of}; the two files do not belong "
                          f"together (one is cut short?)")

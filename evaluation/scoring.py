@@ -58,7 +58,13 @@ def check_requests_fit(requests: Sequence[tuple[Sequence[int], Sequence[int]]], 
     name = (lambda i: labels[i]) if labels is not None else (lambda i: f"request {i}")
     for i, (ctx, cont) in enumerate(requests):
         if not cont:
-            raise ValueError(f"{name(i)} has an empty continuation")
+            # lm-eval's split gives the continuation the tokens of context+continuation past the context's own, so
+            # a non-empty text can get none: "Number: 1" + "2" is tokenised as "Number: 12", one token fewer.
+            # Scoring it 0 would make that choice a sure winner, so say why it cannot be scored instead
+            raise ValueError(f"{name(i)} has no continuation token to score: its continuation is empty, or its text "
+                             f"merges into the last context token when context and continuation are tokenised "
+                             f"together (lm-eval's split, e.g. digits right after digits); separate them, e.g. with "
+                             f"the task's target_delimiter ' '")
         if not ctx:
             raise ValueError(f"{name(i)} has no context: its first continuation token cannot be scored; "
                              f"prefix the context with <|endoftext|> as lm-eval does")

@@ -174,6 +174,21 @@ def test_a_continuation_longer_than_the_window_names_task_item_and_window(models
     assert len(lm.loglikelihood(reqs, disable_tqdm=True)) == len(reqs)
 
 
+def test_a_continuation_merged_into_the_context_is_refused_saying_why(models):
+    """lm-eval's split gives the continuation the tokens of context+continuation past the context's own: "Number: 1"
+    + "2" is tokenised as "Number: 12", so the non-empty choice "2" gets no token (scored 0 it would always win).
+    The error says so, instead of calling a non-empty continuation empty; separated by a space it is scored."""
+    tok = get_tokenizer()
+    ctx_ids = tok.encode_ordinary("Number: 1")
+    assert len(tok.encode_ordinary("Number: 12")) == len(ctx_ids)           # the merge, by the tokenizer itself
+    lm = LinscaleLM(model=models["tnl"], batch_size=2, max_length=64)
+    with pytest.raises(ValueError, match=r"request 0 has no continuation token to score: .*merges into the last "
+                                         r"context token.*target_delimiter"):
+        lm.loglikelihood([Req("Number: 1", "2")], disable_tqdm=True)
+    (lp, _), = lm.loglikelihood([Req("Number: 1", " 2")], disable_tqdm=True)
+    assert lp == pytest.approx(direct_logprob(models["tnl"], ctx_ids, tok.encode_ordinary(" 2"), 64)[0], rel=1e-4)
+
+
 def test_bad_batch_size_or_dtype_is_one_clear_error(tmp_path):
     """model_args are checked before the weights load: batch_size must be a positive integer (lm-eval's auto
     and auto:N mean 8), dtype one the adapter knows, max_length and max_gen_toks positive; anything else is a

@@ -82,6 +82,23 @@ def test_label_files_of_another_convention_are_refused(eval_dir):
         local_data.load_arc_easy(data_dir=eval_dir)
 
 
+def test_files_saved_with_a_byte_order_mark_load_as_without(eval_dir):
+    """A labels file or a JSON-lines file that an editor saved with a UTF-8 byte-order mark (and CRLF line ends)
+    loads to the same gold answers as the plain file: the mark is not part of the first label, which would be
+    refused as a label of another convention ('\\ufeff0'), nor of the first record."""
+    bom = "\ufeff"
+    (eval_dir / "piqa" / "valid-labels.lst").write_text(bom + "0\r\n1\r\n1\r\n", encoding="utf-8")
+    (eval_dir / "siqa" / "dev-labels.lst").write_text(bom + "3\n1\n2\n", encoding="utf-8")
+    arc = eval_dir / "arc" / "ARC-Easy-Test.jsonl"
+    arc.write_text(bom + arc.read_text(), encoding="utf-8")
+    (piqa,) = local_data.load_piqa(data_dir=eval_dir).values()
+    assert [r["label"] for r in piqa] == [0, 1, 1]
+    (siqa,) = local_data.load_siqa(data_dir=eval_dir).values()
+    assert [r["label"] for r in siqa] == ["3", "1", "2"]
+    (rows,) = local_data.load_arc_easy(data_dir=eval_dir).values()
+    assert rows[0]["id"] == "q1" and rows[0]["answerKey"] == "B"
+
+
 def test_lm_eval_cli_reports_a_bad_export_in_one_line(tmp_path, capsys, monkeypatch):
     """`python -m evaluation.lm_eval_cli` on an export that does not exist, or has no weights: exit 2 and one
     `error:` line saying what is there, not a traceback."""
