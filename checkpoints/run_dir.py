@@ -354,9 +354,6 @@ def open_run_directory(run_dir: Path, resume: str | None, overwrite: bool, is_ma
             if recorded:
                 logger.info(f"{run_dir / RUN_INFO} was missing; the run's id {recorded[0]} is taken from "
                             f"{recorded[1]}")
-        # summary.json says how the newest start ended: an earlier start's ("finished" at an earlier step)
-        # must not stand for this one should it stop without writing its own (a bad-step stop, a crash)
-        (run_dir / SUMMARY).unlink(missing_ok=True)
     except BaseException:
         lock.release()
         raise

@@ -44,10 +44,14 @@ class StabilityMonitor(Callback):
         self.spike = False
 
     def state_dict(self) -> dict:
-        return {"bad_steps_total": self.bad_steps_total, "loss_ema": self.loss_ema}
+        # the streak too: a run stopped (and resumed) inside a run of non-finite steps must stop at the same
+        # step as the uninterrupted run, not count --max-bad-steps afresh from the resume
+        return {"bad_steps_total": self.bad_steps_total, "bad_steps_in_row": self.bad_steps_in_row,
+                "loss_ema": self.loss_ema}
 
     def load_state_dict(self, state: dict) -> None:
         self.bad_steps_total = state.get("bad_steps_total", 0)
+        self.bad_steps_in_row = state.get("bad_steps_in_row", 0)  # checkpoints written before it was saved: 0
         self.loss_ema = state.get("loss_ema")
 
     def post_train_batch(self, progress: TrainProgress, result: StepResult) -> None:

@@ -275,6 +275,10 @@ class Trainer:
             cb.post_attach()  # the checkpoint manager resumes here
 
         if env.is_main:
+            # the start takes the run directory only now, its resume accepted (a refused one changes nothing):
+            # summary.json says how the newest start ended, and an earlier start's ("finished" at an earlier
+            # step) must not stand for this one should it stop without writing its own (a bad-step stop, a crash)
+            (self.run_dir / SUMMARY).unlink(missing_ok=True)
             save_config(cfg, self.run_dir / RUN_CONFIG)
             engine_config = self.module.engine_config()
             if engine_config is not None:

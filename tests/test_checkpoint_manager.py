@@ -321,6 +321,25 @@ def test_resume_auto_without_run_json_takes_the_checkpoints_run_id(finished_run,
     assert json.loads((run / "checkpoints" / "step_00000012" / "meta.json").read_text())["run_id"] == run_id
 
 
+def _files(run: Path) -> dict[str, bytes]:
+    """Every file of a run directory and its bytes (the lock file, rewritten by every start, left out)."""
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+@pytest.mark.parametrize("change", [("--size", "mini"), ("--seed", "1"), ("--global-batch-tokens", "192")])
+def test_a_refused_resume_changes_nothing(finished_run, dataset, tmp_path, capsys, change):
+    """A resume refused for a setting that cannot change (the model, the seed, the global batch) leaves the
+    run directory byte for byte as it was: summary.json too, which says how the run's last start ended (a
+    study reads it to tell a finished run from a stopped one)."""
+    run = copy_run(finished_run, tmp_path / "run")
+    before = _files(run)
+    assert json.loads(before["summary.json"])["stop"] == "finished"
+    rc, _, err = _pretrain([*run_flags(run, dataset, 12, "--save-every", "3", "--keep-last", "0", "--resume", "auto"),
+                            *change], capsys)
+    assert rc == 2 and err.startswith("error: checkpoint "), err
+    assert _files(run) == before
+
+
 def test_snapshot_schedule():
     s = SnapshotSchedule(every_tokens=1000, log_points=4, tokens_per_step=10)
     # log points 10 * 100^(i/4): 10, 31.6, 100, 316 tokens -> steps 1, 4, 10, 32; then every 100 steps

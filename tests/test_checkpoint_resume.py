@@ -89,3 +89,27 @@ def test_kill9_and_sigterm_resume_is_bitwise_exact(dataset, tmp_path, seed):
     assert all(r["tokens"] == r["step"] * TOKENS_PER_STEP for r in rows), "a token count skipped or repeated"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["step"] == STEPS and summary["tokens"] == STEPS * TOKENS_PER_STEP
+
+
+def test_non_finite_streak_carries_over_a_resume(dataset, tmp_path):
+    """--max-bad-steps counts the non-finite steps in a row across a resume: a run that ends in the middle of
+    a streak (--max-steps 6, after two of the three non-finite steps 5-7) and is resumed stops at step 7, as
+    the uninterrupted run does, rather than counting the limit afresh and training on."""
+    e = {**env(), "LINSCALE_INJECT_NONFINITE": "4,5,6"}  # 0-based: the logged steps 5, 6 and 7
+
+    def run(out: Path, steps: int) -> subprocess.CompletedProcess:
+        return subprocess.run(pretrain_cmd(run_flags(out, dataset, steps, "--max-bad-steps", "3", "--save-every", "0",
+                                                     "--resume", "auto")),
+                              env=e, capture_output=True, text=True, timeout=240)
+
+    reference = run(tmp_path / "reference", 10)
+    assert reference.returncode == 3 and "3 non-finite steps in a row" in reference.stderr, reference.stderr[-2000:]
+    first = run(tmp_path / "run", 6)
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = run(tmp_path / "run", 10)
+    assert resumed.returncode == 3, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "3 non-finite steps in a row (limit --max-bad-steps 3); stopped at step 7" in resumed.stderr
+    ref, got = losses(tmp_path / "reference"), losses(tmp_path / "run")
+    assert sorted(got) == sorted(ref) == list(range(1, 8))
+    for step, values in got.items():
+        assert [str(v) for v in values] == [str(ref[step][0])] * len(values), (step, values, ref[step])  # nan == nan
