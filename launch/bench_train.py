@@ -123,6 +123,7 @@ def run_cell(spec: dict) -> dict:
     from pretrain.memory import choose_checkpointing, configure_allocator, estimate_peak_gib
     from pretrain.metrics import peak_flops
     from pretrain.trainer import is_out_of_memory
+    from pretrain.grad_accumulation import fusion_wanted
     from pretrain.train_module import TorchTrainModule
 
     alloc_conf = configure_allocator()  # as launch/pretrain.py runs
@@ -169,7 +170,7 @@ def run_cell(spec: dict) -> dict:
                 model = build_model(arch, size, **overrides)
             attempt["checkpointed_blocks"] = len(model.set_activation_checkpointing(mode, fraction))
             module = TorchTrainModule(model, OptimConfig(warmup_steps=0), dev, "bf16" if cuda else "fp32",
-                                      fuse_grad_accumulation=spec.get("grad_accum_fusion", "auto") == "auto")
+                                      fuse_grad_accumulation=fusion_wanted(spec.get("grad_accum_fusion", "auto"), 1, accum))
             if spec["compile"]:
                 module.compile()
             gen = torch.Generator().manual_seed(0)

@@ -25,6 +25,7 @@ from pretrain.callbacks import Callback, TrainProgress
 from pretrain.config import RunConfig, ac_mode, gradient_accumulation, preset_note, resolve_compile, save_config
 from pretrain.distributed import barrier, dist_env, init_process_group
 from pretrain.errors import ConfigError, OutputFailed, UserError, run_cli
+from pretrain import grad_accumulation
 from pretrain.faults import injected_nonfinite_steps
 from pretrain.logs import get_logger
 from pretrain.memory import (choose_checkpointing, configure_allocator, describe_setting, estimate_peak_gib,
@@ -243,8 +244,9 @@ class Trainer:
             from pretrain.deepspeed_module import DeepSpeedTrainModule
             self.module = DeepSpeedTrainModule(model, cfg, env, self.precision, self.accum)
         else:
+            fuse = grad_accumulation.fusion_wanted(t.grad_accum_fusion, env.world_size, self.accum)
             self.module = TorchTrainModule(model, cfg.optim, env.device, self.precision, ddp=env.world_size > 1,
-                                           fuse_grad_accumulation=t.grad_accum_fusion == "auto" and env.world_size == 1)
+                                           fuse_grad_accumulation=fuse)
         self.module.sequence_segments = sp
         self.compiled = resolve_compile(cfg, env.device.type)
         if self.compiled:
@@ -456,7 +458,9 @@ class Trainer:
         t = self.cfg.train
         ac = "off" if not self.ac_blocks else \
             f"{self.ac} on {len(self.ac_blocks)} of {self.model_cfg.n_layers} blocks"
-        logger.info(f"torch.compile: {'on' if self.compiled else 'off'} (--compile {t.compile}); activation checkpointing: {ac}")
+        fused = "on" if getattr(self.module, "fused_grads", None) else "off"
+        logger.info(f"torch.compile: {'on' if self.compiled else 'off'} (--compile {t.compile}); activation checkpointing: {ac}; "
+                    f"weight-gradient fusion: {fused} (--grad-accum-fusion {t.grad_accum_fusion})")
         for line in get_arch(self.model_cfg.arch).describe(self.model):  # e.g. TNL's decay table
             logger.info(line)
         if self.total_steps() is None:

@@ -228,17 +228,32 @@ def test_no_grad_forward_skips_the_function_and_ddp_refuses_the_fusion():
 
 
 def test_trainer_fuses_in_one_process_and_off_opts_out(tmp_path):
+    """auto fuses one process's accumulation over several micro-batches; a step of one micro-batch has
+    nothing to accumulate and keeps autograd's `.grad` (made only as the backward reaches each weight, where
+    the buffers would hold every block's fp32 gradient from the start of the backward); off opts out."""
     from checkpoint_utils import make_dataset, run_flags
     from pretrain.config import parse_config
     from pretrain.trainer import Trainer
     data = make_dataset(tmp_path / "data")
-    on = Trainer(parse_config(run_flags(tmp_path / "a", data, 1)))
-    off = Trainer(parse_config(run_flags(tmp_path / "b", data, 1, "--grad-accum-fusion", "off")))
+    trainers = {}
     try:
-        assert len(on.module.fused_grads) > 0 and off.module.fused_grads == []
+        for name, extra in (("on", ()), ("off", ("--grad-accum-fusion", "off")), ("one", ("--micro-batch", "6"))):
+            trainers[name] = Trainer(parse_config(run_flags(tmp_path / name, data, 1, *extra)))
+        assert (trainers["on"].accum, trainers["one"].accum) == (6, 1)
+        assert len(trainers["on"].module.fused_grads) > 0
+        assert trainers["off"].module.fused_grads == [] and trainers["one"].module.fused_grads == []
     finally:
-        on.close()
-        off.close()
+        for t in trainers.values():
+            t.close()
+
+
+def test_fusion_is_wanted_for_one_process_accumulating_micro_batches():
+    assert GA.fusion_wanted("auto", 1, 2) and GA.fusion_wanted("auto", 1, 8)
+    assert not GA.fusion_wanted("auto", 1, 1)   # one micro-batch: nothing to accumulate
+    assert not GA.fusion_wanted("auto", 2, 8)   # DDP reduces in autograd's hooks
+    assert not GA.fusion_wanted("off", 1, 8)
+    with pytest.raises(ValueError, match="auto or off"):
+        GA.fusion_wanted("on", 1, 8)
 
 
 def test_weights_cast_once_a_step_give_the_same_training_bit_for_bit(monkeypatch):

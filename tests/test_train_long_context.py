@@ -425,6 +425,9 @@ MEASURED = [
     # h100-ac-fused-projections-after)
     ('tnl', '1b', 32768, 'full', 1.0, 25.0), ('tnl', '1b', 32768, 'full', 0.5, 54.6),
     ('cos2', '1b', 32768, 'full', 1.0, 26.1),
+    # the same, `auto`'s choice (docs/bench_train/h100-ac-auto-4x8192)
+    ('tnl', '1b', 32768, 'full', 8 / 32, 69.5), ('hgrn2', '1b', 32768, 'full', 11 / 32, 67.6),
+    ('cos2', '1b', 32768, 'full', 12 / 32, 67.0),
 ]
 
 
