@@ -469,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
                         "named for them, so an A/B runs into one --out")
     p.add_argument("--grad-accum-fusion", default="auto", choices=["auto", "off"],
                    help="the blocks' weight gradients added into fp32 buffers by their own matmul (auto, as "
-                        "launch/pretrain.py on one process) or by autograd (off); off cells are named for it")
+                        "launch/pretrain.py on one process, for steps of several micro-batches) or by autograd "
+                        "(off); off cells are named for it")
     p.add_argument("--profile", action="store_true", help="also profile one step (kernel classes)")
     p.add_argument("--order", default="size-seq", choices=["size-seq", "given"],
                    help="size-seq: by size, then length, then arch; given: arch, size, seq as listed")

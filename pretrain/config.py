@@ -86,7 +86,8 @@ class TrainConfig:
     # auto: torch.compile on CUDA (plain PyTorch and every ZeRO stage), eager on CPU; --no-compile
     compile: str = param("auto", choices=("auto", "true", "false"), casefold=True)
     # auto: the blocks' weight gradients are added into fp32 buffers by the matmul that makes them
-    # (pretrain/grad_accumulation.py) where one process trains without DeepSpeed; off: autograd's own
+    # (pretrain/grad_accumulation.py) where one process trains without DeepSpeed on several micro-batches a
+    # step (grad_accumulation.fusion_wanted); off: autograd's own
     grad_accum_fusion: str = param("auto", choices=("auto", "off"), casefold=True)
     doc_reset: bool = False        # reset linear-attention state at document starts (cu_seqlens)
     log_every: int = param(1, ge=1)
