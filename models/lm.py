@@ -93,8 +93,14 @@ class Block(nn.Module):
         return self.training and torch.is_grad_enabled() and mixer_kwargs.get("state") is None
 
 
+# the integer dtypes the model indexes with: nn.Embedding takes int64 and int32 ids only (int16, uint8, ...
+# fail inside it), torch has few ops for uint16/32/64 (min, comparisons), and the ops take int32/int64 offsets
+INDEX_DTYPES = (torch.int64, torch.int32)
+_CONVERT = "int64 or int32 (convert with .long())"
+
+
 def _is_integer(t: Tensor) -> bool:
-    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+    return t.dtype in INDEX_DTYPES
 
 
 def check_token_ids(input_ids: Tensor, vocab_size: int) -> None:
@@ -108,12 +114,14 @@ def check_token_ids(input_ids: Tensor, vocab_size: int) -> None:
 
 def check_input_shapes(input_ids: Tensor, targets: Tensor | None = None, cu_seqlens: Tensor | None = None) -> None:
     """The checks that read no values (free under torch.compile and on any device): ids [batch, time >= 1]
-    of an integer dtype, targets of their shape, cu_seqlens 1-D integer offsets."""
+    of an integer dtype the model indexes with (`INDEX_DTYPES`), targets of their shape and such a dtype,
+    cu_seqlens 1-D offsets of such a dtype."""
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be [batch, time], got shape {shape}")
     if not _is_integer(input_ids):
-        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}; give them as "
+                         f"{_CONVERT}")
     if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids holds no tokens (shape {tuple(input_ids.shape)}); pass at least one "
                          f"sequence of at least one token")
@@ -123,14 +131,14 @@ def check_input_shapes(input_ids: Tensor, targets: Tensor | None = None, cu_seql
             raise ValueError(f"targets must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}")
         if not _is_integer(targets):
             raise ValueError(f"targets must be integer token ids (or -100 to ignore a position), got dtype "
-                             f"{targets.dtype}")
+                             f"{targets.dtype}; give them as {_CONVERT}")
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 \
                 or not _is_integer(cu_seqlens):
             what = (f"shape {tuple(cu_seqlens.shape)}, dtype {cu_seqlens.dtype}" if isinstance(cu_seqlens, Tensor)
                     else type(cu_seqlens).__name__)
             raise ValueError(f"cu_seqlens must be a 1-D integer tensor of document start offsets in the "
-                             f"flattened batch, [0, ..., batch x time], got {what}")
+                             f"flattened batch, [0, ..., batch x time], of dtype {_CONVERT}, got {what}")
 
 
 def check_input_values(input_ids: Tensor, vocab_size: int, targets: Tensor | None = None,

@@ -390,6 +390,26 @@ def test_bad_inputs_give_clear_errors():
     assert build_model("cosformer2", "tiny", vocab_size=11).config.arch == "cos2"
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8, torch.uint16, torch.uint32, torch.uint64])
+def test_ids_of_an_integer_dtype_the_embedding_cannot_index_are_refused_by_name(dtype):
+    """nn.Embedding indexes with int64 or int32 only, and torch has no min or comparison for uint16/32/64
+    (the dtype token shards are stored in): ids, targets or offsets of another integer dtype are a ValueError
+    naming the argument and the dtypes allowed, from the forward and from generate, not an error from inside
+    torch; int32 ids give the logits of int64 ones."""
+    model = small("tnl").eval()
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(model(ids.to(torch.int32)), model(ids))
+    with pytest.raises(ValueError, match=rf"input_ids must be integer token ids, got dtype {dtype}.*int64 or int32"):
+        model(ids.to(dtype))
+    with pytest.raises(ValueError, match=rf"input_ids .*got dtype {dtype}.*int64 or int32"):
+        model.generate(ids.to(dtype), max_new_tokens=2)
+    with pytest.raises(ValueError, match=rf"targets must be integer .*got dtype {dtype}.*int64 or int32"):
+        model(ids, targets=ids.to(dtype))
+    with pytest.raises(ValueError, match=rf"cu_seqlens must be .*int64 or int32.*dtype {dtype}"):
+        model(ids, cu_seqlens=torch.tensor([0, 1, 3]).to(dtype))
+
+
 def test_generate_refuses_a_length_past_the_rope_table_before_decoding():
     llama = small("llama", max_seq_len=16)
     prompt = torch.randint(0, 97, (1, 10))
