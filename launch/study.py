@@ -70,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     names = [p.name for p in plans]
+    if args.command == "stage" and args.runs:
+        # `stage` works on one run, --run's: with --runs too it took the first of those instead, without a word
+        print("error: stage works on one run: name it with --run alone (--runs is for plan, run, status and "
+              "report)", file=sys.stderr)
+        return 2
     wanted = getattr(args, "runs", None) or ([args.run] if getattr(args, "run", None) else None)
     if wanted:
         unknown = [w for w in wanted if w not in names]

@@ -162,6 +162,8 @@ def test_registry_sizes_follow_the_study_recipe_not_the_cpu_presets(tmp_path, da
     ({"per_run": {"gpt": {}}}, "not an arch, a size or an arch-size"),
     ({"evaluation": {"tasks": ["mmlu"]}}, "unknown ['mmlu']"),
     ({"evaluation": {"tasks": []}}, "evaluation.tasks is empty"),
+    ({"evaluation": {"tasks": ["valid_loss"], "snapshots": False}}, "evaluation.snapshots False: choose all, final, "
+                                                                    "or a number"),
     ({"snapshots": {"log_points": 0}}, "no run would leave a snapshot"),
     ({"archs": ["mamba"]}, "unknown arch"),
     ({"archs": [1]}, "archs must be a list of names"),
@@ -835,6 +837,39 @@ def test_stored_commonsense_scores_of_other_requests_or_window_are_stale(tmp_pat
     status = run_status(cfg, plan)
     assert (status.evaluated, status.note) == (0, "1 snapshot(s) stale: commonsense scores made with other weights "
                                                   "(exported again)")
+
+
+def test_an_export_the_export_stage_would_make_again_is_not_exported_nor_evaluated(tmp_path, dataset):
+    """An export in another evaluation.export_dtype, or of another snapshot of its step (a branch the run
+    abandoned), is made again by the export stage and evaluated again: `status` does not count it (nor its
+    evaluation) as done, the report leaves its numbers out, and `run` redoes exactly those snapshots."""
+    from scaling.study import load_study, plan_study
+    from scaling.study.report import evaluation_rows
+    from scaling.study.status import run_status
+    path = study_yaml(tmp_path, dataset)
+    study("run", "--config", path, "--runs", "llama-a", "--no-report")
+    plan = plan_study(load_study(path))[0]
+    n = len(plan.snapshot_steps)
+    assert run_status(load_study(path), plan).complete
+    bf16 = ["evaluation.export_dtype=bf16"]
+    st = run_status(load_study(path, overrides=bf16), plan)
+    assert (st.exported, st.evaluated, st.complete) == (0, 0, False), st
+    assert st.note == f"{n} snapshot(s) stale: valid_loss exported as fp32, study asks export_dtype=bf16", st.note
+    assert evaluation_rows(load_study(path, overrides=bf16), [plan], lambda m: None) == []
+    res = study("run", "--config", path, "--runs", "llama-a", "--no-report", *(f"--set={o}" for o in bf16))
+    assert (res.stdout + res.stderr).count("valid_loss: loss=") == n
+    assert run_status(load_study(path, overrides=bf16), plan).complete
+    # an export whose source is another snapshot of the step than the run's now
+    first = plan.run_dir / "exports" / f"step_{plan.snapshot_steps[0]:08d}" / "config.json"
+    meta = json.loads(first.read_text())
+    meta["source"]["manifest"] = "0" * 16
+    first.write_text(json.dumps(meta))
+    st = run_status(load_study(path, overrides=bf16), plan)
+    assert (st.exported, st.evaluated) == (n - 1, n - 1), st
+    assert "1 snapshot(s) stale: valid_loss exported from another snapshot of that step" in st.note, st.note
+    res = study("run", "--config", path, "--runs", "llama-a", "--no-report", *(f"--set={o}" for o in bf16))
+    assert (res.stdout + res.stderr).count("valid_loss: loss=") == 1
+    assert run_status(load_study(path, overrides=bf16), plan).complete
 
 
 @pytest.mark.parametrize("stop_after", [1, 2], ids=["between-tasks", "between-snapshots"])

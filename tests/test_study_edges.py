@@ -97,6 +97,16 @@ def test_a_snapshot_the_evaluation_cannot_load_fails_the_stage_and_the_report_sa
     assert "Not evaluated" not in (tmp_path / "t" / "report" / "report.md").read_text()
 
 
+def test_stage_with_runs_besides_run_is_one_error_and_touches_no_run(tmp_path, dataset):  # noqa: F811
+    """`stage` works on the run --run names; --runs beside it (the option of the other commands) made it work on
+    the first run of --runs instead, without a word."""
+    path = study_yaml(tmp_path, dataset)
+    res = study("stage", "--config", path, "--run", "llama-a", "--runs", "hgrn2-a", "--stages", "export", check=False)
+    assert res.returncode == 2 and one_error_line(res.stderr).startswith("error: stage works on one run: name it "
+                                                                         "with --run alone"), res.stderr
+    assert not (tmp_path / "t" / "state").exists()
+
+
 def test_run_slurm_on_a_machine_without_slurm_is_one_error(tmp_path, dataset):  # noqa: F811
     path = study_yaml(tmp_path, dataset)
     res = study("run", "--config", path, "--slurm", "--sbatch", str(tmp_path / "no" / "sbatch"), check=False)

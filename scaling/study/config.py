@@ -265,7 +265,7 @@ def _evaluation(raw: Any) -> EvalSpec:
         spec.max_length = _int(spec.max_length, "evaluation.max_length")
     spec.batch_size = _int(spec.batch_size, "evaluation.batch_size")
     spec.valid_windows = _int(spec.valid_windows, "evaluation.valid_windows")
-    if isinstance(spec.snapshots, str):
+    if isinstance(spec.snapshots, (str, bool)):  # YAML reads no, off and on as booleans
         if spec.snapshots not in SNAPSHOT_CHOICES:
             raise _err(f"evaluation.snapshots {spec.snapshots!r}: choose all, final, or a number (the last k)")
     else:

@@ -628,6 +628,32 @@ def _collected_without(now: list, cached) -> list:
     return cached if not now and isinstance(cached, list) and cached else now
 
 
+def export_change(study: StudyConfig, plan: RunPlan, snapshot: str) -> str:
+    """Why the run's export of `snapshot` is not the one the export stage would make now, or "": an export in
+    another `evaluation.export_dtype`, or of another snapshot of that step (a branch the run abandoned when it
+    resumed from an earlier checkpoint). The export stage makes it again, and the evaluation after it, so neither
+    counts as done. What an export does not record, or a snapshot not on this machine (a study carried without
+    its weights), is not held against it."""
+    from checkpoints.export import Source, source_digest
+    from checkpoints.layout import CHECKPOINTS, EXPORTS, MODEL_CONFIG, SNAPSHOTS
+    try:
+        meta = json.loads((plan.run_dir / EXPORTS / snapshot / MODEL_CONFIG).read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(meta, dict):
+        return ""
+    dtype, want = meta.get("export_dtype"), study.evaluation.export_dtype
+    if dtype is not None and dtype != want:
+        return f"exported as {dtype}, study asks export_dtype={want}"
+    made = (meta.get("source") or {}).get("manifest") if isinstance(meta.get("source"), dict) else None
+    # the snapshot, or its checkpoint of the same step (what the export stage takes when the snapshot is corrupt)
+    here = {source_digest(Source(meta.get("step"), kind, plan.run_dir / sub / snapshot))
+            for kind, sub in (("snapshot", SNAPSHOTS), ("checkpoint", CHECKPOINTS))} - {None}
+    if made and here and made not in here:
+        return "exported from another snapshot of that step (an abandoned branch)"
+    return ""
+
+
 def cached_evaluation(study: StudyConfig, plan: RunPlan, snapshot: str, task: str) -> tuple[dict | None, str]:
     """(metrics, "") when the sweep's cached result for (snapshot, task) was made with what the study asks for
     now, else (None, why): "not evaluated", or "stale: made with limit=100, study asks limit=200" (the evaluate
@@ -636,6 +662,9 @@ def cached_evaluation(study: StudyConfig, plan: RunPlan, snapshot: str, task: st
     rec = read_cache(eval_dir(study, plan.name) / "cache" / plan.name / snapshot / f"{task}.json")
     if rec is None or not isinstance(rec.get("key"), dict):
         return None, "not evaluated"
+    why = export_change(study, plan, snapshot)
+    if why:
+        return None, f"stale: {why}"
     changes = key_changes(rec["key"], _key_here(study, plan, snapshot, task, rec["key"]))
     return (None, describe_stale(changes)) if changes else (rec["metrics"], "")
 
@@ -657,6 +686,9 @@ def stored_csr_scores(study: StudyConfig, plan: RunPlan, snapshot: str, req: dic
     changes = requests_changes(study, req)
     if changes:
         return None, describe_stale(changes)
+    why = export_change(study, plan, snapshot)
+    if why:
+        return None, f"stale: {why}"
     export = plan.run_dir / EXPORTS / snapshot
     weights = fingerprint(str(export)) if (export / MODEL_WEIGHTS).is_file() else cached.get("weights")
     key = csr_score_key(study, req, weights)

@@ -11,8 +11,8 @@ from pathlib import Path
 from checkpoints.layout import METRICS, MODEL_CONFIG, SLURM_ATTEMPT
 from scaling.study.config import StudyConfig
 from scaling.study.plan import RunPlan
-from scaling.study.stages import (EVALUATE, EXPORT, TRAIN, csr_tasks, eval_dir, read_state, read_summary, run_change,
-                                  selected_snapshot_steps, train_done)
+from scaling.study.stages import (EVALUATE, EXPORT, TRAIN, csr_tasks, eval_dir, export_change, read_state,
+                                  read_summary, run_change, selected_snapshot_steps, train_done)
 
 
 @dataclass
@@ -107,7 +107,7 @@ def _requests(study: StudyConfig):
 
 def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = None) -> RunStatus:
     """jobs: Slurm state of this run's stage jobs ({stage: 'RUNNING'|'PENDING'|'FAILED'|...}), if submitted."""
-    from checkpoints.layout import EXPORTS, SNAPSHOTS, step_dirs
+    from checkpoints.layout import EXPORTS, SNAPSHOTS, step_dirs, step_name
     from checkpoints.manifest import MANIFEST
     jobs = jobs or {}
     rec = read_state(study, plan.name, TRAIN)
@@ -157,7 +157,8 @@ def run_status(study: StudyConfig, plan: RunPlan, jobs: dict[str, str] | None = 
     exports = [s for s, p in step_dirs(plan.run_dir / EXPORTS) if (p / MODEL_CONFIG).is_file()]
     # a study copied without its weights (snapshots left behind) still shows what was exported and evaluated
     selected = selected_snapshot_steps(study, plan.run_dir) if snaps else exports
-    exported = [s for s in exports if s in selected]
+    # an export the export stage would make again (another export_dtype, another snapshot of the step) is not done
+    exported = [s for s in exports if s in selected and not export_change(study, plan, step_name(s))]
     evaluated, stale = _evaluated(study, plan, selected)
     note = note or stale
     return RunStatus(plan.name, train, step, plan.steps, len(snaps), len(exported), evaluated, len(selected),
