@@ -624,8 +624,11 @@ class CheckpointManager(Callback):
                     if f["disk_full"] or free < (f.get("needed") or 0) + headroom(self.ckpt_dir) else
                     f"{what}: a write came up short ({f['error']}; {human_bytes(free)} free on "
                     f"{device_of(self.ckpt_dir)})")
-            fix = ("Free space there (or lower --keep-last, or save less often), or move the run directory to a "
-                   "bigger disk and pass it as --out; then --resume auto")
+            # --keep-last prunes only once a newer checkpoint is complete, so the next save still needs room
+            # beside every checkpoint kept now: say what frees space before it
+            fix = ("Free space there (checkpoints older than the intact one may be deleted by hand; a lower "
+                   "--keep-last frees space only after the next checkpoint is written), or move the run directory "
+                   "to a bigger disk and pass it as --out; then --resume auto")
         else:
             head = f"{what}: {f['error']}"
             fix = "Fix the cause, then --resume auto"
