@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -858,6 +859,37 @@ def test_a_second_job_for_a_run_in_progress_leaves_its_files_alone(tmp_path):
     p = subprocess.run(["bash", str(SBATCH), "tnl", "tiny"], capture_output=True, text=True, cwd=tmp_path,
                        timeout=120, env=env)                # the lock released: this job starts
     assert p.returncode == 0 and "srun-called" in p.stdout, p.stdout + p.stderr
+
+
+def test_a_second_job_that_passed_the_check_together_leaves_the_runs_attempt_record_alone(tmp_path):
+    """Two jobs for one run directory that start together (an --array, two submissions) both pass the check
+    before srun: the other job's trainer takes the lock while this one starts, and this job's trainer is
+    refused (exit 2). This job must not write its failure over the running run's slurm_attempt.json, nor
+    requeue. The stand-in srun here starts the other trainer (a process holding the lock) and exits 2."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "slurm_attempt.json").write_text('{"job_id": "6"}')
+    pid_file = tmp_path / "holder.pid"
+    env, _ = stand_in_srun(tmp_path)
+    holder = tmp_path / "holder.py"   # the other job's trainer, rank 0: takes the lock and keeps it
+    holder.write_text("import fcntl, os, sys, time\n"
+                      "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+                      "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+                      "os.write(fd, b'{\"pid\": 4242, \"slurm_job\": \"8\"}')\n"
+                      "open(sys.argv[2], 'w').write(str(os.getpid()))\n"
+                      "time.sleep(120)\n")
+    (tmp_path / "bin" / "srun").write_text(
+        f"#!/bin/bash\npython {holder} {run_dir / '.lock'} {pid_file} >/dev/null 2>&1 &\n"
+        f"while [[ ! -s {pid_file} ]]; do sleep 0.1; done\necho srun-called; exit 2\n")
+    try:
+        p = subprocess.run(["bash", str(SBATCH), "tnl", "tiny"], capture_output=True, text=True, cwd=tmp_path,
+                           timeout=120, env=env)
+    finally:
+        if pid_file.is_file():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert p.returncode == 2 and "srun-called" in p.stdout, p.stdout + p.stderr
+    assert (run_dir / "slurm_attempt.json").read_text() == '{"job_id": "6"}'
+    assert "is in use by another run" in p.stdout and '"slurm_job": "8"' in p.stdout, p.stdout
 
 
 def test_a_restart_before_any_checkpoint_repeats_the_first_attempts_resume(outcomes):
