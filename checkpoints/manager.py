@@ -486,7 +486,7 @@ class CheckpointManager(Callback):
         self.resumed_step = step
         self.last_snapshot_step = step if (self.snap_dir / step_name(step)).is_dir() else None
         if self.env.is_main:
-            note = "" if same_world else f" (saved by {saved_world} ranks, resumed on {self.env.world_size})"
+            note = "" if same_world else f" (saved by {saved_world} rank{'s' if saved_world != 1 else ''}, resumed on {self.env.world_size})"
             logger.info(f"resumed from {path} at step {step}, {self.progress.tokens} tokens{note}")
             changed = changed_settings(saved_run, self.run.to_dict())
             if changed:

@@ -613,9 +613,12 @@ def validate(cfg: RunConfig, origin: dict[str, str] | None = None) -> None:
                               f"whose layers pass only a fixed-size state between ranks; {spec.title}'s token mixer "
                               f"needs every earlier token: use --sp 1")
         if t.seq_len % cfg.dist.sp:
+            # the number of processes is checked later (the trainer's), so name both: following the first
+            # advice alone would only reach the second error
             raise ConfigError(f"--sp {cfg.dist.sp} must divide --seq-len {t.seq_len} (each rank takes an equal "
-                              f"segment of every sequence); use e.g. --seq-len "
-                              f"{max(1, t.seq_len // cfg.dist.sp) * cfg.dist.sp}")
+                              f"segment of every sequence) and the number of processes (each group is --sp "
+                              f"ranks); use e.g. --seq-len {max(1, t.seq_len // cfg.dist.sp) * cfg.dist.sp}, or an "
+                              f"--sp that divides both")
     if t.doc_reset and get_arch(cfg.arch).name == "llama":
         raise ConfigError("--doc-reset resets the linear models' recurrent state at document starts; LLaMA keeps no "
                           "state and runs packed documents with a plain causal mask: leave --doc-reset out")

@@ -33,7 +33,7 @@ def test_resume_on_2_then_1_then_3_ranks(dataset, tmp_path):
         if steps > 4:
             prev = {8: 2, 12: 1}[steps]
             assert f"resumed from {run / 'checkpoints' / f'step_{steps - 4:08d}'} at step {steps - 4}" in out
-            assert f"(saved by {prev} ranks, resumed on {nproc})" in out
+            assert f"(saved by {prev} rank{'s' if prev > 1 else ''}, resumed on {nproc})" in out
 
     got = losses(run)
     assert sorted(got) == list(range(1, 13)) and all(len(v) == 1 for v in got.values()), got

@@ -39,7 +39,7 @@ def test_zero3_checkpoint_resumes_on_another_gpu_count(dataset, tmp_path, first,
     out = run_pretrain(gpu_flags(resumed, dataset, 8, "--save-every", "0",
                                  "--resume", str(ref / "checkpoints" / "step_00000004")),
                        nproc=then, timeout=600).stdout
-    assert f"(saved by {first} ranks, resumed on {then})" in out
+    assert f"(saved by {first} rank{'s' if first > 1 else ''}, resumed on {then})" in out
     want, got = losses(ref), losses(resumed)
     assert sorted(got) == [5, 6, 7, 8] and all(len(v) == 1 for v in got.values()), got
     for step in range(5, 9):
