@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = [p.name for p in plans]
     if args.command == "stage" and args.runs:
-        # `stage` works on one run, --run's: with --runs too it took the first of those instead, without a word
+        # `stage` works on one run, --run's: given --runs too it would pick one of them without a word
         print("error: stage works on one run: name it with --run alone (--runs is for plan, run, status and "
               "report)", file=sys.stderr)
         return 2
