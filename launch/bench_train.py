@@ -120,10 +120,10 @@ def run_cell(spec: dict) -> dict:
     from models import build_model, flops_per_step, get_arch, model_config
     from ops import get_config, set_config
     from pretrain.config import OptimConfig
+    from pretrain.grad_accumulation import fusion_wanted
     from pretrain.memory import choose_checkpointing, configure_allocator, estimate_peak_gib
     from pretrain.metrics import peak_flops
     from pretrain.trainer import is_out_of_memory
-    from pretrain.grad_accumulation import fusion_wanted
     from pretrain.train_module import TorchTrainModule
 
     alloc_conf = configure_allocator()  # as launch/pretrain.py runs

@@ -99,7 +99,7 @@ INDEX_DTYPES = (torch.int64, torch.int32)
 _CONVERT = "int64 or int32 (convert with .long())"
 
 
-def _is_integer(t: Tensor) -> bool:
+def _is_index(t: Tensor) -> bool:
     return t.dtype in INDEX_DTYPES
 
 
@@ -119,7 +119,7 @@ def check_input_shapes(input_ids: Tensor, targets: Tensor | None = None, cu_seql
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be [batch, time], got shape {shape}")
-    if not _is_integer(input_ids):
+    if not _is_index(input_ids):
         raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}; give them as "
                          f"{_CONVERT}")
     if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
@@ -129,12 +129,12 @@ def check_input_shapes(input_ids: Tensor, targets: Tensor | None = None, cu_seql
         if not isinstance(targets, Tensor) or tuple(targets.shape) != tuple(input_ids.shape):
             shape = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
             raise ValueError(f"targets must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}")
-        if not _is_integer(targets):
+        if not _is_index(targets):
             raise ValueError(f"targets must be integer token ids (or -100 to ignore a position), got dtype "
                              f"{targets.dtype}; give them as {_CONVERT}")
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 \
-                or not _is_integer(cu_seqlens):
+                or not _is_index(cu_seqlens):
             what = (f"shape {tuple(cu_seqlens.shape)}, dtype {cu_seqlens.dtype}" if isinstance(cu_seqlens, Tensor)
                     else type(cu_seqlens).__name__)
             raise ValueError(f"cu_seqlens must be a 1-D integer tensor of document start offsets in the "

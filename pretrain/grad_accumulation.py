@@ -169,15 +169,15 @@ def fuse(model: nn.Module) -> list[tuple[nn.Parameter, Tensor]]:
     pairs = []
     blocks = getattr(model, "blocks", [])
     for block in blocks:
-        recomputed = block.recomputed_modules() if hasattr(block, "recomputed_modules") else set()
         for m in block.modules():
             if type(m) is nn.Linear and m.bias is None and m.weight.requires_grad:
                 m.__class__ = AccumulatingLinear
                 m.register_buffer("main_grad", torch.zeros_like(m.weight), persistent=False)
                 m.register_buffer("weight_cast", None, persistent=False)
             if type(m) is AccumulatingLinear:
-                m.recomputed = m in recomputed
                 pairs.append((m.weight, m.main_grad.zero_()))
+        if hasattr(block, "set_recompute"):  # the block tells its new projections which of them it recomputes
+            block.set_recompute(block.recompute)
     embed = getattr(model, "embed", None)
     if len(blocks) and _fusable_embedding(embed):
         embed.__class__ = AccumulatingEmbedding

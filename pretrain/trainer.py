@@ -21,11 +21,11 @@ from checkpoints.manager import CheckpointManager, check_resume_engine, model_co
 from checkpoints.schedule import planned_steps
 from models import LanguageModel, build_from_config, flops_per_step, get_arch, model_info
 from models.config import VOCAB_SIZE
+from pretrain import grad_accumulation
 from pretrain.callbacks import Callback, TrainProgress
 from pretrain.config import RunConfig, ac_mode, gradient_accumulation, preset_note, resolve_compile, save_config
 from pretrain.distributed import barrier, dist_env, init_process_group
 from pretrain.errors import ConfigError, OutputFailed, UserError, run_cli
-from pretrain import grad_accumulation
 from pretrain.faults import injected_nonfinite_steps
 from pretrain.logs import get_logger
 from pretrain.memory import (choose_checkpointing, configure_allocator, describe_setting, estimate_peak_gib,
